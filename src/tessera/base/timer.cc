@@ -1,0 +1,36 @@
+// ProgressBar drawing.
+#include "tessera/base/timer.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace tessera::base {
+
+ProgressBar::ProgressBar(std::string label, int64_t total)
+    : label_(std::move(label)), total_(total), tty_(isatty(2)) {}
+
+void ProgressBar::update(int64_t done, const std::string& suffix) {
+  const double t = timer_.seconds();
+  const double min_gap = tty_ ? 0.1 : 5.0;
+  if (done < total_ && last_print_ >= 0 && t - last_print_ < min_gap) return;
+  last_print_ = t;
+  constexpr int kWidth = 30;
+  const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : 0;
+  std::string bar(kWidth, ' ');
+  for (int i = 0; i < filled && i < kWidth; ++i) bar[i] = '=';
+  if (filled < kWidth) bar[filled] = '>';
+  const double rate = t > 0 ? done / t : 0.0;
+  std::fprintf(stderr, "%s%s [%s] %lld/%lld %.1f it/s %s%s", tty_ ? "\r" : "", label_.c_str(),
+               bar.c_str(), static_cast<long long>(done), static_cast<long long>(total_), rate,
+               suffix.c_str(), tty_ ? "\033[K" : "\n");
+  std::fflush(stderr);
+}
+
+void ProgressBar::finish(const std::string& suffix) {
+  last_print_ = -1.0;
+  update(total_, suffix);
+  if (tty_) std::fputc('\n', stderr);
+}
+
+}  // namespace tessera::base

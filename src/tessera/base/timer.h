@@ -1,0 +1,37 @@
+// Wall-clock timing and a terminal progress line for long work.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace tessera::base {
+
+class Timer {
+ public:
+  Timer() : start_(std::chrono::steady_clock::now()) {}
+  void reset() { start_ = std::chrono::steady_clock::now(); }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Prints "label [=====>    ] 37/100 12.3 it/s" on stderr, redrawn in place when
+// stderr is a terminal and at most every few seconds otherwise.
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, int64_t total);
+  void update(int64_t done, const std::string& suffix = "");
+  void finish(const std::string& suffix = "");
+
+ private:
+  std::string label_;
+  int64_t total_;
+  Timer timer_;
+  double last_print_ = -1.0;
+  bool tty_;
+};
+
+}  // namespace tessera::base

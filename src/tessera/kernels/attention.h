@@ -1,0 +1,29 @@
+// Causal multi-head attention with grouped-query heads, computed tile by tile with
+// an online softmax (FlashAttention): the (Tq, Tk) score matrix is never stored.
+// Layout (B, T, H, D): head dim contiguous, head stride == D, token and batch strides
+// arbitrary (q, k, v are usually column slices of one fused QKV buffer). All f32.
+#pragma once
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::kernels {
+
+struct AttentionParams {
+  float scale = 0.f;     // usually 1 / sqrt(D)
+  bool causal = true;
+  // Absolute position of query row 0 among the keys: query i sees keys j <= q_offset + i.
+  // For a forward over a whole sequence it is 0; for decode with a KV cache it is Tk - Tq.
+  int64_t q_offset = 0;
+};
+
+// q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq % Hkv == 0 (query head h reads kv head
+// h / (Hq / Hkv)); out (B, Tq, Hq, D). lse (B, Hq, Tq) f32, optional: the log-sum-exp
+// of each query's scores, saved for the backward pass.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor* lse, const AttentionParams& params);
+
+// Gradients for q, k, v (same layouts as the inputs; overwritten, not accumulated).
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                        Tensor& dv, const AttentionParams& params);
+
+}  // namespace tessera::kernels

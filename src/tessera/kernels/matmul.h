@@ -1,0 +1,24 @@
+// Matrix multiply, the op that dominates every model. Backed by oneDNN (AMX /
+// AVX-512 BF16 / AVX-512 / AVX2 picked at run time) with a hand-written
+// bandwidth-bound kernel for skinny products (decode: M <= 4, bf16 weights).
+#pragma once
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::kernels {
+
+// c = alpha * op(a) @ op(b) + beta * c, accumulated in f32.
+//   op(a): (M, K); a is (M, K), or (K, M) when trans_a.
+//   op(b): (K, N); b is (K, N), or (N, K) when trans_b (a Linear weight (out, in)).
+//   c: (M, N), f32.
+// a and b are 2-D, f32 or bf16; their last dim is contiguous and rows may be strided
+// (views of wider buffers). When a and b differ in dtype, the f32 operand is rounded
+// to bf16 (autocast semantics). c may be a strided view too.
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a = false,
+            bool trans_b = false, float alpha = 1.f, float beta = 0.f);
+
+// Same contract, forced through one backend; for tests and `tessera bench gemm`.
+enum class MatmulBackend { kAuto, kOneDnn, kSkinny, kReference };
+void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor& c,
+                 bool trans_a, bool trans_b, float alpha, float beta);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,90 @@
+// dtype names, sizes and half-precision conversions.
+#include "tessera/tensor/dtype.h"
+
+#include <cmath>
+
+#include "tessera/base/error.h"
+
+namespace tessera {
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32" || s == "fp32") return DType::kF32;
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  if (s == "f16" || s == "float16" || s == "fp16") return DType::kF16;
+  if (s == "i8" || s == "int8") return DType::kI8;
+  if (s == "u8" || s == "uint8") return DType::kU8;
+  if (s == "i32" || s == "int32") return DType::kI32;
+  if (s == "i64" || s == "int64") return DType::kI64;
+  fail("unknown dtype '", s, "' (expected f32, bf16, f16, i8, u8, i32 or i64)");
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal
+      float f = std::ldexp(static_cast<float>(man), -24);
+      std::memcpy(&u, &f, 4);
+      u |= sign;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return sign | 0x7e00;   // NaN
+  if (absu >= 0x477ff000u) return sign | 0x7c00;  // overflow -> inf
+  if (absu < 0x38800000u) {                       // subnormal or zero
+    float a;
+    std::memcpy(&a, &absu, 4);
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
+  }
+  uint32_t mant = absu & 0x7fffffu;
+  uint32_t exp = (absu >> 23) - 112;
+  uint32_t h = (exp << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | static_cast<uint16_t>(h);
+}
+
+}  // namespace tessera
