@@ -1,7 +1,31 @@
 // The `tessera` command: parses flags and hands off to library functions.
 #include <cstdio>
+#include <exception>
+
+#include "tessera/base/error.h"
+#include "tessera/cli/commands.h"
 
 int main(int argc, char** argv) {
-  std::puts("tessera");
-  return 0;
+  CLI::App app{"Tessera: LLM training and serving in C++"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera 0.1.0");
+  tessera::cli::Action action;
+  tessera::cli::add_quickstart(app, action);
+  tessera::cli::add_generate(app, action);
+  tessera::cli::add_eval(app, action);
+  tessera::cli::add_bench(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -1,0 +1,22 @@
+// Subcommand registration for the `tessera` CLI. Each adds its flags to the app
+// and returns the function to run after parsing.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tessera::cli {
+
+using Action = std::function<int()>;
+
+void add_generate(CLI::App& app, Action& action);
+void add_eval(CLI::App& app, Action& action);
+void add_bench(CLI::App& app, Action& action);
+void add_quickstart(CLI::App& app, Action& action);
+
+// "1,2,3" -> {1,2,3}; errors name the flag and the bad item.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);
+
+}  // namespace tessera::cli

@@ -1,0 +1,36 @@
+// Activations the training forward saves for the backward pass. Internal to model/.
+#pragma once
+#include <vector>
+
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+
+struct LayerActivations {
+  Tensor x_in;          // (N, H) residual stream entering the layer
+  Tensor mean1, rstd1;  // (N)
+  Tensor h1;            // (N, H) norm1 output
+  Tensor qkv;           // (N, Q + 2 KV) after RoPE
+  Tensor att;           // (N, Q) attention output
+  Tensor lse;           // (B, heads, T)
+  Tensor x_mid;         // (N, H) residual after attention
+  Tensor mean2, rstd2;  // (N)
+  Tensor h2;            // (N, H) norm2 output
+  Tensor u;             // (N, 2F | F) MLP up projection (gate | up)
+  Tensor a;             // (N, F) activation output
+};
+
+struct Activations {
+  int64_t B = 0, T = 0;
+  Tensor ids;        // (N) i32
+  Tensor positions;  // (N) i32
+  std::vector<LayerActivations> layers;
+  Tensor x_final;           // (N, H)
+  Tensor meanf, rstdf;      // (N)
+  Tensor hf;                // (N, H) final norm output
+};
+
+// Training-path forward; fills `acts` and returns the final hidden states hf (N, H).
+Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts);
+
+}  // namespace tessera::model

@@ -1,0 +1,119 @@
+// Forward + backward for training: cross-entropy loss and gradients of every
+// parameter, accumulated into a Params of f32 gradients.
+#include <cmath>
+
+#include "tessera/kernels/activation.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/cross_entropy.h"
+#include "tessera/kernels/elementwise.h"
+#include "tessera/kernels/embedding.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/kernels/rope.h"
+#include "tessera/model/activations.h"
+#include "tessera/model/layer_ops.h"
+
+namespace tessera::model {
+namespace {
+
+void check_grads(const ModelConfig& c, const Params& g) {
+  TESSERA_CHECK(static_cast<int64_t>(g.layers.size()) == c.num_layers && g.embed.defined() &&
+                    g.embed.dtype() == DType::kF32,
+                "forward_backward: gradients must be Params::allocate(config, f32)");
+}
+
+}  // namespace
+
+Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
+                                          float grad_scale) const {
+  const auto& c = config_;
+  check_grads(c, grads);
+  TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.shape() == ids.shape(),
+                "forward_backward: targets ", targets.describe(), " must be i32 shaped like ids ",
+                ids.describe());
+  Activations acts;
+  const Tensor hf = forward_train(*this, ids, acts);
+  const int64_t B = acts.B, T = acts.T, N = B * T;
+  const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
+  const bool bf16 = compute_dtype_ == DType::kBF16;
+  const bool ln = c.uses_layernorm();
+
+  // Loss and d(loss)/d(logits), written over the logits.
+  Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
+  kernels::matmul(hf, compute_lm_head(), logits, false, true);
+  const Tensor tflat = targets.contiguous().view({N});
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  LossResult result;
+  if (count == 0) return result;
+  const auto ce = kernels::cross_entropy(logits, tflat, nullptr, &logits,
+                                         grad_scale / static_cast<float>(count));
+  result.loss = ce.loss_sum / static_cast<double>(ce.count);
+  result.count = ce.count;
+  Tensor& dlogits = logits;
+
+  // lm_head: logits = hf @ Wlm^T.
+  Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
+  Tensor dh = Tensor::empty({N, H}, DType::kF32);
+  kernels::matmul(dlogits, compute_lm_head(), dh, false, false);
+  {
+    Tensor a = bf16 ? dlogits.to(DType::kBF16) : dlogits;
+    Tensor b = bf16 ? hf.to(DType::kBF16) : hf;
+    kernels::matmul(a, b, grads.lm_head, true, false, 1.f, 1.f);
+  }
+  norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
+                grads.final_norm_w, grads.final_norm_b);
+
+  const auto params = [&] {
+    kernels::AttentionParams p;
+    p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    return p;
+  }();
+  Tensor tmp = Tensor::empty({N, H}, DType::kF32);
+  Tensor da = Tensor::empty({N, F}, DType::kF32);
+  Tensor du = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+  Tensor datt = Tensor::empty({N, Q}, DType::kF32);
+  Tensor dqkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
+
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    const LayerParams& W = weights_.layers[l];
+    LayerParams& G = grads.layers[l];
+    const LayerActivations& A = acts.layers[l];
+    // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
+    linear_backward_input(compute_linear(l, 3), dres, da);
+    linear_backward_weight(A.a, dres, G.down, bf16);
+    if (c.gated_mlp()) {
+      Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
+      kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+    } else {
+      kernels::gelu_backward(da, A.u, du);
+    }
+    linear_backward_input(compute_linear(l, 2), du, dh);
+    linear_backward_weight(A.h2, du, G.up, bf16);
+    norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
+    kernels::add_inplace(dres, tmp);
+    // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
+    linear_backward_input(compute_linear(l, 1), dres, datt);
+    linear_backward_weight(A.att, dres, G.o, bf16);
+    const QkvViews v = qkv_views(c, A.qkv, B, T);
+    QkvViews dv = qkv_views(c, dqkv, B, T);
+    kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
+                                datt.view({B, T, c.num_heads, c.head_dim}), dv.q, dv.k, dv.v,
+                                params);
+    if (c.uses_rope()) {
+      Tensor dq = dqkv.slice(1, 0, Q);
+      Tensor dk = dqkv.slice(1, Q, Q + c.kv_dim());
+      kernels::rope_apply(dq, c.head_dim, acts.positions, c.rope_theta, true);
+      kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
+    }
+    linear_backward_input(compute_linear(l, 0), dqkv, dh);
+    linear_backward_weight(A.h1, dqkv, G.qkv, bf16);
+    norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
+    kernels::add_inplace(dres, tmp);
+  }
+  kernels::embedding_backward(dres, acts.ids, grads.embed);
+  if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);
+  (void)ln;
+  return result;
+}
+
+}  // namespace tessera::model

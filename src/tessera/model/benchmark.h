@@ -1,0 +1,50 @@
+// Decode, prefill and training-step benchmarks on a loaded or randomly built model,
+// each reported with the machine peak measured in the same run.
+#pragma once
+#include <string>
+
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+
+struct BenchOptions {
+  std::string model_dir;      // load this, or build `shape` with random weights
+  std::string shape = "small";
+  DType dtype = DType::kBF16;
+  int64_t prompt_tokens = 512;  // prefill length; decode starts after a prompt of 32
+  int64_t decode_tokens = 64;
+  int repeats = 3;              // median of this many runs
+  int64_t batch = 4, seq = 64;  // training step shape
+};
+
+struct DecodeBench {
+  double tokens_per_second = 0;
+  double weight_bytes = 0;       // matmul weight bytes read per token
+  double achieved_gbps = 0;      // weight_bytes * tokens/s
+  double stream_triad_gbps = 0;  // measured in the same run
+  double ratio = 0;              // achieved / stream
+};
+DecodeBench bench_decode(const Model& model, const BenchOptions& o);
+
+struct PrefillBench {
+  double tokens_per_second = 0;
+  double gflops = 0;             // achieved matmul + attention FLOP/s (GFLOP/s)
+  double peak_gflops = 0;        // bf16 matmul peak measured in the same run
+  double ratio = 0;
+};
+PrefillBench bench_prefill(const Model& model, const BenchOptions& o);
+
+struct TrainBench {
+  double tokens_per_second = 0;
+  double step_seconds = 0;       // median forward + backward time
+  double gflops = 0;             // 6 * params * tokens / time (approximate model FLOPs)
+};
+TrainBench bench_train(const Model& model, const BenchOptions& o);
+
+// Builds the model a benchmark runs on: loads o.model_dir or a random o.shape.
+Model bench_model(const BenchOptions& o);
+
+// FLOPs of one forward over `tokens` new tokens at context `ctx_end` (matmuls + attention).
+double forward_flops(const ModelConfig& c, int64_t tokens, int64_t ctx_start);
+
+}  // namespace tessera::model

@@ -1,0 +1,53 @@
+// Model configuration read from a Hugging Face config.json (llama, qwen2, gpt2),
+// normalised into one struct the model code uses.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tessera::model {
+
+enum class Arch { kLlama, kQwen2, kGpt2 };
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string model_type = "llama";  // as written in config.json
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.f;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+
+  bool uses_layernorm() const { return arch == Arch::kGpt2; }  // else RMSNorm
+  bool uses_rope() const { return arch != Arch::kGpt2; }
+  bool gated_mlp() const { return arch != Arch::kGpt2; }       // SwiGLU vs GELU MLP
+  bool linear_biases() const { return arch == Arch::kGpt2; }   // biases on every linear
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  int64_t num_parameters() const;
+  // Bytes of matmul weights read per decoded token (embedding row lookups excluded).
+  int64_t matmul_weight_elements() const;
+
+  // Throws with a message naming `source` and the key at fault.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+  static ModelConfig load(const std::string& model_dir);  // DIR/config.json
+  nlohmann::json to_json() const;                           // Hugging Face layout
+  // Named Llama shapes for benchmarks: "small", "1b"; "tiny" for tests.
+  static ModelConfig named_shape(const std::string& name);
+  void validate(const std::string& source) const;
+};
+
+const char* arch_name(Arch a);
+
+}  // namespace tessera::model

@@ -1,0 +1,183 @@
+// Forward passes: inference with a KV cache, and the training forward that saves
+// activations.
+#include <cmath>
+
+#include "tessera/kernels/activation.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/elementwise.h"
+#include "tessera/kernels/embedding.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/kernels/rope.h"
+#include "tessera/model/activations.h"
+#include "tessera/model/layer_ops.h"
+
+namespace tessera::model {
+namespace {
+
+Tensor make_positions(int64_t B, int64_t T, int64_t start) {
+  Tensor p = Tensor::empty({B * T}, DType::kI32);
+  int32_t* d = p.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) d[b * T + t] = static_cast<int32_t>(start + t);
+  return p;
+}
+
+// Embedding lookup (+ learned positions for GPT-2): x (N, H).
+Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions) {
+  const auto& c = m.config();
+  Tensor x = Tensor::empty({ids.numel(), c.hidden_size}, DType::kF32);
+  kernels::embedding_forward(m.weights().embed, ids, x);
+  if (c.arch == Arch::kGpt2) kernels::embedding_forward(m.weights().pos_embed, positions, x, true);
+  return x;
+}
+
+void apply_rope(const ModelConfig& c, Tensor& qkv, const Tensor& positions, bool inverse) {
+  if (!c.uses_rope()) return;
+  Tensor q = qkv.slice(1, 0, c.q_dim());
+  Tensor k = qkv.slice(1, c.q_dim(), c.q_dim() + c.kv_dim());
+  kernels::rope_apply(q, c.head_dim, positions, c.rope_theta, inverse);
+  kernels::rope_apply(k, c.head_dim, positions, c.rope_theta, inverse);
+}
+
+// MLP activation: a (N, F) from u (N, 2F | F).
+void mlp_activation(const ModelConfig& c, const Tensor& u, Tensor& a) {
+  const int64_t F = c.intermediate_size;
+  if (c.gated_mlp())
+    kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
+  else
+    kernels::gelu_forward(u, a);
+}
+
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset) {
+  kernels::AttentionParams p;
+  p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  p.causal = true;
+  p.q_offset = q_offset;
+  return p;
+}
+
+}  // namespace
+
+Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
+  const auto& c = config_;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  TESSERA_CHECK(T > 0, "forward: no tokens");
+  const int64_t L = cache.length;
+  TESSERA_CHECK(L + T <= cache.capacity, "forward: ", L + T, " tokens exceed the KV cache capacity ",
+                cache.capacity);
+  TESSERA_CHECK(L + T <= c.max_position_embeddings || c.uses_rope(), "forward: position ", L + T - 1,
+                " is past max_position_embeddings ", c.max_position_embeddings);
+  TESSERA_CHECK(static_cast<int64_t>(cache.k.size()) == c.num_layers,
+                "forward: KV cache has ", cache.k.size(), " layers, model has ", c.num_layers);
+  const int64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size;
+  const Tensor ids = Tensor::from_vector(tokens, {T});
+  const Tensor positions = make_positions(1, T, L);
+
+  Tensor x = embed_tokens(*this, ids, positions);
+  Tensor h = Tensor::empty({T, H}, DType::kF32);
+  Tensor qkv = Tensor::empty({T, c.qkv_dim()}, DType::kF32);
+  Tensor att = Tensor::empty({T, Q}, DType::kF32);
+  Tensor delta = Tensor::empty({T, H}, DType::kF32);
+  Tensor u = Tensor::empty({T, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+  Tensor a = Tensor::empty({T, F}, DType::kF32);
+  const auto params = attention_params(c, L);
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerParams& W = weights_.layers[l];
+    if (l == 0)
+      norm_forward(c, W.norm1_w, W.norm1_b, x, h, nullptr, nullptr);
+    else  // x += previous layer's MLP output, then norm
+      add_norm_forward(c, W.norm1_w, W.norm1_b, x, delta, h, nullptr, nullptr);
+    linear_forward(compute_linear(l, 0), h, qkv);
+    apply_rope(c, qkv, positions, false);
+    Tensor kc = cache.k[l], vc = cache.v[l];
+    kc.slice(0, L, L + T).view({T, KV}).copy_from(qkv.slice(1, Q, Q + KV));
+    vc.slice(0, L, L + T).view({T, KV}).copy_from(qkv.slice(1, Q + KV, Q + 2 * KV));
+    const QkvViews views = qkv_views(c, qkv, 1, T);
+    const Tensor k = kc.as_strided({1, L + T, c.num_kv_heads, c.head_dim},
+                                   {cache.capacity * KV, KV, c.head_dim, 1});
+    const Tensor v = vc.as_strided({1, L + T, c.num_kv_heads, c.head_dim},
+                                   {cache.capacity * KV, KV, c.head_dim, 1});
+    Tensor att4 = att.view({1, T, c.num_heads, c.head_dim});
+    kernels::attention_forward(views.q, k, v, att4, nullptr, params);
+    linear_forward(compute_linear(l, 1), att, delta);
+    add_norm_forward(c, W.norm2_w, W.norm2_b, x, delta, h, nullptr, nullptr);
+    linear_forward(compute_linear(l, 2), h, u);
+    mlp_activation(c, u, a);
+    linear_forward(compute_linear(l, 3), a, delta);
+  }
+  cache.length = L + T;
+  add_norm_forward(c, weights_.final_norm_w, weights_.final_norm_b, x, delta, h, nullptr, nullptr);
+  const Tensor hl = all_logits ? h : h.slice(0, T - 1, T);
+  Tensor logits = Tensor::empty({hl.size(0), c.vocab_size}, DType::kF32);
+  kernels::matmul(hl, compute_lm_head(), logits, false, true);
+  return logits;
+}
+
+Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
+  const auto& c = m.config();
+  TESSERA_CHECK(ids2d.dim() == 2 && ids2d.dtype() == DType::kI32,
+                "forward: token ids must be an i32 (batch, seq) tensor, got ", ids2d.describe());
+  const int64_t B = ids2d.size(0), T = ids2d.size(1), N = B * T;
+  TESSERA_CHECK(T <= c.max_position_embeddings || c.uses_rope(), "forward: sequence length ", T,
+                " exceeds max_position_embeddings ", c.max_position_embeddings);
+  const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
+  acts.B = B;
+  acts.T = T;
+  acts.ids = ids2d.contiguous().view({N});
+  acts.positions = make_positions(B, T, 0);
+  acts.layers.assign(c.num_layers, LayerActivations{});
+  const bool ln = c.uses_layernorm();
+  const auto params = attention_params(c, 0);
+
+  Tensor x = embed_tokens(m, acts.ids, acts.positions);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerParams& W = m.weights().layers[l];
+    LayerActivations& A = acts.layers[l];
+    A.x_in = x;
+    if (ln) A.mean1 = Tensor::empty({N}, DType::kF32);
+    A.rstd1 = Tensor::empty({N}, DType::kF32);
+    A.h1 = Tensor::empty({N, H}, DType::kF32);
+    norm_forward(c, W.norm1_w, W.norm1_b, x, A.h1, ln ? &A.mean1 : nullptr, &A.rstd1);
+    A.qkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
+    linear_forward(m.compute_linear(l, 0), A.h1, A.qkv);
+    apply_rope(c, A.qkv, acts.positions, false);
+    const QkvViews v = qkv_views(c, A.qkv, B, T);
+    A.att = Tensor::empty({N, Q}, DType::kF32);
+    A.lse = Tensor::empty({B, c.num_heads, T}, DType::kF32);
+    Tensor att4 = A.att.view({B, T, c.num_heads, c.head_dim});
+    kernels::attention_forward(v.q, v.k, v.v, att4, &A.lse, params);
+    Tensor o = Tensor::empty({N, H}, DType::kF32);
+    linear_forward(m.compute_linear(l, 1), A.att, o);
+    A.x_mid = x.clone();
+    if (ln) A.mean2 = Tensor::empty({N}, DType::kF32);
+    A.rstd2 = Tensor::empty({N}, DType::kF32);
+    A.h2 = Tensor::empty({N, H}, DType::kF32);
+    add_norm_forward(c, W.norm2_w, W.norm2_b, A.x_mid, o, A.h2, ln ? &A.mean2 : nullptr, &A.rstd2);
+    A.u = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+    linear_forward(m.compute_linear(l, 2), A.h2, A.u);
+    A.a = Tensor::empty({N, F}, DType::kF32);
+    mlp_activation(c, A.u, A.a);
+    Tensor d = o;  // reuse (N, H)
+    linear_forward(m.compute_linear(l, 3), A.a, d);
+    x = A.x_mid.clone();
+    kernels::add_inplace(x, d);
+  }
+  acts.x_final = x;
+  if (ln) acts.meanf = Tensor::empty({N}, DType::kF32);
+  acts.rstdf = Tensor::empty({N}, DType::kF32);
+  acts.hf = Tensor::empty({N, H}, DType::kF32);
+  norm_forward(c, m.weights().final_norm_w, m.weights().final_norm_b, x, acts.hf,
+               ln ? &acts.meanf : nullptr, &acts.rstdf);
+  return acts.hf;
+}
+
+Tensor Model::forward_batch(const Tensor& ids) const {
+  Activations acts;
+  const Tensor hf = forward_train(*this, ids, acts);
+  Tensor logits = Tensor::empty({acts.B * acts.T, config_.vocab_size}, DType::kF32);
+  kernels::matmul(hf, compute_lm_head(), logits, false, true);
+  return logits.view({acts.B, acts.T, config_.vocab_size});
+}
+
+}  // namespace tessera::model

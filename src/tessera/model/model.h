@@ -1,0 +1,76 @@
+// A decoder-only transformer (llama / qwen2 / gpt2) on one device: loading and
+// saving in Hugging Face layout, inference with a per-sequence KV cache, and
+// forward + backward over a batch for training.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/model/config.h"
+#include "tessera/model/params.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::model {
+
+// Keys and values of one sequence for every layer. Only Model::forward appends.
+struct KVCache {
+  std::vector<Tensor> k, v;  // per layer: (capacity, KV heads, head_dim) f32
+  int64_t length = 0;        // tokens cached so far
+  int64_t capacity = 0;
+
+  static KVCache create(const ModelConfig& config, int64_t capacity);
+  void reset() { length = 0; }
+};
+
+class Model {
+ public:
+  // Reads DIR/config.json and DIR/model.safetensors (or the sharded index), converting
+  // weights to `dtype` (f32 or bf16). Errors name the file and tensor at fault.
+  static Model load(const std::string& dir, DType dtype = DType::kF32);
+  // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
+  static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
+  // Writes config.json, generation_config.json and model.safetensors (Hugging Face names).
+  void save(const std::string& dir) const;
+
+  const ModelConfig& config() const { return config_; }
+  Params& weights() { return weights_; }
+  const Params& weights() const { return weights_; }
+  DType dtype() const { return dtype_; }
+
+  // Matmuls use a copy of the weights in `dtype` (bf16 mixed precision over f32
+  // master weights). Call refresh_compute_weights() after the master weights change.
+  void set_compute_dtype(DType dtype);
+  void refresh_compute_weights();
+  DType compute_dtype() const { return compute_dtype_; }
+
+  // Inference: runs `tokens` (appended after cache.length) and returns logits f32,
+  // (T, V) when all_logits else (1, V) for the last token.
+  Tensor forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits = false) const;
+
+  // Training-path forward over a batch without a cache: ids (B, T) i32 -> logits (B, T, V).
+  Tensor forward_batch(const Tensor& ids) const;
+
+  // Forward + backward: mean cross-entropy over targets != -100 (ids, targets (B, T) i32).
+  // Gradients are accumulated (+=) into `grads` (f32, Params::allocate layout), scaled
+  // by grad_scale (1 for a plain mean; 1/accumulation_steps for accumulation).
+  struct LossResult {
+    double loss = 0.0;   // mean over counted targets
+    int64_t count = 0;   // targets counted
+  };
+  LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
+                              float grad_scale = 1.f) const;
+
+  // Weight used by the matmuls (compute copy when one exists).
+  const Linear& compute_linear(int64_t layer, int which) const;  // which: 0 qkv, 1 o, 2 up, 3 down
+  const Tensor& compute_lm_head() const;
+
+ private:
+  ModelConfig config_;
+  Params weights_;
+  DType dtype_ = DType::kF32;
+  DType compute_dtype_ = DType::kF32;
+  Params compute_;  // matmul weights in compute_dtype_ (only Linear weights + lm_head set)
+  bool has_compute_copy_ = false;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,211 @@
+// Model construction: loading and saving Hugging Face directories, random init,
+// and the compute-dtype weight copies.
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "tessera/base/logging.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/io/safetensors.h"
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+
+KVCache KVCache::create(const ModelConfig& c, int64_t capacity) {
+  TESSERA_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
+  KVCache kv;
+  kv.capacity = capacity;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    kv.k.push_back(Tensor::empty({capacity, c.num_kv_heads, c.head_dim}, DType::kF32));
+    kv.v.push_back(Tensor::empty({capacity, c.num_kv_heads, c.head_dim}, DType::kF32));
+  }
+  return kv;
+}
+
+namespace {
+
+// Names that checkpoints carry but that hold no parameters (buffers).
+bool is_ignorable_buffer(const std::string& name) {
+  auto ends_with = [&](const char* s) {
+    const std::string suf(s);
+    return name.size() >= suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
+         ends_with("rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+Model Model::load(const std::string& dir, DType dtype) {
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+                "model weights must load as f32 or bf16, not ", dtype_name(dtype));
+  TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,
+                "' does not exist");
+  Model m;
+  m.config_ = ModelConfig::load(dir);
+  m.dtype_ = m.compute_dtype_ = dtype;
+  m.weights_ = Params::allocate(m.config_, dtype);
+  const auto file = io::SafetensorsModel::open(dir);
+
+  // GPT-2 checkpoints from the hub name tensors with or without "transformer.".
+  std::string strip;
+  if (m.config_.arch == Arch::kGpt2 && !file.has("transformer.wte.weight") &&
+      file.has("wte.weight"))
+    strip = "transformer.";
+
+  std::set<std::string> used;
+  for (auto& [name, view] : m.weights_.named(m.config_)) {
+    const std::string stored = strip.empty() ? name : name.substr(strip.size());
+    TESSERA_CHECK(file.has(stored), dir, ": tensor '", stored, "' is missing from the checkpoint");
+    Tensor src = file.get(stored);
+    TESSERA_CHECK(src.shape() == view.shape(), dir, ": tensor '", stored, "' has shape ",
+                  shape_str(src.shape()), " but config.json implies ", shape_str(view.shape()));
+    TESSERA_CHECK(src.dtype() == DType::kF32 || src.dtype() == DType::kBF16 ||
+                      src.dtype() == DType::kF16,
+                  dir, ": tensor '", stored, "' has dtype ", dtype_name(src.dtype()),
+                  ", expected a float type");
+    Tensor dst = view;
+    dst.copy_from(src);
+    used.insert(stored);
+  }
+  int unused = 0;
+  for (const auto& name : file.names()) {
+    if (used.count(name) || is_ignorable_buffer(name)) continue;
+    // A tied checkpoint may still carry lm_head.weight; it must equal the embedding.
+    if (name == "lm_head.weight" && m.config_.tie_word_embeddings) continue;
+    if (++unused <= 5) TESSERA_LOG(kWarn, dir, ": ignoring unexpected tensor '", name, "'");
+  }
+  return m;
+}
+
+namespace {
+
+// splitmix64: a fast, seedable generator so multi-GB random models start quickly.
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills t with a sum of uniforms scaled to standard deviation `std` (close to normal).
+void fill_random(Tensor& t, float std, uint64_t seed) {
+  Tensor f = Tensor::empty(t.shape(), DType::kF32);
+  float* p = f.data<float>();
+  const int64_t n = f.numel();
+  constexpr int64_t kChunk = 1 << 16;
+  base::parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      uint64_t s = seed * 0x100000001b3ull + static_cast<uint64_t>(c) * 0x9e3779b97f4a7c15ull;
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) {
+        // Sum of 4 uniforms in [-0.5, 0.5): variance 4/12.
+        float acc = 0.f;
+        uint64_t r = splitmix(s);
+        for (int k = 0; k < 4; ++k) acc += static_cast<float>((r >> (16 * k)) & 0xffff) / 65536.f - 0.5f;
+        p[i] = acc * std * 1.7320508f;
+      }
+    }
+  });
+  t.copy_from(f);
+}
+
+}  // namespace
+
+Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed) {
+  config.validate("random model config");
+  Model m;
+  m.config_ = config;
+  m.dtype_ = m.compute_dtype_ = dtype;
+  m.weights_ = Params::allocate(config, dtype);
+  uint64_t k = 0;
+  for (auto& [name, view] : m.weights_.named(config)) {
+    ++k;
+    const bool is_norm = name.find("norm") != std::string::npos ||
+                         name.find("ln_") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    Tensor t = view;
+    if (is_norm && !is_bias)
+      t.fill(1.f);
+    else if (is_bias)
+      t.zero();
+    else
+      fill_random(t, 0.02f, seed * 1000003ull + k);
+  }
+  return m;
+}
+
+void Model::save(const std::string& dir) const {
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/config.json");
+    TESSERA_CHECK(f.good(), "cannot write ", dir, "/config.json");
+    nlohmann::json j = config_.to_json();
+    j["torch_dtype"] = dtype_ == DType::kBF16 ? "bfloat16" : "float32";
+    f << j.dump(2) << "\n";
+  }
+  {
+    nlohmann::json g;
+    if (config_.bos_token_id >= 0) g["bos_token_id"] = config_.bos_token_id;
+    if (config_.eos_token_id >= 0) g["eos_token_id"] = config_.eos_token_id;
+    std::ofstream f(dir + "/generation_config.json");
+    TESSERA_CHECK(f.good(), "cannot write ", dir, "/generation_config.json");
+    f << g.dump(2) << "\n";
+  }
+  io::save_safetensors(dir + "/model.safetensors", weights_.named(config_), {{"format", "pt"}});
+}
+
+void Model::set_compute_dtype(DType dtype) {
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+                "compute dtype must be f32 or bf16, not ", dtype_name(dtype));
+  compute_dtype_ = dtype;
+  has_compute_copy_ = dtype != dtype_;
+  compute_ = Params();
+  if (!has_compute_copy_) return;
+  compute_.layers.resize(weights_.layers.size());
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const auto& src = weights_.layers[l];
+    auto& dst = compute_.layers[l];
+    dst.qkv.in_out = src.qkv.in_out;
+    dst.o.in_out = src.o.in_out;
+    dst.up.in_out = src.up.in_out;
+    dst.down.in_out = src.down.in_out;
+    dst.qkv.bias = src.qkv.bias;
+    dst.o.bias = src.o.bias;
+    dst.up.bias = src.up.bias;
+    dst.down.bias = src.down.bias;
+  }
+  refresh_compute_weights();
+}
+
+void Model::refresh_compute_weights() {
+  if (!has_compute_copy_) return;
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const auto& src = weights_.layers[l];
+    auto& dst = compute_.layers[l];
+    dst.qkv.weight = src.qkv.weight.to(compute_dtype_);
+    dst.o.weight = src.o.weight.to(compute_dtype_);
+    dst.up.weight = src.up.weight.to(compute_dtype_);
+    dst.down.weight = src.down.weight.to(compute_dtype_);
+  }
+  compute_.lm_head = weights_.lm_head.to(compute_dtype_);
+}
+
+const Linear& Model::compute_linear(int64_t layer, int which) const {
+  const LayerParams& L = has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer];
+  switch (which) {
+    case 0: return L.qkv;
+    case 1: return L.o;
+    case 2: return L.up;
+    default: return L.down;
+  }
+}
+
+const Tensor& Model::compute_lm_head() const {
+  return has_compute_copy_ ? compute_.lm_head : weights_.lm_head;
+}
+
+}  // namespace tessera::model

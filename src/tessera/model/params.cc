@@ -1,0 +1,128 @@
+// Params allocation and the Hugging Face name mapping.
+#include "tessera/model/params.h"
+
+namespace tessera::model {
+
+std::string hf_prefix(const ModelConfig& c) {
+  return c.arch == Arch::kGpt2 ? "transformer." : "model.";
+}
+
+Params Params::allocate(const ModelConfig& c, DType dt) {
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  Params p;
+  p.embed = Tensor::zeros({c.vocab_size, H}, dt);
+  if (c.arch == Arch::kGpt2) p.pos_embed = Tensor::zeros({c.max_position_embeddings, H}, dt);
+  const bool ln = c.uses_layernorm();
+  p.layers.resize(c.num_layers);
+  for (auto& L : p.layers) {
+    L.norm1_w = Tensor::zeros({H}, dt);
+    L.norm2_w = Tensor::zeros({H}, dt);
+    if (ln) {
+      L.norm1_b = Tensor::zeros({H}, dt);
+      L.norm2_b = Tensor::zeros({H}, dt);
+    }
+    if (c.arch == Arch::kGpt2) {
+      L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
+      L.qkv.weight = Tensor::zeros({H, c.qkv_dim()}, dt);
+      L.o.weight = Tensor::zeros({c.q_dim(), H}, dt);
+      L.up.weight = Tensor::zeros({H, F}, dt);
+      L.down.weight = Tensor::zeros({F, H}, dt);
+      L.qkv.bias = Tensor::zeros({c.qkv_dim()}, dt);
+      L.o.bias = Tensor::zeros({H}, dt);
+      L.up.bias = Tensor::zeros({F}, dt);
+      L.down.bias = Tensor::zeros({H}, dt);
+    } else {
+      L.qkv.weight = Tensor::zeros({c.qkv_dim(), H}, dt);
+      L.o.weight = Tensor::zeros({H, c.q_dim()}, dt);
+      L.up.weight = Tensor::zeros({2 * F, H}, dt);
+      L.down.weight = Tensor::zeros({H, F}, dt);
+      if (c.qkv_bias) L.qkv.bias = Tensor::zeros({c.qkv_dim()}, dt);
+    }
+  }
+  p.final_norm_w = Tensor::zeros({H}, dt);
+  if (ln) p.final_norm_b = Tensor::zeros({H}, dt);
+  p.lm_head = c.tie_word_embeddings ? p.embed : Tensor::zeros({c.vocab_size, H}, dt);
+  return p;
+}
+
+std::vector<std::pair<std::string, Tensor>> Params::named(const ModelConfig& c) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const std::string pre = hf_prefix(c);
+  auto add = [&](const std::string& name, const Tensor& t) {
+    if (t.defined()) out.emplace_back(name, t);
+  };
+  if (c.arch == Arch::kGpt2) {
+    add(pre + "wte.weight", embed);
+    add(pre + "wpe.weight", pos_embed);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto& L = layers[i];
+      const std::string h = pre + "h." + std::to_string(i) + ".";
+      add(h + "ln_1.weight", L.norm1_w);
+      add(h + "ln_1.bias", L.norm1_b);
+      add(h + "attn.c_attn.weight", L.qkv.weight);
+      add(h + "attn.c_attn.bias", L.qkv.bias);
+      add(h + "attn.c_proj.weight", L.o.weight);
+      add(h + "attn.c_proj.bias", L.o.bias);
+      add(h + "ln_2.weight", L.norm2_w);
+      add(h + "ln_2.bias", L.norm2_b);
+      add(h + "mlp.c_fc.weight", L.up.weight);
+      add(h + "mlp.c_fc.bias", L.up.bias);
+      add(h + "mlp.c_proj.weight", L.down.weight);
+      add(h + "mlp.c_proj.bias", L.down.bias);
+    }
+    add(pre + "ln_f.weight", final_norm_w);
+    add(pre + "ln_f.bias", final_norm_b);
+    return out;
+  }
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size;
+  add(pre + "embed_tokens.weight", embed);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& L = layers[i];
+    const std::string l = pre + "layers." + std::to_string(i) + ".";
+    add(l + "input_layernorm.weight", L.norm1_w);
+    add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, Q));
+    add(l + "self_attn.k_proj.weight", L.qkv.weight.slice(0, Q, Q + KV));
+    add(l + "self_attn.v_proj.weight", L.qkv.weight.slice(0, Q + KV, Q + 2 * KV));
+    if (L.qkv.bias.defined()) {
+      add(l + "self_attn.q_proj.bias", L.qkv.bias.slice(0, 0, Q));
+      add(l + "self_attn.k_proj.bias", L.qkv.bias.slice(0, Q, Q + KV));
+      add(l + "self_attn.v_proj.bias", L.qkv.bias.slice(0, Q + KV, Q + 2 * KV));
+    }
+    add(l + "self_attn.o_proj.weight", L.o.weight);
+    add(l + "post_attention_layernorm.weight", L.norm2_w);
+    add(l + "mlp.gate_proj.weight", L.up.weight.slice(0, 0, F));
+    add(l + "mlp.up_proj.weight", L.up.weight.slice(0, F, 2 * F));
+    add(l + "mlp.down_proj.weight", L.down.weight);
+  }
+  add(pre + "norm.weight", final_norm_w);
+  if (!c.tie_word_embeddings) add("lm_head.weight", lm_head);
+  return out;
+}
+
+std::vector<Tensor*> Params::matmul_weights() {
+  std::vector<Tensor*> w;
+  for (auto& L : layers)
+    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) w.push_back(&lin->weight);
+  w.push_back(&lm_head);
+  return w;
+}
+
+void Params::zero() {
+  auto z = [](Tensor& t) {
+    if (t.defined()) t.zero();
+  };
+  z(embed);
+  z(pos_embed);
+  for (auto& L : layers) {
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b}) z(*t);
+    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
+      z(lin->weight);
+      z(lin->bias);
+    }
+  }
+  z(final_norm_w);
+  z(final_norm_b);
+  z(lm_head);  // tied: zeroes embed again, harmless
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,53 @@
+// The tensors of a decoder-only transformer in Tessera's layout, with the mapping
+// to Hugging Face tensor names. The same struct holds weights and gradients.
+//
+// Layout choices (why): q/k/v projections are stacked into one (Q + 2KV, H) matrix
+// and gate/up into one (2F, H) matrix so each is one matmul; the Hugging Face
+// tensors are row blocks of these, i.e. contiguous views, so loading, saving and
+// per-name gradients need no copies. GPT-2's Conv1D weights keep their (in, out)
+// layout (`in_out`), as in the checkpoint.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/model/config.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::model {
+
+struct Linear {
+  Tensor weight;        // (out, in), or (in, out) when in_out
+  Tensor bias;          // (out), or undefined
+  bool in_out = false;  // GPT-2 Conv1D layout
+};
+
+struct LayerParams {
+  Tensor norm1_w, norm1_b;  // (H); bias only for LayerNorm
+  Linear qkv;               // out = Q + 2 KV (q rows, then k, then v)
+  Linear o;                 // (H, Q)
+  Tensor norm2_w, norm2_b;  // (H)
+  Linear up;                // out = 2F (gate rows, then up rows) when gated, else F
+  Linear down;              // (H, F)
+};
+
+struct Params {
+  Tensor embed;                    // (V, H)
+  Tensor pos_embed;                // (P, H), GPT-2 only
+  std::vector<LayerParams> layers;
+  Tensor final_norm_w, final_norm_b;  // (H)
+  Tensor lm_head;                  // (V, H); shares embed's storage when tied
+
+  // Zero-filled tensors of `dtype` shaped for `config`.
+  static Params allocate(const ModelConfig& config, DType dtype);
+  // (Hugging Face name, view) for every distinct tensor; tied lm_head is not listed.
+  std::vector<std::pair<std::string, Tensor>> named(const ModelConfig& config) const;
+  // Every linear weight in the model (for compute-dtype copies), lm_head included.
+  std::vector<Tensor*> matmul_weights();
+  void zero();
+};
+
+// Names as `transformers` writes them for this architecture.
+std::string hf_prefix(const ModelConfig& config);  // "model." or "transformer."
+
+}  // namespace tessera::model

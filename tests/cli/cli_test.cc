@@ -1,0 +1,114 @@
+// The `tessera` command end to end: outputs checked against the PyTorch reference,
+// bad input gives one error line and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../model/parity_fixture.h"
+#include "tessera/io/safetensors.h"
+
+namespace tessera {
+namespace {
+
+struct Run {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, HelpForEveryCommand) {
+  for (const char* c : {"--help", "generate --help", "eval perplexity --help", "bench decode --help",
+                        "bench gemm --help", "quickstart --help"}) {
+    const auto r = run(c);
+    EXPECT_EQ(r.code, 0) << c;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << c << ": " << r.out;
+  }
+}
+
+TEST(Cli, GreedyFirstTokenIsPyTorchArgmax) {
+  const std::string dir = testing::parity_dir("llama");
+  ASSERT_FALSE(dir.empty());
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref->get("input_ids"), logits = ref->get("logits");
+  const int64_t T = ids.size(1), V = logits.size(2);
+  std::string prompt;
+  for (int64_t t = 0; t < T; ++t)
+    prompt += (t ? "," : "") + std::to_string(ids.data<int32_t>()[t]);
+  const float* last = logits.data<float>() + (T - 1) * V;
+  const int64_t argmax = std::max_element(last, last + V) - last;
+  const auto r = run("generate --model " + dir + " --prompt-ids " + prompt + " --max-tokens 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.substr(0, r.out.find(',')), std::to_string(argmax)) << r.out;
+}
+
+TEST(Cli, EvalPerplexityMatchesPyTorch) {
+  const std::string dir = testing::parity_dir("gpt2");
+  ASSERT_FALSE(dir.empty());
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const auto r = run("eval perplexity --model " + dir + " --ids " + dir + "/eval_ids.txt --ctx " +
+                     std::to_string(static_cast<int>(ref->get("eval_ctx").item_f32(0))));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto pos = r.out.find("mean_nll ");
+  ASSERT_NE(pos, std::string::npos) << r.out;
+  const double nll = std::stod(r.out.substr(pos + 9));
+  const double want = ref->get("eval_nll").item_f32(0);
+  EXPECT_NEAR(nll, want, 5e-5 * want);
+}
+
+TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
+  const std::string dir = testing::parity_dir("llama");
+  const auto tmp = std::filesystem::temp_directory_path() / ("tessera_cli_" + std::to_string(getpid()));
+  std::filesystem::create_directories(tmp);
+  {
+    std::ofstream(tmp / "bad_ids.txt") << "1 2 three 4";
+  }
+  std::filesystem::create_directories(tmp / "badcfg");
+  {
+    std::ofstream(tmp / "badcfg/config.json") << R"({"model_type": "bert", "vocab_size": 10})";
+  }
+  struct Case {
+    std::string args, must_mention;
+  };
+  const Case cases[] = {
+      {"generate --model /nonexistent --prompt-ids 1", "/nonexistent"},
+      {"generate --model " + dir + " --prompt-ids 1,x,3", "'x'"},
+      {"generate --model " + dir + " --prompt-ids 1,99999", "99999"},
+      {"generate --model " + dir + " --prompt-ids 1 --temperature -1", "temperature"},
+      {"generate --model " + dir + " --prompt-ids 1 --top-p 0", "top-p"},
+      {"generate --model " + dir + " --prompt-ids 1 --dtype f64", "f64"},
+      {"generate --model " + (tmp / "badcfg").string() + " --prompt-ids 1", "bert"},
+      {"eval perplexity --model " + dir + " --ids " + (tmp / "bad_ids.txt").string(), "three"},
+      {"eval perplexity --model " + dir + " --ids /nonexistent/ids.txt", "/nonexistent/ids.txt"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run(c.args);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_EQ(count_lines(r.out), 1) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.must_mention), std::string::npos) << c.args << "\n" << r.out;
+  }
+  std::filesystem::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace tessera

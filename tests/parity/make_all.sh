@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Generates the PyTorch reference directories for every architecture (ctest fixture).
+#   make_all.sh PYTHON OUT_DIR
+set -euo pipefail
+PY=$1
+OUT=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+for arch in llama qwen2 gpt2; do
+  rm -rf "$OUT/$arch.tmp"
+  "$PY" "$HERE/make_reference.py" --arch "$arch" --out "$OUT/$arch.tmp"
+  rm -rf "$OUT/$arch"
+  mv "$OUT/$arch.tmp" "$OUT/$arch"
+done
