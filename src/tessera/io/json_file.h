@@ -1,0 +1,24 @@
+// Reads a JSON file (config.json, tokenizer.json, safetensors index) into nlohmann::json,
+// with errors that name the file and, for syntax errors, the line, column and byte.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::io {
+
+// Throws tessera::Error: "PATH: cannot open: No such file or directory",
+// "PATH: is a directory", "PATH:3:15 (byte 42): invalid JSON: syntax error ...".
+nlohmann::json read_json_file(const std::string& path);
+
+// Parses JSON text; `source` names where it came from in errors (a path, "request body").
+nlohmann::json parse_json_text(const std::string& text, const std::string& source);
+
+// Whole file as bytes; throws tessera::Error naming the file on failure.
+std::string read_file_bytes(const std::string& path);
+
+// Writes `bytes` to path + ".tmp", fsyncs, then renames over `path`, so readers see
+// either the old file or the complete new one, never a torn write.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace tessera::io

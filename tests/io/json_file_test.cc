@@ -1,0 +1,102 @@
+// Tests for JSON file reading errors and the atomic file writer.
+#include "tessera/io/json_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "io_test_util.h"
+#include "tessera/base/error.h"
+
+namespace tessera::io {
+namespace {
+
+using testing::TempDir;
+using testing::write_bytes;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(JsonFile, ReadsValidFile) {
+  TempDir dir;
+  write_bytes(dir.file("config.json"), R"({"hidden_size": 64, "names": ["a", "b"]})");
+  nlohmann::json j = read_json_file(dir.file("config.json"));
+  EXPECT_EQ(j["hidden_size"].get<int>(), 64);
+  EXPECT_EQ(j["names"][1].get<std::string>(), "b");
+}
+
+TEST(JsonFile, MissingFileNamesPath) {
+  TempDir dir;
+  const std::string p = dir.file("nope.json");
+  std::string msg = error_of([&] { read_json_file(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No such file"), std::string::npos) << msg;
+}
+
+TEST(JsonFile, DirectoryIsRejected) {
+  TempDir dir;
+  std::string msg = error_of([&] { read_json_file(dir.path().string()); });
+  EXPECT_NE(msg.find(dir.path().string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("directory"), std::string::npos) << msg;
+}
+
+TEST(JsonFile, UnreadableFileNamesPath) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root can read any file";
+  TempDir dir;
+  const std::string p = dir.file("secret.json");
+  write_bytes(p, "{}");
+  std::filesystem::permissions(p, std::filesystem::perms::none);
+  std::string msg = error_of([&] { read_json_file(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Permission denied"), std::string::npos) << msg;
+}
+
+TEST(JsonFile, ParseErrorGivesLineColumnAndByte) {
+  TempDir dir;
+  const std::string p = dir.file("bad.json");
+  // The error is the '}' on line 3, column 13 (byte 24 counting from 0).
+  write_bytes(p, "{\n  \"a\": 1,\n  \"b\": [1, 2}\n}\n");
+  std::string msg = error_of([&] { read_json_file(p); });
+  EXPECT_NE(msg.find(p + ":3:13 (byte 24)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("invalid JSON"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+}
+
+TEST(JsonFile, EmptyFileIsAParseError) {
+  TempDir dir;
+  const std::string p = dir.file("empty.json");
+  write_bytes(p, "");
+  std::string msg = error_of([&] { read_json_file(p); });
+  EXPECT_NE(msg.find(p + ":1:1"), std::string::npos) << msg;
+}
+
+TEST(JsonFile, NulByteIsAnError) {
+  // nlohmann alone would stop at the NUL and accept "{}".
+  std::string msg = error_of([] { parse_json_text(std::string("{}\n\0junk", 8), "x.json"); });
+  EXPECT_EQ(msg, "x.json:2:1 (byte 3): invalid JSON: NUL byte");
+}
+
+TEST(JsonFile, ParseTextNamesSource) {
+  std::string msg = error_of([] { parse_json_text("[1, 2", "request body"); });
+  EXPECT_EQ(msg.rfind("request body:1:6", 0), 0u) << msg;
+}
+
+TEST(JsonFile, WriteFileAtomicReplacesAndLeavesNoTemp) {
+  TempDir dir;
+  const std::string p = dir.file("out.json");
+  write_file_atomic(p, "old");
+  write_file_atomic(p, "{\"x\": 1}");
+  EXPECT_EQ(read_json_file(p)["x"].get<int>(), 1);
+  EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
+  std::string msg = error_of([&] { write_file_atomic(dir.file("no/such/dir/f"), "x"); });
+  EXPECT_NE(msg.find("no/such/dir/f.tmp"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace tessera::io

@@ -1,0 +1,418 @@
+"""Plain-PyTorch copies of Hugging Face LlamaForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel.
+
+This is Tessera's independent reference for model parity tests. Each module follows the
+eager code path of `transformers` (modeling_llama.py, modeling_qwen2.py, modeling_gpt2.py)
+operation by operation, including where HF changes dtype, so that running it in float32,
+float64 or bfloat16 gives what `transformers` would give with attn_implementation="eager".
+Parameter names are exactly the keys HF writes to model.safetensors.
+
+Only what a causal-LM forward/backward needs is here: no KV cache, no padding mask, no
+dropout (Tessera trains without it; HF dropout is inactive in eval), no rope scaling.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _causal_additive_mask(t, dtype, device):
+    """(1, 1, T, T) mask: 0 where key <= query, finfo(dtype).min above the diagonal.
+
+    HF's eager Llama/Qwen2 add this mask (not -inf) to the scores, in the scores' dtype."""
+    mask = torch.full((t, t), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask = torch.triu(mask, diagonal=1)
+    return mask[None, None, :, :]
+
+
+def _upcast_dtype(dtype):
+    """Where HF upcasts to f32 we do too, except that f64 stays f64.
+
+    HF would silently drop an f64 model to f32 in RMSNorm, rotary and softmax; f64 runs exist
+    here only to check gradients by finite differences, which need every op in f64.
+    For f32 and bf16 models this is exactly HF's behaviour."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _activation(name):
+    if name == "silu":
+        return F.silu
+    if name == "gelu_new":
+        # transformers.activations.NewGELUActivation (tanh approximation, written out).
+        return lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    if name == "gelu_pytorch_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unsupported activation '{name}'")
+
+
+def lm_loss(logits, targets):
+    """Mean cross-entropy over positions whose target != -100.
+
+    logits: (B, T, V) any float dtype (upcast to f32 as HF's ForCausalLMLoss does);
+    targets: (B, T) integer, already shifted (targets[:, t] is the token after position t)."""
+    return F.cross_entropy(logits.to(_upcast_dtype(logits.dtype)).reshape(-1, logits.shape[-1]),
+                           targets.long().reshape(-1), ignore_index=-100, reduction="mean")
+
+
+# ----------------------------------------------------------------------------- Llama / Qwen2
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))  # (hidden,)
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        # Statistics in f32 (even for bf16 models); the cast back to the input dtype happens
+        # BEFORE the weight multiply, exactly as HF does.
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(_upcast_dtype(input_dtype))
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    """cos/sin for positions, computed in f32 whatever the model dtype, then cast to x.dtype.
+
+    inv_freq is recomputed from `base` instead of being a buffer so that model.to(bf16 / f64)
+    cannot change its precision: HF always forces f32 here (it upcasts inv_freq in forward)."""
+
+    def __init__(self, dim, base):
+        super().__init__()
+        self.dim = dim
+        self.base = base
+
+    def inv_freq(self, device, dtype=torch.float32):
+        return 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).to(device, dtype) / self.dim))
+
+    def forward(self, x, position_ids):
+        # position_ids: (B, T) -> cos, sin: (B, T, head_dim) in x.dtype
+        ct = _upcast_dtype(x.dtype)
+        inv_freq = self.inv_freq(x.device, ct)
+        inv_freq_expanded = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
+        position_ids_expanded = position_ids[:, None, :].to(ct)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos()
+            sin = emb.sin()
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def repeat_kv(hidden_states, n_rep):
+    """(B, kv_heads, T, d) -> (B, kv_heads * n_rep, T, d); head h uses kv head h // n_rep."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg["hidden_size"], cfg["intermediate_size"]
+        bias = bool(cfg.get("mlp_bias", False))
+        self.gate_proj = nn.Linear(h, i, bias=bias)  # weight (inter, hidden)
+        self.up_proj = nn.Linear(h, i, bias=bias)    # weight (inter, hidden)
+        self.down_proj = nn.Linear(i, h, bias=bias)  # weight (hidden, inter)
+        self.act_fn = _activation(cfg.get("hidden_act", "silu"))
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg, qkv_bias, o_bias):
+        super().__init__()
+        self.hidden_size = cfg["hidden_size"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.head_dim = cfg.get("head_dim") or self.hidden_size // self.num_heads
+        self.num_key_value_heads = cfg.get("num_key_value_heads") or self.num_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        if self.num_heads % self.num_key_value_heads != 0:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        self.q_proj = nn.Linear(self.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, self.hidden_size, bias=o_bias)
+        if cfg.get("rope_scaling"):
+            raise ValueError("rope_scaling is not supported by the parity reference")
+        self.rotary_emb = LlamaRotaryEmbedding(self.head_dim, base=cfg.get("rope_theta", 10000.0))
+
+    def forward(self, hidden_states, position_ids, attention_mask):
+        bsz, q_len, _ = hidden_states.size()
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+
+        query_states = query_states.view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        key_states = key_states.view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        value_states = value_states.view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+
+        cos, sin = self.rotary_emb(value_states, position_ids)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        key_states = repeat_kv(key_states, self.num_key_value_groups)
+        value_states = repeat_kv(value_states, self.num_key_value_groups)
+
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+        attn_weights = attn_weights + attention_mask
+        # HF upcasts the softmax to f32 and casts the probabilities back to the model dtype.
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=_upcast_dtype(attn_weights.dtype)).to(query_states.dtype)
+        attn_output = torch.matmul(attn_weights, value_states)
+
+        attn_output = attn_output.transpose(1, 2).contiguous()
+        attn_output = attn_output.reshape(bsz, q_len, self.num_heads * self.head_dim)
+        return self.o_proj(attn_output)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, qkv_bias, o_bias):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, qkv_bias, o_bias)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+        self.post_attention_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+
+    def forward(self, hidden_states, position_ids, attention_mask):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, position_ids, attention_mask)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg, qkv_bias, o_bias):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])  # (vocab, hidden)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(cfg, qkv_bias, o_bias) for _ in range(cfg["num_hidden_layers"])])
+        self.norm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+
+    def forward(self, input_ids):
+        bsz, t = input_ids.shape
+        hidden_states = self.embed_tokens(input_ids)
+        position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(bsz, t)
+        mask = _causal_additive_mask(t, hidden_states.dtype, hidden_states.device)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, position_ids, mask)
+        return self.norm(hidden_states)
+
+
+class LlamaForCausalLM(nn.Module):
+    # Llama: bias on q/k/v/o only when config.attention_bias. Qwen2 overrides this.
+    def _biases(self, cfg):
+        b = bool(cfg.get("attention_bias", False))
+        return b, b
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = dict(cfg)
+        qkv_bias, o_bias = self._biases(cfg)
+        self.model = LlamaModel(cfg, qkv_bias, o_bias)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)  # (vocab, hidden)
+        if cfg.get("tie_word_embeddings", False):
+            # Same Parameter object: named_parameters() then lists it once, under the
+            # embedding's name, and its .grad is the sum of both uses.
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        # input_ids: (B, T) long -> logits (B, T, vocab) in the model dtype
+        return self.lm_head(self.model(input_ids))
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    # Qwen2Attention: q/k/v projections have a bias, o_proj does not.
+    def _biases(self, cfg):
+        return True, False
+
+    def __init__(self, cfg):
+        if cfg.get("use_sliding_window", False):
+            raise ValueError("use_sliding_window is not supported by the parity reference")
+        super().__init__(cfg)
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+class Conv1D(nn.Module):
+    """GPT-2's transposed linear: weight (in, out), y = x @ W + b."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf))  # (in, out)
+        self.bias = nn.Parameter(torch.zeros(nf))        # (out,)
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.embed_dim = cfg["n_embd"]
+        self.num_heads = cfg["n_head"]
+        self.head_dim = self.embed_dim // self.num_heads
+        self.split_size = self.embed_dim
+        self.scale_attn_weights = cfg.get("scale_attn_weights", True)
+        self.scale_attn_by_inverse_layer_idx = cfg.get("scale_attn_by_inverse_layer_idx", False)
+        if cfg.get("reorder_and_upcast_attn", False):
+            raise ValueError("reorder_and_upcast_attn is not supported by the parity reference")
+        self.layer_idx = layer_idx
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)  # weight (hidden, 3*hidden)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)      # weight (hidden, hidden)
+
+    def _split_heads(self, tensor):
+        new_shape = tensor.size()[:-1] + (self.num_heads, self.head_dim)
+        return tensor.view(new_shape).permute(0, 2, 1, 3)  # (B, heads, T, d)
+
+    def _attn(self, query, key, value):
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        if self.scale_attn_weights:
+            attn_weights = attn_weights / torch.full(
+                [], value.size(-1) ** 0.5, dtype=attn_weights.dtype, device=attn_weights.device)
+        if self.scale_attn_by_inverse_layer_idx:
+            attn_weights = attn_weights / float(self.layer_idx + 1)
+        t = query.size(-2)
+        causal_mask = torch.tril(torch.ones((t, t), dtype=torch.bool, device=query.device))[None, None]
+        mask_value = torch.full([], torch.finfo(attn_weights.dtype).min, dtype=attn_weights.dtype,
+                                device=attn_weights.device)
+        attn_weights = torch.where(causal_mask, attn_weights, mask_value)
+        # Unlike Llama, GPT-2's eager softmax runs in the scores' dtype (bf16 stays bf16).
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        attn_weights = attn_weights.type(value.dtype)
+        return torch.matmul(attn_weights, value)
+
+    def forward(self, hidden_states):
+        query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        query, key, value = self._split_heads(query), self._split_heads(key), self._split_heads(value)
+        attn_output = self._attn(query, key, value)
+        attn_output = attn_output.permute(0, 2, 1, 3).contiguous()
+        attn_output = attn_output.view(attn_output.size()[:-2] + (self.embed_dim,))
+        return self.c_proj(attn_output)
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, intermediate_size, cfg):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, cfg["n_embd"])    # weight (hidden, inner)
+        self.c_proj = Conv1D(cfg["n_embd"], intermediate_size)  # weight (inner, hidden)
+        self.act = _activation(cfg.get("activation_function", "gelu_new"))
+
+    def forward(self, hidden_states):
+        return self.c_proj(self.act(self.c_fc(hidden_states)))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        hidden = cfg["n_embd"]
+        inner = cfg.get("n_inner") or 4 * hidden
+        eps = cfg.get("layer_norm_epsilon", 1e-5)
+        self.ln_1 = nn.LayerNorm(hidden, eps=eps)
+        self.attn = GPT2Attention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(hidden, eps=eps)
+        self.mlp = GPT2MLP(inner, cfg)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states + self.attn(self.ln_1(hidden_states))
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.wte = nn.Embedding(cfg["vocab_size"], cfg["n_embd"])   # (vocab, hidden)
+        self.wpe = nn.Embedding(cfg["n_positions"], cfg["n_embd"])  # (positions, hidden)
+        self.h = nn.ModuleList([GPT2Block(cfg, i) for i in range(cfg["n_layer"])])
+        self.ln_f = nn.LayerNorm(cfg["n_embd"], eps=cfg.get("layer_norm_epsilon", 1e-5))
+
+    def forward(self, input_ids):
+        t = input_ids.shape[1]
+        position_ids = torch.arange(t, dtype=torch.long, device=input_ids.device).unsqueeze(0)
+        hidden_states = self.wte(input_ids) + self.wpe(position_ids)
+        for block in self.h:
+            hidden_states = block(hidden_states)
+        return self.ln_f(hidden_states)
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = dict(cfg)
+        self.transformer = GPT2Model(cfg)
+        self.lm_head = nn.Linear(cfg["n_embd"], cfg["vocab_size"], bias=False)
+        if cfg.get("tie_word_embeddings", True):
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids):
+        # input_ids: (B, T) long -> logits (B, T, vocab) in the model dtype
+        return self.lm_head(self.transformer(input_ids))
+
+
+# ----------------------------------------------------------------------------- building / loading
+
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel}
+
+
+def build_model(cfg):
+    """Model for a HF config dict (as read from config.json), chosen by cfg["model_type"]."""
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(f"config.json model_type '{model_type}' is not one of {sorted(MODEL_CLASSES)}")
+    return MODEL_CLASSES[model_type](cfg)
+
+
+def saved_state(model):
+    """{HF name: tensor} as save_pretrained writes it: tied lm_head.weight left out."""
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def load_weights(model, tensors):
+    """Copies {HF name: tensor} into the model; every parameter must be present, nothing extra.
+
+    A tied lm_head.weight in the file (some checkpoints keep it) must equal the embedding."""
+    params = dict(model.named_parameters())  # a tied lm_head.weight is not listed here
+    extra = set(tensors) - set(params)
+    if "lm_head.weight" in extra:
+        emb_name = next(iter(params))  # the embedding is registered first in every model here
+        if torch.equal(tensors["lm_head.weight"], tensors.get(emb_name, torch.empty(0))):
+            extra.discard("lm_head.weight")
+    missing = set(params) - set(tensors)
+    if missing or extra:
+        raise ValueError(f"weights mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    with torch.no_grad():
+        for name, p in params.items():
+            src = tensors[name]
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(f"tensor '{name}' has shape {tuple(src.shape)}, model wants {tuple(p.shape)}")
+            p.copy_(src.to(p.dtype))

@@ -1,0 +1,202 @@
+#!/usr/bin/python3
+"""Writes a tiny random Hugging Face model directory plus PyTorch reference outputs.
+
+  make_reference.py --arch {llama,qwen2,gpt2} --out DIR [--seed N] [--variant NAME]
+
+DIR gets config.json, generation_config.json, model.safetensors (f32, HF tensor names),
+eval_ids.txt and reference.safetensors (inputs, targets, logits, loss, every gradient,
+bf16 logits, eval NLL). Tessera's C++ parity tests load DIR and compare against it.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models  # noqa: E402
+import safetensors_io  # noqa: E402
+
+BATCH, SEQ = 3, 17
+EVAL_TOKENS, EVAL_CTX = 300, 128
+# Fixed extra ignore positions (batch, position) besides the last position of every row.
+EXTRA_IGNORED = [(0, 5), (1, 11), (2, 0)]
+
+_TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def _llama_config():
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **_TINY,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1, "initializer_range": 0.02,
+        "use_cache": True, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    }
+
+
+def _qwen2_config():
+    return {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **_TINY,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+        "tie_word_embeddings": True, "hidden_act": "silu", "attention_dropout": 0.0,
+        "use_sliding_window": False, "sliding_window": 128, "max_window_layers": 2,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 95, "eos_token_id": 96,
+    }
+
+
+def _gpt2_config():
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 97,
+        "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "n_ctx": 128, "n_inner": None,
+        "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "tie_word_embeddings": True,
+        # Dropout off: the reference gradients are deterministic and so must Tessera's be.
+        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False, "initializer_range": 0.02, "use_cache": True,
+        "torch_dtype": "float32", "bos_token_id": 96, "eos_token_id": 96,
+    }
+
+
+BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config}
+# Variants override keys of the base config, to cover the other branch of each option.
+VARIANTS = {
+    "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
+              "mha": {"num_key_value_heads": 4}},
+    "qwen2": {"default": {}, "untied": {"tie_word_embeddings": False}},
+    "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
+}
+
+
+def make_config(arch, variant):
+    if variant not in VARIANTS[arch]:
+        raise SystemExit(f"--variant '{variant}' is not one of {sorted(VARIANTS[arch])} for --arch {arch}")
+    return {**BASE_CONFIGS[arch](), **VARIANTS[arch][variant]}
+
+
+def init_weights(model, gen):
+    """Large-ish random weights so every parameter visibly moves the logits and the loss."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_norm = any(k in name for k in ("layernorm", "model.norm", "ln_1", "ln_2", "ln_f"))
+            if is_norm and name.endswith(".weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "wpe" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name or "wte" in name:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
+
+
+def make_batch(vocab, gen):
+    """input_ids (B, T) int32 and targets (B, T) int32 (next token, -100 = ignored)."""
+    ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    ids[1, 3] = vocab - 1  # make sure both ends of the odd-sized vocab occur
+    ids[2, 7] = 0
+    targets = torch.full_like(ids, -100)
+    targets[:, :-1] = ids[:, 1:]
+    for b, t in EXTRA_IGNORED:
+        targets[b, t] = -100
+    return ids.to(torch.int32), targets.to(torch.int32)
+
+
+def eval_windows(ids, ctx):
+    """Consecutive non-overlapping windows of <= ctx ids; a window of one id predicts nothing."""
+    return [ids[s:s + ctx] for s in range(0, len(ids), ctx) if len(ids[s:s + ctx]) >= 2]
+
+
+@torch.no_grad()
+def eval_nll(model, ids, ctx):
+    """Token-weighted mean of -log p(w[t] | w[:t]) over t = 1..L-1 of every window (f64 sums)."""
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for w in eval_windows(ids, ctx):
+        x = torch.tensor(w, dtype=torch.long)[None]
+        logp = torch.log_softmax(model(x)[0, :-1].double(), dim=-1)
+        total += -logp.gather(1, x[0, 1:, None]).sum()
+        count += len(w) - 1
+    return (total / count).item()
+
+
+def write_eval_ids(path, ids):
+    with open(path, "w") as f:
+        for i in range(0, len(ids), 20):
+            f.write(" ".join(str(x) for x in ids[i:i + 20]) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", required=True, choices=sorted(BASE_CONFIGS))
+    ap.add_argument("--out", required=True, help="model directory to create (or overwrite files in)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--variant", default="default")
+    args = ap.parse_args()
+    t0 = time.time()
+
+    cfg = make_config(args.arch, args.variant)
+    gen = torch.Generator().manual_seed(args.seed)
+    model = hf_models.build_model(cfg)
+    init_weights(model, gen)
+    model.eval()
+    vocab = cfg["vocab_size"]
+
+    ids, targets = make_batch(vocab, gen)
+    model.zero_grad(set_to_none=True)
+    logits = model(ids.long())
+    loss = hf_models.lm_loss(logits, targets)
+    loss.backward()
+    ref = {
+        "input_ids": ids, "targets": targets,
+        "logits": logits.detach().float(),
+        "loss": loss.detach().float().reshape(1),
+    }
+    for name, p in model.named_parameters():
+        ref["grad." + name] = p.grad.detach().float().clone()
+
+    with torch.no_grad():
+        # As transformers does with torch_dtype=bfloat16: weights and activations in bf16.
+        model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        ref["logits_bf16"] = model_bf16(ids.long()).float()
+        # f32 arithmetic on bf16-rounded weights: isolates weight rounding from bf16 compute.
+        model_rw = copy.deepcopy(model)
+        for p in model_rw.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        ref["logits_bf16weights_f32compute"] = model_rw(ids.long()).float()
+
+    eval_ids = torch.randint(0, vocab, (EVAL_TOKENS,), generator=gen).tolist()
+    nll = eval_nll(model, eval_ids, EVAL_CTX)
+    ref["eval_nll"] = torch.tensor([nll], dtype=torch.float32)
+    ref["eval_ctx"] = torch.tensor([EVAL_CTX], dtype=torch.int32)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+                   "max_new_tokens": 16, "do_sample": False}, f, indent=2)
+        f.write("\n")
+    weights = hf_models.saved_state(model)
+    safetensors_io.save_file(weights, os.path.join(args.out, "model.safetensors"))
+    write_eval_ids(os.path.join(args.out, "eval_ids.txt"), eval_ids)
+    meta = {"format": "pt", "arch": args.arch, "variant": args.variant, "seed": str(args.seed),
+            "torch_version": torch.__version__, "generator": "tests/parity/make_reference.py"}
+    safetensors_io.save_file(ref, os.path.join(args.out, "reference.safetensors"), metadata=meta)
+
+    n_params = sum(t.numel() for t in weights.values())
+    print(f"make_reference: {args.arch}/{args.variant} seed {args.seed} -> {args.out}: "
+          f"{len(weights)} tensors ({n_params} params, tied={cfg.get('tie_word_embeddings')}), "
+          f"loss {loss.item():.6f}, eval_nll {nll:.6f} over {EVAL_TOKENS} ids ctx {EVAL_CTX}, "
+          f"max|logits_bf16-logits| {(ref['logits_bf16'] - ref['logits']).abs().max().item():.3g}, "
+          f"{len(ref)} reference tensors, {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
