@@ -1,0 +1,73 @@
+// Entry points of activation.h: check that every operand is an (N, F) f32 row view of
+// one shape, then run the CPU kernels.
+#include "tessera/kernels/activation.h"
+
+#include <utility>
+
+#include "tessera/kernels/cpu/activation_cpu.h"
+#include "tessera/kernels/pointwise_checks.h"
+
+namespace tessera::kernels {
+namespace {
+
+using detail::check_rows;
+
+// Checks `first` and returns its shape for the other operands to match.
+std::pair<int64_t, int64_t> check_first(const Tensor& first, const char* op, const char* name) {
+  check_rows(first, op, name, DType::kF32);
+  return {first.size(0), first.size(1)};
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const char* op = "swiglu_forward";
+  const auto [N, F] = check_first(gate, op, "gate");
+  check_rows(up, op, "up", DType::kF32, N, F);
+  check_rows(out, op, "out", DType::kF32, N, F);
+  cpu::swiglu_forward(gate, up, out);
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup) {
+  const char* op = "swiglu_backward";
+  const auto [N, F] = check_first(gate, op, "gate");
+  check_rows(dout, op, "dout", DType::kF32, N, F);
+  check_rows(up, op, "up", DType::kF32, N, F);
+  check_rows(dgate, op, "dgate", DType::kF32, N, F);
+  check_rows(dup, op, "dup", DType::kF32, N, F);
+  cpu::swiglu_backward(dout, gate, up, dgate, dup);
+}
+
+void gelu_forward(const Tensor& x, Tensor& out) {
+  const char* op = "gelu_forward";
+  const auto [N, F] = check_first(x, op, "x");
+  check_rows(out, op, "out", DType::kF32, N, F);
+  cpu::gelu_forward(x, out);
+}
+
+void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  const char* op = "gelu_backward";
+  const auto [N, F] = check_first(x, op, "x");
+  check_rows(dout, op, "dout", DType::kF32, N, F);
+  check_rows(dx, op, "dx", DType::kF32, N, F);
+  cpu::gelu_backward(dout, x, dx);
+}
+
+void softmax_forward(const Tensor& x, Tensor& out) {
+  const char* op = "softmax_forward";
+  const auto [N, F] = check_first(x, op, "x");
+  TESSERA_CHECK(F >= 1, op, ": x ", x.describe(), " has no columns to normalise over");
+  check_rows(out, op, "out", DType::kF32, N, F);
+  cpu::softmax_forward(x, out);
+}
+
+void softmax_backward(const Tensor& dout, const Tensor& out, Tensor& dx) {
+  const char* op = "softmax_backward";
+  const auto [N, F] = check_first(out, op, "out");
+  check_rows(dout, op, "dout", DType::kF32, N, F);
+  check_rows(dx, op, "dx", DType::kF32, N, F);
+  cpu::softmax_backward(dout, out, dx);
+}
+
+}  // namespace tessera::kernels

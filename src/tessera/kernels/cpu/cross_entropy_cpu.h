@@ -1,0 +1,11 @@
+// CPU implementation behind cross_entropy.h; arguments (targets included) are already
+// checked by cross_entropy.cc.
+#pragma once
+#include "tessera/kernels/cross_entropy.h"
+
+namespace tessera::kernels::cpu {
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* losses,
+                                 Tensor* dlogits, float grad_scale);
+
+}  // namespace tessera::kernels::cpu

@@ -1,0 +1,10 @@
+// CPU implementation behind rope.h; arguments are already checked by rope.cc.
+#pragma once
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::kernels::cpu {
+
+void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, float theta,
+                bool inverse);
+
+}  // namespace tessera::kernels::cpu

@@ -1,0 +1,25 @@
+// Entry point of rope.h: checks the head layout and positions, then runs the CPU kernel.
+#include "tessera/kernels/rope.h"
+
+#include <cmath>
+
+#include "tessera/kernels/cpu/rope_cpu.h"
+#include "tessera/kernels/pointwise_checks.h"
+
+namespace tessera::kernels {
+
+void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, float theta,
+                bool inverse) {
+  const char* op = "rope_apply";
+  detail::check_rows(x, op, "x", DType::kF32);
+  TESSERA_CHECK(head_dim > 0 && head_dim % 2 == 0, op, ": head_dim must be positive and even, got ",
+                head_dim);
+  TESSERA_CHECK(x.size(1) % head_dim == 0, op, ": x ", x.describe(),
+                " width is not a multiple of head_dim ", head_dim);
+  detail::check_vector(positions, op, "positions", x.size(0), {DType::kI32});
+  TESSERA_CHECK(std::isfinite(theta) && theta > 0.f, op, ": theta must be positive, got ",
+                theta);
+  cpu::rope_apply(x, head_dim, positions, theta, inverse);
+}
+
+}  // namespace tessera::kernels
