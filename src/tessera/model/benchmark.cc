@@ -83,7 +83,7 @@ PrefillBench bench_prefill(const Model& model, const BenchOptions& o) {
   r.gflops = forward_flops(c, o.prompt_tokens, 0) / s / 1e9;
   const int64_t H = c.hidden_size;
   r.peak_gflops = kernels::measure_matmul_gflops(o.prompt_tokens, c.intermediate_size, H,
-                                                 DType::kBF16, kernels::MatmulBackend::kOneDnn, 1.0)
+                                                 DType::kBF16, kernels::MatmulBackend::kAuto, 1.0)
                       .gflops;
   r.ratio = r.gflops / r.peak_gflops;
   return r;

@@ -1,0 +1,51 @@
+// Internal interface between matmul.cc (checks, dtype unification) and the CPU GEMM
+// backends (oneDNN, the skinny decode kernel). Not part of the public API.
+#pragma once
+#include <cstdint>
+
+#include "tessera/tensor/dtype.h"
+
+namespace tessera::kernels::cpu {
+
+// One GEMM on raw row-major buffers, already validated by matmul.cc:
+//   c(M, N) = alpha * op(a)(M, K) @ op(b)(K, N) + beta * c; beta == 0 never reads c.
+// a is (M, K) with row stride lda, or (K, M) when trans_a; b is (K, N) with row
+// stride ldb, or (N, K) when trans_b; c is f32 (M, N) with row stride ldc.
+// a and b have the same dtype (f32 or bf16) except in the skinny kernel, which
+// accepts any combination.
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  DType a_dtype = DType::kF32;
+  int64_t lda = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  DType b_dtype = DType::kF32;
+  int64_t ldb = 0;
+  bool trans_b = false;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1.f;
+  float beta = 0.f;
+};
+
+// oneDNN matmul primitive, cached per problem (matmul_onednn.cc). Needs a_dtype == b_dtype.
+void gemm_onednn(const GemmArgs& g);
+// bf16 x bf16 computed as f32 x f32 through oneDNN after widening both operands (exact:
+// bf16 products are representable in f32). Faster than native bf16 on CPUs whose
+// vdpbf16ps retires fewer flops than f32 FMA (measured: half) and that lack AMX.
+// b is widened in blocks of N holding at most max_b_floats (at least 64 rows) so a huge
+// weight (an LM head) needs bounded scratch.
+void gemm_onednn_widened(const GemmArgs& g, int64_t max_b_floats = int64_t{16} << 20);
+// Number of cached oneDNN primitives (for tests of the cache).
+int64_t onednn_cache_size();
+
+// Instruction set the skinny kernel runs with; kBest picks from base::cpu_features().
+enum class SkinnyIsa { kBest, kScalar, kAvx2, kAvx512 };
+// True when this CPU can run `isa` (kScalar always).
+bool skinny_isa_supported(SkinnyIsa isa);
+// Bandwidth-bound kernel for small M with a weight b (N, K) (matmul_skinny.cc).
+// Needs trans_b; any M works, but it re-reads b once per 4 rows of op(a).
+void gemm_skinny(const GemmArgs& g, SkinnyIsa isa = SkinnyIsa::kBest);
+
+}  // namespace tessera::kernels::cpu

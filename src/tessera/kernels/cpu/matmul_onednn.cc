@@ -1,0 +1,168 @@
+// GEMM through oneDNN's matmul primitive (Debian libdnnl 2.6, OpenMP runtime).
+// Primitives are created once per problem and cached: creation costs ~0.1-1 ms
+// (it JIT-compiles brgemm kernels), execution of a decode-sized GEMM a few µs.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/tensor/tensor.h"
+#include "tessera/kernels/cpu/matmul_cpu.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+using dnnl::memory;
+
+// Every field that changes the primitive. alpha/beta are baked into the primitive
+// (static output scale / sum post-op scale) because runtime scales push oneDNN 2.6
+// onto slower reference paths for some shapes.
+using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
+                                int, int, float, float>;
+
+// Serving varies M every step, so the cache can grow without bound; past this many
+// entries it is cleared (re-creation is cheap next to an unbounded leak).
+constexpr size_t kMaxCachedPrimitives = 4096;
+
+dnnl::engine& global_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One stream per calling thread: a CPU stream is cheap and this keeps concurrent
+// callers (serving worker threads) from sharing stream state.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(global_engine());
+  return stream;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::map<PrimitiveKey, dnnl::matmul> prims;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+memory::data_type to_dnnl(DType dt) {
+  switch (dt) {
+    case DType::kF32: return memory::data_type::f32;
+    case DType::kBF16: return memory::data_type::bf16;
+    default: fail("matmul (oneDNN): unsupported dtype ", dtype_name(dt));
+  }
+}
+
+// Row-major (rows, cols) with row stride ld, seen as op(x): transposed views are
+// expressed with swapped strides, so oneDNN never needs a copy.
+memory::desc strided_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, DType dt) {
+  if (!trans) return memory::desc({rows, cols}, to_dnnl(dt), {ld, 1});
+  return memory::desc({rows, cols}, to_dnnl(dt), {1, ld});
+}
+
+dnnl::matmul create_primitive(const GemmArgs& g) {
+  const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
+  const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
+  const memory::desc c_md({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+  dnnl::primitive_attr attr;
+  // oneDNN 2.x: dst = oscale * (a @ b) + sum_scale * dst, i.e. scales apply before post-ops.
+  if (g.alpha != 1.f) attr.set_output_scales(0, {g.alpha});
+  if (g.beta != 0.f) {
+    dnnl::post_ops ops;
+    ops.append_sum(g.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::desc desc(a_md, b_md, c_md);
+  const dnnl::matmul::primitive_desc pd(desc, attr, global_engine());
+  return dnnl::matmul(pd);
+}
+
+}  // namespace
+
+void gemm_onednn(const GemmArgs& g) {
+  TESSERA_CHECK(g.a_dtype == g.b_dtype, "matmul (oneDNN): a is ", dtype_name(g.a_dtype),
+                " but b is ", dtype_name(g.b_dtype), "; unify dtypes first");
+  base::num_threads();  // applies TESSERA_NUM_THREADS to the OpenMP team oneDNN uses
+  const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
+                         static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
+                         g.beta};
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(cache().mu);
+    auto it = cache().prims.find(key);
+    if (it != cache().prims.end()) prim = it->second;
+  }
+  try {
+    if (!prim) {
+      // Created outside the lock: JIT compilation should not serialise other callers.
+      prim = create_primitive(g);
+      std::lock_guard<std::mutex> lock(cache().mu);
+      if (cache().prims.size() >= kMaxCachedPrimitives) cache().prims.clear();
+      cache().prims.emplace(key, prim);
+    }
+    const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
+    const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
+    const memory::desc c_md({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+    const dnnl::engine& eng = global_engine();
+    memory a_mem(a_md, eng, const_cast<void*>(g.a));
+    memory b_mem(b_md, eng, const_cast<void*>(g.b));
+    memory c_mem(c_md, eng, g.c);
+    prim.execute(thread_stream(),
+                 {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    thread_stream().wait();
+  } catch (const dnnl::error& e) {
+    fail("matmul (oneDNN) failed for M=", g.m, " N=", g.n, " K=", g.k, " a ",
+         dtype_name(g.a_dtype), " b ", dtype_name(g.b_dtype), ": ", e.what());
+  }
+}
+
+void gemm_onednn_widened(const GemmArgs& g, int64_t max_b_floats) {
+  TESSERA_CHECK(g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16,
+                "matmul (oneDNN widened): needs bf16 a and b, got ", dtype_name(g.a_dtype), " and ",
+                dtype_name(g.b_dtype));
+  // Rows x cols of a row-strided bf16 matrix into a contiguous f32 buffer.
+  auto widen = [](const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
+                  std::vector<float>& dst) {
+    if (dst.size() < static_cast<size_t>(rows * cols)) dst.resize(rows * cols);
+    if (ld == cols) {
+      convert_elements(src, DType::kBF16, dst.data(), DType::kF32, rows * cols);
+      return;
+    }
+    base::parallel_for(rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(cols, 1)),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r)
+                           for (int64_t j = 0; j < cols; ++j)
+                             dst[r * cols + j] = bf16_to_f32(src[r * ld + j]);
+                       });
+  };
+  // Per-thread buffers that only grow, so repeated calls do not allocate.
+  thread_local std::vector<float> a32, b32;
+  GemmArgs w = g;
+  w.a_dtype = w.b_dtype = DType::kF32;
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  widen(static_cast<const uint16_t*>(g.a), a_rows, a_cols, g.lda, a32);
+  w.a = a32.data(), w.lda = a_cols;
+  const int64_t block = std::max<int64_t>(64, max_b_floats / g.k);
+  const auto* b16 = static_cast<const uint16_t*>(g.b);
+  for (int64_t n0 = 0; n0 < g.n; n0 += block) {
+    const int64_t nb = std::min(block, g.n - n0);
+    if (g.trans_b)  // b is (N, K): rows n0..n0+nb
+      widen(b16 + n0 * g.ldb, nb, g.k, g.ldb, b32), w.ldb = g.k;
+    else  // b is (K, N): columns n0..n0+nb of every row
+      widen(b16 + n0, g.k, nb, g.ldb, b32), w.ldb = nb;
+    w.b = b32.data(), w.n = nb, w.c = g.c + n0;
+    gemm_onednn(w);
+  }
+}
+
+int64_t onednn_cache_size() {
+  std::lock_guard<std::mutex> lock(cache().mu);
+  return static_cast<int64_t>(cache().prims.size());
+}
+
+}  // namespace tessera::kernels::cpu

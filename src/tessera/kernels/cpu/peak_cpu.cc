@@ -1,0 +1,109 @@
+// STREAM triad and matmul timing (see peak.h).
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "tessera/base/aligned_alloc.h"
+#include "tessera/base/cpu_features.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/base/timer.h"
+#include "tessera/kernels/peak.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::kernels {
+namespace {
+
+// Same loop twice: the build has no -march, so the AVX-512 copy is what lets the
+// compiler use full-width loads and stores where the CPU has them.
+__attribute__((target("avx512f"))) void triad_avx512(float* a, const float* b, const float* c,
+                                                     float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+void triad_portable(float* a, const float* b, const float* c, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+struct Buffer {
+  explicit Buffer(size_t bytes) : p(base::aligned_malloc(bytes)) {}
+  ~Buffer() { base::aligned_free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* p;
+};
+
+}  // namespace
+
+double measure_stream_triad_gbps(int64_t n, int reps) {
+  TESSERA_CHECK(n > 0 && reps > 0, "measure_stream_triad_gbps: n (", n, ") and reps (", reps,
+                ") must be positive");
+  Buffer ab(n * sizeof(float)), bb(n * sizeof(float)), cb(n * sizeof(float));
+  float* a = static_cast<float*>(ab.p);
+  float* b = static_cast<float*>(bb.p);
+  float* c = static_cast<float*>(cb.p);
+  const int64_t grain = 1 << 16;
+  // First touch from the workers that will stream each chunk (parallel_for's split is
+  // deterministic), so pages land on their NUMA node.
+  base::parallel_for(n, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) a[i] = 0.f, b[i] = 1.f, c[i] = 2.f;
+  });
+  const bool avx512 = base::cpu_features().avx512f;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    base::Timer t;
+    base::parallel_for(n, grain, [&](int64_t i0, int64_t i1) {
+      if (avx512)
+        triad_avx512(a + i0, b + i0, c + i0, 3.f, i1 - i0);
+      else
+        triad_portable(a + i0, b + i0, c + i0, 3.f, i1 - i0);
+    });
+    best = std::min(best, t.seconds());
+  }
+  TESSERA_CHECK(a[n / 2] == 7.f, "measure_stream_triad_gbps: wrong triad result");
+  return 3.0 * sizeof(float) * static_cast<double>(n) / best / 1e9;
+}
+
+GemmMeasurement measure_matmul_gflops(int64_t m, int64_t n, int64_t k, DType dtype,
+                                      MatmulBackend backend, double min_seconds,
+                                      bool cold_weights) {
+  TESSERA_CHECK(m > 0 && n > 0 && k > 0, "measure_matmul_gflops: sizes must be positive, got m=",
+                m, " n=", n, " k=", k);
+  auto random_tensor = [](int64_t rows, int64_t cols, DType dt, uint32_t seed) {
+    Tensor t = Tensor::empty({rows, cols}, DType::kF32);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < rows * cols; ++i) p[i] = dist(rng);
+    return t.to(dt);
+  };
+  const Tensor a = random_tensor(m, k, dtype, 1);  // (m, k)
+  std::vector<Tensor> weights{random_tensor(n, k, dtype, 2)};  // each (n, k)
+  const double b_bytes = static_cast<double>(n) * k * dtype_size(dtype);
+  if (cold_weights) {
+    const int copies = static_cast<int>(std::clamp((1u << 30) / b_bytes, 1.0, 4096.0)) + 1;
+    for (int i = 1; i < copies; ++i) weights.push_back(weights[0].clone());
+  }
+  Tensor c = Tensor::empty({m, n}, DType::kF32);  // (m, n)
+  matmul_with(backend, a, weights[0], c, false, true, 1.f, 0.f);  // warm-up
+
+  std::vector<double> secs;
+  double total = 0;
+  size_t w = 0;
+  while (total < min_seconds || secs.size() < 5) {
+    w = (w + 1) % weights.size();
+    base::Timer t;
+    matmul_with(backend, a, weights[w], c, false, true, 1.f, 0.f);
+    secs.push_back(t.seconds());
+    total += secs.back();
+  }
+  std::nth_element(secs.begin(), secs.begin() + secs.size() / 2, secs.end());
+  GemmMeasurement r;
+  r.m = m, r.n = n, r.k = k, r.dtype = dtype;
+  r.seconds = secs[secs.size() / 2];
+  r.gflops = 2.0 * m * n * k / r.seconds / 1e9;
+  const double bytes = (static_cast<double>(m) * k + static_cast<double>(n) * k) *
+                           dtype_size(dtype) + 4.0 * m * n;
+  r.gbps = bytes / r.seconds / 1e9;
+  return r;
+}
+
+}  // namespace tessera::kernels

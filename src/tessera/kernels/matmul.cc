@@ -1,0 +1,174 @@
+// matmul: checks shapes and dtypes, unifies mixed dtypes, picks a backend.
+#include "tessera/kernels/matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessera/base/cpu_features.h"
+#include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/reference/matmul_ref.h"
+
+namespace tessera::kernels {
+namespace {
+
+// Row stride of a 2-D operand whose last dim is contiguous. A single row may carry
+// any stride (e.g. a select()ed view), so it is normalised to the row length.
+int64_t row_stride(const Tensor& t, const char* name) {
+  TESSERA_CHECK(t.size(1) <= 1 || t.stride(1) == 1, "matmul: ", name, " ", t.describe(),
+                " must have a contiguous last dim (strides ", shape_str(t.strides()),
+                "); pass trans_", name, " or call .contiguous()");
+  if (t.size(0) <= 1) return std::max<int64_t>(1, t.size(1));
+  TESSERA_CHECK(t.stride(0) >= t.size(1), "matmul: ", name, " ", t.describe(),
+                " has overlapping rows (strides ", shape_str(t.strides()), ")");
+  return t.stride(0);
+}
+
+void check_operand(const Tensor& t, const char* name) {
+  TESSERA_CHECK(t.defined(), "matmul: ", name, " is an undefined tensor");
+  TESSERA_CHECK(t.device() == Device::kCPU, "matmul: ", name, " ", t.describe(),
+                " is not on the CPU");
+  TESSERA_CHECK(t.dim() == 2, "matmul: ", name, " must be 2-D, got ", t.describe());
+}
+
+// Byte range [first, last) a 2-D row-strided tensor touches.
+std::pair<const char*, const char*> byte_range(const Tensor& t, int64_t ld) {
+  const char* p = static_cast<const char*>(t.raw_data());
+  const int64_t elems = (t.size(0) - 1) * ld + t.size(1);
+  return {p, p + elems * static_cast<int64_t>(dtype_size(t.dtype()))};
+}
+
+// Whether two row-strided views share a byte. Views into the same wide buffer with
+// the same row pitch (e.g. column blocks of a fused QKV output) interleave without
+// touching, so for equal pitch the column windows are compared modulo the pitch.
+bool overlaps(const Tensor& x, int64_t ldx, const Tensor& y, int64_t ldy) {
+  if (x.numel() == 0 || y.numel() == 0) return false;
+  const auto [x0, x1] = byte_range(x, ldx);
+  const auto [y0, y1] = byte_range(y, ldy);
+  if (!(x0 < y1 && y0 < x1)) return false;
+  const int64_t pitch = ldx * static_cast<int64_t>(dtype_size(x.dtype()));
+  const int64_t wx = x.size(1) * static_cast<int64_t>(dtype_size(x.dtype()));
+  const int64_t wy = y.size(1) * static_cast<int64_t>(dtype_size(y.dtype()));
+  if (x.size(0) <= 1 || y.size(0) <= 1 ||
+      pitch != ldy * static_cast<int64_t>(dtype_size(y.dtype())))
+    return true;
+  const int64_t d = ((y0 - x0) % pitch + pitch) % pitch;  // y's window start within x's row
+  return d < wx || d + wy > pitch;
+}
+
+// Rounds the f32 operand of a mixed-dtype product to bf16 into a per-thread buffer
+// that only grows, so a steady stream of same-sized calls does not allocate.
+const void* round_to_bf16(const Tensor& t, int64_t& ld) {
+  thread_local std::vector<uint16_t> scratch;
+  const int64_t rows = t.size(0), cols = t.size(1);
+  if (scratch.size() < static_cast<size_t>(rows * cols)) scratch.resize(rows * cols);
+  const float* src = static_cast<const float*>(t.raw_data());
+  if (ld == cols) {
+    convert_elements(src, DType::kF32, scratch.data(), DType::kBF16, rows * cols);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      convert_elements(src + r * ld, DType::kF32, scratch.data() + r * cols, DType::kBF16, cols);
+  }
+  ld = cols;
+  return scratch.data();
+}
+
+// Without AMX, this CPU's vdpbf16ps retires half the flops of f32 FMA (~60 vs ~120
+// GFLOP/s a core), so once M is large enough for the GEMM to be compute-bound, widening
+// bf16 operands to f32 and running the f32 GEMM is faster, with identical products (a
+// bf16 x bf16 product is exact in f32). Measured crossover on 2048x2048 weights: native
+// wins at M = 32 (146 vs 137 GFLOP/s), widening from M = 48 (164 vs 152; 240 vs 164 at 128).
+constexpr int64_t kWidenMinM = 48;
+bool widen_bf16(const cpu::GemmArgs& g) {
+  return g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 && g.m >= kWidenMinM &&
+         g.n >= kWidenMinM && !base::cpu_features().amx_bf16;
+}
+
+const char* backend_name(MatmulBackend b) {
+  switch (b) {
+    case MatmulBackend::kAuto: return "auto";
+    case MatmulBackend::kOneDnn: return "onednn";
+    case MatmulBackend::kSkinny: return "skinny";
+    case MatmulBackend::kReference: return "reference";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float alpha,
+            float beta) {
+  matmul_with(MatmulBackend::kAuto, a, b, c, trans_a, trans_b, alpha, beta);
+}
+
+void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor& c, bool trans_a,
+                 bool trans_b, float alpha, float beta) {
+  check_operand(a, "a");
+  check_operand(b, "b");
+  check_operand(c, "c");
+  for (const Tensor* t : {&a, &b})
+    TESSERA_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16, "matmul: ",
+                  t == &a ? "a" : "b", " must be f32 or bf16, got ", t->describe());
+  TESSERA_CHECK(c.dtype() == DType::kF32, "matmul: c must be f32, got ", c.describe());
+  TESSERA_CHECK(std::isfinite(alpha) && std::isfinite(beta), "matmul: alpha (", alpha,
+                ") and beta (", beta, ") must be finite");
+
+  const int64_t m = trans_a ? a.size(1) : a.size(0);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0);
+  const int64_t n = trans_b ? b.size(0) : b.size(1);
+  TESSERA_CHECK(k == kb, "matmul: inner dims differ: op(a) is (", m, ", ", k, ") from a ",
+                a.describe(), (trans_a ? " transposed" : ""), ", op(b) is (", kb, ", ", n,
+                ") from b ", b.describe(), (trans_b ? " transposed" : ""));
+  TESSERA_CHECK(c.size(0) == m && c.size(1) == n, "matmul: c is ", c.describe(),
+                " but op(a) @ op(b) is (", m, ", ", n, ")");
+
+  if (backend == MatmulBackend::kReference) {
+    reference::matmul(a, b, c, trans_a, trans_b, alpha, beta);
+    return;
+  }
+
+  cpu::GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a.raw_data(), g.a_dtype = a.dtype(), g.lda = row_stride(a, "a"), g.trans_a = trans_a;
+  g.b = b.raw_data(), g.b_dtype = b.dtype(), g.ldb = row_stride(b, "b"), g.trans_b = trans_b;
+  g.c = static_cast<float*>(c.raw_data()), g.ldc = row_stride(c, "c");
+  g.alpha = alpha, g.beta = beta;
+  TESSERA_CHECK(!overlaps(c, g.ldc, a, g.lda) && !overlaps(c, g.ldc, b, g.ldb),
+                "matmul: c ", c.describe(), " overlaps an input (a ", a.describe(), ", b ",
+                b.describe(), "); write to a separate tensor");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // empty sum: c = beta * c, without reading c when beta == 0
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        float& v = g.c[i * g.ldc + j];
+        v = beta == 0.f ? 0.f : beta * v;
+      }
+    return;
+  }
+
+  const bool auto_backend = backend == MatmulBackend::kAuto;
+  if (auto_backend) {
+    const bool skinny = m <= 4 && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
+    backend = skinny ? MatmulBackend::kSkinny : MatmulBackend::kOneDnn;
+  }
+  TESSERA_CHECK(backend != MatmulBackend::kSkinny || trans_b, "matmul: the ",
+                backend_name(backend), " backend needs trans_b (b as an (N, K) weight), got b ",
+                b.describe());
+
+  if (a.dtype() != b.dtype()) {  // autocast: the f32 side is rounded to bf16
+    if (a.dtype() == DType::kF32) {
+      g.a = round_to_bf16(a, g.lda), g.a_dtype = DType::kBF16;
+    } else {
+      g.b = round_to_bf16(b, g.ldb), g.b_dtype = DType::kBF16;
+    }
+  }
+  if (backend == MatmulBackend::kSkinny)
+    cpu::gemm_skinny(g);
+  else if (auto_backend && widen_bf16(g))
+    cpu::gemm_onednn_widened(g);
+  else
+    cpu::gemm_onednn(g);
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,261 @@
+// matmul backends (oneDNN, skinny, auto) against the double-accumulating reference.
+#include "tessera/kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/reference/matmul_ref.h"
+
+namespace tessera::kernels {
+namespace {
+
+struct Dims {
+  int64_t m, n, k;
+};
+
+// Odd sizes on purpose: 1, 7, 129 and K not a multiple of 8 or 16 exercise every tail.
+const Dims kShapes[] = {{1, 1, 1},   {1, 7, 129},  {7, 129, 7},  {129, 7, 33},
+                        {3, 129, 17}, {4, 65, 100}, {5, 33, 47},  {64, 96, 80},
+                        {1, 4096, 40}, {2, 300, 1029}};
+
+Tensor random_tensor(int64_t rows, int64_t cols, DType dt, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> v(rows * cols);
+  for (float& x : v) x = dist(rng);
+  return Tensor::from_vector(v, {rows, cols}).to(dt);
+}
+
+// A (rows, cols) view whose rows are strided: columns [3, 3 + cols) of a wider tensor.
+Tensor strided_view(const Tensor& t) {
+  Tensor wide = Tensor::empty({t.size(0), t.size(1) + 5}, t.dtype());
+  wide.fill(std::numeric_limits<float>::quiet_NaN());  // poison: reading the gap shows up
+  Tensor v = wide.slice(1, 3, 3 + t.size(1));
+  v.copy_from(t);
+  return v;
+}
+
+Tensor abs_of(const Tensor& t) {
+  std::vector<float> v = t.contiguous().to_f32_vector();
+  for (float& x : v) x = std::fabs(x);
+  return Tensor::from_vector(v, t.shape()).to(t.dtype());
+}
+
+// Error bound scale per element: |alpha| * (|op(a)| @ |op(b)|) + |beta * c0|.
+Tensor magnitude(const Tensor& a, const Tensor& b, const Tensor& c0, bool ta, bool tb,
+                 float alpha, float beta) {
+  Tensor mag = abs_of(c0);
+  reference::matmul(abs_of(a), abs_of(b), mag, ta, tb, std::fabs(alpha), std::fabs(beta));
+  return mag;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const Tensor& mag, float rtol,
+                  const std::string& what) {
+  const std::vector<float> g = got.contiguous().to_f32_vector();
+  const std::vector<float> w = want.contiguous().to_f32_vector();
+  const std::vector<float> s = mag.contiguous().to_f32_vector();
+  ASSERT_EQ(g.size(), w.size());
+  int bad = 0;
+  for (size_t i = 0; i < g.size() && bad < 3; ++i) {
+    const float tol = rtol * s[i] + 1e-6f;
+    if (!(std::fabs(g[i] - w[i]) <= tol)) {
+      ADD_FAILURE() << what << ": element " << i << " got " << g[i] << " want " << w[i]
+                    << " tol " << tol;
+      ++bad;
+    }
+  }
+}
+
+// bf16 operands are exact in f32 products, so only accumulation order differs from the
+// reference; the looser bound covers vdpbf16ps's pairwise rounding.
+float tolerance(DType a, DType b) {
+  return a == DType::kF32 && b == DType::kF32 ? 1e-5f : 1e-4f;
+}
+
+struct Variant {
+  bool strided;
+  float alpha, beta;
+};
+// beta == 0 runs on a NaN-filled c: the backends must not read it.
+const Variant kVariants[] = {{false, 1.f, 0.f}, {true, 0.75f, -1.5f}, {true, 1.f, 1.f}};
+
+const MatmulBackend kBackends[] = {MatmulBackend::kOneDnn, MatmulBackend::kSkinny,
+                                   MatmulBackend::kAuto};
+const char* kBackendNames[] = {"onednn", "skinny", "auto"};
+
+// One problem, every backend that accepts it, one reference (computed once: it
+// dominates the test's run time).
+void run_case(Dims d, DType da, DType db, bool ta, bool tb, Variant v, uint32_t seed) {
+  Tensor a = random_tensor(ta ? d.k : d.m, ta ? d.m : d.k, da, seed);
+  Tensor b = random_tensor(tb ? d.n : d.k, tb ? d.k : d.n, db, seed + 1);
+  Tensor c0 = random_tensor(d.m, d.n, DType::kF32, seed + 2);
+  if (v.beta == 0.f) c0.fill(std::numeric_limits<float>::quiet_NaN());
+  if (v.strided) a = strided_view(a), b = strided_view(b);
+  Tensor want = c0.clone();
+  reference::matmul(a, b, want, ta, tb, v.alpha, v.beta);
+  Tensor c0_for_mag = c0.clone();
+  if (v.beta == 0.f) c0_for_mag.zero();
+  const Tensor mag = magnitude(a, b, c0_for_mag, ta, tb, v.alpha, v.beta);
+  for (int i = 0; i < 3; ++i) {
+    if (kBackends[i] == MatmulBackend::kSkinny && !tb) continue;  // skinny needs a weight
+    Tensor c = v.strided ? strided_view(c0) : c0.clone();
+    matmul_with(kBackends[i], a, b, c, ta, tb, v.alpha, v.beta);
+    const std::string what = std::string(kBackendNames[i]) + " M=" + std::to_string(d.m) +
+                             " N=" + std::to_string(d.n) + " K=" + std::to_string(d.k) +
+                             " a=" + dtype_name(da) + " b=" + dtype_name(db) +
+                             " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                             " strided=" + std::to_string(v.strided) +
+                             " beta=" + std::to_string(v.beta);
+    expect_close(c, want, mag, tolerance(da, db), what);
+  }
+}
+
+const DType kDTypePairs[][2] = {{DType::kF32, DType::kF32},
+                                {DType::kBF16, DType::kBF16},
+                                {DType::kF32, DType::kBF16},
+                                {DType::kBF16, DType::kF32}};
+
+// Shapes x dtype pairs x transposes x (contiguous / strided, alpha, beta).
+TEST(Matmul, EveryBackendMatchesReference) {
+  uint32_t seed = 1;
+  for (const Dims& d : kShapes)
+    for (const auto& dt : kDTypePairs)
+      for (int t = 0; t < 4; ++t)
+        for (const Variant& v : kVariants) {
+          run_case(d, dt[0], dt[1], t & 1, t & 2, v, seed += 3);
+          if (::testing::Test::HasFailure()) return;
+        }
+}
+
+// The skinny kernel's instruction-set variants, each forced, including the AVX2 and
+// scalar fallbacks that production on this CPU never reaches.
+TEST(Matmul, SkinnyEveryIsaMatchesReference) {
+  using cpu::SkinnyIsa;
+  uint32_t seed = 1000;
+  for (SkinnyIsa isa : {SkinnyIsa::kScalar, SkinnyIsa::kAvx2, SkinnyIsa::kAvx512}) {
+    if (!cpu::skinny_isa_supported(isa)) continue;
+    for (const Dims& d : {Dims{1, 7, 129}, Dims{4, 33, 31}, Dims{6, 9, 64}, Dims{3, 130, 8}})
+      for (DType dt : {DType::kF32, DType::kBF16})
+        for (bool ta : {false, true}) {
+          Tensor a = strided_view(random_tensor(ta ? d.k : d.m, ta ? d.m : d.k, dt, ++seed));
+          Tensor b = strided_view(random_tensor(d.n, d.k, dt, ++seed));
+          Tensor c = strided_view(random_tensor(d.m, d.n, DType::kF32, ++seed));
+          const Tensor c_init = c.clone();
+          Tensor want = c.clone();
+          reference::matmul(a, b, want, ta, true, 0.5f, 2.f);
+          cpu::GemmArgs g;
+          g.m = d.m, g.n = d.n, g.k = d.k;
+          g.a = a.raw_data(), g.a_dtype = dt, g.lda = a.stride(0), g.trans_a = ta;
+          g.b = b.raw_data(), g.b_dtype = dt, g.ldb = b.stride(0), g.trans_b = true;
+          g.c = static_cast<float*>(c.raw_data()), g.ldc = c.stride(0);
+          g.alpha = 0.5f, g.beta = 2.f;
+          cpu::gemm_skinny(g, isa);
+          expect_close(c, want, magnitude(a, b, c_init, ta, true, 0.5f, 2.f),
+                       tolerance(dt, dt),
+                       "isa " + std::to_string(static_cast<int>(isa)) + " M=" +
+                           std::to_string(d.m));
+        }
+  }
+}
+
+// bf16 GEMMs widened to f32: weights converted in blocks of N (here 64 rows a block).
+TEST(Matmul, WidenedBf16BlocksMatchReference) {
+  uint32_t seed = 2000;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Dims d{33, 150, 37};
+      Tensor a = strided_view(random_tensor(ta ? d.k : d.m, ta ? d.m : d.k, DType::kBF16, ++seed));
+      Tensor b = strided_view(random_tensor(tb ? d.n : d.k, tb ? d.k : d.n, DType::kBF16, ++seed));
+      Tensor c = strided_view(random_tensor(d.m, d.n, DType::kF32, ++seed));
+      const Tensor c_init = c.clone();
+      Tensor want = c.clone();
+      reference::matmul(a, b, want, ta, tb, 1.25f, -0.5f);
+      cpu::GemmArgs g;
+      g.m = d.m, g.n = d.n, g.k = d.k;
+      g.a = a.raw_data(), g.a_dtype = DType::kBF16, g.lda = a.stride(0), g.trans_a = ta;
+      g.b = b.raw_data(), g.b_dtype = DType::kBF16, g.ldb = b.stride(0), g.trans_b = tb;
+      g.c = static_cast<float*>(c.raw_data()), g.ldc = c.stride(0);
+      g.alpha = 1.25f, g.beta = -0.5f;
+      cpu::gemm_onednn_widened(g, /*max_b_floats=*/1000);
+      expect_close(c, want, magnitude(a, b, c_init, ta, tb, 1.25f, -0.5f), 1e-5f,
+                   "widened ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+}
+
+TEST(Matmul, DecodeShapeThroughAuto) {
+  Tensor x = random_tensor(1, 2048, DType::kF32, 7);    // (1, hidden)
+  Tensor w = random_tensor(512, 2048, DType::kBF16, 8);  // (out, in) Linear weight
+  Tensor y = Tensor::empty({1, 512}, DType::kF32);
+  Tensor want = Tensor::zeros({1, 512}, DType::kF32);
+  matmul(x, w, y, false, true);
+  reference::matmul(x, w, want, false, true, 1.f, 0.f);
+  expect_close(y, want, magnitude(x, w, Tensor::zeros({1, 512}, DType::kF32), false, true, 1, 0),
+               1e-4f, "decode");
+}
+
+TEST(Matmul, EmptyInnerDimScalesC) {
+  Tensor a = Tensor::zeros({3, 0}, DType::kF32);
+  Tensor b = Tensor::zeros({0, 4}, DType::kF32);
+  Tensor c = Tensor::empty({3, 4}, DType::kF32);
+  c.fill(2.f);
+  matmul(a, b, c, false, false, 1.f, 0.5f);
+  for (float v : c.to_f32_vector()) EXPECT_EQ(v, 1.f);
+  c.fill(std::numeric_limits<float>::quiet_NaN());
+  matmul(a, b, c, false, false, 1.f, 0.f);
+  for (float v : c.to_f32_vector()) EXPECT_EQ(v, 0.f);
+}
+
+TEST(Matmul, OneDnnCachesPrimitives) {
+  Tensor a = random_tensor(13, 11, DType::kF32, 1);
+  Tensor b = random_tensor(11, 9, DType::kF32, 2);
+  Tensor c = Tensor::empty({13, 9}, DType::kF32);
+  matmul_with(MatmulBackend::kOneDnn, a, b, c, false, false, 0.25f, 0.f);
+  const int64_t after_first = cpu::onednn_cache_size();
+  matmul_with(MatmulBackend::kOneDnn, a, b, c, false, false, 0.25f, 0.f);
+  EXPECT_EQ(cpu::onednn_cache_size(), after_first);
+}
+
+// Expects tessera::Error whose message contains `needle`.
+template <typename Fn>
+void expect_error(Fn fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Matmul, BadInputsThrow) {
+  Tensor a = Tensor::zeros({4, 8}, DType::kF32);
+  Tensor b = Tensor::zeros({8, 5}, DType::kF32);
+  Tensor c = Tensor::zeros({4, 5}, DType::kF32);
+  Tensor b_bad = Tensor::zeros({7, 5}, DType::kF32);
+  expect_error([&] { matmul(a, b_bad, c); }, "f32(7, 5)");
+  Tensor c_bad = Tensor::zeros({4, 6}, DType::kF32);
+  expect_error([&] { matmul(a, b, c_bad); }, "f32(4, 6)");
+  Tensor c_bf16 = Tensor::zeros({4, 5}, DType::kBF16);
+  expect_error([&] { matmul(a, b, c_bf16); }, "c must be f32");
+  Tensor a3 = Tensor::zeros({1, 4, 8}, DType::kF32);
+  expect_error([&] { matmul(a3, b, c); }, "a must be 2-D");
+  Tensor a_int = Tensor::zeros({4, 8}, DType::kI32);
+  expect_error([&] { matmul(a_int, b, c); }, "a must be f32 or bf16");
+  Tensor a_t = Tensor::zeros({8, 4}, DType::kF32).transpose(0, 1);  // last dim not contiguous
+  expect_error([&] { matmul(a_t, b, c); }, "contiguous last dim");
+  expect_error([&] { matmul_with(MatmulBackend::kSkinny, a, b, c, false, false, 1.f, 0.f); },
+               "trans_b");
+  Tensor big = Tensor::zeros({4, 13}, DType::kF32);
+  Tensor a_alias = big.slice(1, 0, 8);
+  Tensor c_alias = big.slice(1, 4, 9);
+  expect_error([&] { matmul(a_alias, b, c_alias); }, "overlaps");
+  Tensor c_beside = big.slice(1, 8, 13);  // interleaved rows, disjoint columns: fine
+  EXPECT_NO_THROW(matmul(a_alias, b, c_beside));
+  expect_error([&] { matmul(a, b, c, false, false, NAN, 0.f); }, "finite");
+}
+
+}  // namespace
+}  // namespace tessera::kernels
