@@ -35,8 +35,12 @@ TEST(ThreadPool, NestedCallsRunInline) {
 
 TEST(CpuFeatures, ConsistentHierarchy) {
   const auto& f = base::cpu_features();
-  if (f.avx512_bf16) EXPECT_TRUE(f.avx512f);
-  if (f.amx_bf16) EXPECT_TRUE(f.amx_tile);
+  if (f.avx512_bf16) {
+    EXPECT_TRUE(f.avx512f);
+  }
+  if (f.amx_bf16) {
+    EXPECT_TRUE(f.amx_tile);
+  }
   EXPECT_FALSE(base::describe_cpu_features().empty());
 }
 

@@ -33,7 +33,7 @@ TEST(Tensor, SliceSelectTransposeShareStorage) {
   Tensor tr = t.transpose(0, 1).contiguous();  // (6, 4)
   EXPECT_EQ(tr.item_f32(1), 6.f);
   EXPECT_EQ(tr.item_f32(4), 1.f);
-  s.fill(0.f);  // not contiguous
+  EXPECT_THROW(s.fill(0.f), Error);  // not contiguous
 }
 
 TEST(Tensor, ViewChecksAndInfers) {
