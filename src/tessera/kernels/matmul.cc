@@ -79,9 +79,16 @@ const void* round_to_bf16(const Tensor& t, int64_t& ld) {
 // bf16 x bf16 product is exact in f32). Measured crossover on 2048x2048 weights: native
 // wins at M = 32 (146 vs 137 GFLOP/s), widening from M = 48 (164 vs 152; 240 vs 164 at 128).
 constexpr int64_t kWidenMinM = 48;
+// oneDNN needs AVX512-BF16 or AMX for bf16 products; elsewhere bf16 is widened.
+bool native_bf16() {
+  const auto& f = base::cpu_features();
+  return f.avx512_bf16 || f.amx_bf16;
+}
+
 bool widen_bf16(const cpu::GemmArgs& g) {
-  return g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 && g.m >= kWidenMinM &&
-         g.n >= kWidenMinM && !base::cpu_features().amx_bf16;
+  if (g.a_dtype != DType::kBF16 || g.b_dtype != DType::kBF16) return false;
+  if (!native_bf16()) return true;
+  return g.m >= kWidenMinM && g.n >= kWidenMinM && !base::cpu_features().amx_bf16;
 }
 
 const char* backend_name(MatmulBackend b) {
@@ -165,7 +172,7 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
   }
   if (backend == MatmulBackend::kSkinny)
     cpu::gemm_skinny(g);
-  else if (auto_backend && widen_bf16(g))
+  else if ((auto_backend || !native_bf16()) && widen_bf16(g))
     cpu::gemm_onednn_widened(g);
   else
     cpu::gemm_onednn(g);
