@@ -34,12 +34,12 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   const Tensor hf = forward_train(*this, ids, acts);
   const int64_t B = acts.B, T = acts.T, N = B * T;
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
-  const bool bf16 = compute_dtype_ == DType::kBF16;
+  const Bf16Mode mode = bf16_mode_;
   const bool ln = c.uses_layernorm();
 
   // Loss and d(loss)/d(logits), written over the logits.
   Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
-  kernels::matmul(hf, compute_lm_head(), logits, false, true);
+  kernels::matmul(matmul_input(hf, mode), compute_lm_head(), logits, false, true);
   const Tensor tflat = targets.contiguous().view({N});
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
@@ -54,12 +54,8 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   // lm_head: logits = hf @ Wlm^T.
   Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({N, H}, DType::kF32);
-  kernels::matmul(dlogits, compute_lm_head(), dh, false, false);
-  {
-    Tensor a = bf16 ? dlogits.to(DType::kBF16) : dlogits;
-    Tensor b = bf16 ? hf.to(DType::kBF16) : hf;
-    kernels::matmul(a, b, grads.lm_head, true, false, 1.f, 1.f);
-  }
+  kernels::matmul(matmul_input(dlogits, mode), compute_lm_head(), dh, false, false);
+  matmul_weight_grad(dlogits, hf, grads.lm_head, mode);
   norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
                 grads.final_norm_w, grads.final_norm_b);
 
@@ -79,21 +75,21 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     LayerParams& G = grads.layers[l];
     const LayerActivations& A = acts.layers[l];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-    linear_backward_input(compute_linear(l, 3), dres, da);
-    linear_backward_weight(A.a, dres, G.down, bf16);
+    linear_backward_input(compute_linear(l, 3), dres, da, mode);
+    linear_backward_weight(A.a, dres, G.down, mode);
     if (c.gated_mlp()) {
       Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
       kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
     } else {
       kernels::gelu_backward(da, A.u, du);
     }
-    linear_backward_input(compute_linear(l, 2), du, dh);
-    linear_backward_weight(A.h2, du, G.up, bf16);
+    linear_backward_input(compute_linear(l, 2), du, dh, mode);
+    linear_backward_weight(A.h2, du, G.up, mode);
     norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
-    linear_backward_input(compute_linear(l, 1), dres, datt);
-    linear_backward_weight(A.att, dres, G.o, bf16);
+    linear_backward_input(compute_linear(l, 1), dres, datt, mode);
+    linear_backward_weight(A.att, dres, G.o, mode);
     const QkvViews v = qkv_views(c, A.qkv, B, T);
     QkvViews dv = qkv_views(c, dqkv, B, T);
     kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
@@ -105,8 +101,8 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::rope_apply(dq, c.head_dim, acts.positions, c.rope_theta, true);
       kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
     }
-    linear_backward_input(compute_linear(l, 0), dqkv, dh);
-    linear_backward_weight(A.h1, dqkv, G.qkv, bf16);
+    linear_backward_input(compute_linear(l, 0), dqkv, dh, mode);
+    linear_backward_weight(A.h1, dqkv, G.qkv, mode);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
   }

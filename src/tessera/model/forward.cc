@@ -88,7 +88,7 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
       norm_forward(c, W.norm1_w, W.norm1_b, x, h, nullptr, nullptr);
     else  // x += previous layer's MLP output, then norm
       add_norm_forward(c, W.norm1_w, W.norm1_b, x, delta, h, nullptr, nullptr);
-    linear_forward(compute_linear(l, 0), h, qkv);
+    linear_forward(compute_linear(l, 0), h, qkv, bf16_mode_);
     apply_rope(c, qkv, positions, false);
     Tensor kc = cache.k[l], vc = cache.v[l];
     kc.slice(0, L, L + T).view({T, KV}).copy_from(qkv.slice(1, Q, Q + KV));
@@ -100,17 +100,17 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
                                    {cache.capacity * KV, KV, c.head_dim, 1});
     Tensor att4 = att.view({1, T, c.num_heads, c.head_dim});
     kernels::attention_forward(views.q, k, v, att4, nullptr, params);
-    linear_forward(compute_linear(l, 1), att, delta);
+    linear_forward(compute_linear(l, 1), att, delta, bf16_mode_);
     add_norm_forward(c, W.norm2_w, W.norm2_b, x, delta, h, nullptr, nullptr);
-    linear_forward(compute_linear(l, 2), h, u);
+    linear_forward(compute_linear(l, 2), h, u, bf16_mode_);
     mlp_activation(c, u, a);
-    linear_forward(compute_linear(l, 3), a, delta);
+    linear_forward(compute_linear(l, 3), a, delta, bf16_mode_);
   }
   cache.length = L + T;
   add_norm_forward(c, weights_.final_norm_w, weights_.final_norm_b, x, delta, h, nullptr, nullptr);
   const Tensor hl = all_logits ? h : h.slice(0, T - 1, T);
   Tensor logits = Tensor::empty({hl.size(0), c.vocab_size}, DType::kF32);
-  kernels::matmul(hl, compute_lm_head(), logits, false, true);
+  kernels::matmul(matmul_input(hl, bf16_mode_), compute_lm_head(), logits, false, true);
   return logits;
 }
 
@@ -140,7 +140,7 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
     A.h1 = Tensor::empty({N, H}, DType::kF32);
     norm_forward(c, W.norm1_w, W.norm1_b, x, A.h1, ln ? &A.mean1 : nullptr, &A.rstd1);
     A.qkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
-    linear_forward(m.compute_linear(l, 0), A.h1, A.qkv);
+    linear_forward(m.compute_linear(l, 0), A.h1, A.qkv, m.bf16_mode());
     apply_rope(c, A.qkv, acts.positions, false);
     const QkvViews v = qkv_views(c, A.qkv, B, T);
     A.att = Tensor::empty({N, Q}, DType::kF32);
@@ -148,18 +148,18 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
     Tensor att4 = A.att.view({B, T, c.num_heads, c.head_dim});
     kernels::attention_forward(v.q, v.k, v.v, att4, &A.lse, params);
     Tensor o = Tensor::empty({N, H}, DType::kF32);
-    linear_forward(m.compute_linear(l, 1), A.att, o);
+    linear_forward(m.compute_linear(l, 1), A.att, o, m.bf16_mode());
     A.x_mid = x.clone();
     if (ln) A.mean2 = Tensor::empty({N}, DType::kF32);
     A.rstd2 = Tensor::empty({N}, DType::kF32);
     A.h2 = Tensor::empty({N, H}, DType::kF32);
     add_norm_forward(c, W.norm2_w, W.norm2_b, A.x_mid, o, A.h2, ln ? &A.mean2 : nullptr, &A.rstd2);
     A.u = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
-    linear_forward(m.compute_linear(l, 2), A.h2, A.u);
+    linear_forward(m.compute_linear(l, 2), A.h2, A.u, m.bf16_mode());
     A.a = Tensor::empty({N, F}, DType::kF32);
     mlp_activation(c, A.u, A.a);
     Tensor d = o;  // reuse (N, H)
-    linear_forward(m.compute_linear(l, 3), A.a, d);
+    linear_forward(m.compute_linear(l, 3), A.a, d, m.bf16_mode());
     x = A.x_mid.clone();
     kernels::add_inplace(x, d);
   }
@@ -176,7 +176,7 @@ Tensor Model::forward_batch(const Tensor& ids) const {
   Activations acts;
   const Tensor hf = forward_train(*this, ids, acts);
   Tensor logits = Tensor::empty({acts.B * acts.T, config_.vocab_size}, DType::kF32);
-  kernels::matmul(hf, compute_lm_head(), logits, false, true);
+  kernels::matmul(matmul_input(hf, bf16_mode_), compute_lm_head(), logits, false, true);
   return logits.view({acts.B, acts.T, config_.vocab_size});
 }
 

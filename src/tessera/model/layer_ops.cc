@@ -11,25 +11,37 @@ int64_t linear_out_features(const Linear& lin) {
   return lin.in_out ? lin.weight.size(1) : lin.weight.size(0);
 }
 
-void linear_forward(const Linear& lin, const Tensor& x, Tensor& y) {
-  kernels::matmul(x, lin.weight, y, false, !lin.in_out);
+Tensor matmul_input(const Tensor& x, Bf16Mode mode) {
+  // kNative needs nothing: matmul rounds an f32 operand paired with bf16 weights.
+  return mode == Bf16Mode::kEmulated ? bf16_rounded(x) : x;
+}
+
+void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
+  kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
   if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
 }
 
-void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx) {
-  kernels::matmul(dy, lin.weight, dx, false, lin.in_out);
+void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode) {
+  kernels::matmul(matmul_input(dy, mode), lin.weight, dx, false, lin.in_out);
 }
 
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, bool bf16) {
-  Tensor xa = x, dya = dy;
-  if (bf16) {
-    xa = x.to(DType::kBF16);
-    dya = dy.to(DType::kBF16);
+void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode) {
+  switch (mode) {
+    case Bf16Mode::kOff: kernels::matmul(a, b, dw, true, false, 1.f, 1.f); break;
+    case Bf16Mode::kNative:
+      kernels::matmul(a.to(DType::kBF16), b.to(DType::kBF16), dw, true, false, 1.f, 1.f);
+      break;
+    case Bf16Mode::kEmulated:
+      kernels::matmul(bf16_rounded(a), bf16_rounded(b), dw, true, false, 1.f, 1.f);
+      break;
   }
+}
+
+void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode) {
   if (grad.in_out)  // W (in, out): dW += x^T dy
-    kernels::matmul(xa, dya, grad.weight, true, false, 1.f, 1.f);
+    matmul_weight_grad(x, dy, grad.weight, mode);
   else  // W (out, in): dW += dy^T x
-    kernels::matmul(dya, xa, grad.weight, true, false, 1.f, 1.f);
+    matmul_weight_grad(dy, x, grad.weight, mode);
   if (grad.bias.defined()) kernels::bias_backward(dy, grad.bias);
 }
 

@@ -2,18 +2,24 @@
 // norms that pick RMSNorm or LayerNorm from the config. Internal to model/.
 #pragma once
 #include "tessera/model/config.h"
+#include "tessera/model/model.h"
 #include "tessera/model/params.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::model {
 
+// The activation operand of a matmul as the bf16 mode wants it (rounded under kEmulated).
+Tensor matmul_input(const Tensor& x, Bf16Mode mode);
+
 // y (N, out) = x (N, in) @ W^T + b  (x @ W + b for in_out weights).
-void linear_forward(const Linear& lin, const Tensor& x, Tensor& y);
+void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten.
-void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx);
-// grad.weight += dW, grad.bias += column sums of dy. When `bf16` the operands of
+void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode);
+// grad.weight += dW, grad.bias += column sums of dy. Under a bf16 mode the operands of
 // the weight-gradient matmul are rounded to bf16 first (autocast semantics).
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, bool bf16);
+void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode);
+// dW += op(a)^T b for a weight gradient: the two operands rounded as the mode wants.
+void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode);
 int64_t linear_out_features(const Linear& lin);
 
 // out = norm(x); mean/rstd saved when given (mean only for LayerNorm).

@@ -12,6 +12,10 @@
 
 namespace tessera::model {
 
+// How matmuls see bf16: kNative hands bf16 operands to the kernel; kEmulated keeps
+// bf16-rounded values in f32 storage (same results where bf16 would be widened).
+enum class Bf16Mode { kOff, kNative, kEmulated };
+
 // Keys and values of one sequence for every layer. Only Model::forward appends.
 struct KVCache {
   std::vector<Tensor> k, v;  // per layer: (capacity, KV heads, head_dim) f32
@@ -39,9 +43,13 @@ class Model {
 
   // Matmuls use a copy of the weights in `dtype` (bf16 mixed precision over f32
   // master weights). Call refresh_compute_weights() after the master weights change.
+  // On CPUs whose bf16 matmuls would be widened to f32 anyway (no AMX), bf16 is
+  // emulated: the copy holds bf16-rounded values in f32 and matmul inputs are rounded
+  // the same way, which gives autocast's results without converting per call.
   void set_compute_dtype(DType dtype);
   void refresh_compute_weights();
   DType compute_dtype() const { return compute_dtype_; }
+  Bf16Mode bf16_mode() const { return bf16_mode_; }
 
   // Inference: runs `tokens` (appended after cache.length) and returns logits f32,
   // (T, V) when all_logits else (1, V) for the last token.
@@ -71,6 +79,7 @@ class Model {
   DType compute_dtype_ = DType::kF32;
   Params compute_;  // matmul weights in compute_dtype_ (only Linear weights + lm_head set)
   bool has_compute_copy_ = false;
+  Bf16Mode bf16_mode_ = Bf16Mode::kOff;
 };
 
 }  // namespace tessera::model

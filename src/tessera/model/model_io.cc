@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "tessera/base/cpu_features.h"
 #include "tessera/base/logging.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/io/safetensors.h"
@@ -47,6 +48,7 @@ Model Model::load(const std::string& dir, DType dtype) {
   Model m;
   m.config_ = ModelConfig::load(dir);
   m.dtype_ = m.compute_dtype_ = dtype;
+  m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
   m.weights_ = Params::allocate(m.config_, dtype);
   const auto file = io::SafetensorsModel::open(dir);
 
@@ -120,6 +122,7 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed) {
   Model m;
   m.config_ = config;
   m.dtype_ = m.compute_dtype_ = dtype;
+  m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
   m.weights_ = Params::allocate(config, dtype);
   uint64_t k = 0;
   for (auto& [name, view] : m.weights_.named(config)) {
@@ -163,6 +166,11 @@ void Model::set_compute_dtype(DType dtype) {
                 "compute dtype must be f32 or bf16, not ", dtype_name(dtype));
   compute_dtype_ = dtype;
   has_compute_copy_ = dtype != dtype_;
+  if (dtype == DType::kF32)
+    bf16_mode_ = Bf16Mode::kOff;
+  else  // bf16 products run natively only on AMX; elsewhere matmul widens them to f32
+    bf16_mode_ = base::cpu_features().amx_bf16 || dtype_ == DType::kBF16 ? Bf16Mode::kNative
+                                                                         : Bf16Mode::kEmulated;
   compute_ = Params();
   if (!has_compute_copy_) return;
   compute_.layers.resize(weights_.layers.size());
@@ -183,15 +191,18 @@ void Model::set_compute_dtype(DType dtype) {
 
 void Model::refresh_compute_weights() {
   if (!has_compute_copy_) return;
+  auto convert = [&](const Tensor& w) {
+    return bf16_mode_ == Bf16Mode::kEmulated ? bf16_rounded(w) : w.to(compute_dtype_);
+  };
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const auto& src = weights_.layers[l];
     auto& dst = compute_.layers[l];
-    dst.qkv.weight = src.qkv.weight.to(compute_dtype_);
-    dst.o.weight = src.o.weight.to(compute_dtype_);
-    dst.up.weight = src.up.weight.to(compute_dtype_);
-    dst.down.weight = src.down.weight.to(compute_dtype_);
+    dst.qkv.weight = convert(src.qkv.weight);
+    dst.o.weight = convert(src.o.weight);
+    dst.up.weight = convert(src.up.weight);
+    dst.down.weight = convert(src.down.weight);
   }
-  compute_.lm_head = weights_.lm_head.to(compute_dtype_);
+  compute_.lm_head = convert(weights_.lm_head);
 }
 
 const Linear& Model::compute_linear(int64_t layer, int which) const {

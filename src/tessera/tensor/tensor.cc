@@ -383,6 +383,12 @@ void convert_serial(const void* src, DType sd, void* dst, DType dd, int64_t n) {
 
 }  // namespace
 
+Tensor bf16_rounded(const Tensor& t) {
+  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+                "bf16_rounded: expected f32 or bf16, got ", t.describe());
+  return t.to(DType::kBF16).to(DType::kF32);
+}
+
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {
   if (sd == dd) {
     std::memcpy(dst, src, n * dtype_size(sd));

@@ -100,6 +100,10 @@ Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape) {
   return t;
 }
 
+// An f32 copy of t with every value rounded to the nearest bf16 (bf16 arithmetic
+// emulated in f32 storage: products of such values are exact in f32).
+Tensor bf16_rounded(const Tensor& t);
+
 // Converts n elements between float dtypes (f32, bf16, f16); vectorised where possible.
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
 
