@@ -1,6 +1,9 @@
 // Tensor views, copies and dtype conversion.
 #include "tessera/tensor/tensor.h"
 
+// GCC 12 warns about its own AVX-512 intrinsic headers (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
