@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera {
@@ -86,6 +87,44 @@ TEST(DType, ParseNamesAndRejectsUnknown) {
   EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
   EXPECT_EQ(parse_dtype("f32"), DType::kF32);
   EXPECT_THROW(parse_dtype("f64"), Error);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(Tensor, Bf16RoundedEqualsRoundTripThroughBf16) {
+  std::vector<float> v;
+  for (int i = 0; i < 3001; ++i) v.push_back(std::sin(i * 0.91f) * std::exp((i % 40) - 20.f));
+  v[5] = NAN;
+  v[6] = INFINITY;
+  v[7] = -0.f;
+  v[8] = 3.3895314e38f;  // rounds up to inf in bf16
+  Tensor t = Tensor::from_vector(v, {3001});
+  Tensor r = bf16_rounded(t);
+  Tensor want = t.to(DType::kBF16).to(DType::kF32);
+  for (int i = 0; i < 3001; ++i) {
+    if (std::isnan(v[i])) {
+      EXPECT_TRUE(std::isnan(r.item_f32(i)));
+      continue;
+    }
+    EXPECT_EQ(r.item_f32(i), want.item_f32(i)) << i << " " << v[i];
+  }
+}
+
+TEST(Tensor, LargeStorageIsRecycled) {
+  const size_t before = base::cached_bytes();
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1 << 20}, DType::kF32);  // 4 MiB
+    first = t.raw_data();
+  }
+  EXPECT_GE(base::cached_bytes(), before + (4u << 20));
+  Tensor again = Tensor::empty({1 << 20}, DType::kF32);
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.raw_data()) % 64, 0u);
 }
 
 }  // namespace

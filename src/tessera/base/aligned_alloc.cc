@@ -2,6 +2,8 @@
 #include "tessera/base/aligned_alloc.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "tessera/base/error.h"
 
@@ -17,5 +19,71 @@ void* aligned_malloc(size_t bytes) {
 }
 
 void aligned_free(void* p) { std::free(p); }
+
+namespace {
+
+constexpr size_t kCacheMinBytes = size_t{1} << 20;
+
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+  size_t idle_bytes = 0;
+  size_t limit = [] {
+    const char* v = std::getenv("TESSERA_ALLOC_CACHE_MB");
+    return (v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{2048}) << 20;
+  }();
+  ~BlockCache() {
+    for (auto& [bytes, p] : free_blocks) std::free(p);
+  }
+};
+
+BlockCache& cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: tensors may outlive statics
+  return *c;
+}
+
+size_t rounded(size_t bytes) {
+  if (bytes == 0) bytes = kAlignment;
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+}  // namespace
+
+void* allocate_cached(size_t bytes) {
+  bytes = rounded(bytes);
+  if (bytes >= kCacheMinBytes) {
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(bytes);
+    if (it != c.free_blocks.end()) {
+      void* p = it->second;
+      c.free_blocks.erase(it);
+      c.idle_bytes -= bytes;
+      return p;
+    }
+  }
+  return aligned_malloc(bytes);
+}
+
+void release_cached(void* p, size_t bytes) {
+  if (!p) return;
+  bytes = rounded(bytes);
+  if (bytes >= kCacheMinBytes) {
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.idle_bytes + bytes <= c.limit) {
+      c.free_blocks.emplace(bytes, p);
+      c.idle_bytes += bytes;
+      return;
+    }
+  }
+  aligned_free(p);
+}
+
+size_t cached_bytes() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.idle_bytes;
+}
 
 }  // namespace tessera::base

@@ -32,7 +32,7 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Storage::~Storage() {
-  if (!owner && data) base::aligned_free(data);
+  if (!owner && data) base::release_cached(data, bytes);
 }
 
 namespace {
@@ -52,7 +52,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
   t.storage_->bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  t.storage_->data = base::aligned_malloc(t.storage_->bytes);
+  t.storage_->data = base::allocate_cached(t.storage_->bytes);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
@@ -386,10 +386,45 @@ void convert_serial(const void* src, DType sd, void* dst, DType dd, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+__attribute__((target("avx512f"))) void round_bf16_avx512(const float* s, float* d, int64_t n) {
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(s + i);
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), hi);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, u);
+    _mm512_storeu_ps(d + i, _mm512_castsi512_ps(r));
+  }
+  for (; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+}
+
+}  // namespace
+
 Tensor bf16_rounded(const Tensor& t) {
   TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
                 "bf16_rounded: expected f32 or bf16, got ", t.describe());
-  return t.to(DType::kBF16).to(DType::kF32);
+  if (t.dtype() == DType::kBF16 || !t.is_contiguous()) return t.to(DType::kBF16).to(DType::kF32);
+  // One pass instead of two conversions: this runs on every matmul input in
+  // emulated-bf16 training.
+  Tensor out = Tensor::empty(t.shape(), DType::kF32);
+  const float* s = t.data<float>();
+  float* d = out.data<float>();
+  const bool avx512 = base::cpu_features().avx512f;
+  base::parallel_for(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
+    if (avx512) {
+      round_bf16_avx512(s + b, d + b, e - b);
+    } else {
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+    }
+  });
+  return out;
 }
 
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {
