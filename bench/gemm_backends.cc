@@ -37,10 +37,7 @@ struct Problem {
   bool cold;  // weights streamed from DRAM (cycled through > 1 GiB of copies)
 };
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
+using tessera::base::median;
 
 // Lets the other runtime's spinning workers (OpenMP's or OpenBLAS's) go to sleep, so
 // one backend's measurement does not pay for the previous backend's threads.
@@ -84,16 +81,8 @@ double time_openblas(const Problem& p, DType dt, double min_seconds) {
              static_cast<const uint16_t*>(a.raw_data()), p.k,
              static_cast<const uint16_t*>(b.raw_data()), p.k, 0.f, c.data<float>(), p.n);
   };
-  call(w[0]);
-  std::vector<double> secs;
-  double total = 0;
-  for (size_t i = 1; total < min_seconds || secs.size() < 5; ++i) {
-    tessera::base::Timer t;
-    call(w[i % w.size()]);
-    secs.push_back(t.seconds());
-    total += secs.back();
-  }
-  return median(secs);
+  return tessera::base::median_call_seconds([&](int64_t i) { call(w[i % w.size()]); },
+                                           min_seconds);
 }
 #endif
 

@@ -32,23 +32,10 @@ using tessera::DType;
 using tessera::Tensor;
 namespace tk = tessera::kernels;
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
+using tessera::base::median;
 
-// Median seconds per call: one warm-up call, then calls until min_seconds (>= 5 calls).
 double time_call(const std::function<void()>& fn, double min_seconds) {
-  fn();
-  std::vector<double> secs;
-  double total = 0;
-  while (total < min_seconds || secs.size() < 5) {
-    tessera::base::Timer t;
-    fn();
-    secs.push_back(t.seconds());
-    total += secs.back();
-  }
-  return median(secs);
+  return tessera::base::median_call_seconds([&](int64_t) { fn(); }, min_seconds);
 }
 
 Tensor random_f32(const tessera::Shape& shape, float lo, float hi, uint32_t seed) {

@@ -3,9 +3,29 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace tessera::base {
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+double median_call_seconds(const std::function<void(int64_t)>& fn, double min_seconds,
+                           int min_calls) {
+  fn(0);
+  std::vector<double> secs;
+  double total = 0;
+  for (int64_t i = 1; total < min_seconds || static_cast<int>(secs.size()) < min_calls; ++i) {
+    Timer t;
+    fn(i);
+    secs.push_back(t.seconds());
+    total += secs.back();
+  }
+  return median(std::move(secs));
+}
 
 ProgressBar::ProgressBar(std::string label, int64_t total)
     : label_(std::move(label)), total_(total), tty_(isatty(2)) {}

@@ -2,7 +2,9 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace tessera::base {
 
@@ -17,6 +19,14 @@ class Timer {
  private:
   std::chrono::steady_clock::time_point start_;
 };
+
+double median(std::vector<double> values);  // of a non-empty list
+
+// The median seconds of one call, the rule every benchmark here uses: fn(0) is an
+// untimed warm-up, then fn(1), fn(2), ... are timed one by one until min_seconds have
+// passed and at least min_calls were timed. The median is robust on shared machines.
+double median_call_seconds(const std::function<void(int64_t)>& fn, double min_seconds,
+                           int min_calls = 5);
 
 // Prints "label [=====>    ] 37/100 12.3 it/s" on stderr, redrawn in place when
 // stderr is a terminal and at most every few seconds otherwise.

@@ -11,10 +11,7 @@
 namespace tessera::model {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using base::median;
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(n);

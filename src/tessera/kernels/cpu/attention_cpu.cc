@@ -317,7 +317,8 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
 }  // namespace
 
 AttnIsa best_attention_isa() {
-  return base::cpu_features().avx512f ? AttnIsa::kAvx512 : AttnIsa::kScalar;
+  const auto& f = base::cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl ? AttnIsa::kAvx512 : AttnIsa::kScalar;
 }
 
 void attention_forward_cpu(const AttnDims& dims, const AttnView& q, const AttnView& k,

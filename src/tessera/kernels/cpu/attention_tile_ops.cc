@@ -2,6 +2,8 @@
 // (register-blocked GEMM micro-kernels, 16x16 transposes, vector exp).
 #include "tessera/kernels/cpu/attention_tile_ops.h"
 
+#include "tessera/kernels/cpu/avx512_math.h"
+
 // GCC 12 flags its own intrinsics (the _mm512_undefined_ps idiom) as uninitialised reads.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -90,7 +92,7 @@ float dot_scalar(const float* a, const float* b, int64_t n) {
 // ---------------------------------------------------------------------------------------
 // AVX-512 versions.
 
-#define TESSERA_ATTN_AVX512 __attribute__((target("avx512f")))
+#define TESSERA_ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 TESSERA_ATTN_AVX512 inline __mmask16 tail_mask(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
@@ -219,23 +221,11 @@ TESSERA_ATTN_AVX512 void pack_transposed_avx512(const float* src, int64_t src_ld
   }
 }
 
-// exp(x) to ~1 ulp-ish (Cephes expf polynomial, 2^n applied with scalef); x < -87.3
-// (including -inf for masked scores) gives exactly 0 so no denormals reach the GEMMs.
+// exp(x) from the shared AVX-512 exp; x < -87.3 (including -inf for masked scores)
+// gives exactly 0 so no denormals reach the GEMMs.
 TESSERA_ATTN_AVX512 inline __m512 exp512(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_maskz_scalef_ps(keep, p, n);
+  return _mm512_maskz_mov_ps(keep, avx512::exp(x));
 }
 
 TESSERA_ATTN_AVX512 void softmax_update_avx512(float* s, int64_t lds, int64_t R, int64_t n,

@@ -83,22 +83,13 @@ GemmMeasurement measure_matmul_gflops(int64_t m, int64_t n, int64_t k, DType dty
     for (int i = 1; i < copies; ++i) weights.push_back(weights[0].clone());
   }
   Tensor c = Tensor::empty({m, n}, DType::kF32);  // (m, n)
-  matmul_with(backend, a, weights[0], c, false, true, 1.f, 0.f);  // warm-up
-
-  std::vector<double> secs;
-  double total = 0;
-  size_t w = 0;
-  while (total < min_seconds || secs.size() < 5) {
-    w = (w + 1) % weights.size();
-    base::Timer t;
-    matmul_with(backend, a, weights[w], c, false, true, 1.f, 0.f);
-    secs.push_back(t.seconds());
-    total += secs.back();
-  }
-  std::nth_element(secs.begin(), secs.begin() + secs.size() / 2, secs.end());
   GemmMeasurement r;
   r.m = m, r.n = n, r.k = k, r.dtype = dtype;
-  r.seconds = secs[secs.size() / 2];
+  r.seconds = base::median_call_seconds(
+      [&](int64_t i) {
+        matmul_with(backend, a, weights[i % weights.size()], c, false, true, 1.f, 0.f);
+      },
+      min_seconds);
   r.gflops = 2.0 * m * n * k / r.seconds / 1e9;
   const double bytes = (static_cast<double>(m) * k + static_cast<double>(n) * k) *
                            dtype_size(dtype) + 4.0 * m * n;
