@@ -35,7 +35,6 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   const int64_t B = acts.B, T = acts.T, N = B * T;
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
   const Bf16Mode mode = bf16_mode_;
-  const bool ln = c.uses_layernorm();
 
   // Loss and d(loss)/d(logits), written over the logits.
   Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
@@ -108,7 +107,6 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   }
   kernels::embedding_backward(dres, acts.ids, grads.embed);
   if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);
-  (void)ln;
   return result;
 }
 
