@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 
 #include "parity_fixture.h"
 #include "tessera/model/model.h"
@@ -71,18 +72,46 @@ TEST_P(Parity, LogitsBf16WithinBf16Tolerance) {
 }
 
 TEST_P(Parity, LossAndEveryGradientMatchPyTorch) {
-  const auto m = model::Model::load(dir_, DType::kF32);
-  auto grads = model::Params::allocate(m.config(), DType::kF32);
-  const auto r = m.forward_backward(ref("input_ids").contiguous(), ref("targets").contiguous(), grads);
-  const double want_loss = ref("loss").item_f32(0);
-  EXPECT_NEAR(r.loss, want_loss, 1e-5 * std::abs(want_loss));
-  int checked = 0;
-  for (const auto& [name, g] : grads.named(m.config())) {
-    ASSERT_TRUE(ref_->has("grad." + name)) << "reference lacks grad." << name;
-    EXPECT_LT(relative_error(g, ref("grad." + name)), 1e-3) << name;
-    ++checked;
+  // Under every activation-checkpointing mode: recomputation must not change a gradient.
+  auto m = model::Model::load(dir_, DType::kF32);
+  for (auto rc : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+    SCOPED_TRACE(model::recompute_name(rc));
+    m.set_recompute(rc);
+    auto grads = model::Params::allocate(m.config(), DType::kF32);
+    const auto r =
+        m.forward_backward(ref("input_ids").contiguous(), ref("targets").contiguous(), grads);
+    const double want_loss = ref("loss").item_f32(0);
+    EXPECT_NEAR(r.loss, want_loss, 1e-5 * std::abs(want_loss));
+    int checked = 0;
+    for (const auto& [name, g] : grads.named(m.config())) {
+      ASSERT_TRUE(ref_->has("grad." + name)) << "reference lacks grad." << name;
+      EXPECT_LT(relative_error(g, ref("grad." + name)), 1e-3) << name;
+      ++checked;
+    }
+    EXPECT_GT(checked, 10);
   }
-  EXPECT_GT(checked, 10);
+}
+
+TEST_P(Parity, Fp16ComputeStaysCloseAndOverflowsToInf) {
+  auto m = model::Model::load(dir_, DType::kF32);
+  m.set_compute_dtype(DType::kF16);
+  EXPECT_EQ(m.bf16_mode(), model::Bf16Mode::kEmulatedF16);
+  const Tensor ids = ref("input_ids").contiguous(), targets = ref("targets").contiguous();
+  auto grads = model::Params::allocate(m.config(), DType::kF32);
+  const auto r = m.forward_backward(ids, targets, grads, 1024.f);  // a loss scale
+  EXPECT_NEAR(r.loss, ref("loss").item_f32(0), 5e-3 * ref("loss").item_f32(0));
+  for (const auto& [name, g] : grads.named(m.config())) {
+    Tensor unscaled = g.clone();
+    for (float& v : std::span(unscaled.data<float>(), unscaled.numel())) v /= 1024.f;
+    EXPECT_LT(relative_error(unscaled, ref("grad." + name)), 2e-2) << name;
+  }
+  // A loss scale far past fp16's range makes the scaled gradients overflow.
+  grads.zero();
+  m.forward_backward(ids, targets, grads, 1e12f);
+  bool any_inf = false;
+  for (const auto& [name, g] : grads.named(m.config()))
+    for (float v : std::span(g.data<float>(), g.numel())) any_inf |= !std::isfinite(v);
+  EXPECT_TRUE(any_inf);
 }
 
 TEST_P(Parity, Bf16MixedPrecisionTrainingStaysClose) {

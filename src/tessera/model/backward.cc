@@ -72,7 +72,15 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& W = weights_.layers[l];
     LayerParams& G = grads.layers[l];
-    const LayerActivations& A = acts.layers[l];
+    // Activation checkpointing: rebuild what the forward pass did not keep.
+    LayerActivations recomputed;
+    if (recompute_ == Recompute::kFull) {
+      recomputed.x_in = acts.layers[l].x_in;
+      layer_forward_train(*this, l, acts, recomputed, true);
+    } else if (recompute_ == Recompute::kSelective) {
+      recompute_attention(*this, acts, acts.layers[l]);
+    }
+    const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
     linear_backward_input(compute_linear(l, 3), dres, da, mode);
     linear_backward_weight(A.a, dres, G.down, mode);
@@ -104,6 +112,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     linear_backward_weight(A.h1, dqkv, G.qkv, mode);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
+    acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
   }
   kernels::embedding_backward(dres, acts.ids, grads.embed);
   if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);

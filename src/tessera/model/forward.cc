@@ -114,6 +114,54 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   return logits;
 }
 
+Tensor layer_forward_train(const Model& m, int64_t l, const Activations& acts,
+                           LayerActivations& A, bool keep_attention) {
+  const auto& c = m.config();
+  const int64_t B = acts.B, T = acts.T, N = B * T;
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const bool ln = c.uses_layernorm();
+  const LayerParams& W = m.weights().layers[l];
+  const Tensor& x = A.x_in;
+  if (ln) A.mean1 = Tensor::empty({N}, DType::kF32);
+  A.rstd1 = Tensor::empty({N}, DType::kF32);
+  A.h1 = Tensor::empty({N, H}, DType::kF32);
+  norm_forward(c, W.norm1_w, W.norm1_b, x, A.h1, ln ? &A.mean1 : nullptr, &A.rstd1);
+  A.qkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
+  linear_forward(m.compute_linear(l, 0), A.h1, A.qkv, m.bf16_mode());
+  apply_rope(c, A.qkv, acts.positions, false);
+  recompute_attention(m, acts, A);
+  Tensor o = Tensor::empty({N, H}, DType::kF32);
+  linear_forward(m.compute_linear(l, 1), A.att, o, m.bf16_mode());
+  if (!keep_attention) {  // selective checkpointing: recomputed in the backward pass
+    A.att = Tensor();
+    A.lse = Tensor();
+  }
+  A.x_mid = x.clone();
+  if (ln) A.mean2 = Tensor::empty({N}, DType::kF32);
+  A.rstd2 = Tensor::empty({N}, DType::kF32);
+  A.h2 = Tensor::empty({N, H}, DType::kF32);
+  add_norm_forward(c, W.norm2_w, W.norm2_b, A.x_mid, o, A.h2, ln ? &A.mean2 : nullptr, &A.rstd2);
+  A.u = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+  linear_forward(m.compute_linear(l, 2), A.h2, A.u, m.bf16_mode());
+  A.a = Tensor::empty({N, F}, DType::kF32);
+  mlp_activation(c, A.u, A.a);
+  Tensor d = o;  // reuse (N, H)
+  linear_forward(m.compute_linear(l, 3), A.a, d, m.bf16_mode());
+  Tensor out = A.x_mid.clone();
+  kernels::add_inplace(out, d);
+  return out;
+}
+
+void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A) {
+  const auto& c = m.config();
+  const int64_t B = acts.B, T = acts.T, N = B * T;
+  const QkvViews v = qkv_views(c, A.qkv, B, T);
+  A.att = Tensor::empty({N, c.q_dim()}, DType::kF32);
+  A.lse = Tensor::empty({B, c.num_heads, T}, DType::kF32);
+  Tensor att4 = A.att.view({B, T, c.num_heads, c.head_dim});
+  kernels::attention_forward(v.q, v.k, v.v, att4, &A.lse, attention_params(c, 0));
+}
+
 Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   const auto& c = m.config();
   TESSERA_CHECK(ids2d.dim() == 2 && ids2d.dtype() == DType::kI32,
@@ -121,47 +169,26 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   const int64_t B = ids2d.size(0), T = ids2d.size(1), N = B * T;
   TESSERA_CHECK(T <= c.max_position_embeddings || c.uses_rope(), "forward: sequence length ", T,
                 " exceeds max_position_embeddings ", c.max_position_embeddings);
-  const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
+  const int64_t H = c.hidden_size;
   acts.B = B;
   acts.T = T;
   acts.ids = ids2d.contiguous().view({N});
   acts.positions = make_positions(B, T, 0);
   acts.layers.assign(c.num_layers, LayerActivations{});
   const bool ln = c.uses_layernorm();
-  const auto params = attention_params(c, 0);
+  const Recompute rc = m.recompute();
 
   Tensor x = embed_tokens(m, acts.ids, acts.positions);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerParams& W = m.weights().layers[l];
     LayerActivations& A = acts.layers[l];
     A.x_in = x;
-    if (ln) A.mean1 = Tensor::empty({N}, DType::kF32);
-    A.rstd1 = Tensor::empty({N}, DType::kF32);
-    A.h1 = Tensor::empty({N, H}, DType::kF32);
-    norm_forward(c, W.norm1_w, W.norm1_b, x, A.h1, ln ? &A.mean1 : nullptr, &A.rstd1);
-    A.qkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
-    linear_forward(m.compute_linear(l, 0), A.h1, A.qkv, m.bf16_mode());
-    apply_rope(c, A.qkv, acts.positions, false);
-    const QkvViews v = qkv_views(c, A.qkv, B, T);
-    A.att = Tensor::empty({N, Q}, DType::kF32);
-    A.lse = Tensor::empty({B, c.num_heads, T}, DType::kF32);
-    Tensor att4 = A.att.view({B, T, c.num_heads, c.head_dim});
-    kernels::attention_forward(v.q, v.k, v.v, att4, &A.lse, params);
-    Tensor o = Tensor::empty({N, H}, DType::kF32);
-    linear_forward(m.compute_linear(l, 1), A.att, o, m.bf16_mode());
-    A.x_mid = x.clone();
-    if (ln) A.mean2 = Tensor::empty({N}, DType::kF32);
-    A.rstd2 = Tensor::empty({N}, DType::kF32);
-    A.h2 = Tensor::empty({N, H}, DType::kF32);
-    add_norm_forward(c, W.norm2_w, W.norm2_b, A.x_mid, o, A.h2, ln ? &A.mean2 : nullptr, &A.rstd2);
-    A.u = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
-    linear_forward(m.compute_linear(l, 2), A.h2, A.u, m.bf16_mode());
-    A.a = Tensor::empty({N, F}, DType::kF32);
-    mlp_activation(c, A.u, A.a);
-    Tensor d = o;  // reuse (N, H)
-    linear_forward(m.compute_linear(l, 3), A.a, d, m.bf16_mode());
-    x = A.x_mid.clone();
-    kernels::add_inplace(x, d);
+    if (rc == Recompute::kFull) {  // keep only the layer input; the rest is scratch
+      LayerActivations scratch;
+      scratch.x_in = x;
+      x = layer_forward_train(m, l, acts, scratch, false);
+    } else {
+      x = layer_forward_train(m, l, acts, A, rc == Recompute::kNone);
+    }
   }
   acts.x_final = x;
   if (ln) acts.meanf = Tensor::empty({N}, DType::kF32);

@@ -13,7 +13,9 @@ int64_t linear_out_features(const Linear& lin) {
 
 Tensor matmul_input(const Tensor& x, Bf16Mode mode) {
   // kNative needs nothing: matmul rounds an f32 operand paired with bf16 weights.
-  return mode == Bf16Mode::kEmulated ? bf16_rounded(x) : x;
+  if (mode == Bf16Mode::kEmulated) return bf16_rounded(x);
+  if (mode == Bf16Mode::kEmulatedF16) return f16_rounded(x);
+  return x;
 }
 
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
@@ -32,7 +34,8 @@ void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode m
       kernels::matmul(a.to(DType::kBF16), b.to(DType::kBF16), dw, true, false, 1.f, 1.f);
       break;
     case Bf16Mode::kEmulated:
-      kernels::matmul(bf16_rounded(a), bf16_rounded(b), dw, true, false, 1.f, 1.f);
+    case Bf16Mode::kEmulatedF16:
+      kernels::matmul(matmul_input(a, mode), matmul_input(b, mode), dw, true, false, 1.f, 1.f);
       break;
   }
 }

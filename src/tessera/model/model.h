@@ -12,9 +12,18 @@
 
 namespace tessera::model {
 
-// How matmuls see bf16: kNative hands bf16 operands to the kernel; kEmulated keeps
-// bf16-rounded values in f32 storage (same results where bf16 would be widened).
-enum class Bf16Mode { kOff, kNative, kEmulated };
+// How matmuls see a 16-bit compute dtype: kNative hands bf16 operands to the kernel;
+// kEmulated keeps bf16-rounded values in f32 storage (same results where bf16 would be
+// widened); kEmulatedF16 does the same with fp16 rounding (values past 65504 become inf,
+// which is what the fp16 loss scaler watches for).
+enum class Bf16Mode { kOff, kNative, kEmulated, kEmulatedF16 };
+
+// Activation checkpointing for forward_backward: keep every activation (kNone), recompute
+// attention in the backward pass (kSelective: its output and log-sum-exp are not kept),
+// or keep only each layer's input and recompute the whole layer (kFull).
+enum class Recompute { kNone, kSelective, kFull };
+Recompute parse_recompute(const std::string& name);  // "none" | "selective" | "full"
+const char* recompute_name(Recompute r);
 
 // Keys and values of one sequence for every layer. Only Model::forward appends.
 struct KVCache {
@@ -46,6 +55,7 @@ class Model {
   // On CPUs whose bf16 matmuls would be widened to f32 anyway (no AMX), bf16 is
   // emulated: the copy holds bf16-rounded values in f32 and matmul inputs are rounded
   // the same way, which gives autocast's results without converting per call.
+  // f16 is always emulated that way (fp16 rounding, overflow to inf).
   void set_compute_dtype(DType dtype);
   void refresh_compute_weights();
   DType compute_dtype() const { return compute_dtype_; }
@@ -68,6 +78,9 @@ class Model {
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
                               float grad_scale = 1.f) const;
 
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
+
   // Weight used by the matmuls (compute copy when one exists).
   const Linear& compute_linear(int64_t layer, int which) const;  // which: 0 qkv, 1 o, 2 up, 3 down
   const Tensor& compute_lm_head() const;
@@ -80,6 +93,7 @@ class Model {
   Params compute_;  // matmul weights in compute_dtype_ (only Linear weights + lm_head set)
   bool has_compute_copy_ = false;
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
+  Recompute recompute_ = Recompute::kNone;
 };
 
 }  // namespace tessera::model

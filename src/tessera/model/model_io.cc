@@ -161,13 +161,32 @@ void Model::save(const std::string& dir) const {
   io::save_safetensors(dir + "/model.safetensors", weights_.named(config_), {{"format", "pt"}});
 }
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  fail("activation checkpointing '", name, "' is not one of none, selective, full");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    default: return "full";
+  }
+}
+
 void Model::set_compute_dtype(DType dtype) {
-  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-                "compute dtype must be f32 or bf16, not ", dtype_name(dtype));
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
+                "compute dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
+  TESSERA_CHECK(dtype != DType::kF16 || dtype_ == DType::kF32,
+                "f16 compute needs f32 master weights, the model holds ", dtype_name(dtype_));
   compute_dtype_ = dtype;
   has_compute_copy_ = dtype != dtype_;
   if (dtype == DType::kF32)
     bf16_mode_ = Bf16Mode::kOff;
+  else if (dtype == DType::kF16)
+    bf16_mode_ = Bf16Mode::kEmulatedF16;
   else  // bf16 products run natively only on AMX; elsewhere matmul widens them to f32
     bf16_mode_ = base::cpu_features().amx_bf16 || dtype_ == DType::kBF16 ? Bf16Mode::kNative
                                                                          : Bf16Mode::kEmulated;
@@ -192,7 +211,9 @@ void Model::set_compute_dtype(DType dtype) {
 void Model::refresh_compute_weights() {
   if (!has_compute_copy_) return;
   auto convert = [&](const Tensor& w) {
-    return bf16_mode_ == Bf16Mode::kEmulated ? bf16_rounded(w) : w.to(compute_dtype_);
+    if (bf16_mode_ == Bf16Mode::kEmulated) return bf16_rounded(w);
+    if (bf16_mode_ == Bf16Mode::kEmulatedF16) return f16_rounded(w);
+    return w.to(compute_dtype_);
   };
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const auto& src = weights_.layers[l];

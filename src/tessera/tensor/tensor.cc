@@ -405,7 +405,34 @@ __attribute__((target("avx512f"))) void round_bf16_avx512(const float* s, float*
   for (; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
 }
 
+__attribute__((target("avx512f"))) void round_f16_avx512(const float* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(h));
+  }
+  for (; i < n; ++i) d[i] = f16_to_f32(f32_to_f16(s[i]));
+}
+
 }  // namespace
+
+Tensor f16_rounded(const Tensor& t) {
+  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF16,
+                "f16_rounded: expected f32 or f16, got ", t.describe());
+  if (t.dtype() == DType::kF16 || !t.is_contiguous()) return t.to(DType::kF16).to(DType::kF32);
+  Tensor out = Tensor::empty(t.shape(), DType::kF32);
+  const float* s = t.data<float>();
+  float* d = out.data<float>();
+  const bool avx512 = base::cpu_features().avx512f;
+  base::parallel_for(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
+    if (avx512) {
+      round_f16_avx512(s + b, d + b, e - b);
+    } else {
+      for (int64_t i = b; i < e; ++i) d[i] = f16_to_f32(f32_to_f16(s[i]));
+    }
+  });
+  return out;
+}
 
 Tensor bf16_rounded(const Tensor& t) {
   TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,

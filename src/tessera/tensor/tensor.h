@@ -103,6 +103,8 @@ Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape) {
 // An f32 copy of t with every value rounded to the nearest bf16 (bf16 arithmetic
 // emulated in f32 storage: products of such values are exact in f32).
 Tensor bf16_rounded(const Tensor& t);
+// The same with fp16 rounding (overflow to +-inf), for emulated fp16 compute.
+Tensor f16_rounded(const Tensor& t);
 
 // Converts n elements between float dtypes (f32, bf16, f16); vectorised where possible.
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
