@@ -1,4 +1,4 @@
-// `tessera bench gemm|decode|prefill|train`: speed figures with the machine peak
+// `tessera bench gemm|decode|prefill|train|tokenizer`: speed figures with the machine peak
 // measured in the same run, printed as ratios.
 #include <cstdio>
 
@@ -84,6 +84,8 @@ int run_train(model::BenchOptions o, const std::string& compute) {
 
 }  // namespace
 
+void add_bench_tokenizer(CLI::App* bench, Action& action);  // cmd_tokenizer.cc
+
 void add_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (figures as ratios to peaks measured in the same run)");
   bench->require_subcommand(1);
@@ -127,6 +129,7 @@ void add_bench(CLI::App& app, Action& action) {
   train->add_option("--seq", o->seq, "Tokens per sequence")->capture_default_str();
   train->add_option("--compute", *compute, "Matmul dtype: f32 or bf16")->capture_default_str();
   train->callback([&action, o, compute] { action = [o, compute] { return run_train(*o, *compute); }; });
+  add_bench_tokenizer(bench, action);
 }
 
 }  // namespace tessera::cli

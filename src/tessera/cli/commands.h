@@ -15,6 +15,10 @@ void add_generate(CLI::App& app, Action& action);
 void add_eval(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
 void add_quickstart(CLI::App& app, Action& action);
+void add_tokenizer(CLI::App& app, Action& action);  // cmd_tokenizer.cc
+void add_data(CLI::App& app, Action& action);       // cmd_data.cc
+void add_train(CLI::App& app, Action& action);      // cmd_train.cc
+void add_plot(CLI::App& app, Action& action);       // cmd_plot.cc
 
 // "1,2,3" -> {1,2,3}; errors name the flag and the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);

@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
   tessera::cli::add_generate(app, action);
   tessera::cli::add_eval(app, action);
   tessera::cli::add_bench(app, action);
+  tessera::cli::add_tokenizer(app, action);
+  tessera::cli::add_data(app, action);
+  tessera::cli::add_train(app, action);
+  tessera::cli::add_plot(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

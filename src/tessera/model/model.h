@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/model/config.h"
@@ -44,6 +45,8 @@ class Model {
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
   // Writes config.json, generation_config.json and model.safetensors (Hugging Face names).
   void save(const std::string& dir) const;
+  // (file name, contents) of config.json and generation_config.json as save() writes them.
+  std::vector<std::pair<std::string, std::string>> hf_json_files() const;
 
   const ModelConfig& config() const { return config_; }
   Params& weights() { return weights_; }

@@ -10,6 +10,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/logging.h"
 #include "tessera/base/thread_pool.h"
+#include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/model/model.h"
 
@@ -141,23 +142,18 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed) {
   return m;
 }
 
+std::vector<std::pair<std::string, std::string>> Model::hf_json_files() const {
+  nlohmann::json j = config_.to_json();
+  j["torch_dtype"] = dtype_ == DType::kBF16 ? "bfloat16" : "float32";
+  nlohmann::json g = nlohmann::json::object();
+  if (config_.bos_token_id >= 0) g["bos_token_id"] = config_.bos_token_id;
+  if (config_.eos_token_id >= 0) g["eos_token_id"] = config_.eos_token_id;
+  return {{"config.json", j.dump(2) + "\n"}, {"generation_config.json", g.dump(2) + "\n"}};
+}
+
 void Model::save(const std::string& dir) const {
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream f(dir + "/config.json");
-    TESSERA_CHECK(f.good(), "cannot write ", dir, "/config.json");
-    nlohmann::json j = config_.to_json();
-    j["torch_dtype"] = dtype_ == DType::kBF16 ? "bfloat16" : "float32";
-    f << j.dump(2) << "\n";
-  }
-  {
-    nlohmann::json g;
-    if (config_.bos_token_id >= 0) g["bos_token_id"] = config_.bos_token_id;
-    if (config_.eos_token_id >= 0) g["eos_token_id"] = config_.eos_token_id;
-    std::ofstream f(dir + "/generation_config.json");
-    TESSERA_CHECK(f.good(), "cannot write ", dir, "/generation_config.json");
-    f << g.dump(2) << "\n";
-  }
+  for (const auto& [name, text] : hf_json_files()) io::write_file_atomic(dir + "/" + name, text);
   io::save_safetensors(dir + "/model.safetensors", weights_.named(config_), {{"format", "pt"}});
 }
 

@@ -1,0 +1,92 @@
+// Optimizer-step speed: the fused AdamW pass, the gradient norm and the loss-scaler
+// unscale over a GPT-2-124M-sized parameter set, as bandwidth against the machine's
+// STREAM triad measured in the same run. All three are memory-bound passes.
+// Usage: optimizer_bench [n_params=124439808] [min_seconds=1.0] [rounds=3]
+// Every figure is the median over `rounds` rounds of each round's median call; the
+// ratio is the median of per-round ratios.
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "tessera/base/thread_pool.h"
+#include "tessera/base/timer.h"
+#include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/kernels/peak.h"
+#include "tessera/train/grad_utils.h"
+#include "tessera/train/loss_scaler.h"
+#include "tessera/train/optimizer.h"
+
+namespace {
+
+using tessera::DType;
+using tessera::Tensor;
+namespace tt = tessera::train;
+
+Tensor random_f32(int64_t n, float scale, uint32_t seed) {
+  Tensor t = Tensor::empty({n}, DType::kF32);
+  float* p = t.data<float>();
+  tessera::base::parallel_for(n, int64_t{1} << 20, [&](int64_t b, int64_t e) {
+    std::mt19937 rng(seed + static_cast<uint32_t>(b >> 20));
+    std::normal_distribution<float> d(0.f, scale);
+    for (int64_t i = b; i < e; ++i) p[i] = d(rng);
+  });
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{124439808};
+  const double min_s = argc > 2 ? std::atof(argv[2]) : 1.0;
+  const int rounds = argc > 3 ? std::atoi(argv[3]) : 3;
+  std::printf("optimizer_bench: %lld params, %d threads, median of %d rounds\n",
+              static_cast<long long>(n), tessera::base::num_threads(), rounds);
+
+  // One flat tensor: the step splits it into the same 64K-element chunks it would
+  // split 150 separate tensors into, so the shape of the model does not matter here.
+  std::vector<tt::ParamRef> ps = {{"w", random_f32(n, 0.02f, 1), random_f32(n, 1e-3f, 2), true, false}};
+  tt::Optimizer opt(tt::OptimizerConfig{}, ps);
+  tt::LossScaler scaler(1.0);  // scale 1 keeps the grads unchanged across calls
+
+  struct Row {
+    const char* name;
+    double bytes_per_elem;  // compulsory traffic, STREAM convention (no write-allocate)
+    std::function<void()> fn;
+  };
+  const std::vector<Row> rows = {
+      {"adamw step (auto ISA)", 28, [&] { opt.step(1.0); }},
+      {"adamw step (portable)", 28,
+       [&] {
+         tessera::kernels::cpu::set_pointwise_isa_for_testing(tessera::kernels::cpu::Isa::kScalar);
+         opt.step(1.0);
+         tessera::kernels::cpu::set_pointwise_isa_for_testing(tessera::kernels::cpu::Isa::kAvx512);
+       }},
+      {"grad global norm", 4, [&] { tt::grad_global_norm(ps); }},
+      {"loss-scaler unscale", 8, [&] { scaler.unscale_and_check(ps); }},
+  };
+  // STREAM is re-measured in every round, next to the passes it is compared with, so
+  // load from other users of a shared machine hits both sides of each ratio alike.
+  std::vector<double> stream;
+  std::vector<std::vector<double>> secs(rows.size());
+  for (int round = 0; round < rounds; ++round) {
+    stream.push_back(tessera::kernels::measure_stream_triad_gbps());
+    for (size_t k = 0; k < rows.size(); ++k)
+      secs[k].push_back(tessera::base::median_call_seconds([&](int64_t) { rows[k].fn(); }, min_s));
+  }
+  std::printf("STREAM triad: %.2f GB/s (median; rounds:", tessera::base::median(stream));
+  for (double g : stream) std::printf(" %.2f", g);
+  std::printf(")\n\n%-24s %10s %12s %10s %12s\n", "pass", "ms/call", "Gelem/s", "GB/s",
+              "vs STREAM");
+  for (size_t k = 0; k < rows.size(); ++k) {
+    std::vector<double> ratio;
+    for (int round = 0; round < rounds; ++round)
+      ratio.push_back(rows[k].bytes_per_elem * double(n) / secs[k][round] / 1e9 / stream[round]);
+    const double s = tessera::base::median(secs[k]);
+    const double gbps = rows[k].bytes_per_elem * double(n) / s / 1e9;
+    std::printf("%-24s %10.2f %12.3f %10.2f %12.2f\n", rows[k].name, s * 1e3, double(n) / s / 1e9,
+                gbps, tessera::base::median(ratio));
+  }
+  return 0;
+}

@@ -1,0 +1,22 @@
+// Resident memory of this process (Linux /proc), for the metrics log and memory tests.
+#pragma once
+#include <cstdint>
+
+namespace tessera::base {
+
+// High-water mark of resident memory in bytes: VmHWM from /proc/self/status, or
+// getrusage's ru_maxrss where /proc is not readable. ru_maxrss is never reset, so on that
+// fallback reset_peak_rss() has no effect.
+int64_t peak_rss_bytes();
+
+// Resident memory now in bytes: VmRSS from /proc/self/status (0 where /proc is not readable).
+int64_t current_rss_bytes();
+
+// Resets the high-water mark to the current RSS by writing "5" to /proc/self/clear_refs
+// (Linux >= 4.0), so peak_rss_bytes() afterwards measures a phase (one training step)
+// instead of the whole process lifetime. Where the file cannot be written (old kernel,
+// a sandbox that mounts /proc read-only, non-Linux) it does nothing and returns false;
+// callers treat the peak as "since start" then. Never throws.
+bool reset_peak_rss();
+
+}  // namespace tessera::base

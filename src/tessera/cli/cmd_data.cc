@@ -1,0 +1,53 @@
+// `tessera data prepare`: text files -> token shards (see docs/data.md).
+#include <cstdio>
+#include <memory>
+
+#include "tessera/cli/commands.h"
+#include "tessera/train/data_prepare.h"
+
+namespace tessera::cli {
+namespace {
+
+int run_prepare(train::PrepareOptions o, bool quiet) {
+  o.progress = !quiet;
+  const auto r = train::prepare_data(o);
+  const double total = static_cast<double>(r.train_tokens + r.val_tokens);
+  std::printf("wrote %s: %lld train tokens in %lld shard(s), %lld val tokens in %lld shard(s); "
+              "vocab %lld (uint%d tokens); %lld bytes of text in %.2f s (%.0f tokens/s)\n",
+              o.out_dir.c_str(), static_cast<long long>(r.train_tokens),
+              static_cast<long long>(r.train_shards), static_cast<long long>(r.val_tokens),
+              static_cast<long long>(r.val_shards), static_cast<long long>(r.vocab_size),
+              8 * r.token_bytes, static_cast<long long>(r.input_bytes), r.seconds,
+              r.seconds > 0 ? total / r.seconds : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+void add_data(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("data", "Training data: text -> token shards");
+  cmd->require_subcommand(1);
+  auto o = std::make_shared<train::PrepareOptions>();
+  auto quiet = std::make_shared<bool>(false);
+
+  auto* prepare = cmd->add_subcommand(
+      "prepare", "Encode text files with a tokenizer and write DIR/{train,val}_NNNNN.bin + meta.json");
+  prepare->add_option("--tokenizer", o->tokenizer_dir, "Directory with tokenizer.json, or the file")
+      ->required();
+  prepare->add_option("--input", o->inputs, "UTF-8 text files; each is one document")
+      ->required()
+      ->expected(1, -1);
+  prepare->add_option("--out", o->out_dir, "Output directory (replaced only when complete)")
+      ->required();
+  prepare->add_option("--val-fraction", o->val_fraction,
+                      "Fraction of the token stream, taken from its end, for validation")
+      ->capture_default_str();
+  prepare->add_option("--shard-tokens", o->shard_tokens, "Tokens per shard file")
+      ->capture_default_str();
+  prepare->add_flag("--quiet", *quiet, "No progress bar");
+  prepare->callback([&action, o, quiet] {
+    action = [o, quiet] { return run_prepare(*o, *quiet); };
+  });
+}
+
+}  // namespace tessera::cli

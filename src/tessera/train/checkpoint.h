@@ -1,0 +1,86 @@
+// Crash-safe, asynchronous training checkpoints: one directory per step holding the files
+// the trainer hands over (safetensors + text), checksummed, committed by atomic renames.
+// Model-agnostic: the trainer decides which files a checkpoint holds; see docs/checkpoints.md.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::train {
+
+// What one checkpoint holds. File names are plain names inside the step directory (no '/').
+struct CheckpointFiles {
+  // file name (e.g. "model.safetensors") -> named tensors, written in this order. The
+  // manager deep-copies them before save_async returns.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, Tensor>>>> safetensors;
+  // file name -> contents (config.json, trainer_state.json, config.toml, ...)
+  std::vector<std::pair<std::string, std::string>> texts;
+};
+
+// A checkpoint that verified; the trainer opens the files in `dir` itself.
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  std::string dir;  // RUN_DIR/checkpoints/step_XXXXXXXX
+};
+
+// Name of the step directory: "step_00000100" (8 digits, more when the step needs them).
+std::string checkpoint_dir_name(int64_t step);
+
+// Writes checkpoints under RUN_DIR/checkpoints/. At most one write is in flight; only the
+// thread that owns the manager calls its methods (find_latest/verify are safe anywhere).
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::string run_dir, int keep_last = 3);
+  ~CheckpointManager();  // waits for a pending write; logs (never throws) its error
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // Waits for the previous save (rethrowing its error), deep-copies the tensors (parallel
+  // memcpy; the caller may change its tensors as soon as this returns), then writes in a
+  // background thread: .tmp-step_X/ <files> + checksums.json, fsync files and directory,
+  // rename to step_X, fsync checkpoints/, `latest` via tmp + fsync + rename, prune to
+  // the newest keep_last step directories. Stale .tmp-* directories are removed first.
+  void save_async(int64_t step, CheckpointFiles files);
+  void save(int64_t step, CheckpointFiles files);  // save_async + wait
+  // Waits for the write in flight; rethrows its error (one line naming the file) once.
+  void wait();
+
+  // Seconds the last save_async blocked its caller (waiting for the previous write plus
+  // the deep copy), and seconds its background write took (valid after wait()).
+  double last_blocking_seconds() const { return last_blocking_seconds_; }
+  double last_write_seconds() const { return last_write_seconds_.load(); }
+
+  const std::string& run_dir() const { return run_dir_; }
+  std::string checkpoints_dir() const;  // RUN_DIR/checkpoints
+
+  // The newest checkpoint that verifies: `latest` first (the highest step directory when
+  // `latest` is missing or bad), then older ones, warning on stderr about each one
+  // skipped and why. nullopt when there is no checkpoint; throws tessera::Error naming
+  // every directory and fault when some exist but none verifies.
+  std::optional<LoadedCheckpoint> find_latest() const { return find_latest_in(run_dir_); }
+  static std::optional<LoadedCheckpoint> find_latest_in(const std::string& run_dir);
+
+  // True when step_dir/checksums.json exists and every file it lists has its size and
+  // XXH3-64 checksum; otherwise false with *why (if given) naming the file at fault.
+  static bool verify(const std::string& step_dir, std::string* why);
+
+ private:
+  struct Job;
+  void run_job(Job& job);
+
+  std::string run_dir_;
+  int keep_last_;
+  std::thread worker_;
+  std::exception_ptr error_;  // set by the worker, read after join
+  double last_blocking_seconds_ = 0.0;
+  std::atomic<double> last_write_seconds_{0.0};
+};
+
+}  // namespace tessera::train

@@ -1,0 +1,84 @@
+// A training run's configuration, read from one TOML file (configs/*.toml). Every
+// table and key is listed in docs/training.md; unknown keys and out-of-range values
+// are errors that name the key.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "tessera/train/loss_scaler.h"
+#include "tessera/train/optimizer.h"
+#include "tessera/train/schedule.h"
+
+namespace tessera::train {
+
+struct ModelSection {
+  std::string shape = "tiny";  // a named shape (model::ModelConfig::named_shape) ...
+  std::string config;          // ... or a Hugging Face config.json path ...
+  std::string init_from;       // ... or a model directory to fine-tune (weights loaded)
+  std::string arch;            // overrides of the shape, 0 / "" = keep
+  int64_t vocab_size = 0;      // 0 = the data's vocabulary size
+  int64_t hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0;
+  int64_t intermediate_size = 0, max_position_embeddings = 0;
+  int tie_word_embeddings = -1;  // -1 keep, 0 / 1
+  uint64_t seed = 1234;          // weight initialisation
+};
+
+struct DataSection {
+  std::string dir;        // token shards from `tessera data prepare`
+  std::string tokenizer;  // copied next to saved models ("" = the data's meta.json tokenizer)
+  int64_t seq_len = 128;
+  int64_t batch_size = 8;  // sequences per micro-batch
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  uint64_t seed = 1;       // shuffle
+};
+
+struct TrainingSection {
+  int64_t steps = 100;
+  std::string precision = "bf16";                // bf16 | fp16 | fp32
+  std::string activation_checkpointing = "none";  // none | selective | full
+  double max_grad_norm = 1.0;                     // <= 0: no clipping
+  int64_t eval_every = 0;                         // steps; 0 = only at the end
+  int64_t eval_batches = 8;
+};
+
+struct CheckpointSection {
+  int64_t every = 0;  // steps; 0 = only at the end
+  int keep = 3;
+  bool async = true;
+};
+
+struct SpikeGuardSection {
+  bool enabled = true;
+  double sigma = 3.0;       // a loss above mean + sigma * std of the window is a spike
+  int64_t window = 50;      // losses the mean and deviation are taken over
+  int64_t min_history = 20;  // no verdicts before this many losses were seen
+  std::string policy = "skip";  // skip | rollback
+  int64_t max_rollbacks = 5;
+};
+
+struct LoggingSection {
+  bool progress = true;  // progress bar on stderr
+  double peak_gflops = 0;  // MFU denominator; 0 = measure the bf16/f32 matmul peak at start
+  bool plot = true;        // loss_curve.svg at the end
+};
+
+struct TrainConfig {
+  std::string out_dir = "runs/train";  // [run] out_dir
+  ModelSection model;
+  DataSection data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainingSection training;
+  CheckpointSection checkpoint;
+  SpikeGuardSection spike_guard;
+  LoggingSection logging;
+  double fp16_init_scale = 65536.0;  // [training] fp16_init_scale
+  int64_t fp16_growth_interval = 2000;
+  std::string source_text;  // the TOML as read (saved into checkpoints)
+
+  // Relative paths in the file are taken relative to the current directory.
+  static TrainConfig load(const std::string& path);
+  static TrainConfig parse(const std::string& toml_text, const std::string& source);
+};
+
+}  // namespace tessera::train

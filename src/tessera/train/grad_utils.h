@@ -1,0 +1,20 @@
+// Gradient utilities of the training step: global L2 norm and norm clipping with
+// torch.nn.utils.clip_grad_norm_ semantics.
+#pragma once
+#include <vector>
+
+#include "tessera/train/optimizer.h"
+
+namespace tessera::train {
+
+// sqrt(sum of g^2) over every grad, accumulated in f64 over fixed blocks, so the result
+// does not depend on the thread count. Non-finite when any grad is.
+double grad_global_norm(const std::vector<ParamRef>& params);
+
+// Scales every grad by coef = max_norm / (norm + 1e-6) when coef < 1, as torch does;
+// returns the pre-clip global norm. max_norm <= 0 only measures. A non-finite norm is
+// returned without touching the grads (torch would multiply them by NaN); the caller
+// reports it and, with a loss scaler, skips the step.
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);
+
+}  // namespace tessera::train

@@ -1,0 +1,126 @@
+// Muon (Keller Jordan, github.com/KellerJordan/Muon): momentum with Nesterov, the update
+// orthogonalised by a quintic Newton-Schulz iteration, decoupled weight decay.
+// Runs in f32 on the CPU through kernels::matmul; the public implementation runs the
+// iteration in bf16 on GPUs.
+#include <cmath>
+
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/train/optimizer.h"
+
+namespace tessera::train {
+namespace {
+
+constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
+constexpr int64_t kGrain = int64_t{1} << 15;
+
+// torch.lerp's rounding (ATen's lerp(): self + w*(end-self) for w < 0.5, else
+// end - (end-self)*(1-w), each fused on CPUs with FMA), so the momentum matches torch.
+inline float lerp(float self, float end, float w) {
+  const float d = end - self;
+  return w < 0.5f ? std::fma(w, d, self) : std::fma(-d, 1.0f - w, end);
+}
+
+// dst (cols, rows) = src (rows, cols)^T, in 32 x 32 tiles.
+void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t T = 32;
+  base::parallel_for((rows + T - 1) / T, std::max<int64_t>(1, kGrain / (T * cols)),
+                     [&](int64_t b0, int64_t b1) {
+                       for (int64_t rb = b0 * T; rb < std::min(rows, b1 * T); rb += T)
+                         for (int64_t cb = 0; cb < cols; cb += T)
+                           for (int64_t r = rb; r < std::min(rows, rb + T); ++r)
+                             for (int64_t c = cb; c < std::min(cols, cb + T); ++c)
+                               dst[c * rows + r] = src[r * cols + c];
+                     });
+}
+
+// ||x||_2 over n floats, accumulated in f64 over fixed 4096-element blocks.
+double frobenius_norm(const float* x, int64_t n) {
+  constexpr int64_t B = 4096;
+  const int64_t blocks = (n + B - 1) / B;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  base::parallel_for(blocks, 8, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      double s = 0;
+      for (int64_t i = b * B; i < std::min(n, (b + 1) * B); ++i) s += double(x[i]) * x[i];
+      partial[b] = s;
+    }
+  });
+  double s = 0;
+  for (double p : partial) s += p;
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+Tensor newton_schulz5(const Tensor& g, int steps) {
+  TESSERA_CHECK(g.dim() == 2 && g.dtype() == DType::kF32 && g.is_contiguous(),
+                "newton_schulz5: g ", g.describe(), " must be a contiguous 2-D f32 matrix");
+  TESSERA_CHECK(steps >= 0, "newton_schulz5: steps ", steps, " is negative");
+  const int64_t rows = g.size(0), cols = g.size(1);
+  const bool tall = rows > cols;  // iterate on the wide orientation: A = X X^T is the small side
+  const int64_t r = tall ? cols : rows, c = tall ? rows : cols;
+  Tensor x = Tensor::empty({r, c}, DType::kF32);  // (r, c), r <= c
+  if (tall)
+    transpose(g.data<float>(), x.data<float>(), rows, cols);
+  else
+    x.copy_from(g);
+  // torch: X / (X.norm() + 1e-7) with the norm and the sum rounded to f32.
+  const float denom = static_cast<float>(frobenius_norm(x.data<float>(), x.numel())) + 1e-7f;
+  float* xp = x.data<float>();
+  base::parallel_for(x.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) xp[i] /= denom;
+  });
+  Tensor a = Tensor::empty({r, r}, DType::kF32);  // X X^T
+  Tensor b = Tensor::empty({r, r}, DType::kF32);  // b*A + c*A@A
+  Tensor y = Tensor::empty({r, c}, DType::kF32);  // next X
+  for (int s = 0; s < steps; ++s) {
+    kernels::matmul(x, x, a, false, true);                // A = X X^T
+    b.copy_from(a);
+    kernels::matmul(a, a, b, false, false, kNsC, kNsB);   // B = c*A@A + b*A
+    y.copy_from(x);
+    kernels::matmul(b, x, y, false, false, 1.f, kNsA);    // X' = B@X + a*X
+    std::swap(x, y);
+  }
+  if (!tall) return x;
+  Tensor out = Tensor::empty({rows, cols}, DType::kF32);
+  transpose(x.data<float>(), out.data<float>(), r, c);
+  return out;
+}
+
+void Optimizer::step_muon(double lr) {
+  const float w_momentum = static_cast<float>(1.0 - config_.muon_momentum);
+  const float w_nesterov = static_cast<float>(config_.muon_momentum);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!state_[i].use_muon) continue;
+    const ParamRef& ref = params_[i];
+    const int64_t n = ref.param.numel(), rows = ref.param.size(0), cols = ref.param.size(1);
+    const float* g = ref.grad.data<float>();
+    float* m = state_[i].momentum.data<float>();
+    // momentum.lerp_(grad, 1 - beta); update = grad.lerp(momentum, beta) (Nesterov) or
+    // momentum. Unlike the reference, the gradient itself is left untouched.
+    Tensor u = Tensor::empty(ref.param.shape(), DType::kF32);  // (rows, cols)
+    float* up = u.data<float>();
+    const bool nesterov = config_.muon_nesterov;
+    base::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t k = i0; k < i1; ++k) {
+        m[k] = lerp(m[k], g[k], w_momentum);
+        up[k] = nesterov ? lerp(g[k], m[k], w_nesterov) : m[k];
+      }
+    });
+    const Tensor o = newton_schulz5(u, config_.muon_ns_steps);
+    // update *= sqrt(max(1, rows/cols)); p.mul_(1 - lr*wd); p.add_(update, alpha=-lr).
+    const float shape_scale =
+        static_cast<float>(std::sqrt(std::max(1.0, double(rows) / double(cols))));
+    const float decay =
+        static_cast<float>(1.0 - lr * (ref.decay ? config_.muon_weight_decay : 0.0));
+    const float neg_lr = static_cast<float>(-lr);
+    const float* op = o.data<float>();
+    float* p = ref.param.data<float>();
+    base::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t k = i0; k < i1; ++k) p[k] = std::fma(op[k] * shape_scale, neg_lr, p[k] * decay);
+    });
+  }
+}
+
+}  // namespace tessera::train

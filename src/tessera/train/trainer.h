@@ -1,0 +1,37 @@
+// The single-process training loop: data -> micro-batches -> forward/backward ->
+// unscale / clip -> optimizer -> metrics -> checkpoints, with the loss-spike guard and
+// exact resume.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/train/config.h"
+
+namespace tessera::train {
+
+struct TrainResult {
+  int64_t start_step = 0;  // first step this invocation ran (after a resume)
+  int64_t steps_run = 0;
+  double final_loss = 0;   // train loss of the last step
+  double val_loss = -1;    // at the end; -1 when there is no val split
+  int64_t skipped_steps = 0;  // overflow (fp16) or non-finite gradients
+  int64_t spikes = 0;
+  int64_t rollbacks = 0;
+  std::vector<double> losses;  // train loss of every step this invocation ran
+  std::string model_dir;       // OUT/model: the final model in Hugging Face layout
+  std::string svg_path;        // OUT/loss_curve.svg ("" when not plotted)
+  double seconds = 0;
+};
+
+struct TrainOptions {
+  bool resume = false;      // continue from OUT/checkpoints/latest
+  int64_t stop_after = -1;  // stop (as if killed, no final save) after this step; tests
+};
+
+// Runs the configured training. Errors (bad config values, missing data, unreadable
+// checkpoint) throw tessera::Error before anything in OUT is overwritten.
+TrainResult run_training(const TrainConfig& config, const TrainOptions& options = {});
+
+}  // namespace tessera::train

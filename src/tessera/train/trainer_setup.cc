@@ -1,0 +1,133 @@
+// Model construction, parameter flags, the spike detector and tokenizer files for the
+// trainer.
+#include "tessera/train/trainer_setup.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
+
+namespace tessera::train {
+
+model::Model build_model(const TrainConfig& c, int64_t data_vocab) {
+  const auto& m = c.model;
+  if (!m.init_from.empty()) {
+    auto model = model::Model::load(m.init_from, DType::kF32);
+    TESSERA_CHECK(model.config().vocab_size >= data_vocab, "model.init_from: ", m.init_from,
+                  " has vocab_size ", model.config().vocab_size,
+                  ", smaller than the data's vocabulary of ", data_vocab);
+    return model;
+  }
+  model::ModelConfig cfg = m.config.empty()
+                               ? model::ModelConfig::named_shape(m.shape)
+                               : model::ModelConfig::from_json(io::read_json_file(m.config), m.config);
+  if (!m.arch.empty()) {
+    cfg.model_type = m.arch;
+    cfg.arch = m.arch == "gpt2" ? model::Arch::kGpt2
+               : m.arch == "qwen2" ? model::Arch::kQwen2
+                                   : model::Arch::kLlama;
+    cfg.qkv_bias = cfg.arch == model::Arch::kQwen2;
+    if (cfg.arch == model::Arch::kGpt2) cfg.num_kv_heads = cfg.num_heads;
+  }
+  const bool shape_changed = m.hidden_size || m.num_heads;
+  if (m.hidden_size) cfg.hidden_size = m.hidden_size;
+  if (m.num_layers) cfg.num_layers = m.num_layers;
+  if (m.num_heads) cfg.num_heads = m.num_heads;
+  if (m.num_kv_heads) cfg.num_kv_heads = m.num_kv_heads;
+  else if (m.num_heads && cfg.num_kv_heads > cfg.num_heads) cfg.num_kv_heads = cfg.num_heads;
+  if (m.intermediate_size) cfg.intermediate_size = m.intermediate_size;
+  if (m.max_position_embeddings) cfg.max_position_embeddings = m.max_position_embeddings;
+  if (m.tie_word_embeddings >= 0) cfg.tie_word_embeddings = m.tie_word_embeddings == 1;
+  if (shape_changed) {
+    TESSERA_CHECK(cfg.num_heads > 0 && cfg.hidden_size % cfg.num_heads == 0,
+                  "model.hidden_size ", cfg.hidden_size, " is not a multiple of model.num_heads ",
+                  cfg.num_heads);
+    cfg.head_dim = cfg.hidden_size / cfg.num_heads;
+  }
+  TESSERA_CHECK(cfg.num_kv_heads > 0 && cfg.num_heads % cfg.num_kv_heads == 0,
+                "model.num_heads ", cfg.num_heads, " is not a multiple of model.num_kv_heads ",
+                cfg.num_kv_heads);
+  cfg.vocab_size = m.vocab_size ? m.vocab_size : data_vocab;
+  TESSERA_CHECK(cfg.vocab_size >= data_vocab, "model.vocab_size ", cfg.vocab_size,
+                " is smaller than the data's vocabulary of ", data_vocab);
+  TESSERA_CHECK(cfg.uses_rope() || c.data.seq_len <= cfg.max_position_embeddings,
+                "data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ",
+                cfg.max_position_embeddings);
+  if (cfg.bos_token_id >= cfg.vocab_size) cfg.bos_token_id = -1;
+  if (cfg.eos_token_id >= cfg.vocab_size) cfg.eos_token_id = -1;
+  cfg.validate("[model] in the training config");
+  return model::Model::random(cfg, DType::kF32, m.seed);
+}
+
+std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grads) {
+  const auto& w = m.weights();
+  const auto weights = w.named(m.config());
+  const auto grad_views = grads.named(m.config());
+  TESSERA_CHECK(weights.size() == grad_views.size(), "trainer: gradient layout mismatch");
+  std::vector<ParamRef> refs;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& p = weights[i].second;
+    auto same = [&](const Tensor& t) { return t.defined() && t.raw_data() == p.raw_data(); };
+    const bool embedding = same(w.embed) || same(w.pos_embed);
+    const bool head = same(w.lm_head);
+    ParamRef r;
+    r.name = weights[i].first;
+    r.param = p;
+    r.grad = grad_views[i].second;
+    r.decay = p.dim() == 2 && !embedding;
+    r.muon = p.dim() == 2 && !embedding && !head;
+    refs.push_back(std::move(r));
+  }
+  return refs;
+}
+
+bool SpikeDetector::is_spike(double loss) const {
+  if (!s_.enabled) return false;
+  if (!std::isfinite(loss)) return true;
+  if (static_cast<int64_t>(losses_.size()) < s_.min_history) return false;
+  return loss > mean() + s_.sigma * stddev();
+}
+
+void SpikeDetector::add(double loss) {
+  if (!std::isfinite(loss)) return;
+  losses_.push_back(loss);
+  while (static_cast<int64_t>(losses_.size()) > s_.window) losses_.pop_front();
+}
+
+double SpikeDetector::mean() const {
+  double s = 0;
+  for (double l : losses_) s += l;
+  return losses_.empty() ? 0 : s / static_cast<double>(losses_.size());
+}
+
+double SpikeDetector::stddev() const {
+  if (losses_.size() < 2) return 0;
+  const double mu = mean();
+  double s = 0;
+  for (double l : losses_) s += (l - mu) * (l - mu);
+  return std::sqrt(s / static_cast<double>(losses_.size() - 1));
+}
+
+nlohmann::json SpikeDetector::to_json() const {
+  return nlohmann::json(std::vector<double>(losses_.begin(), losses_.end()));
+}
+
+void SpikeDetector::load_json(const nlohmann::json& j) {
+  TESSERA_CHECK(j.is_array(), "trainer_state.json: spike_window must be an array");
+  losses_.clear();
+  for (const auto& v : j) losses_.push_back(v.get<double>());
+}
+
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (dir.empty()) return files;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    const std::string path = dir + "/" + name;
+    if (std::filesystem::exists(path)) files.emplace_back(name, io::read_file_bytes(path));
+  }
+  TESSERA_CHECK(!files.empty(), "data.tokenizer: no tokenizer.json in ", dir);
+  return files;
+}
+
+}  // namespace tessera::train

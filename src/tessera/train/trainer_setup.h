@@ -1,0 +1,51 @@
+// Pieces of the trainer that are not the step loop: building the model from the
+// config, the parameter list the optimizer sees, the loss-spike detector, and the
+// trainer state a checkpoint carries. Internal to train/.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/model/model.h"
+#include "tessera/train/config.h"
+#include "tessera/train/optimizer.h"
+
+namespace tessera::train {
+
+// The model a run starts from: init_from weights, an HF config.json, or a named shape
+// with overrides; vocab_size defaults to the data's. f32 master weights.
+model::Model build_model(const TrainConfig& c, int64_t data_vocab_size);
+
+// Every distinct parameter with its gradient, decay / muon flags set for 2-D hidden
+// matmul weights (not embeddings, positions or the output head; the head is decayed
+// when untied but stays on AdamW, as Muon's description prescribes).
+std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grads);
+
+// Moving mean and deviation of the last `window` losses; a loss above
+// mean + sigma * std (after min_history losses) is a spike and is not added.
+class SpikeDetector {
+ public:
+  explicit SpikeDetector(const SpikeGuardSection& s) : s_(s) {}
+  bool is_spike(double loss) const;
+  void add(double loss);
+  nlohmann::json to_json() const;
+  void load_json(const nlohmann::json& j);
+  double mean() const;
+  double stddev() const;
+
+ private:
+  SpikeGuardSection s_;
+  std::deque<double> losses_;
+};
+
+// Half-open ranges of loader sequence counters whose data is skipped (rollback policy).
+using SkipRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// Text files copied next to a saved model: the tokenizer's json files when known.
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& dir);
+
+}  // namespace tessera::train
