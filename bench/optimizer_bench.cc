@@ -1,9 +1,11 @@
 // Optimizer-step speed: the fused AdamW pass, the gradient norm and the loss-scaler
 // unscale over a GPT-2-124M-sized parameter set, as bandwidth against the machine's
 // STREAM triad measured in the same run. All three are memory-bound passes.
+// Then Newton-Schulz (Muon) on GPT-2 124M's hidden matrix shapes, as GFLOP/s.
 // Usage: optimizer_bench [n_params=124439808] [min_seconds=1.0] [rounds=3]
 // Every figure is the median over `rounds` rounds of each round's median call; the
 // ratio is the median of per-round ratios.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -12,7 +14,6 @@
 
 #include "tessera/base/thread_pool.h"
 #include "tessera/base/timer.h"
-#include "tessera/kernels/cpu/pointwise_common.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/train/grad_utils.h"
 #include "tessera/train/loss_scaler.h"
@@ -57,11 +58,17 @@ int main(int argc, char** argv) {
   };
   const std::vector<Row> rows = {
       {"adamw step (auto ISA)", 28, [&] { opt.step(1.0); }},
+      {"adamw step (avx2)", 28,
+       [&] {
+         tt::set_adamw_kernel_for_testing(tt::AdamWKernel::kAvx2);
+         opt.step(1.0);
+         tt::set_adamw_kernel_for_testing(tt::AdamWKernel::kAuto);
+       }},
       {"adamw step (portable)", 28,
        [&] {
-         tessera::kernels::cpu::set_pointwise_isa_for_testing(tessera::kernels::cpu::Isa::kScalar);
+         tt::set_adamw_kernel_for_testing(tt::AdamWKernel::kPortable);
          opt.step(1.0);
-         tessera::kernels::cpu::set_pointwise_isa_for_testing(tessera::kernels::cpu::Isa::kAvx512);
+         tt::set_adamw_kernel_for_testing(tt::AdamWKernel::kAuto);
        }},
       {"grad global norm", 4, [&] { tt::grad_global_norm(ps); }},
       {"loss-scaler unscale", 8, [&] { scaler.unscale_and_check(ps); }},
@@ -88,5 +95,25 @@ int main(int argc, char** argv) {
     std::printf("%-24s %10.2f %12.3f %10.2f %12.2f\n", rows[k].name, s * 1e3, double(n) / s / 1e9,
                 gbps, tessera::base::median(ratio));
   }
+
+  // Muon's cost does not depend on the batch: 5 Newton-Schulz iterations of
+  // 4 r^2 c + 2 r^3 flops for each (r <= c) hidden matrix. GPT-2 124M block shapes:
+  std::printf("\n%-24s %10s %12s\n", "newton_schulz5 (f32)", "ms/call", "GFLOP/s");
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}};
+  double block_ms = 0;
+  for (const auto& [rows, cols] : shapes) {
+    const Tensor g = random_f32(rows * cols, 1.f, 3).view({rows, cols});
+    const double r = double(std::min(rows, cols)), c = double(std::max(rows, cols));
+    std::vector<double> t;
+    for (int round = 0; round < rounds; ++round)
+      t.push_back(tessera::base::median_call_seconds([&](int64_t) { tt::newton_schulz5(g, 5); }, min_s));
+    const double s = tessera::base::median(t);
+    block_ms += s * 1e3;
+    char name[32];
+    std::snprintf(name, sizeof(name), "(%lld, %lld)", static_cast<long long>(rows), static_cast<long long>(cols));
+    std::printf("%-24s %10.2f %12.1f\n", name, s * 1e3, 5 * (4 * r * r * c + 2 * r * r * r) / s / 1e9);
+  }
+  std::printf("one GPT-2 block's four matrices: %.0f ms; x12 blocks: %.2f s per Muon step\n", block_ms,
+              12 * block_ms / 1e3);
   return 0;
 }

@@ -1,11 +1,14 @@
 #!/usr/bin/python3
-"""PyTorch side of `tessera bench train`: GPT-2 124M forward + backward throughput on CPU.
+"""PyTorch side of `bench/train_vs_pytorch`: GPT-2 124M full training steps on CPU.
 
-  train_vs_pytorch.py [--batch 4] [--seq 64] [--steps 5] [--warmup 2] [--threads N] [--json]
+  train_vs_pytorch.py [--batch 4] [--seq 64] [--steps 5] [--warmup 2] [--threads N]
+                      [--no-optimizer] [--json]
 
 Uses the plain-PyTorch GPT2LMHeadModel of tests/parity/hf_models.py (same maths as HF's
-eager GPT-2), random init, random tokens. One step = forward, cross-entropy loss, backward;
-no optimizer; gradients dropped between steps. Modes: fp32, and bf16 autocast (weights stay
+eager GPT-2), random init, random tokens. One step = forward, cross-entropy loss, backward,
+torch.nn.utils.clip_grad_norm_(1.0) and torch.optim.AdamW (foreach; no decay on
+embeddings, norms and biases), as Tessera's trainer does; --no-optimizer times forward +
+backward only. Modes: fp32, and bf16 autocast (weights stay
 f32, matmuls run in bf16). Reports the median step time of --steps timed steps as tokens/s.
 """
 import argparse
@@ -41,10 +44,17 @@ def build_model(seed):
     return model.train()
 
 
-def time_mode(model, x, y, mode, warmup, steps):
+def make_optimizer(model):
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and ".wte." not in n and ".wpe." not in n]
+    other = [p for n, p in model.named_parameters() if not (p.dim() == 2 and ".wte." not in n and ".wpe." not in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=1e-3, betas=(0.9, 0.95), foreach=True)
+
+
+def time_mode(model, x, y, mode, warmup, steps, opt):
     times, cpu = [], 0.0
     for i in range(warmup + steps):
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=opt is None)
         t0, c0 = time.perf_counter(), time.process_time()
         if mode == "bf16_autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -52,6 +62,9 @@ def time_mode(model, x, y, mode, warmup, steps):
         else:
             loss = hf_models.lm_loss(model(x), y)
         loss.backward()
+        if opt is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         dt = time.perf_counter() - t0
         dc = time.process_time() - c0
         if not torch.isfinite(loss):
@@ -72,6 +85,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-optimizer", action="store_true", help="forward + backward only")
     ap.add_argument("--json", action="store_true", help="also print one JSON object with the results")
     args = ap.parse_args()
     if args.seq > GPT2_124M["n_positions"] or min(args.batch, args.seq, args.steps) < 1:
@@ -85,10 +99,12 @@ def main():
     tokens = args.batch * args.seq
     n_params = sum(p.numel() for p in model.parameters())
     print(f"pytorch {torch.__version__}, {args.threads} threads, GPT-2 {n_params / 1e6:.1f}M params, "
-          f"batch {args.batch} x seq {args.seq}, warmup {args.warmup}, median of {args.steps}")
+          f"batch {args.batch} x seq {args.seq}, warmup {args.warmup}, median of {args.steps}, "
+          f"{'forward + backward' if args.no_optimizer else 'full step (clip + AdamW)'}")
     result = {}
     for mode in ("fp32", "bf16_autocast"):
-        med, times, loss, util = time_mode(model, x, y, mode, args.warmup, args.steps)
+        opt = None if args.no_optimizer else make_optimizer(model)
+        med, times, loss, util = time_mode(model, x, y, mode, args.warmup, args.steps, opt)
         result[f"{mode}_tokens_per_s"] = tokens / med
         print(f"  {mode:14s} step {med * 1e3:8.1f} ms median (min {min(times) * 1e3:.1f}, "
               f"max {max(times) * 1e3:.1f})  {tokens / med:9.1f} tokens/s  loss {loss:.4f}  "

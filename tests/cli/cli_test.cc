@@ -39,7 +39,8 @@ int count_lines(const std::string& s) {
 
 TEST(Cli, HelpForEveryCommand) {
   for (const char* c : {"--help", "generate --help", "eval perplexity --help", "bench decode --help",
-                        "bench gemm --help", "quickstart --help"}) {
+                        "bench gemm --help", "quickstart --help", "train --help", "plot --help",
+                        "tokenizer train --help", "data prepare --help", "bench train --help"}) {
     const auto r = run(c);
     EXPECT_EQ(r.code, 0) << c;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c << ": " << r.out;
@@ -83,6 +84,9 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   {
     std::ofstream(tmp / "bad_ids.txt") << "1 2 three 4";
   }
+  std::ofstream(tmp / "sgd.toml") << "[data]\ndir = \"/nonexistent\"\n[optimizer]\nname = \"sgd\"\n";
+  std::ofstream(tmp / "nodata.toml") << "[run]\nout_dir = \"" << (tmp / "run").string()
+                                     << "\"\n[data]\ndir = \"/nonexistent/data\"\n";
   std::filesystem::create_directories(tmp / "badcfg");
   {
     std::ofstream(tmp / "badcfg/config.json") << R"({"model_type": "bert", "vocab_size": 10})";
@@ -100,6 +104,10 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"generate --model " + (tmp / "badcfg").string() + " --prompt-ids 1", "bert"},
       {"eval perplexity --model " + dir + " --ids " + (tmp / "bad_ids.txt").string(), "three"},
       {"eval perplexity --model " + dir + " --ids /nonexistent/ids.txt", "/nonexistent/ids.txt"},
+      {"generate --model " + dir + " --prompt hello", "tokenizer.json"},
+      {"train --config " + (tmp / "sgd.toml").string(), "optimizer.name"},
+      {"train --config " + (tmp / "nodata.toml").string(), "/nonexistent/data"},
+      {"train --config /nonexistent/run.toml", "/nonexistent/run.toml"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);

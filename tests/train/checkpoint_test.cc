@@ -181,6 +181,27 @@ TEST(Checkpoint, AsyncSaveCopiesBeforeReturning) {
   EXPECT_GT(mgr.last_write_seconds(), 0.0);
 }
 
+TEST(Checkpoint, DeferredSaveCopiesBeforeWaitSnapshotReturns) {
+  TempDir tmp;
+  constexpr int64_t kN = 4 << 20;
+  Tensor w = filled(kN, 1.0f);
+  CheckpointManager mgr(tmp.path());
+  CheckpointFiles f;
+  f.safetensors.push_back({"model.safetensors", {{"w", w}}});
+  f.texts.push_back({"note.txt", "deferred\n"});
+  mgr.save_async_deferred(9, f);
+  f.safetensors.clear();
+  EXPECT_TRUE(mgr.writing());
+  mgr.wait_snapshot();  // from here the caller may change its tensors
+  w.fill(5.0f);
+  mgr.wait();
+  EXPECT_FALSE(mgr.writing());
+  auto file = io::SafetensorsFile::open(mgr.checkpoints_dir() + "/step_00000009/model.safetensors");
+  EXPECT_EQ(file->get("w").to_f32_vector(), std::vector<float>(kN, 1.0f));
+  EXPECT_TRUE(CheckpointManager::verify(mgr.checkpoints_dir() + "/step_00000009", nullptr));
+  mgr.wait_snapshot();  // nothing pending: returns at once
+}
+
 TEST(Checkpoint, KeepLastPrunesOldStepsAndLeftovers) {
   TempDir tmp;
   const fs::path root = fs::path(tmp.path()) / "checkpoints";
@@ -343,6 +364,9 @@ TEST(Checkpoint, BadInputIsRejectedWithOneLine) {
   f = step_files(1);
   f.texts.push_back({"checksums.json", "{}"});
   expect_error(f, "reserved");
+  f = step_files(1);
+  f.texts.push_back({"trainer_state.json.tmp", "{}"});
+  expect_error(f, "'trainer_state.json.tmp' must not end in .tmp");
   expect_error(CheckpointFiles{}, "no files");
   EXPECT_THROW(CheckpointManager(tmp.path(), 0), Error);
   EXPECT_FALSE(fs::exists(mgr.checkpoints_dir()));  // nothing was written

@@ -149,10 +149,15 @@ struct IsaGuard {
   ~IsaGuard() { kernels::cpu::set_pointwise_isa_for_testing(Isa::kAvx512); }
 };
 
-class AdamWParity : public ::testing::TestWithParam<Isa> {};
+struct AdamWKernelGuard {
+  explicit AdamWKernelGuard(AdamWKernel k) { set_adamw_kernel_for_testing(k); }
+  ~AdamWKernelGuard() { set_adamw_kernel_for_testing(AdamWKernel::kAuto); }
+};
+
+class AdamWParity : public ::testing::TestWithParam<AdamWKernel> {};
 
 TEST_P(AdamWParity, ThreeStepsMatchTorchAdamW) {
-  IsaGuard isa(GetParam());
+  AdamWKernelGuard kernel(GetParam());
   const Reference& ref = Reference::get();
   ASSERT_TRUE(ref.ok());
   const json& c = ref.config()["adamw"];
@@ -175,8 +180,13 @@ TEST_P(AdamWParity, ThreeStepsMatchTorchAdamW) {
     EXPECT_LE(rel_error(t, ref.tensor("adamw." + name), ref.tensor("adamw." + name)), 1e-6) << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, AdamWParity, ::testing::Values(Isa::kAvx512, Isa::kScalar),
-                         [](const auto& info) { return info.param == Isa::kScalar ? "portable" : "auto"; });
+// Each loop where the CPU has it (else the case reruns the portable loop).
+INSTANTIATE_TEST_SUITE_P(Kernel, AdamWParity,
+                         ::testing::Values(AdamWKernel::kAvx512, AdamWKernel::kAvx2, AdamWKernel::kPortable),
+                         [](const auto& info) {
+                           return std::string(info.param == AdamWKernel::kAvx512 ? "avx512"
+                                              : info.param == AdamWKernel::kAvx2 ? "avx2" : "portable");
+                         });
 
 TEST(AdamW, ResumedStateContinuesLikeTorch) {
   const Reference& ref = Reference::get();

@@ -1,6 +1,9 @@
 // `tessera bench gemm|decode|prefill|train|tokenizer`: speed figures with the machine peak
 // measured in the same run, printed as ratios.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
@@ -8,6 +11,7 @@
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
+#include "tessera/train/benchmark.h"
 
 namespace tessera::cli {
 namespace {
@@ -68,17 +72,45 @@ int run_prefill(const model::BenchOptions& o) {
   return 0;
 }
 
-int run_train(model::BenchOptions o, const std::string& compute) {
+struct TrainFlags {
+  std::string compute = "bf16";
+  std::string recompute = "none";
+  bool no_optimizer = false;
+  bool checkpoint = false;
+};
+
+int run_train(model::BenchOptions o, const TrainFlags& f) {
   print_machine();
   o.dtype = DType::kF32;  // f32 master weights; matmuls in the compute dtype
   auto m = model::bench_model(o);
-  m.set_compute_dtype(parse_dtype(compute));
-  const auto r = model::bench_train(m, o);
-  std::printf("train step (forward + backward) %s, batch %lld x %lld, compute %s: "
-              "%.3f s, %.1f tokens/s, %.1f GFLOP/s\n",
+  m.set_compute_dtype(parse_dtype(f.compute));
+  m.set_recompute(model::parse_recompute(f.recompute));
+  train::StepBenchOptions so;
+  so.batch = o.batch;
+  so.seq = o.seq;
+  so.repeats = o.repeats;
+  so.optimizer = !f.no_optimizer;
+  so.checkpoint = f.checkpoint;
+  so.checkpoint_dir = std::filesystem::temp_directory_path() /
+                      ("tessera_bench_ckpt_" + std::to_string(::getpid()));
+  const auto r = train::bench_train_step(m, so);
+  std::printf("train step (%s) %s, batch %lld x %lld, compute %s, recompute %s: %.3f s, "
+              "%.1f tokens/s, %.1f model GFLOP/s\n",
+              so.optimizer ? "forward + backward + clip + AdamW" : "forward + backward",
               o.model_dir.empty() ? o.shape.c_str() : o.model_dir.c_str(), (long long)o.batch,
-              (long long)o.seq, compute.c_str(), r.step_seconds, r.tokens_per_second, r.gflops);
-  std::printf("{\"tessera_tokens_per_s\": %.3f}\n", r.tokens_per_second);
+              (long long)o.seq, f.compute.c_str(), f.recompute.c_str(), r.step_seconds,
+              r.tokens_per_second, r.model_gflops);
+  std::printf("matmul peak (%s, 2048^3, same run): %.1f GFLOP/s; MFU %.3f\n", f.compute.c_str(),
+              r.peak_gflops, r.mfu);
+  std::printf("peak RSS: %.0f MiB\n", r.peak_rss_mb);
+  if (f.checkpoint)
+    std::printf("async checkpoint of %.0f MB: blocked the loop %.3f s, background write %.2f s "
+                "over %d steps, total stall %.1f%% of a step (bar 10%%)\n",
+                r.ckpt_bytes / 1e6, r.ckpt_blocking_seconds, r.ckpt_write_seconds,
+                r.ckpt_steps_during, 100.0 * r.ckpt_stall_fraction);
+  std::printf("{\"tessera_tokens_per_s\": %.3f, \"mfu\": %.4f, \"peak_rss_mb\": %.1f, "
+              "\"ckpt_stall_fraction\": %.4f}\n",
+              r.tokens_per_second, r.mfu, r.peak_rss_mb, r.ckpt_stall_fraction);
   return 0;
 }
 
@@ -123,12 +155,17 @@ void add_bench(CLI::App& app, Action& action) {
       return run_prefill(*o);
     };
   });
-  auto* train = bench->add_subcommand("train", "Training step (forward + backward) tokens/s");
+  auto* train = bench->add_subcommand("train", "Full training step (forward, backward, clip, AdamW) tokens/s, MFU, peak memory");
   model_flags(train);
   train->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
   train->add_option("--seq", o->seq, "Tokens per sequence")->capture_default_str();
-  train->add_option("--compute", *compute, "Matmul dtype: f32 or bf16")->capture_default_str();
-  train->callback([&action, o, compute] { action = [o, compute] { return run_train(*o, *compute); }; });
+  auto tf = std::make_shared<TrainFlags>();
+  train->add_option("--compute", tf->compute, "Matmul dtype: f32, bf16 or f16")->capture_default_str();
+  train->add_option("--recompute", tf->recompute, "Activation checkpointing: none, selective, full")
+      ->capture_default_str();
+  train->add_flag("--no-optimizer", tf->no_optimizer, "Time forward + backward only");
+  train->add_flag("--checkpoint", tf->checkpoint, "Also measure the stall of an async checkpoint");
+  train->callback([&action, o, tf] { action = [o, tf] { return run_train(*o, *tf); }; });
   add_bench_tokenizer(bench, action);
 }
 

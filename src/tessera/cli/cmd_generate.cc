@@ -1,11 +1,14 @@
-// `tessera generate`, `tessera eval perplexity` and `tessera quickstart`.
+// `tessera generate` and `tessera eval perplexity`.
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "tessera/base/error.h"
 #include "tessera/base/timer.h"
 #include "tessera/cli/commands.h"
 #include "tessera/infer/generate.h"
+#include "tessera/io/json_file.h"
+#include "tessera/io/tokenizer.h"
 #include "tessera/model/perplexity.h"
 
 namespace tessera::cli {
@@ -47,25 +50,55 @@ struct GenerateFlags {
   bool stream = false;
 };
 
+// Bytes of `buf` up to the last complete UTF-8 character (a token may end mid-character).
+size_t complete_utf8_prefix(const std::string& b) {
+  size_t i = b.size(), cont = 0;  // back over up to 3 continuation bytes to the lead byte
+  while (i > 0 && cont < 3 && (static_cast<unsigned char>(b[i - 1]) & 0xC0) == 0x80) --i, ++cont;
+  if (i == 0) return b.size();  // malformed: nothing to wait for
+  const unsigned char c = static_cast<unsigned char>(b[i - 1]);
+  const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+  return cont + 1 >= need ? b.size() : i - 1;
+}
+
 int run_generate(const GenerateFlags& f) {
-  TESSERA_CHECK(f.prompt.empty(),
-                "--prompt: text prompts need a tokenizer, which this build does not have yet; "
-                "pass token ids with --prompt-ids");
-  TESSERA_CHECK(!f.prompt_ids.empty(), "--prompt-ids is required (e.g. --prompt-ids 1,2,3)");
-  const auto prompt = parse_id_list(f.prompt_ids, "--prompt-ids");
+  TESSERA_CHECK(f.prompt.empty() != f.prompt_ids.empty(),
+                "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   const auto model = model::Model::load(f.model, parse_dtype(f.dtype));
+  std::optional<io::Tokenizer> tok;
+  if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
+  std::vector<int32_t> prompt;
+  if (!f.prompt.empty()) {
+    TESSERA_CHECK(tok, "--prompt: ", f.model, " has no tokenizer.json; pass token ids with --prompt-ids");
+    prompt = tok->encode(f.prompt);
+    TESSERA_CHECK(!prompt.empty(), "--prompt: the prompt encodes to no tokens");
+  } else {
+    prompt = parse_id_list(f.prompt_ids, "--prompt-ids");
+  }
   infer::GenerateOptions o;
   o.max_tokens = f.max_tokens;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  // Text when the model has a tokenizer and the prompt was text; token ids otherwise.
+  const bool text = tok && !f.prompt.empty();
   bool first = true;
-  auto print = [&](int32_t tok) {
-    std::printf("%s%d", first ? "" : ",", tok);
+  std::string pending;
+  auto print = [&](int32_t t) {
+    if (text) {
+      if (tok->is_special(t)) return;
+      pending += tok->decode_token(t);
+      const size_t n = complete_utf8_prefix(pending);
+      std::fwrite(pending.data(), 1, n, stdout);
+      pending.erase(0, n);
+    } else {
+      std::printf("%s%d", first ? "" : ",", t);
+    }
     first = false;
     std::fflush(stdout);
   };
+  if (text) std::printf("%s", f.prompt.c_str());
   auto r = infer::generate(model, prompt, o, f.stream ? print : std::function<void(int32_t)>{});
   if (!f.stream)
     for (int32_t t : r.tokens) print(t);
+  if (!pending.empty()) std::fwrite(pending.data(), 1, pending.size(), stdout);
   std::printf("\n");
   const double dps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
   std::fprintf(stderr, "generated %zu tokens (%s); prefill %zu tokens in %.3f s, decode %.1f tokens/s\n",
@@ -80,7 +113,7 @@ void add_generate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("generate", "Generate tokens from a model directory");
   cmd->add_option("--model", f->model, "Hugging Face model directory")->required();
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma separated");
-  cmd->add_option("--prompt", f->prompt, "Text prompt (needs a tokenizer)");
+  cmd->add_option("--prompt", f->prompt, "Text prompt (encoded with DIR/tokenizer.json)");
   cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", f->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
@@ -96,54 +129,27 @@ void add_eval(CLI::App& app, Action& action) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("perplexity", "Mean negative log-likelihood and perplexity");
   struct Flags {
-    std::string model, ids, dtype = "f32";
+    std::string model, ids, data, dtype = "f32";
     int64_t ctx = 0;
   };
   auto f = std::make_shared<Flags>();
   ppl->add_option("--model", f->model, "Hugging Face model directory")->required();
-  ppl->add_option("--ids", f->ids, "File of whitespace-separated token ids")->required();
+  ppl->add_option("--data", f->data, "Text file, encoded with the model's tokenizer.json");
+  ppl->add_option("--ids", f->ids, "File of whitespace-separated token ids (instead of --data)");
   ppl->add_option("--ctx", f->ctx, "Window length (default: min(max positions, 1024))");
   ppl->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   ppl->callback([&action, f] {
     action = [f] {
-      const auto ids = model::read_token_ids(f->ids);
+      TESSERA_CHECK(f->data.empty() != f->ids.empty(), "give exactly one of --data FILE or --ids FILE");
+      const auto ids = f->data.empty()
+                           ? model::read_token_ids(f->ids)
+                           : io::Tokenizer::load(f->model).encode(io::read_file_bytes(f->data), false);
       const auto m = model::Model::load(f->model, parse_dtype(f->dtype));
       const int64_t ctx = f->ctx > 0 ? f->ctx : std::min<int64_t>(m.config().max_position_embeddings, 1024);
       const auto r = model::evaluate_perplexity(m, ids, ctx, true);
       std::printf("tokens %lld windows %lld ctx %lld\nmean_nll %.6f\nperplexity %.6f\n",
                   static_cast<long long>(r.tokens), static_cast<long long>(r.windows),
                   static_cast<long long>(ctx), r.mean_nll, r.perplexity);
-      return 0;
-    };
-  });
-}
-
-void add_quickstart(CLI::App& app, Action& action) {
-  struct Flags {
-    std::string out = "runs/quickstart";
-  };
-  auto f = std::make_shared<Flags>();
-  auto* cmd = app.add_subcommand(
-      "quickstart", "Create a small random Llama-shaped model, save it in Hugging Face layout, "
-                    "reload it and generate from it");
-  cmd->add_option("--out", f->out, "Where to write the model directory")->capture_default_str();
-  cmd->callback([&action, f] {
-    action = [f] {
-      const std::string dir = f->out + "/model";
-      std::printf("[1/3] creating a random 'small' Llama-shaped model (%s)\n", dir.c_str());
-      auto cfg = model::ModelConfig::named_shape("small");
-      cfg.num_layers = 4;
-      model::Model::random(cfg, DType::kF32, 42).save(dir);
-      std::printf("[2/3] loading %s in bf16\n", dir.c_str());
-      const auto m = model::Model::load(dir, DType::kBF16);
-      std::printf("[3/3] generating 32 tokens after prompt 1,2,3,4 (greedy):\n");
-      infer::GenerateOptions o;
-      o.max_tokens = 32;
-      o.stop_at_eos = false;
-      const auto r = infer::generate(m, {1, 2, 3, 4}, o);
-      for (size_t i = 0; i < r.tokens.size(); ++i) std::printf("%s%d", i ? "," : "", r.tokens[i]);
-      std::printf("\ndecode: %.1f tokens/s. Next: tessera generate --model %s --prompt-ids 1,2,3\n",
-                  (r.tokens.size() - 1) / r.decode_seconds, dir.c_str());
       return 0;
     };
   });

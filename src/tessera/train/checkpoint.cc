@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 
@@ -55,6 +56,9 @@ void check_files(int64_t step, const CheckpointFiles& files) {
                   ": file name '", name, "' must be a plain name (no '/', not '.' or '..')");
     TESSERA_CHECK(name != detail::kChecksumsName, "checkpoint step ", step, ": file name '",
                   name, "' is reserved for the checksums");
+    // Every file is written as NAME.tmp first; a file of that name would be clobbered.
+    TESSERA_CHECK(!name.ends_with(".tmp"), "checkpoint step ", step, ": file name '", name,
+                  "' must not end in .tmp (used for files being written)");
     TESSERA_CHECK(names.insert(name).second, "checkpoint step ", step,
                   ": file name '", name, "' given twice");
   };
@@ -106,7 +110,8 @@ void copy_streaming(char* dst, const char* src, size_t n) {
 // copied by all workers at once: one thread's memcpy reaches only a fraction of the
 // machine's memory bandwidth, and this copy is the only part of a save the step loop
 // waits for.
-std::vector<std::pair<std::string, NamedTensors>> deep_copy(const CheckpointFiles& files) {
+std::vector<std::pair<std::string, NamedTensors>> deep_copy(const CheckpointFiles& files,
+                                                            bool parallel = true) {
   constexpr size_t kPieceBytes = size_t{4} << 20;
   struct Piece {
     const char* src;
@@ -132,6 +137,10 @@ std::vector<std::pair<std::string, NamedTensors>> deep_copy(const CheckpointFile
       copies.emplace_back(name, std::move(c));
     }
     out.emplace_back(file, std::move(copies));
+  }
+  if (!parallel) {  // on the writer thread, beside the step loop's workers
+    for (const auto& p : pieces) copy_streaming(p.dst, p.src, p.bytes);
+    return out;
   }
   base::parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) copy_streaming(pieces[i].dst, pieces[i].src, pieces[i].bytes);
@@ -236,6 +245,7 @@ std::string CheckpointManager::checkpoints_dir() const {
 
 void CheckpointManager::wait() {
   if (worker_.joinable()) worker_.join();
+  snapshot_pending_ = false;
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -249,26 +259,64 @@ void CheckpointManager::save(int64_t step, CheckpointFiles files) {
 }
 
 void CheckpointManager::save_async(int64_t step, CheckpointFiles files) {
+  start_save(step, std::move(files), false);
+}
+
+void CheckpointManager::save_async_deferred(int64_t step, CheckpointFiles files) {
+  start_save(step, std::move(files), true);
+}
+
+void CheckpointManager::wait_snapshot() {
+  if (!snapshot_pending_) return;
+  base::Timer timer;
+  snapshot_done_.wait();
+  snapshot_pending_ = false;
+  last_blocking_seconds_ += timer.seconds();
+}
+
+void CheckpointManager::start_save(int64_t step, CheckpointFiles files, bool deferred) {
   base::Timer timer;
   wait();  // at most one write in flight; rethrows the previous write's error
   check_files(step, files);
   auto job = std::make_shared<Job>();
   job->step = step;
-  job->safetensors = deep_copy(files);
+  std::promise<void> snapshot;
+  snapshot_done_ = snapshot.get_future();
+  snapshot_pending_ = deferred;
+  if (!deferred) {
+    job->safetensors = deep_copy(files);
+    snapshot.set_value();
+  }
   job->texts = std::move(files.texts);
-  worker_ = std::thread([this, job] {
-    // The write is not urgent and the step loop's workers want every core: lower this
-    // thread's priority (Linux nice values are per thread) so it runs in their gaps.
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+  auto sources = std::make_shared<CheckpointFiles>();
+  if (deferred) sources->safetensors = std::move(files.safetensors);
+  write_finished_ = false;
+  worker_ = std::thread([this, job, sources, deferred, snapshot = std::move(snapshot)]() mutable {
+    bool copied = !deferred;
     try {
+      if (deferred) {  // copy at normal priority: the step loop waits for it before it mutates
+        job->safetensors = deep_copy(*sources, /*parallel=*/false);
+        sources->safetensors.clear();
+        snapshot.set_value();
+        copied = true;
+      }
+      // The write is not urgent and the step loop's workers want every core: lower this
+      // thread's priority (Linux nice values are per thread) so it runs in their gaps.
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
       run_job(*job);
     } catch (...) {
       error_ = std::current_exception();
     }
+    if (!copied) snapshot.set_value();
     // The copies go back to the allocator here, off the step loop's thread.
     job->safetensors.clear();
+    write_finished_ = true;
   });
   last_blocking_seconds_ = timer.seconds();
+}
+
+bool CheckpointManager::writing() const {
+  return worker_.joinable() && !write_finished_.load();
 }
 
 void CheckpointManager::run_job(Job& job) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <future>
 #include <optional>
 #include <string>
 #include <thread>
@@ -48,7 +49,16 @@ class CheckpointManager {
   // rename to step_X, fsync checkpoints/, `latest` via tmp + fsync + rename, prune to
   // the newest keep_last step directories. Stale .tmp-* directories are removed first.
   void save_async(int64_t step, CheckpointFiles files);
-  void save(int64_t step, CheckpointFiles files);  // save_async + wait
+  void save(int64_t step, CheckpointFiles files);
+  // Like save_async, but the deep copy itself runs on the background thread, so the
+  // caller does not wait for it: the caller must leave the tensors unchanged until
+  // wait_snapshot() returns (a trainer calls it just before its optimizer step, so the
+  // copy overlaps the next forward and backward, which only read the weights).
+  void save_async_deferred(int64_t step, CheckpointFiles files);
+  // Returns once the pending deferred copy is done (at once when there is none); the
+  // time waited is added to last_blocking_seconds().
+  void wait_snapshot();
+  bool writing() const;  // a save is in flight  // save_async + wait
   // Waits for the write in flight; rethrows its error (one line naming the file) once.
   void wait();
 
@@ -74,11 +84,15 @@ class CheckpointManager {
  private:
   struct Job;
   void run_job(Job& job);
+  void start_save(int64_t step, CheckpointFiles files, bool deferred);
 
   std::string run_dir_;
   int keep_last_;
   std::thread worker_;
   std::exception_ptr error_;  // set by the worker, read after join
+  std::future<void> snapshot_done_;  // ready once the worker holds its copies
+  bool snapshot_pending_ = false;    // a deferred copy not yet waited for
+  std::atomic<bool> write_finished_{true};
   double last_blocking_seconds_ = 0.0;
   std::atomic<double> last_write_seconds_{0.0};
 };

@@ -2,10 +2,12 @@
 // element over (param, grad, exp_avg, exp_avg_sq), parallel over fixed-size chunks.
 #include "tessera/train/optimizer.h"
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <set>
 
+#include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
@@ -83,6 +85,56 @@ TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, i
               bc2s, nss, eps);
 }
 
+// The same loop for CPUs with AVX2 + FMA but not AVX-512. AVX2 has no explicitly
+// rounded multiply, so an empty asm makes each product opaque to GCC's contraction.
+#define TESSERA_AVX2_FMA __attribute__((target("avx2,fma")))
+TESSERA_AVX2_FMA inline __m256 rounded(__m256 x) {
+  __asm__("" : "+x"(x));
+  return x;
+}
+
+TESSERA_AVX2_FMA void adamw_avx2(float* p, const float* g, float* m, float* v, int64_t n,
+                                 const AdamWScalars& s) {
+  const __m256 decay = _mm256_set1_ps(s.decay), b1 = _mm256_set1_ps(s.beta1),
+               omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
+               omb2 = _mm256_set1_ps(s.one_minus_beta2),
+               bc2s = _mm256_set1_ps(s.bias_correction2_sqrt),
+               nss = _mm256_set1_ps(s.neg_step_size), eps = _mm256_set1_ps(s.eps);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 pd = rounded(_mm256_mul_ps(_mm256_loadu_ps(p + i), decay));
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 m1 = _mm256_fmadd_ps(gv, omb1, rounded(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1)));
+    const __m256 v1 = _mm256_fmadd_ps(rounded(_mm256_mul_ps(omb2, gv)), gv,
+                                      rounded(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2)));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), bc2s), eps);
+    const __m256 step = rounded(_mm256_mul_ps(nss, m1));
+    _mm256_storeu_ps(p + i, _mm256_add_ps(_mm256_div_ps(step, denom), pd));
+    _mm256_storeu_ps(m + i, m1);
+    _mm256_storeu_ps(v + i, v1);
+  }
+  if (i < n) adamw_portable(p + i, g + i, m + i, v + i, n - i, s);
+}
+
+std::atomic<AdamWKernel> g_adamw_kernel{AdamWKernel::kAuto};
+
+AdamWKernel pick_adamw_kernel() {
+  const auto& f = base::cpu_features();
+  const bool avx2 = f.avx2 && f.fma;
+  switch (g_adamw_kernel.load(std::memory_order_relaxed)) {
+    case AdamWKernel::kAvx512:
+      return kernels::cpu::use_avx512() ? AdamWKernel::kAvx512 : AdamWKernel::kPortable;
+    case AdamWKernel::kAvx2:
+      return avx2 ? AdamWKernel::kAvx2 : AdamWKernel::kPortable;
+    case AdamWKernel::kPortable:
+      return AdamWKernel::kPortable;
+    case AdamWKernel::kAuto:
+      break;
+  }
+  if (kernels::cpu::use_avx512()) return AdamWKernel::kAvx512;
+  return avx2 ? AdamWKernel::kAvx2 : AdamWKernel::kPortable;
+}
+
 void check_unit_interval(double v, const char* key) {
   TESSERA_CHECK(std::isfinite(v) && v >= 0.0 && v < 1.0, "optimizer: ", key, " = ", v,
                 " must be in [0, 1)");
@@ -139,11 +191,21 @@ AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, do
   return s;
 }
 
+void set_adamw_kernel_for_testing(AdamWKernel k) {
+  g_adamw_kernel.store(k, std::memory_order_relaxed);
+}
+
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
-  if (kernels::cpu::use_avx512())
-    adamw_avx512(p, g, m, v, n, s);
-  else
-    adamw_portable(p, g, m, v, n, s);
+  switch (pick_adamw_kernel()) {
+    case AdamWKernel::kAvx512:
+      adamw_avx512(p, g, m, v, n, s);
+      break;
+    case AdamWKernel::kAvx2:
+      adamw_avx2(p, g, m, v, n, s);
+      break;
+    default:
+      adamw_portable(p, g, m, v, n, s);
+  }
 }
 
 Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamRef> params)

@@ -89,8 +89,12 @@ struct AdamWScalars {
 };
 AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
                            int64_t t);
-// The fused one-pass AdamW update of n elements (AVX-512 when available, else portable).
+// The fused one-pass AdamW update of n elements: AVX-512, else AVX2 + FMA, else a
+// portable loop, all with the same roundings (bit-identical results).
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
+enum class AdamWKernel { kAuto, kAvx512, kAvx2, kPortable };
+// For tests and benchmarks: forces one loop (one the CPU lacks falls back to portable).
+void set_adamw_kernel_for_testing(AdamWKernel k);
 
 // Muon's orthogonalisation: `steps` quintic Newton-Schulz iterations on g / (||g||_F + 1e-7),
 // coefficients (3.4445, -4.7750, 2.0315), on the transpose when rows > cols. f32 throughout

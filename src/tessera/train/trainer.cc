@@ -61,7 +61,7 @@ class Run {
  public:
   Run(const TrainConfig& c, const TrainOptions& o)
       : c_(c), o_(o), meta_(read_data_meta(c.data.dir)),
-        model_(build_model(c, meta_.vocab_size)),
+        model_(build_model(c, meta_.vocab_size, meta_.eos_id)),
         grads_(model::Params::allocate(model_.config(), DType::kF32)),
         refs_(make_param_refs(model_, grads_)),
         opt_(c.optimizer, refs_),
@@ -136,6 +136,7 @@ class Run {
       const double lr_scale = lr_multiplier(c_.schedule, st_.step);
       const bool apply = finite && !spike;
       if (apply) {
+        ckpt_.wait_snapshot();  // an async checkpoint may still be copying the weights
         opt_.step(lr_scale);
         model_.refresh_compute_weights();
         spikes_.add(loss);
@@ -302,8 +303,8 @@ class Run {
   }
 
   void save_checkpoint(bool async) {
-    if (async)
-      ckpt_.save_async(st_.step, checkpoint_files());
+    if (async)  // copied in the background while the next step's forward/backward runs
+      ckpt_.save_async_deferred(st_.step, checkpoint_files());
     else
       ckpt_.save(st_.step, checkpoint_files());
   }

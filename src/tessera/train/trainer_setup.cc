@@ -10,7 +10,7 @@
 
 namespace tessera::train {
 
-model::Model build_model(const TrainConfig& c, int64_t data_vocab) {
+model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   const auto& m = c.model;
   if (!m.init_from.empty()) {
     auto model = model::Model::load(m.init_from, DType::kF32);
@@ -54,6 +54,10 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab) {
   TESSERA_CHECK(cfg.uses_rope() || c.data.seq_len <= cfg.max_position_embeddings,
                 "data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ",
                 cfg.max_position_embeddings);
+  if (m.config.empty()) {  // a named shape's bos/eos ids mean nothing for this data
+    cfg.bos_token_id = -1;
+    cfg.eos_token_id = data_eos;
+  }
   if (cfg.bos_token_id >= cfg.vocab_size) cfg.bos_token_id = -1;
   if (cfg.eos_token_id >= cfg.vocab_size) cfg.eos_token_id = -1;
   cfg.validate("[model] in the training config");

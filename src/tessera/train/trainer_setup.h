@@ -17,8 +17,9 @@
 namespace tessera::train {
 
 // The model a run starts from: init_from weights, an HF config.json, or a named shape
-// with overrides; vocab_size defaults to the data's. f32 master weights.
-model::Model build_model(const TrainConfig& c, int64_t data_vocab_size);
+// with overrides; vocab_size defaults to the data's, and a new model's eos is the
+// data's (-1: none) so generation stops where documents end. f32 master weights.
+model::Model build_model(const TrainConfig& c, int64_t data_vocab_size, int32_t data_eos_id);
 
 // Every distinct parameter with its gradient, decay / muon flags set for 2-D hidden
 // matmul weights (not embeddings, positions or the output head; the head is decayed
