@@ -46,7 +46,9 @@ TEST(Memory, PeakRssFollowsA200MBAllocation) {
   EXPECT_GE(peak, during - kMiB);
   // ru_maxrss (kB) is the lifetime maximum: never below VmHWM.
   EXPECT_GE(static_cast<int64_t>(ru.ru_maxrss) * 1024, before + 190 * kMiB);
-  if (statm > 0) EXPECT_NEAR(static_cast<double>(during), static_cast<double>(statm), 8.0 * kMiB);
+  if (statm > 0) {
+    EXPECT_NEAR(static_cast<double>(during), static_cast<double>(statm), 8.0 * kMiB);
+  }
   std::free(p);
 
   // glibc returns a block this large to the kernel at once (it was mmap'ed); the peak stays.

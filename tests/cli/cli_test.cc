@@ -2,6 +2,8 @@
 // bad input gives one error line and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include "test_util/run_command.h"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -15,21 +17,9 @@
 namespace tessera {
 namespace {
 
-struct Run {
-  int code;
-  std::string out;  // stdout + stderr
-};
+using Run = testing::CommandResult;
 
-Run run(const std::string& args) {
-  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+Run run(const std::string& args) { return testing::run_cli(args); }
 
 int count_lines(const std::string& s) {
   int n = 0;

@@ -1,6 +1,8 @@
 // `tessera tokenizer train|encode|decode` end to end: outputs agree with the library,
 // and bad input gives one error line, a non-zero exit and leaves --out untouched.
 #include <gtest/gtest.h>
+
+#include "test_util/run_command.h"
 #include <unistd.h>
 
 #include <array>
@@ -24,17 +26,12 @@ struct CliResult {
 // Runs the CLI with stdout and stderr kept apart (stdout is the data: ids or text).
 CliResult tessera_cli(const std::string& args, const std::string& dir) {
   const std::string err_file = dir + "/stderr.txt";
-  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>" + err_file;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
+  const auto r = testing::run_command(std::string(TESSERA_CLI_PATH) + " " + args + " 2>" + err_file,
+                                      /*merge_stderr=*/false);
   std::ifstream f(err_file);
   std::stringstream err;
   err << f.rdbuf();
-  return {WEXITSTATUS(status), out, err.str()};
+  return {r.code, r.out, err.str()};
 }
 
 class TokenizerCli : public ::testing::Test {

@@ -1,6 +1,7 @@
 // Helpers for the tokenizer tests: a per-suite temporary directory and running the Python
 // reference (tests/parity/tokenizer_reference.py) with TESSERA_PYTHON.
 #pragma once
+#include "test_util/run_command.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,21 +22,8 @@ inline std::string make_suite_dir(const std::string& name) {
   return p.string();
 }
 
-struct CommandResult {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-inline CommandResult run_command(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using tessera::testing::CommandResult;
+using tessera::testing::run_command;
 
 // Runs the reference script with `args`; throws with its output when it fails.
 inline void run_reference(const std::string& args) {

@@ -9,6 +9,7 @@ torch's results for:
            the real GradScaler class runs with those two kernels ported to CPU torch code.
   muon.*   Keller Jordan's Muon (github.com/KellerJordan/Muon) written out here in f32
            for the 2-D hidden matrices, AdamW for the rest, 3 steps
+  muon_plain.*  the same without Nesterov
   ns.*     zeropower_via_newtonschulz5 alone, in f32
 Settings and scalar results go into the file's __metadata__ as JSON ("config", "results").
 Usage: optim_reference.py --out DIR
@@ -238,31 +239,31 @@ MUON_HP = dict(muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True, muon_ns_ste
                muon_weight_decay=0.01)
 
 
-def case_muon(out):
+def case_muon(out, prefix, nesterov):
     names = [n for n, *_ in MUON_PARAMS]
     params = [torch.nn.Parameter(torch.randn(s)) for _, s, _, _ in MUON_PARAMS]
     for n, p in zip(names, params):
-        out[f"muon.init.{n}"] = p.detach().clone()
+        out[f"{prefix}.init.{n}"] = p.detach().clone()
     mu = [p for p, (_, _, _, m) in zip(params, MUON_PARAMS) if m]
     rest = [(p, d) for p, (_, _, d, m) in zip(params, MUON_PARAMS) if not m]
     muon = Muon(mu, lr=MUON_HP["muon_lr"], weight_decay=MUON_HP["muon_weight_decay"],
-                momentum=MUON_HP["muon_momentum"], nesterov=MUON_HP["muon_nesterov"],
+                momentum=MUON_HP["muon_momentum"], nesterov=nesterov,
                 ns_steps=MUON_HP["muon_ns_steps"])
     adamw = make_adamw([p for p, _ in rest], [d for _, d in rest])
     for step, scale in enumerate(LR_SCALES):
         for n, p in zip(names, params):
             p.grad = make_grad(p.shape, step)
-            out[f"muon.grad.{step}.{n}"] = p.grad.clone()
+            out[f"{prefix}.grad.{step}.{n}"] = p.grad.clone()
         for g in muon.param_groups:
             g["lr"] = MUON_HP["muon_lr"] * scale
         set_lr(adamw, HP["lr"], scale)
         muon.step()
         adamw.step()
         for n, p in zip(names, params):
-            out[f"muon.out.{step}.{n}"] = p.detach().clone()
+            out[f"{prefix}.out.{step}.{n}"] = p.detach().clone()
     for n, p in zip(names, params):
         if p in muon.state:
-            out[f"muon.momentum.{n}"] = muon.state[p]["momentum_buffer"].clone()
+            out[f"{prefix}.momentum.{n}"] = muon.state[p]["momentum_buffer"].clone()
 
 
 def case_ns(out):
@@ -281,7 +282,8 @@ def main():
     case_adamw(out)
     case_clip(out)
     case_amp(out)
-    case_muon(out)
+    case_muon(out, "muon", True)
+    case_muon(out, "muon_plain", False)  # momentum without Nesterov
     case_ns(out)
     config = {
         "adamw": {**HP, "lr_scales": LR_SCALES,
@@ -289,6 +291,8 @@ def main():
         "amp": AMP,
         "muon": {**HP, **MUON_HP, "lr_scales": LR_SCALES,
                  "params": [[n, list(s), d, m] for n, s, d, m in MUON_PARAMS]},
+        "muon_plain": {**HP, **MUON_HP, "muon_nesterov": False, "lr_scales": LR_SCALES,
+                       "params": [[n, list(s), d, m] for n, s, d, m in MUON_PARAMS]},
     }
     save_file(out, os.path.join(args.out, "optim_reference.safetensors"),
               metadata={"config": json.dumps(config), "results": json.dumps(RESULTS)})

@@ -1,6 +1,8 @@
 // `tessera data prepare`, as a library call and as a command: the shards hold exactly the
 // tokenizer's encoding of each file plus EOS; bad input is one error line and keeps the output.
 #include <gtest/gtest.h>
+
+#include "test_util/run_command.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -208,21 +210,7 @@ TEST(DataPrepare, BadInputIsAnErrorAndKeepsTheExistingOutput) {
   EXPECT_EQ(read_data_meta(o.out_dir).inputs, o.inputs);
 }
 
-struct Run {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-Run run_cli(const std::string& args) {
-  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using tessera::testing::run_cli;
 
 TEST(DataPrepareCli, TrainsTokenizerThenPreparesShards) {
   TempDir d;

@@ -1,6 +1,8 @@
 // Metrics log (JSON lines round trip, torn tails, resume truncation), the loss-curve SVG
 // (well-formed, one path per series with every finite point, 1-2-5 ticks) and `tessera plot`.
 #include <gtest/gtest.h>
+
+#include "test_util/run_command.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,22 +57,9 @@ std::vector<int64_t> steps_of(const std::vector<json>& records) {
   return s;
 }
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-CmdResult run_command(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
-
-CmdResult run_cli(const std::string& args) { return run_command(std::string(TESSERA_CLI_PATH) + " " + args); }
+using CmdResult = tessera::testing::CommandResult;
+using tessera::testing::run_cli;
+using tessera::testing::run_command;
 
 // ---- metrics log ----
 

@@ -404,10 +404,13 @@ TEST(Muon, NewtonSchulzMatchesReference) {
   }
 }
 
-TEST(Muon, ThreeStepsMatchReferenceMuonPlusAdamW) {
+class MuonParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MuonParity, ThreeStepsMatchReferenceMuonPlusAdamW) {
+  const std::string prefix = GetParam();  // muon: Nesterov; muon_plain: without
   const Reference& ref = Reference::get();
   ASSERT_TRUE(ref.ok());
-  const json& c = ref.config()["muon"];
+  const json& c = ref.config()[prefix];
   OptimizerConfig oc = adamw_config(c);
   oc.name = "muon";
   oc.muon_lr = c["muon_lr"];
@@ -415,15 +418,15 @@ TEST(Muon, ThreeStepsMatchReferenceMuonPlusAdamW) {
   oc.muon_nesterov = c["muon_nesterov"];
   oc.muon_ns_steps = c["muon_ns_steps"];
   oc.muon_weight_decay = c["muon_weight_decay"];
-  auto ps = ref.params("muon");
+  auto ps = ref.params(prefix);
   Optimizer opt(oc, ps);
   for (int step = 0; step < 3; ++step) {
-    ref.load_grads("muon", step, ps);
+    ref.load_grads(prefix, step, ps);
     opt.step(c["lr_scales"][step].get<double>());
     for (auto& r : ps) {
-      const Tensor want = ref.tensor("muon.out." + std::to_string(step) + "." + r.name);
-      const Tensor before = step == 0 ? ref.tensor("muon.init." + r.name)
-                                      : ref.tensor("muon.out." + std::to_string(step - 1) + "." + r.name);
+      const Tensor want = ref.tensor(prefix + ".out." + std::to_string(step) + "." + r.name);
+      const Tensor before = step == 0 ? ref.tensor(prefix + ".init." + r.name)
+                                      : ref.tensor(prefix + ".out." + std::to_string(step - 1) + "." + r.name);
       // f32 Newton-Schulz through different GEMMs: the quintic's slope of 3.4 at small
       // singular values amplifies rounding differences over the 5 iterations.
       EXPECT_LE(update_error(r.param, want, before), r.muon ? 2e-5 : 1e-6)
@@ -436,11 +439,14 @@ TEST(Muon, ThreeStepsMatchReferenceMuonPlusAdamW) {
   for (const auto& [name, t] : opt.state_tensors()) {
     if (name.rfind("momentum.", 0) != 0) continue;
     ++momenta;
-    const Tensor want = ref.tensor("muon." + name);
+    const Tensor want = ref.tensor(prefix + "." + name);
     EXPECT_LE(rel_error(t, want, want), 1e-6) << name;
   }
   EXPECT_EQ(momenta, 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Muon, MuonParity, ::testing::Values("muon", "muon_plain"),
+                         [](const auto& info) { return info.param == "muon" ? "nesterov" : "plain"; });
 
 // --- schedules against closed-form values ---
 

@@ -182,8 +182,11 @@ void check_resume(const std::string& precision, const std::string& optimizer) {
   // The metrics log of the resumed run holds each step once.
   const auto records = read_metrics(root + "/split/metrics.jsonl");
   int64_t expect = 1;
-  for (const auto& rec : records)
-    if (rec.contains("step") && !rec.contains("event")) EXPECT_EQ(rec["step"].get<int64_t>(), expect++);
+  for (const auto& rec : records) {
+    if (rec.contains("step") && !rec.contains("event")) {
+      EXPECT_EQ(rec["step"].get<int64_t>(), expect++);
+    }
+  }
   EXPECT_EQ(expect, 13);
   // A finished run's model directory loads for inference.
   EXPECT_NO_THROW(model::Model::load(second.model_dir));

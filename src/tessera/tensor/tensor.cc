@@ -416,42 +416,36 @@ __attribute__((target("avx512f"))) void round_f16_avx512(const float* s, float* 
 
 }  // namespace
 
-Tensor f16_rounded(const Tensor& t) {
-  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF16,
-                "f16_rounded: expected f32 or f16, got ", t.describe());
-  if (t.dtype() == DType::kF16 || !t.is_contiguous()) return t.to(DType::kF16).to(DType::kF32);
+// t rounded to a 16-bit float format and widened back, in one pass (this runs on every
+// matmul input in emulated 16-bit training): `wide` is the format's dtype, `avx512`
+// its vector loop, `round` its scalar rounding.
+static Tensor rounded_copy(const Tensor& t, DType wide, void (*avx512)(const float*, float*, int64_t),
+                    float (*round)(float), const char* what) {
+  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == wide, what, ": expected f32 or ",
+                dtype_name(wide), ", got ", t.describe());
+  if (t.dtype() == wide || !t.is_contiguous()) return t.to(wide).to(DType::kF32);
   Tensor out = Tensor::empty(t.shape(), DType::kF32);
   const float* s = t.data<float>();
   float* d = out.data<float>();
-  const bool avx512 = base::cpu_features().avx512f;
+  const bool vec = base::cpu_features().avx512f;
   base::parallel_for(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
-    if (avx512) {
-      round_f16_avx512(s + b, d + b, e - b);
+    if (vec) {
+      avx512(s + b, d + b, e - b);
     } else {
-      for (int64_t i = b; i < e; ++i) d[i] = f16_to_f32(f32_to_f16(s[i]));
+      for (int64_t i = b; i < e; ++i) d[i] = round(s[i]);
     }
   });
   return out;
 }
 
+Tensor f16_rounded(const Tensor& t) {
+  return rounded_copy(t, DType::kF16, round_f16_avx512,
+                      [](float v) { return f16_to_f32(f32_to_f16(v)); }, "f16_rounded");
+}
+
 Tensor bf16_rounded(const Tensor& t) {
-  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
-                "bf16_rounded: expected f32 or bf16, got ", t.describe());
-  if (t.dtype() == DType::kBF16 || !t.is_contiguous()) return t.to(DType::kBF16).to(DType::kF32);
-  // One pass instead of two conversions: this runs on every matmul input in
-  // emulated-bf16 training.
-  Tensor out = Tensor::empty(t.shape(), DType::kF32);
-  const float* s = t.data<float>();
-  float* d = out.data<float>();
-  const bool avx512 = base::cpu_features().avx512f;
-  base::parallel_for(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
-    if (avx512) {
-      round_bf16_avx512(s + b, d + b, e - b);
-    } else {
-      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
-    }
-  });
-  return out;
+  return rounded_copy(t, DType::kBF16, round_bf16_avx512,
+                      [](float v) { return bf16_to_f32(f32_to_bf16(v)); }, "bf16_rounded");
 }
 
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {

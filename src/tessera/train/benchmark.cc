@@ -65,18 +65,16 @@ StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
       ckpt.save_async_deferred(1, files);
       pending = &ckpt;
       double extra = 0;
-      int steps_during = 0;
-      while (ckpt.writing() || steps_during == 0) {
+      while (ckpt.writing() || r.ckpt_step_seconds.empty()) {
         base::Timer t;
         step();
+        r.ckpt_step_seconds.push_back(t.seconds());
         extra += t.seconds() - r.step_seconds;
-        ++steps_during;
       }
       r.ckpt_blocking_seconds = ckpt.last_blocking_seconds();
       ckpt.wait();
       pending = nullptr;
       r.ckpt_write_seconds = ckpt.last_write_seconds();
-      r.ckpt_steps_during = steps_during;
       r.ckpt_stall_fraction = std::max(0.0, extra) / r.step_seconds;
     }
     std::filesystem::remove_all(o.checkpoint_dir);

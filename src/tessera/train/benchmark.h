@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/model/model.h"
 
@@ -31,7 +32,7 @@ struct StepBench {
   // and write slowdown), as a fraction of one step.
   double ckpt_blocking_seconds = 0, ckpt_write_seconds = 0, ckpt_stall_fraction = 0;
   int64_t ckpt_bytes = 0;
-  int ckpt_steps_during = 0;    // steps that ran while the save was in flight
+  std::vector<double> ckpt_step_seconds;  // each step that ran while the save was in flight
 };
 
 // `model` must hold f32 master weights; its compute dtype and recompute mode are used.
