@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+
+#include "tessera/base/error.h"
 
 namespace tessera::io::testing {
 
@@ -41,6 +44,16 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 inline std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The message of the tessera::Error `fn` throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 }  // namespace tessera::io::testing

@@ -14,14 +14,7 @@ namespace {
 using testing::TempDir;
 using testing::write_bytes;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(JsonFile, ReadsValidFile) {
   TempDir dir;

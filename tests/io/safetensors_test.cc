@@ -22,14 +22,7 @@ using testing::write_bytes;
 
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 // A tensor of `dt` filled with distinct pseudo-random bytes.
 Tensor random_tensor(const Shape& shape, DType dt, uint32_t seed) {

@@ -17,14 +17,7 @@ namespace {
 using testing::TempDir;
 using testing::write_bytes;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 #define EXPECT_ERROR(stmt, fragment)                                                     \
   do {                                                                                   \

@@ -70,7 +70,7 @@ double unigram_entropy(const std::string& data_dir) {
 struct Flags {
   std::string out = "runs/quickstart";
   std::string fortunes = "/usr/share/games/fortunes";
-  int64_t steps = 400;
+  int64_t steps = 800;
   int64_t vocab = 2048;
 };
 

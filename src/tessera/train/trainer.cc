@@ -184,6 +184,8 @@ class Run {
       if (o_.stop_after >= 0 && st_.step >= o_.stop_after) {
         if (c_.checkpoint.every > 0 && st_.step % c_.checkpoint.every == 0) save_checkpoint(false);
         ckpt_.wait();
+        result.skipped_steps = st_.skipped_steps;
+        result.spikes = st_.spikes;
         result.seconds = total.seconds();
         return result;
       }
