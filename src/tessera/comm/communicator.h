@@ -1,0 +1,111 @@
+// The one communication interface every layer above uses (parallel/, train/): point to
+// point with request handles, collectives over tensors, sub-groups. Backends (`local`:
+// ranks as threads of one process; `mpi`: OpenMPI processes) provide point to point and
+// may provide their own collectives; the collective algorithms of our own (ring,
+// recursive halving-doubling, hierarchical) run over any backend's point to point.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::comm {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+// Which implementation a collective uses. kAuto picks by message size and group size
+// (from measurements, docs/comm.md); kBackend is the backend's own (MPI_Allreduce, ...;
+// for `local` a straightforward gather-to-all through shared memory).
+enum class Algorithm { kAuto, kBackend, kRing, kHalvingDoubling, kHierarchical };
+Algorithm parse_algorithm(const std::string& name);  // auto|backend|ring|hd|hierarchical
+const char* algorithm_name(Algorithm a);
+
+// Elements [begin, end) of rank `rank`'s chunk when `numel` elements are split over
+// `size` ranks as evenly as possible (the first numel % size chunks get one more).
+// reduce_scatter and all_gather use this split, so sizes need not divide evenly.
+struct ChunkRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+ChunkRange chunk_range(int64_t numel, int size, int rank);
+
+// A pending point-to-point operation or asynchronous collective.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;  // throws tessera::Error on failure or watchdog timeout
+  virtual bool test() = 0;  // true once complete (never blocks)
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local" | "mpi"
+  // Ranks on the same machine share a node id (the hierarchical all-reduce's inner level).
+  virtual int node_id() const = 0;
+
+  // Point to point on raw bytes. Messages between a pair of ranks with the same tag
+  // arrive in order. Tags in [0, 2^20) are the caller's; collectives use their own.
+  virtual RequestPtr isend(const void* data, int64_t bytes, int dst, int tag) = 0;
+  virtual RequestPtr irecv(void* data, int64_t bytes, int src, int tag) = 0;
+  void send(const void* data, int64_t bytes, int dst, int tag) { isend(data, bytes, dst, tag)->wait(); }
+  void recv(void* data, int64_t bytes, int src, int tag) { irecv(data, bytes, src, tag)->wait(); }
+
+  // Every rank of this group calls split; ranks with the same colour form a new group
+  // ordered by (key, old rank). colour < 0: this rank joins no group (returns nullptr).
+  virtual std::unique_ptr<Communicator> split(int colour, int key) = 0;
+
+  // Collectives. Tensors are contiguous, on the CPU, of f32, bf16, f16, i32 or i64
+  // (bf16/f16 are reduced in f32 and rounded once; kAvg on integers divides with
+  // truncation). Every rank of the group calls each collective in the same order.
+  //   all_reduce:     t (n) in place
+  //   reduce_scatter: in (n) -> out (chunk_range(n, size, rank).size())
+  //   all_gather:     in (chunk_range(n, size, rank).size()) -> out (n)
+  //   broadcast:      t (n) from root, in place
+  //   reduce:         in (n) -> out (n) on root (out ignored elsewhere)
+  //   all_to_all:     in (size * k) -> out (size * k): block j of in goes to rank j
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::kSum, Algorithm a = Algorithm::kAuto);
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum,
+                      Algorithm a = Algorithm::kAuto);
+  void all_gather(const Tensor& in, Tensor& out, Algorithm a = Algorithm::kAuto);
+  void broadcast(Tensor& t, int root);
+  void reduce(const Tensor& in, Tensor& out, ReduceOp op, int root);
+  void all_to_all(const Tensor& in, Tensor& out);
+  void barrier();
+  // all_reduce on a background thread of this communicator (collectives issued this
+  // way run in issue order); the tensor must not be touched until wait() returns.
+  RequestPtr all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::kSum,
+                              Algorithm a = Algorithm::kAuto);
+
+  // Watchdog: a collective or wait() that takes longer than this logs the collective,
+  // its sequence number and the group, then aborts the job (default 300 s).
+  void set_timeout(double seconds) { timeout_seconds_ = seconds; }
+  double timeout() const { return timeout_seconds_; }
+  uint64_t collectives_issued() const { return sequence_; }
+
+ protected:
+  // Backends override these to offer their own implementation (Algorithm::kBackend);
+  // the defaults use our ring algorithms.
+  virtual void backend_all_reduce(Tensor& t, ReduceOp op);
+  virtual void backend_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op);
+  virtual void backend_all_gather(const Tensor& in, Tensor& out);
+
+  double timeout_seconds_ = 300.0;
+  uint64_t sequence_ = 0;  // collectives issued on this communicator
+};
+
+// `local` backend: n ranks as threads of this process over shared memory.
+// Runs fn(comm) on n threads (one communicator per rank) and rethrows the first error.
+void run_local(int n, const std::function<void(Communicator&)>& fn);
+
+// `mpi` backend (OpenMPI): the world communicator of this process; initialises MPI on
+// first use (MPI_THREAD_MULTIPLE) and finalises it at exit. size() is 1 outside mpirun.
+Communicator& mpi_world();
+bool running_under_mpi();  // OMPI_COMM_WORLD_SIZE (or PMI_SIZE) is set
+
+}  // namespace tessera::comm
