@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "tessera/base/timer.h"
@@ -206,6 +207,27 @@ TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   resume.resume = true;
   const auto r = run_training(c, resume);  // already finished: nothing to do
   EXPECT_EQ(r.steps_run, 0);
+  fs::remove_all(root);
+}
+
+TEST(Trainer, WritesAChromeTraceOnRequest) {
+  const std::string root = temp_dir("trace");
+  auto c = parse(base_config(root + "/run", make_data(root), 3, "[checkpoint]\nevery = 2\n"));
+  c.data.grad_accum = 2;
+  c.logging.trace = root + "/trace.json";
+  run_training(c);
+  const auto trace = io::read_json_file(root + "/trace.json");
+  std::map<std::string, int> count;
+  for (const auto& e : trace.at("traceEvents")) {
+    EXPECT_EQ(e.at("ph"), "X");
+    EXPECT_GE(e.at("dur").get<int64_t>(), 0);
+    ++count[e.at("name").get<std::string>()];
+  }
+  EXPECT_EQ(count["step"], 3);
+  EXPECT_EQ(count["forward_backward"], 6);  // 3 steps x 2 micro-batches
+  EXPECT_EQ(count["optimizer_step"], 3);
+  EXPECT_EQ(count["checkpoint_save"], 2);  // step 2 (async) and the final one
+  EXPECT_EQ(count["checkpoint_write"], 2);
   fs::remove_all(root);
 }
 

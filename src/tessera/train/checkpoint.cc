@@ -26,6 +26,7 @@
 #include "tessera/base/logging.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/base/timer.h"
+#include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/train/checkpoint_files.h"
@@ -295,6 +296,7 @@ void CheckpointManager::start_save(int64_t step, CheckpointFiles files, bool def
     bool copied = !deferred;
     try {
       if (deferred) {  // copy at normal priority: the step loop waits for it before it mutates
+        base::TraceScope copy("checkpoint_copy");
         job->safetensors = deep_copy(*sources, /*parallel=*/false);
         sources->safetensors.clear();
         snapshot.set_value();
@@ -303,6 +305,7 @@ void CheckpointManager::start_save(int64_t step, CheckpointFiles files, bool def
       // The write is not urgent and the step loop's workers want every core: lower this
       // thread's priority (Linux nice values are per thread) so it runs in their gaps.
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+      base::TraceScope write("checkpoint_write");
       run_job(*job);
     } catch (...) {
       error_ = std::current_exception();

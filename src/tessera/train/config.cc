@@ -235,6 +235,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   l.get("progress", c.logging.progress);
   l.get("peak_gflops", c.logging.peak_gflops);
   l.get("plot", c.logging.plot);
+  l.get("trace", c.logging.trace);
   l.check_unknown();
   check_positive(c.logging.peak_gflops >= 0, l, "peak_gflops", "must not be negative");
   return c;

@@ -60,6 +60,7 @@ struct LoggingSection {
   bool progress = true;  // progress bar on stderr
   double peak_gflops = 0;  // MFU denominator; 0 = measure the bf16/f32 matmul peak at start
   bool plot = true;        // loss_curve.svg at the end
+  std::string trace;       // Chrome trace-event JSON of the run ("" = off)
 };
 
 struct TrainConfig {

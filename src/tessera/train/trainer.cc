@@ -15,6 +15,7 @@
 #include "tessera/base/logging.h"
 #include "tessera/base/memory.h"
 #include "tessera/base/timer.h"
+#include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/kernels/cross_entropy.h"
@@ -108,7 +109,9 @@ class Run {
     std::optional<base::ProgressBar> bar;
     if (c_.logging.progress) bar.emplace("train", tr.steps);
     Tensor ids, targets;
+    if (!c_.logging.trace.empty()) base::start_trace(c_.logging.trace);
     while (st_.step < tr.steps) {
+      base::TraceScope step_scope("step");
       base::Timer step_timer;
       const LoaderState before = loader_.state();
       grads_.zero();
@@ -117,6 +120,7 @@ class Run {
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
       for (int64_t micro = 0; micro < accum; ++micro) {
         next_batch(B, ids, targets);
+        base::TraceScope fb("forward_backward");
         const auto r = model_.forward_backward(ids, targets, grads_, scale / accum);
         loss_sum += r.loss;
         count += r.count;
@@ -126,7 +130,11 @@ class Run {
       bool finite = true;
       if (scaler_.enabled())
         finite = scaler_.unscale_and_check(refs_);
-      const double grad_norm = clip_grad_norm(refs_, tr.max_grad_norm);
+      double grad_norm = 0;
+      {
+        base::TraceScope clip("clip_grad_norm");
+        grad_norm = clip_grad_norm(refs_, tr.max_grad_norm);
+      }
       finite = finite && std::isfinite(grad_norm);  // a non-finite gradient makes the norm so
       const bool spike = finite && spikes_.is_spike(loss);
       if (spike && c_.spike_guard.policy == "rollback" && try_rollback(before, after, loss, *metrics)) {
@@ -136,7 +144,11 @@ class Run {
       const double lr_scale = lr_multiplier(c_.schedule, st_.step);
       const bool apply = finite && !spike;
       if (apply) {
-        ckpt_.wait_snapshot();  // an async checkpoint may still be copying the weights
+        {
+          base::TraceScope wait("checkpoint_wait_snapshot");
+          ckpt_.wait_snapshot();  // an async checkpoint may still be copying the weights
+        }
+        base::TraceScope opt("optimizer_step");
         opt_.step(lr_scale);
         model_.refresh_compute_weights();
         spikes_.add(loss);
@@ -165,6 +177,7 @@ class Run {
       sm.spike = spike;
       const bool last = st_.step == tr.steps;
       if (!val_.empty() && ((tr.eval_every > 0 && st_.step % tr.eval_every == 0) || last)) {
+        base::TraceScope eval("eval");
         sm.val_loss = mean_loss(model_, val_);
         result.val_loss = *sm.val_loss;
       }
@@ -193,6 +206,7 @@ class Run {
         save_checkpoint(!last && c_.checkpoint.async);
     }
     ckpt_.wait();
+    base::stop_trace();
     if (bar) bar->finish();
     result.skipped_steps = st_.skipped_steps;
     result.spikes = st_.spikes;
@@ -305,6 +319,7 @@ class Run {
   }
 
   void save_checkpoint(bool async) {
+    base::TraceScope scope("checkpoint_save");
     if (async)  // copied in the background while the next step's forward/backward runs
       ckpt_.save_async_deferred(st_.step, checkpoint_files());
     else
