@@ -13,6 +13,10 @@
 
 namespace tessera::comm {
 
+namespace detail {
+struct CommState;  // communicator.cc: async worker, cached hierarchical sub-groups
+}
+
 enum class ReduceOp { kSum, kAvg, kMax };
 
 // Which implementation a collective uses. kAuto picks by message size and group size
@@ -42,7 +46,9 @@ using RequestPtr = std::shared_ptr<Request>;
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  // Stops the async worker. A backend's destructor calls drain_async() first, so queued
+  // collectives finish while the backend (its isend/irecv) is still alive.
+  virtual ~Communicator();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local" | "mpi"
@@ -83,20 +89,44 @@ class Communicator {
                               Algorithm a = Algorithm::kAuto);
 
   // Watchdog: a collective or wait() that takes longer than this logs the collective,
-  // its sequence number and the group, then aborts the job (default 300 s).
+  // its sequence number and the group, then aborts the job (default 300 s; <= 0: off).
   void set_timeout(double seconds) { timeout_seconds_ = seconds; }
   double timeout() const { return timeout_seconds_; }
   uint64_t collectives_issued() const { return sequence_; }
+  // What a fired watchdog does after logging its message: std::abort() by default. Tests
+  // install a handler that records the message (nullptr restores the default); when the
+  // handler returns, the timed-out wait (local backend) throws tessera::Error instead.
+  using TimeoutHandler = std::function<void(const std::string& message)>;
+  static void set_timeout_handler(TimeoutHandler handler);
 
  protected:
+  Communicator();
+
   // Backends override these to offer their own implementation (Algorithm::kBackend);
-  // the defaults use our ring algorithms.
+  // the defaults use our ring algorithms. Sizes are checked before they are called.
+  // all_reduce / reduce_scatter receive only f32, i32 or i64 tensors (bf16/f16 arrive as
+  // an f32 working copy, rounded back by the caller) and only kSum or kMax (the caller
+  // applies kAvg's division); all_gather receives the tensors as given (it moves bytes).
   virtual void backend_all_reduce(Tensor& t, ReduceOp op);
   virtual void backend_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op);
   virtual void backend_all_gather(const Tensor& in, Tensor& out);
 
+  // The point-to-point tag of the collective now running (in [2^20, 2^30)); one
+  // collective runs at a time per communicator, so backend_* may use it for their traffic.
+  int collective_tag() const { return collective_tag_; }
+  // Blocks until the async worker has run every queued collective. Every collective and
+  // split() call this first, so group-wide operations keep issue order on every rank.
+  void drain_async();
+
   double timeout_seconds_ = 300.0;
   uint64_t sequence_ = 0;  // collectives issued on this communicator
+
+ private:
+  friend struct detail::CommState;
+  void run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t seq, double timeout);
+
+  std::shared_ptr<detail::CommState> state_;
+  int collective_tag_ = 0;
 };
 
 // `local` backend: n ranks as threads of this process over shared memory.
