@@ -116,13 +116,9 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   m.get("num_kv_heads", mo.num_kv_heads);
   m.get("intermediate_size", mo.intermediate_size);
   m.get("max_position_embeddings", mo.max_position_embeddings);
-  bool tie = false;
-  if (root["model"]["tie_word_embeddings"]) {
-    m.get("tie_word_embeddings", tie);
-    mo.tie_word_embeddings = tie ? 1 : 0;
-  } else {
-    m.get("tie_word_embeddings", tie);
-  }
+  bool tie = false;  // -1 (keep the shape's choice) unless the key is given
+  m.get("tie_word_embeddings", tie);
+  if (root["model"]["tie_word_embeddings"]) mo.tie_word_embeddings = tie ? 1 : 0;
   m.get("seed", mo.seed);
   m.check_unknown();
   TESSERA_CHECK(mo.config.empty() || mo.init_from.empty(), m.where("config"),
