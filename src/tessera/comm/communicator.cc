@@ -67,13 +67,9 @@ struct CommState {
   explicit CommState(Communicator* owner) : owner(owner) {}
   Communicator* owner;
 
-  // all_reduce_async: one worker runs queued all-reduces in issue order.
+  // *_async: one worker runs queued collectives in issue order.
   struct Task {
-    Tensor t;
-    ReduceOp op;
-    Algorithm a;
-    uint64_t seq;
-    double timeout;
+    std::function<void()> run;  // the collective, with its sequence number bound in
     std::shared_ptr<AsyncResult> result;
   };
   std::mutex mu;
@@ -106,7 +102,7 @@ struct CommState {
       lk.unlock();
       std::string error;
       try {
-        owner->run_all_reduce(task.t, task.op, task.a, task.seq, task.timeout);
+        task.run();
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -229,11 +225,35 @@ void Communicator::all_reduce(Tensor& t, ReduceOp op, Algorithm a) {
 RequestPtr Communicator::all_reduce_async(Tensor& t, ReduceOp op, Algorithm a) {
   check_tensor("all_reduce_async", "the", t, true);
   const uint64_t seq = ++sequence_;
+  const double timeout = timeout_seconds_;
+  return enqueue([this, t, op, a, seq, timeout]() mutable { run_all_reduce(t, op, a, seq, timeout); });
+}
+
+RequestPtr Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op,
+                                              Algorithm a) {
+  check_reduce_scatter(in, out);
+  const uint64_t seq = ++sequence_;
+  const double timeout = timeout_seconds_;
+  return enqueue([this, in, out, op, a, seq, timeout]() mutable {
+    run_reduce_scatter(in, out, op, a, seq, timeout);
+  });
+}
+
+RequestPtr Communicator::all_gather_async(const Tensor& in, Tensor& out, Algorithm a) {
+  check_all_gather(in, out);
+  const uint64_t seq = ++sequence_;
+  const double timeout = timeout_seconds_;
+  return enqueue([this, in, out, a, seq, timeout]() mutable {
+    run_all_gather(in, out, a, seq, timeout);
+  });
+}
+
+RequestPtr Communicator::enqueue(std::function<void()> run) {
   auto result = std::make_shared<detail::AsyncResult>();
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     state_->start_worker();
-    state_->queue.push_back({t, op, a, seq, timeout_seconds_, result});
+    state_->queue.push_back({std::move(run), result});
   }
   state_->cv.notify_one();
   return std::make_shared<AsyncRequest>(result);
@@ -306,7 +326,7 @@ void Communicator::run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t 
   from_working(w.raw_data(), work, t.raw_data(), t.dtype(), n);
 }
 
-void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Algorithm a) {
+void Communicator::check_reduce_scatter(const Tensor& in, const Tensor& out) const {
   check_tensor("reduce_scatter", "in", in, true);
   check_tensor("reduce_scatter", "out", out, true);
   check_same_dtype("reduce_scatter", in, out);
@@ -315,14 +335,24 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Al
   TESSERA_CHECK(out.numel() == mine.size(), "reduce_scatter: out has ", out.numel(),
                 " elements, expected ", mine.size(), " (chunk ", rank(), " of ", n,
                 " elements over ", size(), " ranks)");
+}
+
+void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Algorithm a) {
+  check_reduce_scatter(in, out);
   drain_async();
-  const uint64_t seq = ++sequence_;
+  run_reduce_scatter(in, out, op, a, ++sequence_, timeout_seconds_);
+}
+
+void Communicator::run_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Algorithm a,
+                                      uint64_t seq, double timeout) {
+  const int64_t n = in.numel();
+  const ChunkRange mine = chunk_range(n, size(), rank());
   const DType work = working_dtype(in.dtype());
   const int64_t elem = dtype_size(work);
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_reduce_scatter(n * elem, size());
   WatchdogScope watch(describe(*this, "reduce_scatter", seq, algorithm_name(a), n, in.dtype()),
-                      timeout_seconds_);
+                      timeout);
   collective_tag_ = tag_for(seq);
   const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   // (n): our algorithms reduce in place, so they get a copy; the backend only reads it.
@@ -344,7 +374,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Al
   from_working(result, work, out.raw_data(), out.dtype(), mine.size());
 }
 
-void Communicator::all_gather(const Tensor& in, Tensor& out, Algorithm a) {
+void Communicator::check_all_gather(const Tensor& in, const Tensor& out) const {
   check_tensor("all_gather", "in", in, false);
   check_tensor("all_gather", "out", out, false);
   check_same_dtype("all_gather", in, out);
@@ -353,13 +383,23 @@ void Communicator::all_gather(const Tensor& in, Tensor& out, Algorithm a) {
   TESSERA_CHECK(in.numel() == mine.size(), "all_gather: in has ", in.numel(),
                 " elements, expected ", mine.size(), " (chunk ", rank(), " of out's ", n,
                 " elements over ", size(), " ranks)");
+}
+
+void Communicator::all_gather(const Tensor& in, Tensor& out, Algorithm a) {
+  check_all_gather(in, out);
   drain_async();
-  const uint64_t seq = ++sequence_;
+  run_all_gather(in, out, a, ++sequence_, timeout_seconds_);
+}
+
+void Communicator::run_all_gather(const Tensor& in, Tensor& out, Algorithm a, uint64_t seq,
+                                  double timeout) {
+  const int64_t n = out.numel();
+  const ChunkRange mine = chunk_range(n, size(), rank());
   const int64_t elem = dtype_size(in.dtype());
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_all_gather(n * elem, size());
   WatchdogScope watch(describe(*this, "all_gather", seq, algorithm_name(a), n, in.dtype()),
-                      timeout_seconds_);
+                      timeout);
   collective_tag_ = tag_for(seq);
   if (a == Algorithm::kBackend && size() > 1) {
     backend_all_gather(in, out);

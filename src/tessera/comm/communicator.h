@@ -87,6 +87,12 @@ class Communicator {
   // way run in issue order); the tensor must not be touched until wait() returns.
   RequestPtr all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::kSum,
                               Algorithm a = Algorithm::kAuto);
+  // The same for reduce_scatter and all_gather (one queue: every *_async and blocking
+  // collective of this communicator runs in issue order). `in` must stay unchanged and
+  // `out` untouched until wait() returns.
+  RequestPtr reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum,
+                                  Algorithm a = Algorithm::kAuto);
+  RequestPtr all_gather_async(const Tensor& in, Tensor& out, Algorithm a = Algorithm::kAuto);
 
   // Watchdog: a collective or wait() that takes longer than this logs the collective,
   // its sequence number and the group, then aborts the job (default 300 s; <= 0: off).
@@ -124,6 +130,12 @@ class Communicator {
  private:
   friend struct detail::CommState;
   void run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t seq, double timeout);
+  void run_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Algorithm a, uint64_t seq,
+                          double timeout);
+  void run_all_gather(const Tensor& in, Tensor& out, Algorithm a, uint64_t seq, double timeout);
+  void check_reduce_scatter(const Tensor& in, const Tensor& out) const;
+  void check_all_gather(const Tensor& in, const Tensor& out) const;
+  RequestPtr enqueue(std::function<void()> run);  // onto the async worker
 
   std::shared_ptr<detail::CommState> state_;
   int collective_tag_ = 0;
