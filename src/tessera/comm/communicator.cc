@@ -15,6 +15,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/logging.h"
+#include "tessera/base/trace.h"
 #include "tessera/comm/algorithms.h"
 #include "tessera/comm/watchdog.h"
 
@@ -102,6 +103,7 @@ struct CommState {
       lk.unlock();
       std::string error;
       try {
+        base::TraceScope span("comm_async", "comm");  // overlap with compute shows in traces
         task.run();
       } catch (const std::exception& e) {
         error = e.what();
@@ -406,7 +408,8 @@ void Communicator::run_all_gather(const Tensor& in, Tensor& out, Algorithm a, ui
     return;
   }
   char* o = static_cast<char*>(out.raw_data());
-  if (mine.size() > 0) std::memcpy(o + mine.begin * elem, in.raw_data(), mine.size() * elem);
+  if (mine.size() > 0 && o + mine.begin * elem != in.raw_data())  // else already in place
+    std::memcpy(o + mine.begin * elem, in.raw_data(), mine.size() * elem);
   if (a == Algorithm::kHalvingDoubling)
     algo::hd_all_gather(*this, collective_tag_, o, n, elem);
   else
@@ -504,7 +507,8 @@ void Communicator::backend_all_gather(const Tensor& in, Tensor& out) {
   const int64_t elem = dtype_size(in.dtype());
   const ChunkRange mine = chunk_range(out.numel(), size(), rank());
   char* o = static_cast<char*>(out.raw_data());
-  if (mine.size() > 0) std::memcpy(o + mine.begin * elem, in.raw_data(), mine.size() * elem);
+  if (mine.size() > 0 && o + mine.begin * elem != in.raw_data())  // else already in place
+    std::memcpy(o + mine.begin * elem, in.raw_data(), mine.size() * elem);
   algo::ring_all_gather(*this, collective_tag_, o, out.numel(), elem);
 }
 

@@ -144,6 +144,8 @@ class Communicator {
 // `local` backend: n ranks as threads of this process over shared memory.
 // Runs fn(comm) on n threads (one communicator per rank) and rethrows the first error.
 void run_local(int n, const std::function<void(Communicator&)>& fn);
+// A group of one: this thread alone (`local` backend). For single-process code paths.
+std::unique_ptr<Communicator> self_communicator();
 
 // `mpi` backend (OpenMPI): the world communicator of this process; initialises MPI on
 // first use (MPI_THREAD_MULTIPLE) and finalises it at exit. size() is 1 outside mpirun.

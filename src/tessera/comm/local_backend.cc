@@ -456,4 +456,12 @@ void run_local(int n, int ranks_per_node, const std::function<void(Communicator&
 
 void run_local(int n, const std::function<void(Communicator&)>& fn) { run_local(n, n, fn); }
 
+std::unique_ptr<Communicator> self_communicator() {
+  auto world = std::make_shared<World>();
+  auto g = std::make_shared<Group>(world, 1);
+  g->node_ids[0] = 0;
+  world->add(g);
+  return std::make_unique<LocalCommunicator>(g, 0);
+}
+
 }  // namespace tessera::comm

@@ -21,6 +21,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/logging.h"
 #include "tessera/comm/communicator.h"
+#include "tessera/comm/shm_collectives.h"
 #include "tessera/comm/watchdog.h"
 
 namespace tessera::comm {
@@ -220,7 +221,9 @@ int checked_count(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-class MpiCommunicator final : public Communicator {
+// Also a ShmHost: a group whose ranks all share one node gets the shared-memory
+// collectives (Algorithm::kShm, shm_collectives.h), its segment made on first use.
+class MpiCommunicator final : public Communicator, public ShmHost {
  public:
   // Takes ownership of `comm` (freed in the destructor).
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -251,9 +254,11 @@ class MpiCommunicator final : public Communicator {
     leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
     node_id_ = static_cast<int>(std::lower_bound(leaders.begin(), leaders.end(), leader) -
                                 leaders.begin());
+    single_node_ = leaders.size() == 1;  // simulated nodes count: shm never spans two
   }
   ~MpiCommunicator() override {
     drain_async();  // queued collectives still need this backend's MPI communicator
+    shm_.reset();   // unmaps this rank's view only; peers keep theirs
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && comm_ != MPI_COMM_NULL) {
@@ -272,6 +277,33 @@ class MpiCommunicator final : public Communicator {
   }
   RequestPtr irecv(void* data, int64_t bytes, int src, int tag) override {
     return post(data, bytes, src, tag, true);
+  }
+
+  bool shm_possible() const override { return single_node_ && size_ > 1 && !shm_failed_; }
+
+  // Runs inside the first shm collective (every rank reaches it at the same call), so
+  // the set-up's MPI_Bcast / MPI_Allreduce line up on every rank.
+  ShmGroup* shm_group() override {
+    if (shm_ || !shm_possible()) return shm_.get();
+    ShmGroup::Setup setup;
+    setup.broadcast_from_0 = [this](void* data, int bytes) {
+      MpiLock lock;
+      check_mpi(MPI_Bcast(data, bytes, MPI_BYTE, 0, comm_), "MPI_Bcast");
+    };
+    setup.all_ok = [this](bool ok) {
+      int v = ok ? 1 : 0;
+      MpiLock lock;
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
+      return v != 0;
+    };
+    std::string why;
+    shm_ = ShmGroup::create(rank_, size_, setup, &why);
+    if (!shm_) {
+      shm_failed_ = true;  // on every rank: create() agreed on the outcome
+      TESSERA_LOG(kWarn, "mpi: shared-memory collectives unavailable on rank ", rank_, "/", size_,
+                  " (", why, "); shm runs the ring over MPI instead");
+    }
+    return shm_.get();
   }
 
   std::unique_ptr<Communicator> split(int colour, int key) override {
@@ -366,6 +398,8 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, node_id_ = 0;
+  bool single_node_ = false, shm_failed_ = false;
+  std::unique_ptr<ShmGroup> shm_;  // made by the first shm collective
 };
 
 }  // namespace

@@ -21,18 +21,35 @@ void check_grads(const ModelConfig& c, const Params& g) {
                 "forward_backward: gradients must be Params::allocate(config, f32)");
 }
 
+int64_t activation_bytes(const Activations& a) {
+  int64_t n = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined()) n += static_cast<int64_t>(t.nbytes());
+  };
+  for (const auto& L : a.layers)
+    for (const Tensor* t : {&L.x_in, &L.mean1, &L.rstd1, &L.h1, &L.qkv, &L.att, &L.lse, &L.x_mid,
+                            &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a})
+      add(*t);
+  for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
+  return n;
+}
+
 }  // namespace
 
 Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
                                           float grad_scale) const {
   const auto& c = config_;
-  check_grads(c, grads);
+  if (!hooks_) check_grads(c, grads);
   TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.shape() == ids.shape(),
                 "forward_backward: targets ", targets.describe(), " must be i32 shaped like ids ",
                 ids.describe());
   Activations acts;
-  const Tensor hf = forward_train(*this, ids, acts);
+  const Tensor hf = forward_train(*this, ids, acts);  // leaves the head unit acquired
   const int64_t B = acts.B, T = acts.T, N = B * T;
+  TrainHooks* hooks = hooks_;
+  const int head = num_units() - 1;
+  const bool tied = c.tie_word_embeddings;
+  const int64_t act_bytes = activation_bytes(acts);
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
   const Bf16Mode mode = bf16_mode_;
 
@@ -43,7 +60,28 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
   LossResult result;
-  if (count == 0) return result;
+  result.activation_bytes = act_bytes;
+  if (hooks) {
+    if (tied) hooks->acquire(0);  // lm_head is embed
+    hooks->prepare_grads(head);
+    if (tied) hooks->prepare_grads(0);
+  }
+  if (count == 0) {
+    // No target counted: every gradient is zero, but the hooks still see the whole walk
+    // (a data-parallel peer with targets is waiting on the same collectives).
+    if (hooks) {
+      if (tied) hooks->release(0);
+      hooks->grads_ready(head);
+      hooks->release(head);
+      for (int u = head - 1; u >= 1; --u) {
+        hooks->prepare_grads(u);
+        hooks->grads_ready(u);
+      }
+      hooks->prepare_grads(0);
+      hooks->grads_ready(0);
+    }
+    return result;
+  }
   const auto ce = kernels::cross_entropy(logits, tflat, nullptr, &logits,
                                          grad_scale / static_cast<float>(count));
   result.loss = ce.loss_sum / static_cast<double>(ce.count);
@@ -57,6 +95,11 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   matmul_weight_grad(dlogits, hf, grads.lm_head, mode);
   norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
                 grads.final_norm_w, grads.final_norm_b);
+  if (hooks) {
+    if (tied) hooks->release(0);
+    hooks->grads_ready(head);
+    hooks->release(head);
+  }
 
   const auto params = [&] {
     kernels::AttentionParams p;
@@ -70,6 +113,11 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   Tensor dqkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
 
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    const int unit = static_cast<int>(l) + 1;
+    if (hooks) {
+      hooks->acquire(unit);
+      hooks->prepare_grads(unit);
+    }
     const LayerParams& W = weights_.layers[l];
     LayerParams& G = grads.layers[l];
     // Activation checkpointing: rebuild what the forward pass did not keep.
@@ -113,9 +161,15 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
+    if (hooks) {
+      hooks->grads_ready(unit);
+      hooks->release(unit);
+    }
   }
+  if (hooks) hooks->prepare_grads(0);
   kernels::embedding_backward(dres, acts.ids, grads.embed);
   if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);
+  if (hooks) hooks->grads_ready(0);
   return result;
 }
 

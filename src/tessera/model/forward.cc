@@ -178,8 +178,13 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   const bool ln = c.uses_layernorm();
   const Recompute rc = m.recompute();
 
+  TrainHooks* hooks = m.train_hooks();
+  if (hooks) hooks->acquire(0);
   Tensor x = embed_tokens(m, acts.ids, acts.positions);
+  if (hooks) hooks->release(0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int unit = static_cast<int>(l) + 1;
+    if (hooks) hooks->acquire(unit);
     LayerActivations& A = acts.layers[l];
     A.x_in = x;
     if (rc == Recompute::kFull) {  // keep only the layer input; the rest is scratch
@@ -189,7 +194,10 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
     } else {
       x = layer_forward_train(m, l, acts, A, rc == Recompute::kNone);
     }
+    if (hooks) hooks->release(unit);
   }
+  // The head stays acquired: the caller runs lm_head and releases it (head_units).
+  if (hooks) hooks->acquire(m.num_units() - 1);
   acts.x_final = x;
   if (ln) acts.meanf = Tensor::empty({N}, DType::kF32);
   acts.rstdf = Tensor::empty({N}, DType::kF32);
@@ -203,7 +211,11 @@ Tensor Model::forward_batch(const Tensor& ids) const {
   Activations acts;
   const Tensor hf = forward_train(*this, ids, acts);
   Tensor logits = Tensor::empty({acts.B * acts.T, config_.vocab_size}, DType::kF32);
+  const bool tied = hooks_ && config_.tie_word_embeddings;
+  if (tied) hooks_->acquire(0);
   kernels::matmul(matmul_input(hf, bf16_mode_), compute_lm_head(), logits, false, true);
+  if (tied) hooks_->release(0);
+  if (hooks_) hooks_->release(num_units() - 1);
   return logits.view({acts.B, acts.T, config_.vocab_size});
 }
 

@@ -36,6 +36,21 @@ struct KVCache {
   void reset() { length = 0; }
 };
 
+// What forward_backward tells a data-parallel wrapper (parallel/) as it goes, so the
+// wrapper can gather sharded weights just before use, free them after, and reduce a
+// unit's gradients as soon as they are final (overlapping the rest of backward).
+// Units: 0 = embeddings (embed, pos_embed; lm_head too when tied), 1..L = layer l-1,
+// L+1 = head (final norm, untied lm_head). Forward acquires 0, 1, ..., L+1; backward
+// walks L+1, L, ..., 1 and finishes with unit 0's gradients.
+class TrainHooks {
+ public:
+  virtual ~TrainHooks() = default;
+  virtual void acquire(int unit) = 0;        // the unit's weights are read from now on
+  virtual void release(int unit) = 0;        // ... and not again until the next acquire
+  virtual void prepare_grads(int unit) = 0;  // gradients of the unit are about to be added
+  virtual void grads_ready(int unit) = 0;    // the unit's gradients are final for this call
+};
+
 class Model {
  public:
   // Reads DIR/config.json and DIR/model.safetensors (or the sharded index), converting
@@ -60,6 +75,10 @@ class Model {
   // the same way, which gives autocast's results without converting per call.
   // f16 is always emulated that way (fp16 rounding, overflow to inf).
   void set_compute_dtype(DType dtype);
+  // For a wrapper that keeps fp32 master weights itself and stores compute-precision
+  // values (bf16- or fp16-rounded, in f32) in weights(): no copy is made and matmul
+  // inputs are rounded the same way (emulated precision on every CPU).
+  void set_compute_dtype_in_place(DType dtype);
   void refresh_compute_weights();
   DType compute_dtype() const { return compute_dtype_; }
   Bf16Mode bf16_mode() const { return bf16_mode_; }
@@ -77,9 +96,16 @@ class Model {
   struct LossResult {
     double loss = 0.0;   // mean over counted targets
     int64_t count = 0;   // targets counted
+    int64_t activation_bytes = 0;  // saved for backward at the end of the forward pass
   };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
                               float grad_scale = 1.f) const;
+
+  // nullptr (the default): plain single-device training. With hooks, forward_backward
+  // does not check the gradient layout: the hooks provide each unit's tensors.
+  void set_train_hooks(TrainHooks* hooks) { hooks_ = hooks; }
+  TrainHooks* train_hooks() const { return hooks_; }
+  int num_units() const { return static_cast<int>(config_.num_layers) + 2; }
 
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
@@ -97,6 +123,7 @@ class Model {
   bool has_compute_copy_ = false;
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
   Recompute recompute_ = Recompute::kNone;
+  TrainHooks* hooks_ = nullptr;
 };
 
 }  // namespace tessera::model

@@ -204,6 +204,18 @@ void Model::set_compute_dtype(DType dtype) {
   refresh_compute_weights();
 }
 
+void Model::set_compute_dtype_in_place(DType dtype) {
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
+                "compute dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
+  TESSERA_CHECK(dtype_ == DType::kF32, "in-place compute precision needs f32 weight storage");
+  compute_dtype_ = dtype;
+  has_compute_copy_ = false;
+  compute_ = Params();
+  bf16_mode_ = dtype == DType::kF32   ? Bf16Mode::kOff
+               : dtype == DType::kF16 ? Bf16Mode::kEmulatedF16
+                                      : Bf16Mode::kEmulated;
+}
+
 void Model::refresh_compute_weights() {
   if (!has_compute_copy_) return;
   auto convert = [&](const Tensor& w) {

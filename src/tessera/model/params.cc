@@ -99,6 +99,42 @@ std::vector<std::pair<std::string, Tensor>> Params::named(const ModelConfig& c) 
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelConfig& c, int unit) {
+  const int L = static_cast<int>(layers.size());
+  TESSERA_CHECK(unit >= 0 && unit <= L + 1, "unit_tensors: unit ", unit, " out of range [0, ",
+                L + 1, "]");
+  std::vector<std::pair<std::string, Tensor*>> out;
+  auto add = [&](std::string name, Tensor& t) {
+    if (t.defined()) out.emplace_back(std::move(name), &t);
+  };
+  if (unit == 0) {
+    add("embed", embed);
+    add("pos_embed", pos_embed);
+  } else if (unit == L + 1) {
+    add("final_norm.weight", final_norm_w);
+    add("final_norm.bias", final_norm_b);
+    if (!c.tie_word_embeddings) add("lm_head", lm_head);
+  } else {
+    LayerParams& P = layers[unit - 1];
+    const std::string pre = "layers." + std::to_string(unit - 1) + ".";
+    add(pre + "norm1.weight", P.norm1_w);
+    add(pre + "norm1.bias", P.norm1_b);
+    const char* names[] = {"qkv", "o", "up", "down"};
+    Linear* lins[] = {&P.qkv, &P.o, &P.up, &P.down};
+    for (int i = 0; i < 4; ++i) {
+      add(pre + names[i] + ".weight", lins[i]->weight);
+      add(pre + names[i] + ".bias", lins[i]->bias);
+    }
+    add(pre + "norm2.weight", P.norm2_w);
+    add(pre + "norm2.bias", P.norm2_b);
+  }
+  return out;
+}
+
+void Params::tie(const ModelConfig& c) {
+  if (c.tie_word_embeddings) lm_head = embed;
+}
+
 std::vector<Tensor*> Params::matmul_weights() {
   std::vector<Tensor*> w;
   for (auto& L : layers)

@@ -42,6 +42,11 @@ struct Params {
   static Params allocate(const ModelConfig& config, DType dtype);
   // (Hugging Face name, view) for every distinct tensor; tied lm_head is not listed.
   std::vector<std::pair<std::string, Tensor>> named(const ModelConfig& config) const;
+  // The storage tensors of one TrainHooks unit (0 embeddings, 1..L layers, L+1 head) with
+  // stable names ("layers.3.qkv.weight"); pointers into this struct, defined ones only.
+  // A tied lm_head is not listed (it aliases embed: call tie() after replacing embed).
+  std::vector<std::pair<std::string, Tensor*>> unit_tensors(const ModelConfig& config, int unit);
+  void tie(const ModelConfig& config);  // lm_head = embed when the config ties them
   // Every linear weight in the model (for compute-dtype copies), lm_head included.
   std::vector<Tensor*> matmul_weights();
   void zero();

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -47,10 +48,10 @@ namespace {
 
 // Rejects what could escape the step directory or clash with the manager's own files,
 // before anything is copied or written.
-void check_files(int64_t step, const CheckpointFiles& files) {
+void check_files(int64_t step, const CheckpointFiles& files, bool may_be_empty) {
   TESSERA_CHECK(step >= 0, "checkpoint: step must be >= 0, got ", step);
-  TESSERA_CHECK(!files.safetensors.empty() || !files.texts.empty(), "checkpoint step ", step,
-                ": no files to save");
+  TESSERA_CHECK(may_be_empty || !files.safetensors.empty() || !files.texts.empty(),
+                "checkpoint step ", step, ": no files to save");
   std::set<std::string> names;
   auto check_name = [&](const std::string& name) {
     TESSERA_CHECK(detail::is_plain_file_name(name), "checkpoint step ", step,
@@ -172,6 +173,31 @@ void remove_stale(const fs::path& root) {
   }
 }
 
+// The digest marker a rank > 0 leaves in the tmp directory once its files are written.
+std::string rank_marker_name(int rank) { return ".rank-" + std::to_string(rank) + ".json"; }
+
+// Rank 0: waits for every other rank's marker, merges its digests into `listed` and
+// removes the markers (they are not part of the checkpoint).
+void collect_rank_digests(const fs::path& tmp, int world, double timeout_s,
+                          nlohmann::ordered_json& listed) {
+  base::Timer waited;
+  for (int r = 1; r < world; ++r) {
+    const fs::path marker = tmp / rank_marker_name(r);
+    while (!fs::exists(marker)) {
+      TESSERA_CHECK(waited.seconds() < timeout_s, tmp.string(), ": rank ", r,
+                    " did not finish writing its checkpoint files within ", timeout_s, " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const auto part = nlohmann::ordered_json::parse(io::read_file_bytes(marker.string()));
+    for (const auto& [file, digest] : part.items()) {
+      TESSERA_CHECK(!listed.contains(file), tmp.string(), ": file ", file,
+                    " written by two ranks");
+      listed[file] = digest;
+    }
+    fs::remove(marker);
+  }
+}
+
 void rename_or_fail(const fs::path& from, const fs::path& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0)
     fail(to.string(), ": cannot rename ", from.string(), " into place: ", std::strerror(errno));
@@ -240,6 +266,17 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
+void CheckpointManager::set_ranks(int rank, int world_size, std::function<void()> barrier,
+                                  double shard_timeout_s) {
+  TESSERA_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "checkpoint: rank ", rank,
+                " out of range for world size ", world_size);
+  TESSERA_CHECK(world_size == 1 || barrier, "checkpoint: several ranks need a barrier");
+  rank_ = rank;
+  world_ = world_size;
+  barrier_ = std::move(barrier);
+  shard_timeout_s_ = shard_timeout_s;
+}
+
 std::string CheckpointManager::checkpoints_dir() const {
   return (fs::path(run_dir_) / detail::kCheckpointsDirName).string();
 }
@@ -278,7 +315,23 @@ void CheckpointManager::wait_snapshot() {
 void CheckpointManager::start_save(int64_t step, CheckpointFiles files, bool deferred) {
   base::Timer timer;
   wait();  // at most one write in flight; rethrows the previous write's error
-  check_files(step, files);
+  check_files(step, files, /*may_be_empty=*/world_ > 1 && rank_ != 0);  // a rank may own none
+  if (world_ > 1) {
+    // Rank 0 clears leftovers and makes the step's tmp directory before anyone writes.
+    if (rank_ == 0) {
+      const fs::path root = checkpoints_dir();
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      TESSERA_CHECK(fs::is_directory(root), root.string(),
+                    ": cannot create checkpoint directory: ",
+                    ec ? ec.message() : "a file of that name exists");
+      remove_stale(root);
+      const fs::path tmp = root / (detail::kTmpPrefix + checkpoint_dir_name(step));
+      fs::create_directory(tmp, ec);
+      TESSERA_CHECK(!ec, tmp.string(), ": cannot create directory: ", ec.message());
+    }
+    barrier_();
+  }
   auto job = std::make_shared<Job>();
   job->step = step;
   std::promise<void> snapshot;
@@ -326,15 +379,16 @@ void CheckpointManager::run_job(Job& job) {
   base::Timer timer;
   const fs::path root = checkpoints_dir();
   std::error_code ec;
-  fs::create_directories(root, ec);
-  TESSERA_CHECK(fs::is_directory(root), root.string(), ": cannot create checkpoint directory: ",
-                ec ? ec.message() : "a file of that name exists");
-  remove_stale(root);
-
   const std::string name = checkpoint_dir_name(job.step);
   const fs::path tmp = root / (detail::kTmpPrefix + name);
-  fs::create_directory(tmp, ec);
-  TESSERA_CHECK(!ec, tmp.string(), ": cannot create directory: ", ec.message());
+  if (world_ == 1) {  // (several ranks: rank 0 made it in start_save)
+    fs::create_directories(root, ec);
+    TESSERA_CHECK(fs::is_directory(root), root.string(), ": cannot create checkpoint directory: ",
+                  ec ? ec.message() : "a file of that name exists");
+    remove_stale(root);
+    fs::create_directory(tmp, ec);
+    TESSERA_CHECK(!ec, tmp.string(), ": cannot create directory: ", ec.message());
+  }
   double write_s = 0, hash_s = 0;
   try {
     nlohmann::ordered_json listed = nlohmann::ordered_json::object();
@@ -354,6 +408,14 @@ void CheckpointManager::run_job(Job& job) {
       listed[file] = {{"size", text.size()},
                       {detail::kHashKey, detail::hash_hex(detail::digest_bytes(text))}};
     }
+    if (world_ > 1 && rank_ != 0) {
+      // This rank's part is durable: leave the digests for rank 0, which commits.
+      detail::fsync_dir(tmp.string());
+      io::write_file_atomic((tmp / rank_marker_name(rank_)).string(), listed.dump() + "\n");
+      last_write_seconds_ = timer.seconds();
+      return;
+    }
+    if (world_ > 1) collect_rank_digests(tmp, world_, shard_timeout_s_, listed);
     nlohmann::ordered_json sums;
     sums["format"] = detail::kFormat;
     sums["step"] = job.step;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <optional>
 #include <string>
@@ -39,6 +40,12 @@ std::string checkpoint_dir_name(int64_t step);
 class CheckpointManager {
  public:
   explicit CheckpointManager(std::string run_dir, int keep_last = 3);
+  // Several ranks writing one checkpoint (a shared file system): every rank calls save
+  // with the files it owns (distinct names); rank 0 prepares the step directory, waits for
+  // every rank's files (each rank leaves a digest marker), then writes checksums and
+  // commits. `barrier` is a collective over the ranks; it runs inside save_async.
+  void set_ranks(int rank, int world_size, std::function<void()> barrier,
+                 double shard_timeout_s = 600);
   ~CheckpointManager();  // waits for a pending write; logs (never throws) its error
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -88,6 +95,9 @@ class CheckpointManager {
 
   std::string run_dir_;
   int keep_last_;
+  int rank_ = 0, world_ = 1;
+  std::function<void()> barrier_;
+  double shard_timeout_s_ = 600;
   std::thread worker_;
   std::exception_ptr error_;  // set by the worker, read after join
   std::future<void> snapshot_done_;  // ready once the worker holds its copies

@@ -90,7 +90,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   c.source_text = text;
   const std::set<std::string> tables = {"run",      "model",      "data",        "optimizer",
                                         "schedule", "training",   "checkpoint",  "spike_guard",
-                                        "logging"};
+                                        "logging",  "parallel"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     TESSERA_CHECK(tables.count(key), source, ": unknown table or key '", key, "'");
@@ -234,6 +234,20 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   l.get("trace", c.logging.trace);
   l.check_unknown();
   check_positive(c.logging.peak_gflops >= 0, l, "peak_gflops", "must not be negative");
+
+  Section p = table("parallel");
+  auto& pa = c.parallel;
+  p.get("zero_stage", pa.zero_stage);
+  p.get("bucket_mb", pa.bucket_mb);
+  p.get("offload", pa.offload);
+  p.get("prefetch", pa.prefetch);
+  p.get("algorithm", pa.algorithm);
+  p.get("timeout_s", pa.timeout_s);
+  p.check_unknown();
+  check_positive(pa.zero_stage >= 0 && pa.zero_stage <= 3, p, "zero_stage", "must be 0, 1, 2 or 3");
+  check_positive(pa.bucket_mb > 0, p, "bucket_mb", "must be positive");
+  check_positive(pa.timeout_s > 0, p, "timeout_s", "must be positive");
+  check_one_of(pa.algorithm, {"auto", "backend", "ring", "hd", "hierarchical"}, p, "algorithm");
   return c;
 }
 

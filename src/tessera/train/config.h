@@ -63,6 +63,16 @@ struct LoggingSection {
   std::string trace;       // Chrome trace-event JSON of the run ("" = off)
 };
 
+// Data parallelism ([parallel]); the world size comes from the launcher (mpirun, --nproc).
+struct ParallelSection {
+  int zero_stage = 0;          // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters sharded
+  double bucket_mb = 25;       // gradient bucket size in MiB (stages 0-2)
+  bool offload = false;        // fp32 master weights + optimizer state in host memory (CPU Adam)
+  bool prefetch = true;        // stage 3: gather the next layer's weights ahead of use
+  std::string algorithm = "auto";  // collectives: auto | backend | ring | hd | hierarchical
+  double timeout_s = 300;      // watchdog: a collective slower than this aborts the job
+};
+
 struct TrainConfig {
   std::string out_dir = "runs/train";  // [run] out_dir
   ModelSection model;
@@ -73,6 +83,7 @@ struct TrainConfig {
   CheckpointSection checkpoint;
   SpikeGuardSection spike_guard;
   LoggingSection logging;
+  ParallelSection parallel;
   double fp16_init_scale = 65536.0;  // [training] fp16_init_scale
   int64_t fp16_growth_interval = 2000;
   std::string source_text;  // the TOML as read (saved into checkpoints)

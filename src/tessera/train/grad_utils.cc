@@ -77,8 +77,10 @@ double grad_global_norm(const std::vector<ParamRef>& params) {
   return std::sqrt(s);
 }
 
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
-  const double norm = grad_global_norm(params);
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
+                      const std::function<double(double)>& sum_across) {
+  double norm = grad_global_norm(params);
+  if (sum_across) norm = std::sqrt(sum_across(norm * norm));
   if (!(max_norm > 0) || !std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return norm;

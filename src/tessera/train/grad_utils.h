@@ -1,6 +1,7 @@
 // Gradient utilities of the training step: global L2 norm and norm clipping with
 // torch.nn.utils.clip_grad_norm_ semantics.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "tessera/train/optimizer.h"
@@ -15,6 +16,9 @@ double grad_global_norm(const std::vector<ParamRef>& params);
 // returns the pre-clip global norm. max_norm <= 0 only measures. A non-finite norm is
 // returned without touching the grads (torch would multiply them by NaN); the caller
 // reports it and, with a loss scaler, skips the step.
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);
+// With `sum_across` (sharded gradients: each rank holds a part), the squared norm of this
+// rank's part is summed over the group through it before the coefficient is taken.
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
+                      const std::function<double(double)>& sum_across = {});
 
 }  // namespace tessera::train

@@ -1,6 +1,6 @@
-// The training loop (one process): micro-batches with gradient accumulation, fp16 loss
-// scaling, clipping, the optimizer, the spike guard, metrics, and async checkpoints
-// that carry everything an exact resume needs.
+// The training loop on one or N data-parallel ranks: micro-batches with gradient
+// accumulation, fp16 loss scaling, clipping, the optimizer on this rank's shard, the spike
+// guard, metrics, and async sharded checkpoints that carry everything an exact resume needs.
 #include "tessera/train/trainer.h"
 
 #include <unistd.h>
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <map>
 #include <optional>
 
 #include "tessera/base/error.h"
@@ -16,11 +17,13 @@
 #include "tessera/base/memory.h"
 #include "tessera/base/timer.h"
 #include "tessera/base/trace.h"
+#include "tessera/comm/communicator.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/kernels/cross_entropy.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
+#include "tessera/parallel/data_parallel.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
 #include "tessera/train/grad_utils.h"
@@ -28,6 +31,7 @@
 #include "tessera/train/metrics.h"
 #include "tessera/train/plot.h"
 #include "tessera/train/schedule.h"
+#include "tessera/train/sharded_state.h"
 #include "tessera/train/trainer_setup.h"
 
 namespace tessera::train {
@@ -35,7 +39,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double mean_loss(const model::Model& m, const std::vector<std::pair<Tensor, Tensor>>& batches) {
+// (sum of token losses, tokens) over the batches.
+std::pair<double, int64_t> loss_sums(const model::Model& m,
+                                     const std::vector<std::pair<Tensor, Tensor>>& batches) {
   double sum = 0;
   int64_t count = 0;
   for (const auto& [ids, targets] : batches) {
@@ -46,7 +52,31 @@ double mean_loss(const model::Model& m, const std::vector<std::pair<Tensor, Tens
     sum += ce.loss_sum;
     count += ce.count;
   }
-  return count ? sum / static_cast<double>(count) : -1.0;
+  return {sum, count};
+}
+
+parallel::DataParallelConfig dp_config(const TrainConfig& c) {
+  parallel::DataParallelConfig d;
+  d.zero_stage = c.parallel.zero_stage;
+  d.bucket_bytes = std::max<int64_t>(4, static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20)));
+  d.offload = c.parallel.offload;
+  d.prefetch = c.parallel.prefetch;
+  d.algorithm = comm::parse_algorithm(c.parallel.algorithm);
+  const auto& p = c.training.precision;
+  d.compute_dtype = p == "bf16" ? DType::kBF16 : p == "fp16" ? DType::kF16 : DType::kF32;
+  return d;
+}
+
+comm::Communicator& with_timeout(comm::Communicator& c, double seconds) {
+  c.set_timeout(seconds);
+  return c;
+}
+
+constexpr const char* kShardIndexName = "optimizer_index.json";
+std::string shard_file_name(int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-rank%05d.safetensors", rank);
+  return buf;
 }
 
 // Everything of a run that a checkpoint saves besides the tensors.
@@ -60,17 +90,23 @@ struct RunState {
 
 class Run {
  public:
-  Run(const TrainConfig& c, const TrainOptions& o)
-      : c_(c), o_(o), meta_(read_data_meta(c.data.dir)),
+  Run(const TrainConfig& c, const TrainOptions& o, comm::Communicator& comm)
+      : c_(c), o_(o), comm_(with_timeout(comm, c.parallel.timeout_s)), rank_(comm.rank()),
+        world_(comm.size()),
+        meta_(read_data_meta(c.data.dir)),
         model_(build_model(c, meta_.vocab_size, meta_.eos_id)),
-        grads_(model::Params::allocate(model_.config(), DType::kF32)),
-        refs_(make_param_refs(model_, grads_)),
+        flags_(param_flags(model_)),
+        dp_(model_, comm_, dp_config(c)),
+        refs_(make_refs()),
         opt_(c.optimizer, refs_),
         scaler_(c.fp16_init_scale, 2.0, 0.5, c.fp16_growth_interval,
                 c.training.precision == "fp16"),
         loader_(c.data.dir, "train", c.data.seq_len, c.data.seed),
         spikes_(c.spike_guard),
         ckpt_(c.out_dir, c.checkpoint.keep) {
+    TESSERA_CHECK(c.data.batch_size % world_ == 0, "data.batch_size = ", c.data.batch_size,
+                  " does not split evenly over ", world_, " data-parallel ranks");
+    ckpt_.set_ranks(rank_, world_, [this] { comm_.barrier(); }, c.parallel.timeout_s);
     tokenizer_dir_ = c.data.tokenizer.empty() ? meta_.tokenizer : c.data.tokenizer;
     if (!tokenizer_dir_.empty() && !fs::exists(tokenizer_dir_ + "/tokenizer.json")) {
       TESSERA_CHECK(c.data.tokenizer.empty(), "data.tokenizer: no tokenizer.json in ",
@@ -79,11 +115,14 @@ class Run {
     }
     tokenizer_texts_ = tokenizer_files(tokenizer_dir_);
     const auto& tr = c.training;
-    if (tr.precision == "bf16") model_.set_compute_dtype(DType::kBF16);
-    if (tr.precision == "fp16") model_.set_compute_dtype(DType::kF16);
     model_.set_recompute(model::parse_recompute(tr.activation_checkpointing));
-    if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0)
-      val_ = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, tr.eval_batches);
+    if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
+      // Each rank evaluates every world_-th batch; the sums are added over the ranks.
+      auto all = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, tr.eval_batches);
+      for (size_t i = 0; i < all.size(); ++i)
+        if (static_cast<int>(i % world_) == rank_) val_.push_back(std::move(all[i]));
+      has_val_ = !all.empty();
+    }
     const auto& mc = model_.config();
     flops_per_token_ = 3.0 * model::forward_flops(mc, c.data.seq_len, 0) /
                        static_cast<double>(c.data.seq_len);
@@ -93,51 +132,72 @@ class Run {
     TrainResult result;
     base::Timer total;
     prepare_out_dir();
-    const double peak = peak_flops();
-    auto metrics = std::make_unique<MetricsWriter>(c_.out_dir + "/metrics.jsonl", o_.resume);
-    if (o_.resume) metrics->truncate_from_step(st_.step + 1);
+    const bool lead = rank_ == 0;  // writes metrics, the progress bar and models
+    const double peak = lead ? peak_flops() : 0.0;
+    std::unique_ptr<MetricsWriter> metrics;
+    if (lead) {
+      metrics = std::make_unique<MetricsWriter>(c_.out_dir + "/metrics.jsonl", o_.resume);
+      if (o_.resume) metrics->truncate_from_step(st_.step + 1);
+    }
     result.start_step = st_.step;
+    result.world_size = world_;
     const auto& tr = c_.training;
     const int64_t B = c_.data.batch_size, T = c_.data.seq_len, accum = c_.data.grad_accum;
-    std::fprintf(stderr,
-                 "train: %s %.1fM params, %lld steps of %lld x %lld x %lld tokens, %s, "
-                 "checkpointing %s, out %s\n",
-                 model_.config().model_type.c_str(), model_.config().num_parameters() / 1e6,
-                 static_cast<long long>(tr.steps), static_cast<long long>(accum),
-                 static_cast<long long>(B), static_cast<long long>(T), tr.precision.c_str(),
-                 tr.activation_checkpointing.c_str(), c_.out_dir.c_str());
+    if (lead)
+      std::fprintf(stderr,
+                   "train: %s %.1fM params, %lld steps of %lld x %lld x %lld tokens, %s, "
+                   "checkpointing %s, %d rank%s (ZeRO stage %d%s), out %s\n",
+                   model_.config().model_type.c_str(), model_.config().num_parameters() / 1e6,
+                   static_cast<long long>(tr.steps), static_cast<long long>(accum),
+                   static_cast<long long>(B), static_cast<long long>(T), tr.precision.c_str(),
+                   tr.activation_checkpointing.c_str(), world_, world_ > 1 ? "s" : "",
+                   c_.parallel.zero_stage, c_.parallel.offload ? ", CPU offload" : "",
+                   c_.out_dir.c_str());
     std::optional<base::ProgressBar> bar;
-    if (c_.logging.progress) bar.emplace("train", tr.steps);
+    if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
+    const int64_t local_b = B / world_;
     Tensor ids, targets;
     if (!c_.logging.trace.empty()) base::start_trace(c_.logging.trace);
     while (st_.step < tr.steps) {
       base::TraceScope step_scope("step");
       base::Timer step_timer;
       const LoaderState before = loader_.state();
-      grads_.zero();
+      dp_.start_step();
       double loss_sum = 0;
-      int64_t count = 0;
+      int64_t count = 0, activation_bytes = 0;
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
       for (int64_t micro = 0; micro < accum; ++micro) {
-        next_batch(B, ids, targets);
+        next_batch(B, ids, targets);  // the global batch; this rank takes its rows
+        const Tensor my_ids = ids.slice(0, rank_ * local_b, (rank_ + 1) * local_b);
+        const Tensor my_targets = targets.slice(0, rank_ * local_b, (rank_ + 1) * local_b);
+        dp_.set_sync(micro + 1 == accum);  // no gradient traffic before the last micro-batch
         base::TraceScope fb("forward_backward");
-        const auto r = model_.forward_backward(ids, targets, grads_, scale / accum);
+        const auto r = model_.forward_backward(my_ids, my_targets, dp_.grads(), scale / accum);
         loss_sum += r.loss;
         count += r.count;
+        activation_bytes = std::max(activation_bytes, r.activation_bytes);
       }
-      const double loss = loss_sum / static_cast<double>(accum);
+      dp_.finish_gradients();
+      // Every rank holds the same number of targets, so the mean of the ranks' means is
+      // the global batch's mean (and the gradients were averaged the same way).
+      const double loss = dp_.sum_over_ranks(loss_sum) / static_cast<double>(accum * world_);
+      count = static_cast<int64_t>(dp_.sum_over_ranks(static_cast<double>(count)));
       const LoaderState after = loader_.state();
       bool finite = true;
-      if (scaler_.enabled())
+      if (scaler_.enabled()) {
         finite = scaler_.unscale_and_check(refs_);
+        if (dp_.sharded()) finite = dp_.sum_over_ranks(finite ? 0.0 : 1.0) == 0.0;
+      }
       double grad_norm = 0;
       {
         base::TraceScope clip("clip_grad_norm");
-        grad_norm = clip_grad_norm(refs_, tr.max_grad_norm);
+        std::function<double(double)> across;
+        if (dp_.sharded()) across = [this](double x) { return dp_.sum_over_ranks(x); };
+        grad_norm = clip_grad_norm(refs_, tr.max_grad_norm, across);
       }
       finite = finite && std::isfinite(grad_norm);  // a non-finite gradient makes the norm so
       const bool spike = finite && spikes_.is_spike(loss);
-      if (spike && c_.spike_guard.policy == "rollback" && try_rollback(before, after, loss, *metrics)) {
+      if (spike && c_.spike_guard.policy == "rollback" && try_rollback(before, after, loss, metrics.get())) {
         ++result.rollbacks;
         continue;
       }
@@ -150,14 +210,14 @@ class Run {
         }
         base::TraceScope opt("optimizer_step");
         opt_.step(lr_scale);
-        model_.refresh_compute_weights();
+        dp_.publish_params();
         spikes_.add(loss);
       } else if (!finite) {
         ++st_.skipped_steps;
       }
       if (spike) {
         ++st_.spikes;
-        TESSERA_LOG(kWarn, "step ", st_.step + 1, ": loss ", loss, " is a spike (mean ",
+        if (lead) TESSERA_LOG(kWarn, "step ", st_.step + 1, ": loss ", loss, " is a spike (mean ",
                     spikes_.mean(), ", std ", spikes_.stddev(), "); batch skipped");
       }
       scaler_.update(!finite);
@@ -171,19 +231,20 @@ class Run {
       sm.grad_norm = grad_norm;
       sm.loss_scale = scaler_.enabled() ? scale : 1.0;
       sm.tokens_per_s = static_cast<double>(B * T * accum) / secs;
-      sm.mfu = model_flops_utilization(flops_per_token_, sm.tokens_per_s, peak);
+      sm.mfu = lead ? model_flops_utilization(flops_per_token_, sm.tokens_per_s / world_, peak) : 0;
       sm.peak_rss_mb = static_cast<double>(base::peak_rss_bytes()) / (1 << 20);
       sm.skipped = !finite;
       sm.spike = spike;
       const bool last = st_.step == tr.steps;
-      if (!val_.empty() && ((tr.eval_every > 0 && st_.step % tr.eval_every == 0) || last)) {
+      if (has_val_ && ((tr.eval_every > 0 && st_.step % tr.eval_every == 0) || last)) {
         base::TraceScope eval("eval");
-        sm.val_loss = mean_loss(model_, val_);
+        sm.val_loss = validation_loss();
         result.val_loss = *sm.val_loss;
       }
       nlohmann::json rec = sm.to_record();
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
-      metrics->write(rec);
+      add_memory(rec, activation_bytes);
+      if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;
       ++result.steps_run;
@@ -211,11 +272,16 @@ class Run {
     result.skipped_steps = st_.skipped_steps;
     result.spikes = st_.spikes;
     result.model_dir = c_.out_dir + "/model";
-    model_.save(result.model_dir);
-    for (const auto& [name, text] : tokenizer_texts_)
-      io::write_file_atomic(result.model_dir + "/" + name, text);
+    dp_.gather_all();
+    if (lead) {
+      model_.save(result.model_dir);
+      for (const auto& [name, text] : tokenizer_texts_)
+        io::write_file_atomic(result.model_dir + "/" + name, text);
+    }
+    dp_.release_all();
+    comm_.barrier();  // every rank returns once the model is on disk
     metrics.reset();
-    if (c_.logging.plot) {
+    if (c_.logging.plot && lead) {
       result.svg_path = c_.out_dir + "/loss_curve.svg";
       write_training_svg(read_metrics(c_.out_dir + "/metrics.jsonl"), result.svg_path,
                          "Tessera training: " + c_.out_dir);
@@ -225,6 +291,49 @@ class Run {
   }
 
  private:
+  std::vector<ParamRef> make_refs() {
+    std::vector<ParamRef> refs;
+    for (const auto& piece : dp_.pieces()) {
+      const ParamFlags f = flags_.at(piece.name);
+      TESSERA_CHECK(!(f.muon && c_.optimizer.name == "muon" && !piece.whole()),
+                    "optimizer.name = \"muon\" needs whole matrices on each rank, but "
+                    "parallel.zero_stage = ", c_.parallel.zero_stage, " splits ", piece.name,
+                    " over ", world_, " ranks; use zero_stage = 0 with Muon");
+      ParamRef r;
+      r.name = piece_key(piece.name, piece.offset, piece.whole());
+      r.param = piece.master;
+      r.grad = piece.grad;
+      r.decay = f.decay;
+      r.muon = f.muon;
+      refs.push_back(std::move(r));
+    }
+    return refs;
+  }
+
+  double validation_loss() {
+    dp_.gather_all();
+    const auto [sum, count] = loss_sums(model_, val_);
+    dp_.release_all();
+    const double total = dp_.sum_over_ranks(sum);
+    const double n = dp_.sum_over_ranks(static_cast<double>(count));
+    return n > 0 ? total / n : -1.0;
+  }
+
+  // Bytes this rank holds for parameters, gradients, optimizer state (fp32 master weights
+  // and moments) and activations: what the ZeRO paper's formulas predict (docs/distributed.md).
+  void add_memory(nlohmann::json& rec, int64_t activation_bytes) const {
+    const parallel::MemoryUse m = dp_.memory();
+    int64_t moments = 0;
+    for (const auto& [name, t] : opt_.state_tensors()) moments += static_cast<int64_t>(t.nbytes());
+    rec["world_size"] = world_;
+    rec["mem_params"] = m.params;
+    rec["mem_grads"] = m.grads;
+    rec["mem_optimizer"] = m.master + moments;
+    rec["mem_activations"] = activation_bytes;
+    if (c_.parallel.offload) rec["mem_offloaded"] = m.offloaded + moments;
+    if (c_.parallel.zero_stage == 3) rec["mem_gathered_peak"] = m.gathered_peak;
+  }
+
   void prepare_out_dir() {
     fs::create_directories(c_.out_dir);
     const auto latest = CheckpointManager::find_latest_in(c_.out_dir);
@@ -265,9 +374,10 @@ class Run {
   }
 
   bool try_rollback(const LoaderState& before, const LoaderState& after, double loss,
-                    MetricsWriter& metrics) {
+                    MetricsWriter* metrics) {
     if (st_.rollbacks >= c_.spike_guard.max_rollbacks) return false;
     ckpt_.wait();
+    comm_.barrier();  // rank 0 has committed the checkpoint every rank is about to read
     const auto latest = ckpt_.find_latest();
     if (!latest) {
       TESSERA_LOG(kWarn, "loss spike at step ", st_.step + 1, " but no checkpoint to roll back to;"
@@ -285,16 +395,28 @@ class Run {
     st_.skip = skip;  // the rollback's memory survives the restore
     st_.rollbacks = rollbacks;
     st_.spikes = spikes;
-    metrics.truncate_from_step(st_.step + 1);
-    metrics.write({{"event", "rollback"}, {"step", st_.step}, {"spike_step", spike_step},
-                   {"loss", loss}});
+    if (metrics) {
+      metrics->truncate_from_step(st_.step + 1);
+      metrics->write({{"event", "rollback"}, {"step", st_.step}, {"spike_step", spike_step},
+                      {"loss", loss}});
+    }
     return true;
   }
 
+  // Rank 0: the model (Hugging Face layout), tokenizer, trainer state, config and the
+  // shard index; every rank that owns optimizer state: its shard (master weights and
+  // moments by piece). In stage 3 the weights must be gathered while this runs.
   CheckpointFiles checkpoint_files() const {
     CheckpointFiles f;
-    f.safetensors.push_back({"model.safetensors", model_.weights().named(model_.config())});
-    f.safetensors.push_back({"optimizer.safetensors", opt_.state_tensors()});
+    if (rank_ == 0 || dp_.sharded()) {
+      std::vector<std::pair<std::string, Tensor>> shard;
+      for (const ParamRef& r : refs_) shard.emplace_back("master." + r.name, r.param);
+      for (auto& t : opt_.state_tensors()) shard.push_back(std::move(t));
+      f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
+    }
+    if (rank_ != 0) return f;
+    f.safetensors.insert(f.safetensors.begin(),
+                         {"model.safetensors", model_.weights().named(model_.config())});
     f.texts = model_.hf_json_files();
     for (const auto& t : tokenizer_texts_) f.texts.push_back(t);
     nlohmann::json s;
@@ -315,37 +437,81 @@ class Run {
     s["rng"] = {{"data_seed", c_.data.seed}, {"model_seed", c_.model.seed}};
     f.texts.emplace_back("trainer_state.json", s.dump(2) + "\n");
     f.texts.emplace_back("config.toml", c_.source_text);
+    nlohmann::json index;
+    index["format"] = "tessera-optimizer-shards";
+    index["version"] = 1;
+    index["world_size"] = world_;
+    index["zero_stage"] = c_.parallel.zero_stage;
+    index["precision"] = c_.training.precision;
+    std::vector<std::string> files;
+    for (int r = 0; r < (dp_.sharded() ? world_ : 1); ++r) files.push_back(shard_file_name(r));
+    index["files"] = files;
+    f.texts.emplace_back(kShardIndexName, index.dump(2) + "\n");
     return f;
   }
 
   void save_checkpoint(bool async) {
     base::TraceScope scope("checkpoint_save");
+    if (c_.parallel.zero_stage == 3) {  // the gathered weights go again once copied
+      dp_.gather_all();
+      if (async)
+        ckpt_.save_async(st_.step, checkpoint_files());
+      else
+        ckpt_.save(st_.step, checkpoint_files());
+      dp_.release_all();
+      return;
+    }
     if (async)  // copied in the background while the next step's forward/backward runs
       ckpt_.save_async_deferred(st_.step, checkpoint_files());
     else
       ckpt_.save(st_.step, checkpoint_files());
   }
 
+  // Any world size and stage can load any checkpoint: each rank reads the pieces of the
+  // saved shards that overlap its own (resharding). Checkpoints from before sharding
+  // (optimizer.safetensors, masters = the model's weights) load the same way.
   void load_checkpoint(const LoadedCheckpoint& ck) {
     const std::string dir = ck.dir;
     const auto state = io::read_json_file(dir + "/trainer_state.json");
     try {
-      auto weights = io::SafetensorsFile::open(dir + "/model.safetensors");
-      for (auto& [name, t] : model_.weights().named(model_.config())) {
-        TESSERA_CHECK(weights->has(name), dir, "/model.safetensors: missing tensor ", name);
-        const Tensor src = weights->get(name);
-        TESSERA_CHECK(src.shape() == t.shape(), dir, "/model.safetensors: ", name, " has shape ",
-                      src.describe(), ", the configured model needs ", t.describe());
-        t.copy_from(src);
+      std::vector<std::string> files;
+      if (fs::exists(dir + "/" + kShardIndexName)) {
+        const auto index = io::read_json_file(dir + "/" + kShardIndexName);
+        for (const auto& f : index.at("files")) files.push_back(dir + "/" + f.get<std::string>());
+      } else {
+        files.push_back(dir + "/optimizer.safetensors");
       }
-      model_.refresh_compute_weights();
-      auto optf = io::SafetensorsFile::open(dir + "/optimizer.safetensors");
+      const PieceReader reader(files);
+      std::shared_ptr<io::SafetensorsFile> weights;  // only for checkpoints without masters
+      std::map<std::string, const parallel::ShardPiece*> by_ref;
+      for (size_t i = 0; i < refs_.size(); ++i) {
+        const auto& piece = dp_.pieces()[i];
+        by_ref[refs_[i].name] = &piece;
+        Tensor dst = piece.master;
+        if (reader.has("master." + piece.name)) {
+          reader.read("master." + piece.name, piece.offset, dst);
+          continue;
+        }
+        if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
+        TESSERA_CHECK(weights->has(piece.name), dir, "/model.safetensors: missing tensor ",
+                      piece.name);
+        const Tensor src = weights->get(piece.name);
+        TESSERA_CHECK(src.shape() == piece.tensor_shape, dir, "/model.safetensors: ", piece.name,
+                      " has shape ", src.describe(), ", the configured model needs ",
+                      shape_str(piece.tensor_shape));
+        dst.view({dst.numel()}).copy_from(
+            src.view({src.numel()}).slice(0, piece.offset, piece.offset + dst.numel()));
+      }
       std::vector<std::pair<std::string, Tensor>> opt_state;
       for (const auto& [name, t] : opt_.state_tensors()) {
-        TESSERA_CHECK(optf->has(name), dir, "/optimizer.safetensors: missing tensor ", name);
-        opt_state.emplace_back(name, optf->get(name));
+        const size_t dot = name.find('.');
+        const auto* piece = by_ref.at(name.substr(dot + 1));
+        Tensor dst = Tensor::empty(t.shape(), DType::kF32);
+        reader.read(name.substr(0, dot + 1) + piece->name, piece->offset, dst);
+        opt_state.emplace_back(name, dst);
       }
       opt_.load_state(opt_state, state.at("optimizer_step").get<int64_t>());
+      dp_.publish_params();
       scaler_.load_json(state.at("loss_scaler"));
       loader_.set_state(state.at("loader").get<LoaderState>());
       spikes_.load_json(state.at("spike_window"));
@@ -356,7 +522,7 @@ class Run {
       st_.skipped_steps = state.at("skipped_steps").get<int64_t>();
       st_.tokens_seen = state.at("tokens_seen").get<uint64_t>();
     } catch (const nlohmann::json::exception& e) {
-      fail(dir, "/trainer_state.json: ", e.what());
+      fail(dir, ": ", e.what());
     }
     TESSERA_CHECK(st_.step <= c_.training.steps, dir, " is at step ", st_.step,
                   ", past training.steps = ", c_.training.steps);
@@ -364,16 +530,20 @@ class Run {
 
   const TrainConfig& c_;
   TrainOptions o_;
+  comm::Communicator& comm_;
+  int rank_, world_;
   DataMeta meta_;
   model::Model model_;
-  model::Params grads_;
+  std::map<std::string, ParamFlags> flags_;
+  parallel::DataParallel dp_;
   std::vector<ParamRef> refs_;
   Optimizer opt_;
   LossScaler scaler_;
   DataLoader loader_;
   SpikeDetector spikes_;
   CheckpointManager ckpt_;
-  std::vector<std::pair<Tensor, Tensor>> val_;
+  std::vector<std::pair<Tensor, Tensor>> val_;  // this rank's share of the val batches
+  bool has_val_ = false;
   std::string tokenizer_dir_;
   std::vector<std::pair<std::string, std::string>> tokenizer_texts_;
   double flops_per_token_ = 0;
@@ -383,7 +553,16 @@ class Run {
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config, const TrainOptions& options) {
-  Run run(config, options);
+  if (options.comm) {
+    Run run(config, options, *options.comm);
+    return run.run();
+  }
+  if (comm::running_under_mpi()) {
+    Run run(config, options, comm::mpi_world());
+    return run.run();
+  }
+  const auto self = comm::self_communicator();
+  Run run(config, options, *self);
   return run.run();
 }
 

@@ -1,6 +1,7 @@
-// The single-process training loop: data -> micro-batches -> forward/backward ->
-// unscale / clip -> optimizer -> metrics -> checkpoints, with the loss-spike guard and
-// exact resume.
+// The training loop, on one process or N data-parallel ranks: data -> micro-batches ->
+// forward/backward (gradients reduced by parallel::DataParallel) -> unscale / clip ->
+// optimizer on this rank's shard -> metrics -> sharded checkpoints, with the loss-spike
+// guard and exact resume (also onto a different number of ranks).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -8,6 +9,10 @@
 #include <vector>
 
 #include "tessera/train/config.h"
+
+namespace tessera::comm {
+class Communicator;
+}
 
 namespace tessera::train {
 
@@ -20,6 +25,7 @@ struct TrainResult {
   int64_t spikes = 0;
   int64_t rollbacks = 0;
   std::vector<double> losses;  // train loss of every step this invocation ran
+  int world_size = 1;
   std::string model_dir;       // OUT/model: the final model in Hugging Face layout
   std::string svg_path;        // OUT/loss_curve.svg ("" when not plotted)
   double seconds = 0;
@@ -28,6 +34,9 @@ struct TrainResult {
 struct TrainOptions {
   bool resume = false;      // continue from OUT/checkpoints/latest
   int64_t stop_after = -1;  // stop (as if killed, no final save) after this step; tests
+  // The data-parallel group. nullptr: MPI's world under mpirun, else this process alone.
+  // Every rank runs run_training with the same config; rank 0 writes metrics and models.
+  comm::Communicator* comm = nullptr;
 };
 
 // Runs the configured training. Errors (bad config values, missing data, unreadable

@@ -64,23 +64,31 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_
   return model::Model::random(cfg, DType::kF32, m.seed);
 }
 
-std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grads) {
+std::map<std::string, ParamFlags> param_flags(const model::Model& m) {
   const auto& w = m.weights();
-  const auto weights = w.named(m.config());
-  const auto grad_views = grads.named(m.config());
-  TESSERA_CHECK(weights.size() == grad_views.size(), "trainer: gradient layout mismatch");
-  std::vector<ParamRef> refs;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const Tensor& p = weights[i].second;
+  std::map<std::string, ParamFlags> flags;
+  for (const auto& [name, p] : w.named(m.config())) {
     auto same = [&](const Tensor& t) { return t.defined() && t.raw_data() == p.raw_data(); };
     const bool embedding = same(w.embed) || same(w.pos_embed);
     const bool head = same(w.lm_head);
+    flags[name] = {p.dim() == 2 && !embedding, p.dim() == 2 && !embedding && !head};
+  }
+  return flags;
+}
+
+std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grads) {
+  const auto weights = m.weights().named(m.config());
+  const auto grad_views = grads.named(m.config());
+  TESSERA_CHECK(weights.size() == grad_views.size(), "trainer: gradient layout mismatch");
+  const auto flags = param_flags(m);
+  std::vector<ParamRef> refs;
+  for (size_t i = 0; i < weights.size(); ++i) {
     ParamRef r;
     r.name = weights[i].first;
-    r.param = p;
+    r.param = weights[i].second;
     r.grad = grad_views[i].second;
-    r.decay = p.dim() == 2 && !embedding;
-    r.muon = p.dim() == 2 && !embedding && !head;
+    r.decay = flags.at(r.name).decay;
+    r.muon = flags.at(r.name).muon;
     refs.push_back(std::move(r));
   }
   return refs;

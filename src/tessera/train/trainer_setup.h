@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,12 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab_size, int32_t 
 // matmul weights (not embeddings, positions or the output head; the head is decayed
 // when untied but stays on AdamW, as Muon's description prescribes).
 std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grads);
+// The optimizer flags of every Hugging Face tensor of m (weights must be present):
+// name -> {decay, muon}, decided as make_param_refs does.
+struct ParamFlags {
+  bool decay = false, muon = false;
+};
+std::map<std::string, ParamFlags> param_flags(const model::Model& m);
 
 // Moving mean and deviation of the last `window` losses; a loss above
 // mean + sigma * std (after min_history losses) is a spike and is not added.

@@ -1,0 +1,523 @@
+// The shared-memory collectives (shm_collectives.h): segment set-up, the pipelined
+// reduce-scatter / all-reduce / all-gather over per-rank slots, and flag waits that yield
+// (ranks may outnumber cores) and let the collective's watchdog fire.
+#include "tessera/comm/shm_collectives.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tessera/base/cpu_features.h"
+#include "tessera/base/error.h"
+#include "tessera/base/logging.h"
+#include "tessera/comm/algorithms.h"
+#include "tessera/comm/watchdog.h"
+
+namespace tessera::comm {
+
+namespace {
+
+// Layout of one rank's area: a 4 KiB header, then slot 0 and slot 1. The header holds
+// three sequence flags, each on its own cache line (a rank spinning on one flag must not
+// steal the line its owner is writing another to) next to a count of peers asleep on it
+// (futex), and one descriptor per slot.
+//   written: steps whose input pieces are in this rank's slot   (= last step + 1)
+//   reduced: steps whose reduced piece is in this rank's slot   (all-reduce only)
+//   done:    steps this rank has finished reading peers' slots for
+// A slot is reused two steps later, once every peer's `done` shows it read the old data.
+constexpr int64_t kHeaderBytes = 4096;
+constexpr int64_t kLine = 64;
+enum Flag { kWritten = 0, kReduced = 1, kDone = 2 };
+constexpr int64_t kDescOffset = 3 * kLine;  // then one line per slot
+
+// What a rank put in a slot; a reader checks it so ranks that disagree on a collective's
+// size get an error instead of reading garbage.
+struct SlotDesc {
+  uint64_t step;
+  int64_t n, elem;
+  int32_t op;
+};
+
+std::atomic<int64_t> g_slot_bytes{0};  // 0: not read from the environment yet
+
+// The flags are shared between processes: plain (not FUTEX_PRIVATE) futex calls on the
+// low 32 bits of the counter (little-endian: same address), which change with every step.
+void futex_wait(uint64_t* word, uint32_t seen, const timespec* timeout) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, timeout, nullptr, 0);
+}
+void futex_wake_all(uint64_t* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// How long a rank with a core of its own spins before sleeping (TESSERA_SHM_SPIN_US).
+int64_t spin_us() {
+  static const int64_t v = [] {
+    const char* env = std::getenv("TESSERA_SHM_SPIN_US");
+    return env ? std::max(0LL, std::atoll(env)) : 200LL;
+  }();
+  return v;
+}
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// ---- reduction kernel ----------------------------------------------------------------
+
+// dst1 (and dst2 when given) = src[0] op src[1] op ... op src[m-1], summed in rank order
+// (the same bits whichever rank reduces, run after run). Works through an L1-sized
+// buffer, so every source is read once and no pointer aliases another inside a loop (the
+// all-reduce's own source is its destination).
+template <typename T>
+[[gnu::always_inline]] inline void reduce_sources_impl(T* dst1, T* dst2, const T* const* src,
+                                                        int m, int64_t len, bool max) {
+  constexpr int64_t kBlock = 8192 / sizeof(T);
+  alignas(64) T tmp[kBlock];
+  for (int64_t off = 0; off < len; off += kBlock) {
+    const int64_t cnt = std::min(kBlock, len - off);
+    const T* __restrict a = src[0] + off;
+    const T* __restrict b = src[1] + off;
+    if (max) {
+      for (int64_t i = 0; i < cnt; ++i) tmp[i] = a[i] < b[i] ? b[i] : a[i];
+    } else {
+      for (int64_t i = 0; i < cnt; ++i) tmp[i] = a[i] + b[i];
+    }
+    for (int p = 2; p < m; ++p) {
+      const T* __restrict c = src[p] + off;
+      if (max) {
+        for (int64_t i = 0; i < cnt; ++i) tmp[i] = tmp[i] < c[i] ? c[i] : tmp[i];
+      } else {
+        for (int64_t i = 0; i < cnt; ++i) tmp[i] += c[i];
+      }
+    }
+    std::memcpy(dst1 + off, tmp, cnt * sizeof(T));
+    if (dst2) std::memcpy(dst2 + off, tmp, cnt * sizeof(T));
+  }
+}
+
+// The build has no -march: an AVX2 copy gives the loops full-width vectors where the CPU
+// has them (the data is in L1/L2 here, so width matters more than for DRAM streams).
+template <typename T>
+__attribute__((target("avx2"))) void reduce_sources_avx2(T* dst1, T* dst2, const T* const* src,
+                                                         int m, int64_t len, bool max) {
+  reduce_sources_impl(dst1, dst2, src, m, len, max);
+}
+template <typename T>
+void reduce_sources_portable(T* dst1, T* dst2, const T* const* src, int m, int64_t len, bool max) {
+  reduce_sources_impl(dst1, dst2, src, m, len, max);
+}
+
+template <typename T>
+void reduce_sources_t(void* dst1, void* dst2, const void* const* src, int m, int64_t len,
+                      bool max) {
+  static const bool avx2 = base::cpu_features().avx2;
+  auto d1 = static_cast<T*>(dst1), d2 = static_cast<T*>(dst2);
+  auto s = reinterpret_cast<const T* const*>(src);
+  if (avx2)
+    reduce_sources_avx2<T>(d1, d2, s, m, len, max);
+  else
+    reduce_sources_portable<T>(d1, d2, s, m, len, max);
+}
+
+void reduce_sources(void* dst1, void* dst2, const void* const* src, int m, int64_t len, DType dt,
+                    ReduceOp op) {
+  TESSERA_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+                "shm: reductions receive kSum or kMax (the caller divides for kAvg)");
+  const bool max = op == ReduceOp::kMax;
+  switch (dt) {
+    case DType::kF32:
+      return reduce_sources_t<float>(dst1, dst2, src, m, len, max);
+    case DType::kI32:
+      return reduce_sources_t<int32_t>(dst1, dst2, src, m, len, max);
+    case DType::kI64:
+      return reduce_sources_t<int64_t>(dst1, dst2, src, m, len, max);
+    default:
+      fail("shm: reduction on ", dtype_name(dt), " (working dtype must be f32, i32 or i64)");
+  }
+}
+
+ShmHost* host_of(Communicator& c) { return dynamic_cast<ShmHost*>(&c); }
+
+}  // namespace
+
+// ---- slot size -----------------------------------------------------------------------
+
+int64_t shm_slot_bytes() {
+  int64_t v = g_slot_bytes.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  v = int64_t{1} << 20;
+  if (const char* env = std::getenv("TESSERA_SHM_SLOT_BYTES")) {
+    const long long e = std::atoll(env);
+    TESSERA_CHECK(e >= 4096 && e <= (int64_t{1} << 30), "TESSERA_SHM_SLOT_BYTES: ", env,
+                  " is not a byte count in [4096, 2^30]");
+    v = e;
+  }
+  v = round_up(v, 4096);
+  int64_t expected = 0;
+  g_slot_bytes.compare_exchange_strong(expected, v);
+  return g_slot_bytes.load();
+}
+
+void set_shm_slot_bytes(int64_t bytes) {
+  TESSERA_CHECK(bytes >= 4096 && bytes <= (int64_t{1} << 30), "shm: slot size ", bytes,
+                " bytes is outside [4096, 2^30]");
+  g_slot_bytes.store(round_up(bytes, 4096));
+}
+
+// ---- the group -----------------------------------------------------------------------
+
+// How one collective is cut into pipelined steps. Chunk q (chunk_range(n, N, q)) is cut
+// into `steps` pieces; step k moves piece k of every chunk. For the reductions a slot
+// holds one region per chunk (region q: piece of chunk q for its owner q; the owner's
+// own region carries its reduced piece back out in an all-reduce); for the all-gather
+// only the owner's piece, so its pieces can be N times larger.
+struct ShmGroup::Plan {
+  int64_t n = 0, elem = 0;
+  int size = 1;
+  int64_t steps = 0;
+  int64_t region_bytes = 0;  // distance between regions in a slot
+  ChunkRange chunk(int q) const { return chunk_range(n, size, q); }
+  ChunkRange piece(int q, int64_t k) const {  // global element range
+    const ChunkRange c = chunk(q);
+    const int64_t s = c.size() / steps, extra = c.size() % steps;
+    const int64_t b = c.begin + k * s + std::min(k, extra);
+    return {b, b + s + (k < extra ? 1 : 0)};
+  }
+};
+
+ShmGroup::ShmGroup(int rank, int size, void* base, int64_t bytes, int64_t slot_bytes)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes),
+      area_bytes_(kHeaderBytes + 2 * slot_bytes) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  spin_limit_ = std::chrono::microseconds(cpus > 0 && size > cpus ? 0 : spin_us());
+}
+
+ShmGroup::~ShmGroup() {
+  if (base_) munmap(base_, bytes_);
+}
+
+char* ShmGroup::area(int r) const { return static_cast<char*>(base_) + r * area_bytes_; }
+char* ShmGroup::slot(int r, uint64_t step) const {
+  return area(r) + kHeaderBytes + static_cast<int64_t>(step % 2) * slot_bytes_;
+}
+
+std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setup,
+                                           std::string* why) {
+  // Rank 0 picks the name and the slot size (so a rank with another TESSERA_SHM_SLOT_BYTES
+  // cannot disagree); random so that jobs, and groups of one job, never collide.
+  struct {
+    uint64_t id;
+    int64_t slot_bytes;
+  } hdr{0, 0};
+  if (rank == 0) {
+    std::random_device rd;
+    hdr.id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    hdr.slot_bytes = shm_slot_bytes();
+  }
+  setup.broadcast_from_0(&hdr, static_cast<int>(sizeof hdr));
+  char name[64];
+  std::snprintf(name, sizeof name, "/tessera-shm-%016llx", static_cast<unsigned long long>(hdr.id));
+  const int64_t area = kHeaderBytes + 2 * hdr.slot_bytes;
+  const int64_t total = area * size;
+  std::string err;
+  void* base = MAP_FAILED;
+  auto map = [&](int fd) {
+    base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) err = std::string("mmap of ") + name + ": " + errno_text(errno);
+  };
+  if (rank == 0) {
+    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      err = std::string("shm_open(") + name + ", O_CREAT): " + errno_text(errno);
+    } else {
+      // fallocate reserves the pages now: a full /dev/shm fails here, cleanly, instead of
+      // raising SIGBUS at the first touch inside a collective.
+      int rc = ftruncate(fd, total) == 0 ? 0 : errno;
+      if (rc == 0) rc = posix_fallocate(fd, 0, total);
+      if (rc != 0)
+        err = std::string("sizing ") + name + " to " + std::to_string(total) +
+              " bytes (is /dev/shm full?): " + errno_text(rc);
+      else
+        map(fd);
+      close(fd);
+    }
+  }
+  const bool created = setup.all_ok(err.empty());
+  if (created && rank != 0) {
+    const int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+      err = std::string("shm_open(") + name + "): " + errno_text(errno);
+    } else {
+      map(fd);
+      close(fd);
+    }
+  }
+  const bool mapped = created && setup.all_ok(err.empty());
+  // Every rank has it mapped (or gave up): the name can go, so a job killed from here on
+  // leaves nothing behind in /dev/shm.
+  if (rank == 0 && err.empty()) shm_unlink(name);
+  if (!mapped) {
+    if (base != MAP_FAILED) munmap(base, total);
+    if (why) *why = err.empty() ? "another rank could not set up " + std::string(name) : err;
+    return nullptr;
+  }
+  std::unique_ptr<ShmGroup> g(new ShmGroup(rank, size, base, total, hdr.slot_bytes));
+  // First touch of this rank's own slots by this rank, so the first collective does not
+  // pay the page faults.
+  std::memset(g->area(rank) + kHeaderBytes, 0, 2 * hdr.slot_bytes);
+  return g;
+}
+
+uint64_t* ShmGroup::flag_word(int r, int flag) const {
+  return reinterpret_cast<uint64_t*>(area(r) + flag * kLine);
+}
+uint32_t* ShmGroup::sleepers_word(int r, int flag) const {
+  return reinterpret_cast<uint32_t*>(area(r) + flag * kLine + 8);
+}
+uint64_t ShmGroup::peek(int r, int flag) const {
+  return std::atomic_ref<uint64_t>(*flag_word(r, flag)).load(std::memory_order_acquire);
+}
+
+// seq_cst store, then seq_cst load of the sleepers (and the reverse in wait_flag): either
+// this rank sees a sleeper and wakes it, or the sleeper sees the new value and never
+// sleeps (and FUTEX_WAIT itself refuses to sleep once the word has changed).
+void ShmGroup::publish(int flag, uint64_t value) {
+  std::atomic_ref<uint64_t>(*flag_word(rank_, flag)).store(value, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(*sleepers_word(rank_, flag)).load(std::memory_order_seq_cst) != 0)
+    futex_wake_all(flag_word(rank_, flag));
+}
+
+void ShmGroup::wait_flag(int peer, int flag, uint64_t target, const char* phase) {
+  if (peek(peer, flag) >= target) return;
+  // With a core per rank the peer is running: spin (pause), as MPI's own progress loop
+  // does; the usual wait is a few microseconds. Past spin_limit_ (the peer was
+  // descheduled, or shares this core: 4 ranks on 2 cores get a limit near zero) sleep on
+  // the flag's futex until the peer publishes. Not sched_yield: that hands the core to
+  // any other runnable process (a build) for a whole time slice, milliseconds, measured;
+  // a sleeper woken by the futex is scheduled ahead of such CPU hogs.
+  WatchdogScope* scope = WatchdogScope::current();
+  const auto start = WatchdogScope::Clock::now();
+  std::atomic_ref<uint64_t> f(*flag_word(peer, flag));
+  std::atomic_ref<uint32_t> sleepers(*sleepers_word(peer, flag));
+  bool sleeping = false;
+  for (uint64_t i = 1;; ++i) {
+    if (sleeping) {
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint64_t seen = f.load(std::memory_order_seq_cst);
+      if (seen < target) {
+        const timespec tick{0, 10 * 1000 * 1000};  // 10 ms: look at the watchdog
+        futex_wait(flag_word(peer, flag), static_cast<uint32_t>(seen), &tick);
+      }
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    } else {
+      __builtin_ia32_pause();
+    }
+    if (f.load(std::memory_order_acquire) >= target) return;
+    if (!sleeping && (i & 15) != 0) continue;
+    const auto now = WatchdogScope::Clock::now();
+    if (now - start > spin_limit_) sleeping = true;
+    if (scope && scope->enabled() && now > scope->deadline()) {
+      broken_ = true;
+      TESSERA_LOG(kError, "shm: rank ", rank_, "/", size_, " waited for rank ", peer, " (", phase,
+                  " of step ", target - 1, "); the flag shows ", f.load(), "");
+      scope->expire();  // logs, runs the timeout handler (abort by default), throws
+    }
+  }
+}
+
+void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_v, DType dt,
+                   ReduceOp red) {
+  TESSERA_CHECK(!broken_, "shm: this group's shared segment was left mid-collective by an earlier "
+                          "error (watchdog timeout or size mismatch); it cannot be used again");
+  const int r = rank_, N = size_;
+  const int64_t e = P.elem;
+  const char* in = static_cast<const char*>(in_v);
+  char* out = static_cast<char*>(out_v);
+  const bool gather_only = op == ShmCollective::kAllGather;
+  const ChunkRange mine = P.chunk(r);
+  // Element offset of piece k of my chunk inside `in` (all-gather, whose in is the chunk)
+  // or `out` (reduce-scatter, whose out is the chunk); the all-reduce's buffers are whole.
+  const int64_t in_base = gather_only ? mine.begin : 0;
+  const int64_t out_base = op == ShmCollective::kReduceScatter ? mine.begin : 0;
+  std::vector<const void*> srcs(N);
+  std::vector<int> pending;
+  pending.reserve(N);
+  auto check_desc = [&](int p, uint64_t g) {
+    const SlotDesc* d = reinterpret_cast<const SlotDesc*>(area(p) + kDescOffset + (g % 2) * kLine);
+    if (d->step == g && d->n == P.n && d->elem == e && d->op == static_cast<int32_t>(op)) return;
+    broken_ = true;
+    fail("shm: ranks disagree on a collective: rank ", r, " runs ", static_cast<int>(op), " of ",
+         P.n, " x ", e, " bytes at step ", g, ", rank ", p, " wrote ", d->op, " of ", d->n, " x ",
+         d->elem, " bytes at step ", d->step);
+  };
+
+  for (int64_t k = 0; k < P.steps; ++k) {
+    const uint64_t g = step_;
+    char* my = slot(r, g);
+    // 1. My slot g % 2 is free once every peer has finished step g - 2.
+    if (g >= 2)
+      for (int p = 0; p < N; ++p)
+        if (p != r) wait_flag(p, kDone, g - 1, "done");
+    // 2. My pieces in: every chunk but mine (reductions), or my own chunk (all-gather).
+    const ChunkRange own = P.piece(r, k);
+    if (gather_only) {
+      std::memcpy(my, in + (own.begin - in_base) * e, own.size() * e);
+      std::memcpy(out + own.begin * e, in + (own.begin - in_base) * e, own.size() * e);
+    } else {
+      for (int q = 0; q < N; ++q) {
+        if (q == r) continue;
+        const ChunkRange pc = P.piece(q, k);
+        std::memcpy(my + q * P.region_bytes, in + pc.begin * e, pc.size() * e);
+      }
+    }
+    SlotDesc* d = reinterpret_cast<SlotDesc*>(area(r) + kDescOffset + (g % 2) * kLine);
+    *d = SlotDesc{g, P.n, e, static_cast<int32_t>(op)};
+    publish(kWritten, g + 1);
+
+    // 3. Reductions: my chunk's piece from my input and every peer's region r.
+    if (!gather_only) {
+      for (int p = 0; p < N; ++p) {
+        if (p == r) {
+          srcs[p] = in + own.begin * e;
+          continue;
+        }
+        wait_flag(p, kWritten, g + 1, "written");
+        check_desc(p, g);
+        srcs[p] = slot(p, g) + r * P.region_bytes;
+      }
+      const bool all_reduce = op == ShmCollective::kAllReduce;
+      reduce_sources(out + (own.begin - out_base) * e, all_reduce ? my + r * P.region_bytes : nullptr,
+                     srcs.data(), N, own.size(), dt, red);
+      if (all_reduce)
+        publish(kReduced, g + 1);
+    }
+
+    // 4. Gathers: every peer's piece out of its slot, whichever is ready first.
+    if (op != ShmCollective::kReduceScatter) {
+      const int flag = gather_only ? kWritten : kReduced;
+      pending.clear();
+      for (int p = 0; p < N; ++p)
+        if (p != r) pending.push_back(p);
+      while (!pending.empty()) {
+        size_t kept = 0;
+        for (int p : pending) {
+          if (peek(p, flag) < g + 1) {
+            pending[kept++] = p;
+            continue;
+          }
+          if (gather_only) check_desc(p, g);
+          const ChunkRange pc = P.piece(p, k);
+          const char* src = slot(p, g) + (gather_only ? 0 : p * P.region_bytes);
+          std::memcpy(out + pc.begin * e, src, pc.size() * e);
+        }
+        pending.resize(kept);
+        if (!pending.empty()) wait_flag(pending.front(), flag, g + 1, gather_only ? "written" : "reduced");
+      }
+    }
+    // 5. Done reading peers' slots for step g.
+    publish(kDone, g + 1);
+    ++step_;
+  }
+}
+
+namespace {
+// Steps of at most one slot: a reduction's slot holds one region per rank.
+int64_t plan_steps(int64_t max_chunk, int64_t region_bytes, int64_t elem) {
+  if (max_chunk == 0) return 0;
+  const int64_t per = std::max<int64_t>(1, region_bytes / elem);
+  return (max_chunk + per - 1) / per;
+}
+}  // namespace
+
+void ShmGroup::all_reduce(void* data, int64_t n, DType dt, ReduceOp op) {
+  Plan P;
+  P.n = n;
+  P.elem = dtype_size(dt);
+  P.size = size_;
+  P.region_bytes = slot_bytes_ / size_ / kLine * kLine;
+  P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
+  run(P, ShmCollective::kAllReduce, data, data, dt, op);
+}
+
+void ShmGroup::reduce_scatter(const void* in, void* out, int64_t n, DType dt, ReduceOp op) {
+  Plan P;
+  P.n = n;
+  P.elem = dtype_size(dt);
+  P.size = size_;
+  P.region_bytes = slot_bytes_ / size_ / kLine * kLine;
+  P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
+  run(P, ShmCollective::kReduceScatter, in, out, dt, op);
+}
+
+void ShmGroup::all_gather(const void* in, void* out, int64_t n, int64_t elem) {
+  Plan P;
+  P.n = n;
+  P.elem = elem;
+  P.size = size_;
+  P.region_bytes = slot_bytes_;
+  P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
+  run(P, ShmCollective::kAllGather, in, out, DType::kU8, ReduceOp::kSum);
+}
+
+// ---- dispatch ------------------------------------------------------------------------
+
+bool shm_available(Communicator& c) {
+  ShmHost* h = c.size() > 1 ? host_of(c) : nullptr;
+  return h && h->shm_possible();
+}
+
+bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
+  if (!shm_available(c)) return false;
+  return true;
+}
+
+namespace {
+ShmGroup* group_of(Communicator& c) { return shm_available(c) ? host_of(c)->shm_group() : nullptr; }
+}  // namespace
+
+void shm_all_reduce(Communicator& c, int tag, void* data, int64_t n, DType dt, ReduceOp op) {
+  if (ShmGroup* g = group_of(c))
+    g->all_reduce(data, n, dt, op);
+  else
+    algo::ring_all_reduce(c, tag, data, n, dt, op);
+}
+
+void shm_reduce_scatter(Communicator& c, int tag, const void* in, void* out, int64_t n, DType dt,
+                        ReduceOp op) {
+  if (ShmGroup* g = group_of(c)) {
+    g->reduce_scatter(in, out, n, dt, op);
+    return;
+  }
+  const int64_t e = dtype_size(dt);
+  std::vector<char> w(static_cast<const char*>(in), static_cast<const char*>(in) + n * e);
+  algo::ring_reduce_scatter(c, tag, w.data(), n, dt, op);
+  const ChunkRange mine = chunk_range(n, c.size(), c.rank());
+  std::memcpy(out, w.data() + mine.begin * e, mine.size() * e);
+}
+
+void shm_all_gather(Communicator& c, int tag, const void* in, void* out, int64_t n, int64_t elem) {
+  if (ShmGroup* g = group_of(c)) {
+    g->all_gather(in, out, n, elem);
+    return;
+  }
+  const ChunkRange mine = chunk_range(n, c.size(), c.rank());
+  char* o = static_cast<char*>(out);
+  if (mine.size() > 0 && o + mine.begin * elem != in)
+    std::memmove(o + mine.begin * elem, in, mine.size() * elem);
+  algo::ring_all_gather(c, tag, out, n, elem);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,96 @@
+// Intra-node collectives through POSIX shared memory (Algorithm::kShm): the ranks of one
+// machine copy their data into one shared segment and reduce straight out of each other's
+// slots, instead of moving it through MPI point to point. See docs/comm.md, "shm".
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tessera/comm/communicator.h"
+
+namespace tessera::comm {
+
+enum class ShmCollective { kAllReduce, kReduceScatter, kAllGather };
+
+// True when kShm can run on c: an `mpi` communicator of two or more ranks that all share
+// one node, whose segment set-up has not failed. The same answer on every rank.
+bool shm_available(Communicator& c);
+
+// What kAuto runs ahead of the algo:: tables: true when shm is available and was
+// measured faster than the other algorithms for `op` at `bytes` (the whole buffer in the
+// working dtype, as the algo::auto_* tables count it) on this group size.
+bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes);
+
+// The collectives, with the buffer conventions of communicator.h's backend_* hooks:
+// reductions on f32, i32 or i64 with kSum or kMax (the caller converts bf16/f16 and
+// divides for kAvg). reduce_scatter: in (n) -> out (chunk_range(n, size, rank).size());
+// all_gather: in (this rank's chunk) -> out (n). Where shm is not available they run the
+// ring over c's point to point on `tag` (as kHierarchical runs the ring on one node).
+void shm_all_reduce(Communicator& c, int tag, void* data, int64_t n, DType dt, ReduceOp op);
+void shm_reduce_scatter(Communicator& c, int tag, const void* in, void* out, int64_t n, DType dt,
+                        ReduceOp op);
+void shm_all_gather(Communicator& c, int tag, const void* in, void* out, int64_t n, int64_t elem);
+
+// Bytes of one of a rank's two pipeline slots in groups created from now on (default 1 MiB,
+// measured: docs/comm.md; TESSERA_SHM_SLOT_BYTES overrides it at start-up). Tests shrink
+// it so that small messages already take several pipelined steps. >= 4096.
+int64_t shm_slot_bytes();
+void set_shm_slot_bytes(int64_t bytes);
+
+// One shared segment for the ranks of a group on one node: per rank a header of sequence
+// flags and two data slots. Collectives run in pipelined steps of at most one slot; step
+// numbers continue from collective to collective, so a flag from an earlier call never
+// satisfies a later wait. One collective at a time (communicator.h's contract).
+class ShmGroup {
+ public:
+  // The group-wide calls set-up needs, supplied by the backend (MPI for `mpi`).
+  struct Setup {
+    std::function<void(void* data, int bytes)> broadcast_from_0;
+    std::function<bool(bool ok)> all_ok;  // logical AND over the group
+  };
+  // Collective: rank 0 creates and sizes the segment, the others map it, then it is
+  // unlinked (so nothing is left in /dev/shm once every rank has it mapped). nullptr on
+  // every rank when any rank failed; `why` then says what failed here (or elsewhere).
+  static std::unique_ptr<ShmGroup> create(int rank, int size, const Setup& setup, std::string* why);
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  void all_reduce(void* data, int64_t n, DType dt, ReduceOp op);
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt, ReduceOp op);
+  void all_gather(const void* in, void* out, int64_t n, int64_t elem);
+
+ private:
+  struct Plan;
+  ShmGroup(int rank, int size, void* base, int64_t bytes, int64_t slot_bytes);
+  void run(const Plan& plan, ShmCollective op, const void* in, void* out, DType dt, ReduceOp red);
+  char* area(int r) const;  // rank r's header + slots
+  char* slot(int r, uint64_t step) const;
+  uint64_t* flag_word(int r, int flag) const;
+  uint32_t* sleepers_word(int r, int flag) const;
+  uint64_t peek(int r, int flag) const;           // acquire load of rank r's flag
+  void publish(int flag, uint64_t value);         // this rank's flag; wakes sleepers
+  void wait_flag(int peer, int flag, uint64_t target, const char* phase);
+
+  int rank_, size_;
+  void* base_;
+  int64_t bytes_, slot_bytes_, area_bytes_;
+  uint64_t step_ = 0;     // global pipeline steps run so far (equal on every rank)
+  bool broken_ = false;   // an error left the flags mid-collective: refuse further calls
+  std::chrono::steady_clock::duration spin_limit_;  // spin this long before yielding
+};
+
+// Implemented by backends that can give a communicator a ShmGroup (the mpi backend).
+class ShmHost {
+ public:
+  virtual ~ShmHost() = default;
+  // Whether every rank of the group is on this node and set-up has not failed.
+  virtual bool shm_possible() const = 0;
+  // The group, created (collectively) on first call; nullptr when set-up failed, after
+  // which shm_possible() is false on every rank.
+  virtual ShmGroup* shm_group() = 0;
+};
+
+}  // namespace tessera::comm

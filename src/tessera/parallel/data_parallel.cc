@@ -1,0 +1,499 @@
+// DataParallel: the flat layout of the model's tensors, gradient buckets reduced while
+// backward runs, ZeRO sharding of master weights / gradients / parameters, stage-3
+// gathering with prefetch, and the offload copies.
+//
+// Layout: every storage tensor of the model gets a range in one flat f32 index space,
+// ordered by the unit whose gradients are ready first (head, last layer, ..., embeddings),
+// so a bucket is a contiguous range. Segments (buckets for stages 0-2, units for stage 3)
+// are the unit of reduction; each rank owns chunk_range(segment, N, rank) of every segment
+// (stages 1-3) and concatenates its chunks into its shard buffers.
+#include "tessera/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tessera/base/error.h"
+#include "tessera/base/trace.h"
+#include "tessera/kernels/elementwise.h"
+
+namespace tessera::parallel {
+
+struct DataParallel::Slot {
+  std::string name;
+  Tensor* w = nullptr;  // member of model_.weights()
+  Tensor* g = nullptr;  // member of grads_
+  Shape shape;
+  int64_t numel = 0;
+  int64_t flat = 0;  // first element in the flat layout
+};
+
+struct DataParallel::Unit {
+  std::vector<int> slots;
+  int64_t begin = 0, end = 0;  // flat range
+  int segment = 0;
+  int refs = 0;                // stage 3: acquires outstanding
+  bool resident = false;       // stage 3: gathered weights bound
+  Tensor buf;                  // stage 3: (end - begin) gathered values
+  comm::RequestPtr gather;     // stage 3: a prefetch in flight
+};
+
+struct DataParallel::Segment {
+  int64_t begin = 0, end = 0;          // flat range
+  int64_t own_begin = 0, own_end = 0;  // this rank's part (flat)
+  int64_t own_offset = 0;              // where that part sits in the shard buffers
+  std::vector<int> units;
+  int ready = 0;                       // units whose gradients are final this micro-batch
+  Tensor buf;                          // stages 2-3: (end - begin) gradients being accumulated
+  int64_t own_size() const { return own_end - own_begin; }
+};
+
+struct DataParallel::Pending {
+  comm::RequestPtr req;
+  int segment = 0;
+  Tensor out;  // stages 2-3: this rank's reduced chunk, added into grads_shard_ when done
+};
+
+namespace {
+
+Tensor rounded_to(const Tensor& t, DType compute) {
+  if (compute == DType::kBF16) return bf16_rounded(t);
+  if (compute == DType::kF16) return f16_rounded(t);
+  return t;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(model::Model& model, comm::Communicator& comm, DataParallelConfig config)
+    : model_(model), comm_(comm), config_(config) {
+  TESSERA_CHECK(config_.zero_stage >= 0 && config_.zero_stage <= 3, "parallel.zero_stage must be 0, 1, 2 or 3, got ",
+                config_.zero_stage);
+  TESSERA_CHECK(config_.bucket_bytes > 0, "parallel.bucket_mb must be > 0");
+  TESSERA_CHECK(model_.dtype() == DType::kF32, "data parallel training needs f32 weights, the model holds ",
+                dtype_name(model_.dtype()));
+  TESSERA_CHECK(model_.train_hooks() == nullptr, "the model is already wrapped for data parallelism");
+  separate_master_ = config_.compute_dtype != DType::kF32 || config_.offload;
+  build_layout();
+  broadcast_and_shard();
+  build_pieces();
+  model_.set_compute_dtype_in_place(config_.compute_dtype);
+  model_.set_train_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  try {
+    for (auto& p : pending_) p.req->wait();
+    for (auto& u : units_)
+      if (u.gather) u.gather->wait();
+  } catch (...) {  // a failed collective was reported where it was waited for
+  }
+  model_.set_train_hooks(nullptr);
+}
+
+void DataParallel::build_layout() {
+  const auto& c = model_.config();
+  model::Params& W = model_.weights();
+  grads_ = W;  // the same struct (layers, Linear layouts); every tensor is replaced below
+  const int U = model_.num_units();
+  units_.assign(U, Unit{});
+  int64_t flat = 0;
+  for (int u = U - 1; u >= 0; --u) {  // gradient-ready order
+    Unit& unit = units_[u];
+    unit.begin = flat;
+    const auto ws = W.unit_tensors(c, u);
+    const auto gs = grads_.unit_tensors(c, u);
+    TESSERA_CHECK(ws.size() == gs.size(), "data parallel: gradient layout mismatch in unit ", u);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Tensor& t = *ws[i].second;
+      TESSERA_CHECK(t.dtype() == DType::kF32 && t.is_contiguous(), "data parallel: weight ",
+                    ws[i].first, " must be contiguous f32");
+      Slot s;
+      s.name = ws[i].first;
+      s.w = ws[i].second;
+      s.g = gs[i].second;
+      s.shape = t.shape();
+      s.numel = t.numel();
+      s.flat = flat;
+      flat += s.numel;
+      unit.slots.push_back(static_cast<int>(slots_.size()));
+      slots_.push_back(std::move(s));
+    }
+    unit.end = flat;
+  }
+  total_ = flat;
+  for (auto& s : slots_) *s.g = Tensor();
+  grads_.lm_head = Tensor();
+
+  // Segments in flat order.
+  const int N = comm_.size(), r = comm_.rank();
+  const int64_t bucket_elems = std::max<int64_t>(1, config_.bucket_bytes / 4);
+  Segment cur;
+  bool open = false;
+  auto close = [&] {
+    segments_.push_back(cur);
+    cur = Segment{};
+    open = false;
+  };
+  for (int u = U - 1; u >= 0; --u) {
+    Unit& unit = units_[u];
+    if (!open) {
+      cur.begin = unit.begin;
+      open = true;
+    }
+    cur.end = unit.end;
+    cur.units.push_back(u);
+    unit.segment = static_cast<int>(segments_.size());
+    if (config_.zero_stage == 3 || cur.end - cur.begin >= bucket_elems) close();
+  }
+  if (open) close();
+  int64_t own = 0;
+  for (auto& s : segments_) {
+    if (config_.zero_stage == 0 || N == 1) {
+      s.own_begin = s.begin;
+      s.own_end = s.end;
+    } else {
+      const comm::ChunkRange ch = comm::chunk_range(s.end - s.begin, N, r);
+      s.own_begin = s.begin + ch.begin;
+      s.own_end = s.begin + ch.end;
+    }
+    s.own_offset = own;
+    own += s.own_size();
+  }
+  own_total_ = own;
+}
+
+void DataParallel::bind_unit_weights(int u, const Tensor& flat_unit) {
+  Unit& unit = units_[u];
+  for (int i : unit.slots) {
+    const Slot& s = slots_[i];
+    *s.w = flat_unit.slice(0, s.flat - unit.begin, s.flat - unit.begin + s.numel).view(s.shape);
+  }
+  if (u == 0) model_.weights().tie(model_.config());
+}
+
+void DataParallel::unbind_unit_weights(int u) {
+  for (int i : units_[u].slots) *slots_[i].w = Tensor();
+  if (u == 0) model_.weights().tie(model_.config());
+}
+
+void DataParallel::bind_segment_grads(Segment& seg, const Tensor& flat) {
+  for (int u : seg.units) {
+    for (int i : units_[u].slots) {
+      const Slot& s = slots_[i];
+      *s.g = flat.slice(0, s.flat - seg.begin, s.flat - seg.begin + s.numel).view(s.shape);
+    }
+    if (u == 0) grads_.tie(model_.config());
+  }
+}
+
+void DataParallel::broadcast_and_shard() {
+  const int N = comm_.size();
+  const int stage = config_.zero_stage;
+  if (separate_master_) master_ = Tensor::empty({own_total_}, DType::kF32);
+  if (stage < 3) {
+    params_ = Tensor::empty({total_}, DType::kF32);
+    for (const Slot& s : slots_) params_.slice(0, s.flat, s.flat + s.numel).view(s.shape).copy_from(*s.w);
+    if (N > 1) comm_.broadcast(params_, 0);
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+      bind_unit_weights(u, params_.slice(0, units_[u].begin, units_[u].end));
+    if (separate_master_)
+      for (const Segment& seg : segments_)
+        master_.slice(0, seg.own_offset, seg.own_offset + seg.own_size())
+            .copy_from(params_.slice(0, seg.own_begin, seg.own_end));
+    if (config_.compute_dtype != DType::kF32) params_.copy_from(rounded_to(params_, config_.compute_dtype));
+  } else {
+    params_shard_ = Tensor::empty({own_total_}, DType::kF32);
+    for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
+      Unit& unit = units_[u];
+      const Segment& seg = segments_[unit.segment];
+      Tensor full = Tensor::empty({unit.end - unit.begin}, DType::kF32);
+      for (int i : unit.slots) {
+        const Slot& s = slots_[i];
+        full.slice(0, s.flat - unit.begin, s.flat - unit.begin + s.numel).view(s.shape).copy_from(*s.w);
+      }
+      if (N > 1) comm_.broadcast(full, 0);
+      const Tensor mine = full.slice(0, seg.own_begin - unit.begin, seg.own_end - unit.begin);
+      params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size()).copy_from(mine);
+      unbind_unit_weights(u);  // the full weights go; acquire() gathers them when needed
+    }
+    if (separate_master_) master_.copy_from(params_shard_);
+    if (config_.compute_dtype != DType::kF32)
+      params_shard_.copy_from(rounded_to(params_shard_, config_.compute_dtype));
+  }
+  if (stage < 2) {
+    grads_flat_ = Tensor::zeros({total_}, DType::kF32);
+    for (Segment& seg : segments_) bind_segment_grads(seg, grads_flat_.slice(0, seg.begin, seg.end));
+  } else {
+    grads_shard_ = Tensor::zeros({own_total_}, DType::kF32);
+  }
+  if (config_.offload) host_grads_ = Tensor::zeros({own_total_}, DType::kF32);
+}
+
+void DataParallel::build_pieces() {
+  // Hugging Face tensors are contiguous row blocks of the storage tensors: find each one's
+  // flat range from its address while the weights are still bound (stage 3: re-gather).
+  const auto& c = model_.config();
+  gather_all();
+  struct Param {
+    std::string name;
+    int64_t flat, numel;
+    Shape shape;
+  };
+  std::vector<Param> params;
+  for (const auto& [name, view] : model_.weights().named(c)) {
+    const char* p = static_cast<const char*>(view.raw_data());
+    bool found = false;
+    for (const Slot& s : slots_) {
+      const char* base = static_cast<const char*>(s.w->raw_data());
+      if (p >= base && p < base + s.numel * 4) {
+        TESSERA_CHECK(view.is_contiguous(), "data parallel: tensor ", name, " is not contiguous");
+        params.push_back({name, s.flat + (p - base) / 4, view.numel(), view.shape()});
+        found = true;
+        break;
+      }
+    }
+    TESSERA_CHECK(found, "data parallel: tensor ", name, " is not in the flat layout");
+  }
+  release_all();
+  std::sort(params.begin(), params.end(), [](const Param& a, const Param& b) { return a.flat < b.flat; });
+  for (const Param& p : params) {
+    for (const Segment& seg : segments_) {
+      const int64_t lo = std::max(p.flat, seg.own_begin), hi = std::min(p.flat + p.numel, seg.own_end);
+      if (lo >= hi) continue;
+      const int64_t shard_pos = seg.own_offset + (lo - seg.own_begin);
+      ShardPiece piece;
+      piece.name = p.name;
+      piece.offset = lo - p.flat;
+      piece.tensor_shape = p.shape;
+      if (separate_master_)
+        piece.master = master_.slice(0, shard_pos, shard_pos + hi - lo);
+      else if (config_.zero_stage < 3)
+        piece.master = params_.slice(0, lo, hi);
+      else
+        piece.master = params_shard_.slice(0, shard_pos, shard_pos + hi - lo);
+      if (config_.offload)
+        piece.grad = host_grads_.slice(0, shard_pos, shard_pos + hi - lo);
+      else if (config_.zero_stage < 2)
+        piece.grad = grads_flat_.slice(0, lo, hi);
+      else
+        piece.grad = grads_shard_.slice(0, shard_pos, shard_pos + hi - lo);
+      if (hi - lo == p.numel) {
+        piece.master = piece.master.view(p.shape);
+        piece.grad = piece.grad.view(p.shape);
+      }
+      pieces_.push_back(std::move(piece));
+    }
+  }
+}
+
+void DataParallel::start_step() {
+  if (grads_flat_.defined()) grads_flat_.zero();
+  if (grads_shard_.defined()) grads_shard_.zero();
+  for (auto& s : segments_) s.ready = 0;
+  sync_ = true;
+}
+
+void DataParallel::set_sync(bool sync) { sync_ = sync; }
+
+void DataParallel::prepare_grads(int unit) {
+  if (config_.zero_stage < 2) return;
+  Segment& seg = segments_[units_[unit].segment];
+  if (seg.buf.defined()) return;
+  seg.buf = Tensor::zeros({seg.end - seg.begin}, DType::kF32);
+  bind_segment_grads(seg, seg.buf);
+}
+
+void DataParallel::grads_ready(int unit) {
+  const int si = units_[unit].segment;
+  Segment& seg = segments_[si];
+  if (++seg.ready < static_cast<int>(seg.units.size())) return;
+  seg.ready = 0;
+  if (config_.zero_stage < 2 && (!sync_ || comm_.size() == 1)) return;
+  launch_reduction(seg);
+}
+
+void DataParallel::launch_reduction(Segment& seg) {
+  const int si = static_cast<int>(&seg - segments_.data());
+  if (config_.zero_stage < 2) {
+    Tensor v = grads_flat_.slice(0, seg.begin, seg.end);
+    pending_.push_back({comm_.all_reduce_async(v, comm::ReduceOp::kAvg, config_.algorithm), si, Tensor()});
+  } else {
+    Tensor out = Tensor::empty({seg.own_size()}, DType::kF32);
+    Tensor in = seg.buf;
+    pending_.push_back(
+        {comm_.reduce_scatter_async(in, out, comm::ReduceOp::kAvg, config_.algorithm), si, out});
+    // The model is done with these gradients; the queued collective keeps the buffer alive.
+    for (int u : seg.units)
+      for (int i : units_[u].slots) *slots_[i].g = Tensor();
+    if (std::find(seg.units.begin(), seg.units.end(), 0) != seg.units.end()) grads_.tie(model_.config());
+    seg.buf = Tensor();
+  }
+  poll_pending();
+}
+
+void DataParallel::complete(Pending& p) {
+  p.req->wait();
+  if (p.out.defined()) {
+    const Segment& seg = segments_[p.segment];
+    Tensor dst = grads_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
+    kernels::add_inplace(dst, p.out);
+  }
+}
+
+void DataParallel::poll_pending() {
+  // Completes finished reductions in issue order, freeing their buffers early.
+  size_t done = 0;
+  while (done < pending_.size() && pending_[done].req->test()) complete(pending_[done++]);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void DataParallel::finish_gradients() {
+  base::TraceScope scope("grad_sync_wait");
+  for (auto& p : pending_) complete(p);
+  pending_.clear();
+  // Stage 3: a prefetch nobody acquired (a step that skipped backward) is dropped.
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    Unit& unit = units_[u];
+    if (unit.refs > 0) continue;
+    if (unit.gather) finish_gather(u);
+    if (unit.resident) {
+      unbind_unit_weights(u);
+      unit.resident = false;
+      gathered_bytes_ -= unit.buf.numel() * 4;
+      unit.buf = Tensor();
+    }
+  }
+  if (config_.offload) {  // device -> host: the CPU optimizer reads host memory only
+    for (const Segment& seg : segments_) {
+      Tensor dst = host_grads_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
+      if (config_.zero_stage < 2)
+        dst.copy_from(grads_flat_.slice(0, seg.own_begin, seg.own_end));
+      else
+        dst.copy_from(grads_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size()));
+    }
+  }
+}
+
+double DataParallel::sum_over_ranks(double local) {
+  const int N = comm_.size();
+  if (N == 1) return local;
+  // Collectives have no f64: gather the exact bits of every rank's value and add them in
+  // rank order, so every rank gets the same, correctly rounded sum.
+  int64_t bits = 0;
+  std::memcpy(&bits, &local, sizeof bits);
+  Tensor in = Tensor::from_vector<int64_t>({bits}, {1});
+  Tensor all = Tensor::empty({N}, DType::kI64);
+  comm_.all_gather(in, all);
+  double sum = 0;
+  for (int r = 0; r < N; ++r) {
+    double v = 0;
+    std::memcpy(&v, all.data<int64_t>() + r, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+void DataParallel::publish_params() {
+  base::TraceScope scope("publish_params");
+  const int stage = config_.zero_stage;
+  if (separate_master_) {
+    const Tensor r = rounded_to(master_, config_.compute_dtype);
+    if (stage < 3) {
+      for (const Segment& seg : segments_)
+        params_.slice(0, seg.own_begin, seg.own_end)
+            .copy_from(r.slice(0, seg.own_offset, seg.own_offset + seg.own_size()));
+    } else {
+      params_shard_.copy_from(r);  // (host -> device with offload)
+    }
+  }
+  if ((stage == 1 || stage == 2) && comm_.size() > 1) {
+    std::vector<comm::RequestPtr> reqs;
+    for (const Segment& seg : segments_) {
+      Tensor out = params_.slice(0, seg.begin, seg.end);
+      reqs.push_back(comm_.all_gather_async(params_.slice(0, seg.own_begin, seg.own_end), out,
+                                            config_.algorithm));
+    }
+    for (auto& r : reqs) r->wait();
+  }
+}
+
+void DataParallel::start_gather(int u, bool async) {
+  Unit& unit = units_[u];
+  const Segment& seg = segments_[unit.segment];
+  unit.buf = Tensor::empty({unit.end - unit.begin}, DType::kF32);
+  gathered_bytes_ += unit.buf.numel() * 4;
+  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+  const Tensor in = params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
+  if (async) {
+    unit.gather = comm_.all_gather_async(in, unit.buf, config_.algorithm);
+    return;
+  }
+  comm_.all_gather(in, unit.buf, config_.algorithm);
+  bind_unit_weights(u, unit.buf);
+  unit.resident = true;
+}
+
+void DataParallel::finish_gather(int u) {
+  Unit& unit = units_[u];
+  unit.gather->wait();
+  unit.gather = nullptr;
+  bind_unit_weights(u, unit.buf);
+  unit.resident = true;
+}
+
+void DataParallel::acquire(int u) {
+  if (config_.zero_stage < 3) return;
+  Unit& unit = units_[u];
+  const int head = static_cast<int>(units_.size()) - 1;
+  if (u == 0 && units_[head].refs == 0) backward_phase_ = false;  // a forward pass begins
+  if (unit.refs++ > 0) return;
+  if (unit.gather) {
+    base::TraceScope wait("gather_wait");
+    finish_gather(u);
+  } else if (!unit.resident) {
+    base::TraceScope gather("gather");
+    start_gather(u, false);
+  }
+  if (u == head) backward_phase_ = true;
+  if (!config_.prefetch || gather_all_depth_ > 0) return;
+  const int next = backward_phase_ ? (u == head ? head - 1 : u - 1) : u + 1;
+  if (next < 1 && backward_phase_) return;  // backward never reads the embeddings' weights
+  if (next < 0 || next > head) return;
+  Unit& n = units_[next];
+  if (n.refs == 0 && !n.resident && !n.gather) start_gather(next, true);
+}
+
+void DataParallel::release(int u) {
+  if (config_.zero_stage < 3) return;
+  Unit& unit = units_[u];
+  TESSERA_CHECK(unit.refs > 0, "data parallel: unit ", u, " released more often than acquired");
+  if (--unit.refs > 0) return;
+  unbind_unit_weights(u);
+  unit.resident = false;
+  gathered_bytes_ -= unit.buf.numel() * 4;
+  unit.buf = Tensor();
+}
+
+void DataParallel::gather_all() {
+  if (config_.zero_stage < 3) return;
+  ++gather_all_depth_;  // no prefetching while everything is held, until release_all
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) acquire(u);
+}
+
+void DataParallel::release_all() {
+  if (config_.zero_stage < 3) return;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) release(u);
+  --gather_all_depth_;
+}
+
+MemoryUse DataParallel::memory() const {
+  MemoryUse m;
+  const int64_t full = total_ * 4, own = own_total_ * 4;
+  m.params = config_.zero_stage < 3 ? full : own;
+  m.grads = config_.zero_stage < 2 ? full : own;
+  m.master = separate_master_ ? own : 0;
+  if (config_.offload) m.offloaded = m.master + own;  // master + the host gradient copy
+  m.gathered_peak = gathered_peak_;
+  return m;
+}
+
+}  // namespace tessera::parallel

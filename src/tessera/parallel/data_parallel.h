@@ -1,0 +1,134 @@
+// Data parallelism for training: DDP (gradient buckets all-reduced asynchronously while
+// backward runs) and ZeRO stages 1-3 with optional CPU offload, applied from outside to a
+// single-device Model through its TrainHooks. The optimizer (train/) updates this rank's
+// shard through pieces(); see docs/distributed.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.h"
+#include "tessera/model/model.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::parallel {
+
+struct DataParallelConfig {
+  int zero_stage = 0;                     // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradient bucket size (stages 0-2)
+  bool offload = false;   // fp32 master weights and optimizer state in host memory (CPU Adam)
+  bool prefetch = true;   // stage 3: gather the next unit while the current one computes
+  // Precision of the values the model computes with: f32, or bf16 / f16 (then fp32 master
+  // weights are kept beside them and the model's weights hold the rounded values).
+  DType compute_dtype = DType::kF32;
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;
+};
+
+// A piece of one trainable tensor that this rank updates: the whole tensor (stage 0), or
+// the part of it inside this rank's shard.
+struct ShardPiece {
+  std::string name;      // Hugging Face tensor name
+  int64_t offset = 0;    // first element of the piece inside the tensor (row-major)
+  Shape tensor_shape;    // the whole tensor's shape
+  Tensor master;         // fp32 values the optimizer updates; tensor_shape when whole, else 1-D
+  Tensor grad;           // same shape: the gradient averaged over ranks
+  bool whole() const { return master.numel() == shape_numel(tensor_shape); }
+};
+
+// Bytes this rank holds, by what they are for (persistent buffers; the optimizer's
+// moments are the trainer's to add).
+struct MemoryUse {
+  int64_t params = 0;         // model weights as computed with (full, or the own shard in stage 3)
+  int64_t grads = 0;          // gradient buffers (full in stages 0-1, own shard in 2-3)
+  int64_t master = 0;         // separate fp32 master weights (16-bit compute or offload)
+  int64_t offloaded = 0;      // the part of the above kept in host memory (offload)
+  int64_t gathered_peak = 0;  // stage 3: most bytes of gathered units held at once
+};
+
+class DataParallel final : public model::TrainHooks {
+ public:
+  // Broadcasts rank 0's weights, lays out the flat buffers, keeps this rank's shard and
+  // installs itself as the model's TrainHooks (and sets the model's compute precision).
+  DataParallel(model::Model& model, comm::Communicator& comm, DataParallelConfig config);
+  ~DataParallel() override;  // uninstalls the hooks
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  const DataParallelConfig& config() const { return config_; }
+  comm::Communicator& comm() { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+
+  // The step: start_step(); per micro-batch set_sync(last) then model.forward_backward(
+  // ..., grads(), ...); finish_gradients(); the optimizer on pieces(); publish_params().
+  model::Params& grads() { return grads_; }
+  void start_step();            // zeroes the gradient buffers
+  void set_sync(bool sync);     // stages 0-1: reduce only in the last micro-batch
+  void finish_gradients();      // waits for every reduction; pieces() grads are final
+  std::vector<ShardPiece>& pieces() { return pieces_; }
+  // True when pieces() cover only this rank's part (a sum over them is partial).
+  bool sharded() const { return config_.zero_stage > 0 && comm_.size() > 1; }
+  double sum_over_ranks(double local);  // all-reduce sum across the group
+  // After the optimizer changed pieces() masters: writes them (rounded to the compute
+  // precision) into the model's weights and all-gathers (stages 1-2).
+  void publish_params();
+
+  // Stage 3 holds only shards between steps: gather_all() makes every weight present
+  // (evaluation, export) until release_all(). Both are collective; no-ops below stage 3.
+  void gather_all();
+  void release_all();
+
+  MemoryUse memory() const;
+  int64_t num_parameters() const { return total_; }
+
+  // model::TrainHooks
+  void acquire(int unit) override;
+  void release(int unit) override;
+  void prepare_grads(int unit) override;
+  void grads_ready(int unit) override;
+
+ private:
+  struct Slot;     // one storage tensor of the model
+  struct Unit;     // a TrainHooks unit: its slots, contiguous in the flat layout
+  struct Segment;  // the unit of reduction and sharding: a bucket (stages 0-2) or a unit (3)
+  struct Pending;  // a reduction in flight
+
+  void build_layout();
+  void broadcast_and_shard();
+  void build_pieces();
+  void bind_unit_weights(int unit, const Tensor& flat_unit);  // views into a unit's flat values
+  void unbind_unit_weights(int unit);
+  void bind_segment_grads(Segment& s, const Tensor& flat);
+  void launch_reduction(Segment& s);
+  void complete(Pending& p);
+  void poll_pending();
+  void start_gather(int unit, bool async);
+  void finish_gather(int unit);
+
+  model::Model& model_;
+  comm::Communicator& comm_;
+  DataParallelConfig config_;
+  model::Params grads_;
+  std::vector<Slot> slots_;
+  std::vector<Unit> units_;        // indexed by TrainHooks unit id
+  std::vector<Segment> segments_;  // in flat (gradient-ready) order
+  std::vector<Pending> pending_;
+  std::vector<ShardPiece> pieces_;
+  int64_t total_ = 0;      // parameters (elements of the flat layout)
+  int64_t own_total_ = 0;  // elements of this rank's shard
+  bool sync_ = true;
+  bool separate_master_ = false;
+  bool backward_phase_ = false;  // stage 3 prefetch direction
+  int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
+  int gather_all_depth_ = 0;
+
+  Tensor params_;        // (total) stages 0-2: the model's weights live here
+  Tensor params_shard_;  // (own_total) stage 3: this rank's part of every unit
+  Tensor grads_flat_;    // (total) stages 0-1
+  Tensor grads_shard_;   // (own_total) stages 2-3
+  Tensor master_;        // (own_total) fp32 master when separate
+  Tensor host_grads_;    // (own_total) offload: the gradients the CPU optimizer reads
+};
+
+}  // namespace tessera::parallel
