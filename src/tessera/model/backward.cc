@@ -50,6 +50,11 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   const int head = num_units() - 1;
   const bool tied = c.tie_word_embeddings;
   const int64_t act_bytes = activation_bytes(acts);
+  if (hooks) {
+    if (tied) hooks->acquire(0);  // lm_head is embed
+    hooks->prepare_grads(head);
+    if (tied) hooks->prepare_grads(0);
+  }
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
   const Bf16Mode mode = bf16_mode_;
 
@@ -61,11 +66,6 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
   LossResult result;
   result.activation_bytes = act_bytes;
-  if (hooks) {
-    if (tied) hooks->acquire(0);  // lm_head is embed
-    hooks->prepare_grads(head);
-    if (tied) hooks->prepare_grads(0);
-  }
   if (count == 0) {
     // No target counted: every gradient is zero, but the hooks still see the whole walk
     // (a data-parallel peer with targets is waiting on the same collectives).

@@ -40,9 +40,17 @@ dnnl::stream& thread_stream() {
   return stream;
 }
 
+// Primitives use a caller-provided scratchpad: with oneDNN's default (library-owned,
+// per primitive) scratchpad, one cached primitive executed from two threads at once
+// (ranks as threads, serving workers) shares its scratch memory and computes garbage.
+struct CachedPrimitive {
+  dnnl::matmul prim;
+  memory::desc scratchpad;
+};
+
 struct Cache {
   std::mutex mu;
-  std::map<PrimitiveKey, dnnl::matmul> prims;
+  std::map<PrimitiveKey, CachedPrimitive> prims;
 };
 
 Cache& cache() {
@@ -65,11 +73,12 @@ memory::desc strided_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, DT
   return memory::desc({rows, cols}, to_dnnl(dt), {1, ld});
 }
 
-dnnl::matmul create_primitive(const GemmArgs& g) {
+CachedPrimitive create_primitive(const GemmArgs& g) {
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
   const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
   const memory::desc c_md({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // oneDNN 2.x: dst = oscale * (a @ b) + sum_scale * dst, i.e. scales apply before post-ops.
   if (g.alpha != 1.f) attr.set_output_scales(0, {g.alpha});
   if (g.beta != 0.f) {
@@ -79,7 +88,7 @@ dnnl::matmul create_primitive(const GemmArgs& g) {
   }
   const dnnl::matmul::desc desc(a_md, b_md, c_md);
   const dnnl::matmul::primitive_desc pd(desc, attr, global_engine());
-  return dnnl::matmul(pd);
+  return {dnnl::matmul(pd), pd.scratchpad_desc()};
 }
 
 }  // namespace
@@ -91,14 +100,14 @@ void gemm_onednn(const GemmArgs& g) {
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
                          g.beta};
-  dnnl::matmul prim;
+  CachedPrimitive prim;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
     auto it = cache().prims.find(key);
     if (it != cache().prims.end()) prim = it->second;
   }
   try {
-    if (!prim) {
+    if (!prim.prim) {
       // Created outside the lock: JIT compilation should not serialise other callers.
       prim = create_primitive(g);
       std::lock_guard<std::mutex> lock(cache().mu);
@@ -112,8 +121,14 @@ void gemm_onednn(const GemmArgs& g) {
     memory a_mem(a_md, eng, const_cast<void*>(g.a));
     memory b_mem(b_md, eng, const_cast<void*>(g.b));
     memory c_mem(c_md, eng, g.c);
-    prim.execute(thread_stream(),
-                 {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    thread_local std::vector<char> scratch;  // this thread's scratchpad, grown as needed
+    const size_t scratch_bytes = prim.scratchpad.get_size();
+    if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+    memory s_mem(prim.scratchpad, eng, scratch.data());
+    prim.prim.execute(thread_stream(), {{DNNL_ARG_SRC, a_mem},
+                                        {DNNL_ARG_WEIGHTS, b_mem},
+                                        {DNNL_ARG_DST, c_mem},
+                                        {DNNL_ARG_SCRATCHPAD, s_mem}});
     thread_stream().wait();
   } catch (const dnnl::error& e) {
     fail("matmul (oneDNN) failed for M=", g.m, " N=", g.n, " K=", g.k, " a ",
