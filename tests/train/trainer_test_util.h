@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@
 namespace tessera::train {
 
 namespace fs = std::filesystem;
+
+inline void io_write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 inline std::string temp_dir(const std::string& name) {
   const std::string d = fs::temp_directory_path() / ("tessera_trainer_" + name + "_" +

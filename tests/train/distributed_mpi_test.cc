@@ -1,0 +1,49 @@
+// The real multi-process path: `mpirun -np 2 tessera train` (OpenMPI, the mpi backend)
+// trains to the single-process run's losses, ZeRO-2 included.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tessera/train/metrics.h"
+#include "tessera/train/trainer.h"
+#include "test_util/run_command.h"
+#include "train/trainer_test_util.h"
+
+namespace tessera::train {
+namespace {
+
+// mpirun as the tests in tests/comm_mpi run it: this host only, shared memory.
+std::string mpirun(int np) {
+  return "OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 "
+         "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
+}
+
+std::vector<double> losses_of(const std::string& out_dir) {
+  std::vector<double> l;
+  for (const auto& rec : read_metrics(out_dir + "/metrics.jsonl"))
+    if (rec.contains("loss")) l.push_back(rec.at("loss").get<double>());
+  return l;
+}
+
+TEST(DataParallelMpi, TwoProcessesMatchOneProcess) {
+  const std::string root = temp_dir("dp_mpi");
+  const std::string data = make_data(root);
+  const std::string extra = "[optimizer]\nlr = 0.003\n[parallel]\nbucket_mb = 0.02\n";
+  const auto single = run_training(TrainConfig::parse(base_config(root + "/single", data, 4, extra), "s.toml"));
+  for (int stage : {0, 2}) {
+    const std::string out = root + "/mpi" + std::to_string(stage);
+    const std::string cfg = root + "/mpi" + std::to_string(stage) + ".toml";
+    io_write(cfg, base_config(out, data, 4, extra + "zero_stage = " + std::to_string(stage) + "\n"));
+    const auto r = testing::run_command(mpirun(2) + TESSERA_CLI_PATH + " train --config " + cfg);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("2 ranks (ZeRO stage " + std::to_string(stage) + ")"), std::string::npos)
+        << r.out;
+    const auto got = losses_of(out);
+    ASSERT_EQ(got.size(), single.losses.size()) << r.out;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], single.losses[i], 1e-5 * single.losses[i]) << "stage " << stage << " step " << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::train
