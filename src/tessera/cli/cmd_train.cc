@@ -1,18 +1,77 @@
-// `tessera train --config run.toml [--resume]`.
+// `tessera train --config run.toml [--resume] [--nproc N --max-restarts R --min-nproc M]`:
+// one process, or (with --nproc / --hosts) an elastic supervisor around `mpirun`.
+#include <unistd.h>
+
+#include <climits>
+#include <filesystem>
 #include <cstdio>
 
+#include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/train/elastic.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::cli {
+namespace {
+
+struct Flags {
+  std::string config;
+  bool resume = false;
+  int64_t stop_after = -1;
+  std::string trace;
+  int nproc = 0;
+  int max_restarts = 0;
+  int min_nproc = 0;
+  std::string hosts;
+  double heartbeat_timeout = 60;
+  std::string mpirun = "mpirun";
+};
+
+std::string self_path() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  TESSERA_CHECK(n > 0, "train: cannot find this program's path (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The supervisor: each attempt is `mpirun -np N [--host H] tessera train --config C`,
+// resuming from the latest checkpoint after the first (docs/elastic.md).
+int run_supervised(const Flags& f, const train::TrainConfig& config) {
+  const int nproc = f.nproc > 0 ? f.nproc : 1;
+  TESSERA_CHECK(f.min_nproc >= 0 && f.min_nproc <= nproc, "--min-nproc ", f.min_nproc,
+                " must be in [1, --nproc ", nproc, "]");
+  TESSERA_CHECK(f.max_restarts >= 0, "--max-restarts must not be negative");
+  const std::string exe = self_path();
+  std::filesystem::create_directories(config.out_dir);
+  train::ElasticOptions o;
+  o.nproc = nproc;
+  o.min_nproc = f.min_nproc;
+  o.max_restarts = f.max_restarts;
+  o.heartbeat_timeout_s = f.heartbeat_timeout;
+  o.heartbeat_dir = config.out_dir + "/heartbeats";
+  o.log_path = config.out_dir + "/elastic.jsonl";
+  o.make_command = [f, exe](int n, int attempt) {
+    std::vector<std::string> argv = {f.mpirun};
+    if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+    if (f.hosts.empty()) argv.push_back("--oversubscribe");  // ranks may outnumber cores here
+    argv.insert(argv.end(), {"-np", std::to_string(n)});
+    if (!f.hosts.empty()) argv.insert(argv.end(), {"--host", f.hosts});
+    argv.insert(argv.end(), {exe, "train", "--config", f.config});
+    if (f.resume || attempt > 0) argv.push_back("--resume");
+    if (!f.trace.empty()) argv.insert(argv.end(), {"--trace", f.trace});
+    return argv;
+  };
+  const train::ElasticResult r = train::run_elastic(o);
+  std::printf("elastic: %s after %d restart%s on %d rank%s\n",
+              r.exit_code == 0 ? "finished" : "failed", r.restarts, r.restarts == 1 ? "" : "s",
+              r.final_nproc, r.final_nproc == 1 ? "" : "s");
+  if (r.exit_code == 0) std::printf("model: %s/model\n", config.out_dir.c_str());
+  return r.exit_code;
+}
+
+}  // namespace
 
 void add_train(CLI::App& app, Action& action) {
-  struct Flags {
-    std::string config;
-    bool resume = false;
-    int64_t stop_after = -1;
-    std::string trace;
-  };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand("train", "Train a model as a TOML run config says (docs/training.md)");
   cmd->add_option("--config", f->config, "Run config (configs/*.toml)")->required();
@@ -20,21 +79,42 @@ void add_train(CLI::App& app, Action& action) {
   cmd->add_option("--trace", f->trace, "Write a Chrome trace (Perfetto) of the run to this file");
   cmd->add_option("--stop-after", f->stop_after,
                   "Stop after this many steps without the final save, as if killed (for tests)");
+  cmd->add_option("--nproc", f->nproc,
+                  "Data-parallel ranks: run under an elastic supervisor that starts "
+                  "`mpirun -np N` (docs/distributed.md)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-restarts", f->max_restarts,
+                  "Restart the job from its latest checkpoint this many times when a rank dies "
+                  "or hangs (docs/elastic.md)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min-nproc", f->min_nproc,
+                  "Restart with fewer ranks, down to this many, when ranks are lost")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--hosts", f->hosts, "Hosts for mpirun --host (a:2,b:2); default this machine");
+  cmd->add_option("--heartbeat-timeout", f->heartbeat_timeout,
+                  "Seconds without a heartbeat before a rank is declared dead (default 60)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--mpirun", f->mpirun, "The mpirun program to launch ranks with");
   cmd->callback([f, &action] {
     action = [f] {
       auto config = train::TrainConfig::load(f->config);
       if (!f->trace.empty()) config.logging.trace = f->trace;
+      if (f->nproc > 0 || !f->hosts.empty() || f->max_restarts > 0) {
+        TESSERA_CHECK(f->stop_after < 0, "--stop-after cannot be combined with --nproc");
+        return run_supervised(*f, config);
+      }
       train::TrainOptions o;
       o.resume = f->resume;
       o.stop_after = f->stop_after;
       const auto r = train::run_training(config, o);
+      if (r.rank != 0) return 0;  // rank 0 reports for the job
       std::printf("trained steps %lld..%lld in %.1f s: final loss %.4f", static_cast<long long>(r.start_step),
                   static_cast<long long>(r.start_step + r.steps_run), r.seconds, r.final_loss);
       if (r.val_loss >= 0) std::printf(", val loss %.4f", r.val_loss);
       std::printf("\n");
       if (!r.model_dir.empty()) std::printf("model: %s\n", r.model_dir.c_str());
       if (!r.svg_path.empty()) std::printf("loss curve: %s\n", r.svg_path.c_str());
-      if (!config.logging.trace.empty()) std::printf("trace: %s\n", config.logging.trace.c_str());
+      if (!r.trace_path.empty()) std::printf("trace: %s\n", r.trace_path.c_str());
       return 0;
     };
   });

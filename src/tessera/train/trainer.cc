@@ -27,6 +27,7 @@
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
 #include "tessera/train/grad_utils.h"
+#include "tessera/train/heartbeat.h"
 #include "tessera/train/loss_scaler.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/plot.h"
@@ -65,6 +66,14 @@ parallel::DataParallelConfig dp_config(const TrainConfig& c) {
   const auto& p = c.training.precision;
   d.compute_dtype = p == "bf16" ? DType::kBF16 : p == "fp16" ? DType::kF16 : DType::kF32;
   return d;
+}
+
+// One trace per rank: "run.json" -> "run.rank1.json" when there are several.
+std::string trace_path(const std::string& path, int rank, int world) {
+  if (world == 1) return path;
+  const fs::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) +
+                             p.extension().string())).string();
 }
 
 comm::Communicator& with_timeout(comm::Communicator& c, double seconds) {
@@ -141,6 +150,9 @@ class Run {
     }
     result.start_step = st_.step;
     result.world_size = world_;
+    result.rank = rank_;
+    // Under an elastic supervisor (TESSERA_HEARTBEAT_DIR set): liveness and progress.
+    const auto heartbeat = Heartbeat::from_env(rank_);
     const auto& tr = c_.training;
     const int64_t B = c_.data.batch_size, T = c_.data.seq_len, accum = c_.data.grad_accum;
     if (lead)
@@ -157,7 +169,10 @@ class Run {
     if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
     const int64_t local_b = B / world_;
     Tensor ids, targets;
-    if (!c_.logging.trace.empty()) base::start_trace(c_.logging.trace);
+    if (!c_.logging.trace.empty()) {
+      result.trace_path = trace_path(c_.logging.trace, rank_, world_);
+      base::start_trace(result.trace_path);
+    }
     while (st_.step < tr.steps) {
       base::TraceScope step_scope("step");
       base::Timer step_timer;
@@ -222,6 +237,7 @@ class Run {
       }
       scaler_.update(!finite);
       ++st_.step;
+      if (heartbeat) heartbeat->set_step(st_.step);
       st_.tokens_seen += static_cast<uint64_t>(count);
       const double secs = step_timer.seconds();
       StepMetrics sm;

@@ -26,8 +26,10 @@ struct TrainResult {
   int64_t rollbacks = 0;
   std::vector<double> losses;  // train loss of every step this invocation ran
   int world_size = 1;
+  int rank = 0;
   std::string model_dir;       // OUT/model: the final model in Hugging Face layout
   std::string svg_path;        // OUT/loss_curve.svg ("" when not plotted)
+  std::string trace_path;      // this rank's Chrome trace ("" when not traced)
   double seconds = 0;
 };
 
