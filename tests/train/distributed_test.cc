@@ -100,6 +100,28 @@ TEST(DataParallel, OffloadAndNoPrefetchMatchOneProcess) {
   }
 }
 
+// 16-bit training under sharding: bf16 with ZeRO-3 and fp16 (dynamic loss scaling) with
+// ZeRO-1 follow the single-process curve. The weights are rounded to 16 bits after every
+// update, so a last-bit difference in a master weight can flip a rounding: the
+// tolerance is bf16-sized, not fp32's.
+TEST(DataParallel, SixteenBitPrecisionsMatchOneProcess) {
+  const std::string root = temp_dir("dp_16bit");
+  const std::string data = make_data(root);
+  for (const auto& [precision, parallel] :
+       {std::pair<std::string, std::string>{"bf16", "zero_stage = 3"},
+        std::pair<std::string, std::string>{"fp16", "zero_stage = 1"}}) {
+    auto cfg = [&](const std::string& name, const std::string& par) {
+      std::string c = config(root, name + precision, data, 4, par);
+      return c.replace(c.find("\"fp32\""), 6, "\"" + precision + "\"");
+    };
+    const RunOut ref = train(cfg("single", "zero_stage = 0"), 0);
+    const RunOut got = train(cfg("dp", parallel), 2);
+    expect_close(got.losses, ref.losses, 2e-3, precision + " " + parallel);
+    if (precision == "fp16")
+      for (const auto& rec : got.records) EXPECT_GT(rec.at("loss_scale").get<double>(), 1.0);
+  }
+}
+
 // A run stopped on 4 ranks (ZeRO-3) resumes on 2 ranks (ZeRO-1) and on one process,
 // each continuing the uninterrupted single-process curve.
 TEST(DataParallel, CheckpointsReshardOntoAnotherWorldSize) {

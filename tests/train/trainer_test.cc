@@ -47,6 +47,10 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   expect_error(ok + "[schedule]\nwarmup_steps = 11\n", "schedule.warmup_steps");
   expect_error(ok + "[spike_guard]\npolicy = \"ignore\"\n", "spike_guard.policy");
   expect_error(ok + "[checkpoint]\nkeep = 0\n", "checkpoint.keep");
+  expect_error(ok + "[parallel]\nzero_stage = 4\n", "parallel.zero_stage");
+  expect_error(ok + "[parallel]\nalgorithm = \"tree\"\n", "parallel.algorithm");
+  expect_error(ok + "[parallel]\nbucket_mb = 0\n", "parallel.bucket_mb");
+  expect_error(ok + "[parallel]\nzero = 1\n", "unknown key 'parallel.zero'");
   expect_error("[data]\ndir = \"d\"\n[training]\nsteps = \"ten\"\n",
                "training.steps must be an integer");
   expect_error("[training\n", "invalid TOML");
