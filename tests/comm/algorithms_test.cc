@@ -15,7 +15,7 @@ namespace {
 
 TEST(Algorithms, NamesRoundTripAndUnknownNameIsAnError) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kBackend, Algorithm::kRing,
-                      Algorithm::kHalvingDoubling, Algorithm::kHierarchical})
+                      Algorithm::kHalvingDoubling, Algorithm::kHierarchical, Algorithm::kShm})
     EXPECT_EQ(parse_algorithm(algorithm_name(a)), a);
   EXPECT_STREQ(algorithm_name(Algorithm::kHalvingDoubling), "hd");
   try {
@@ -24,7 +24,7 @@ TEST(Algorithms, NamesRoundTripAndUnknownNameIsAnError) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
                  "unknown collective algorithm 'tree' (expected auto, backend, ring, hd, "
-                 "hierarchical)");
+                 "hierarchical, shm)");
   }
 }
 

@@ -1,7 +1,8 @@
 // Run under mpirun: checks every collective x algorithm (ours and MPI's own) x dtype x
 // size on the `mpi` backend against references computed here from the deterministic
-// per-rank inputs, plus split, point to point and the wait() watchdog. Prints
-// "OK n checks" on rank 0; exits non-zero on any mismatch.
+// per-rank inputs, plus split, point to point, the wait() watchdog and the shared-memory
+// path (kShm: tiny slots so every size is pipelined, a hung peer). Prints "OK n checks"
+// on rank 0; exits non-zero on any mismatch. `--shm-only` runs just the kShm checks.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "tessera/base/error.h"
 #include "tessera/comm/communicator.h"
 #include "tessera/comm/mpi_backend.h"
+#include "tessera/comm/shm_collectives.h"
 
 using namespace tessera;
 using namespace tessera::comm;
@@ -189,7 +191,7 @@ void check_rooted_collectives(Communicator& c, DType dt, int64_t n) {
 void check_async(Communicator& c) {
   const int p = c.size();
   for (Algorithm a : {Algorithm::kBackend, Algorithm::kRing, Algorithm::kHalvingDoubling,
-                      Algorithm::kHierarchical, Algorithm::kAuto}) {
+                      Algorithm::kHierarchical, Algorithm::kShm, Algorithm::kAuto}) {
     const int64_t n = 4099;
     Tensor t1 = make(DType::kF32, gen(DType::kF32, c.rank(), 0, n));
     Tensor t2 = make(DType::kI64, gen(DType::kI64, c.rank(), 0, n));
@@ -326,9 +328,65 @@ void check_point_to_point(Communicator& c) {
   c.barrier();
 }
 
+// kShm: available exactly when every rank is on one (real or simulated) node; correct
+// for every dtype and op at sizes of 1 element to many slots; a peer that never comes
+// trips the watchdog instead of hanging, and the group refuses further use.
+void check_shm(Communicator& world) {
+  const int me = world.rank(), p = world.size();
+  const bool one_node = ranks_per_node() == 0 || ranks_per_node() >= p;
+  expect(shm_available(world) == one_node,
+         "shm_available(world) = " + std::to_string(shm_available(world)) + " with " +
+             std::to_string(p) + " ranks, TESSERA_MPI_RANKS_PER_NODE=" + std::to_string(ranks_per_node()));
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
+  // 4 KiB slots: a reduction region is 4096 / p bytes (at most 512 f32), so 20011 elements
+  // take 10-40 pipelined steps; 1, 3 and 1023 leave some ranks with empty chunks or odd
+  // splits; none of 3, 1023, 4097, 20011 divides by 2 and 4, and 4097 not by 3 either.
+  const int64_t saved = shm_slot_bytes();
+  set_shm_slot_bytes(4096);
+  auto tiny = world.split(0, me);  // the same ranks; its segment gets the 4 KiB slots
+  set_shm_slot_bytes(saved);
+  for (DType dt : dtypes)
+    for (int64_t n : {1, 3, 1023, 4097, 20011}) check_algorithm_collectives(*tiny, dt, n, Algorithm::kShm);
+  // The default slot (1 MiB): 1 step for the sizes above in main(); this one takes several.
+  check_algorithm_collectives(world, DType::kF32, 3 * (shm_slot_bytes() / 4) + 5, Algorithm::kShm);
+  if (!one_node) return;
+
+  // A hung peer: every rank makes the segment with one collective, then rank 0 alone
+  // calls another. Its wait must end in the watchdog (handler recorded, Error thrown).
+  auto lone = world.split(0, me);
+  Tensor t = make(DType::kF32, gen(DType::kF32, me, 0, 64));
+  lone->all_reduce(t, ReduceOp::kSum, Algorithm::kShm);
+  compare(read(t), reference(DType::kF32, ReduceOp::kSum, p, 0, 64), DType::kF32, "shm lone warm-up");
+  if (me == 0) {
+    std::fprintf(stderr, "(the shm watchdog lines below are expected: rank 0 runs an all_reduce alone)\n");
+    lone->set_timeout(0.2);
+    int fired = 0;
+    Communicator::set_timeout_handler([&fired](const std::string& msg) {
+      if (msg.find("all_reduce") != std::string::npos && msg.find("shm") != std::string::npos) ++fired;
+    });
+    bool threw = false, refused = false;
+    try {
+      lone->all_reduce(t, ReduceOp::kSum, Algorithm::kShm);
+    } catch (const Error& e) {
+      threw = std::strstr(e.what(), "did not finish within") != nullptr;
+    }
+    Communicator::set_timeout_handler(nullptr);
+    try {
+      lone->all_reduce(t, ReduceOp::kSum, Algorithm::kShm);
+    } catch (const Error& e) {
+      refused = std::strstr(e.what(), "cannot be used again") != nullptr;
+    }
+    expect(threw && fired == 1 && refused,
+           "shm: a rank alone in an all_reduce must time out (threw " + std::to_string(threw) +
+               ", handler ran " + std::to_string(fired) + "x, later call refused " +
+               std::to_string(refused) + ")");
+  }
+  world.barrier();
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
     Communicator& world = mpi_world();
     const int me = world.rank(), p = world.size();
@@ -341,18 +399,22 @@ int main() {
     expect(world.backend() == "mpi" && world.node_id() == expected_node_id(everyone, me),
            "world: backend mpi, node id " + std::to_string(world.node_id()));
     expect(running_under_mpi(), "running_under_mpi() under mpirun");
+    const bool shm_only = argc > 1 && std::strcmp(argv[1], "--shm-only") == 0;
     const Algorithm algorithms[] = {Algorithm::kBackend, Algorithm::kRing,
                                     Algorithm::kHalvingDoubling, Algorithm::kHierarchical,
-                                    Algorithm::kAuto};
+                                    Algorithm::kShm, Algorithm::kAuto};
     const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
-    for (DType dt : dtypes)
-      for (int64_t n : {1, 3, 1023, 100000}) {
-        for (Algorithm a : algorithms) check_algorithm_collectives(world, dt, n, a);
-        check_rooted_collectives(world, dt, n == 100000 ? 10000 : n);
-      }
-    check_async(world);
-    check_split(world);
-    check_point_to_point(world);
+    if (!shm_only) {
+      for (DType dt : dtypes)
+        for (int64_t n : {1, 3, 1023, 100000}) {
+          for (Algorithm a : algorithms) check_algorithm_collectives(world, dt, n, a);
+          check_rooted_collectives(world, dt, n == 100000 ? 10000 : n);
+        }
+      check_async(world);
+      check_split(world);
+      check_point_to_point(world);
+    }
+    check_shm(world);
     world.barrier();
 
     Tensor totals = Tensor::from_vector(std::vector<int64_t>{g_checks, g_failures}, {2});

@@ -21,7 +21,7 @@ struct CommFlags {
   int ranks_per_node = 0;  // 0: real nodes
   comm::CommBenchOptions options;
   std::string ops = "all_reduce,all_gather,reduce_scatter";
-  std::string algorithms = "ring,hd,hierarchical,auto,backend";
+  std::string algorithms = "ring,hd,hierarchical,shm,auto,backend";
   bool json = false;
 };
 
@@ -92,7 +92,7 @@ void add_bench_comm(CLI::App* bench, Action& action) {
       ->capture_default_str();
   cmd->add_option("--ops", f->ops, "Collectives: all_reduce,all_gather,reduce_scatter")
       ->capture_default_str();
-  cmd->add_option("--algorithms", f->algorithms, "ring,hd,hierarchical,auto,backend")
+  cmd->add_option("--algorithms", f->algorithms, "ring,hd,hierarchical,shm,auto,backend")
       ->capture_default_str();
   cmd->add_option("--min-seconds", f->options.min_seconds, "Timed calls per point fill this")
       ->capture_default_str();

@@ -9,6 +9,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/timer.h"
+#include "tessera/comm/shm_collectives.h"
 
 namespace tessera::comm {
 namespace {
@@ -110,12 +111,19 @@ double bus_factor(const std::string& op, int ranks) {
   fail("bench comm: unknown collective '", op, "' (all_reduce, all_gather, reduce_scatter)");
 }
 
-std::vector<CommBenchRow> bench_collectives(Communicator& comm, const CommBenchOptions& o) {
+std::vector<CommBenchRow> bench_collectives(Communicator& comm, const CommBenchOptions& opts) {
+  // kShm elsewhere would only run the ring again under another name.
+  CommBenchOptions o = opts;
+  if (!shm_available(comm))
+    o.algorithms.erase(std::remove(o.algorithms.begin(), o.algorithms.end(), Algorithm::kShm),
+                       o.algorithms.end());
   for (const auto& op : o.ops)
     TESSERA_CHECK(std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps),
                   "bench comm: --ops: unknown collective '", op,
                   "' (all_reduce, all_gather, reduce_scatter)");
-  TESSERA_CHECK(!o.algorithms.empty(), "bench comm: --algorithms: empty list");
+  TESSERA_CHECK(!opts.algorithms.empty(), "bench comm: --algorithms: empty list");
+  TESSERA_CHECK(!o.algorithms.empty(), "bench comm: --algorithms: shm needs the mpi backend with "
+                                       "every rank on one node");
   TESSERA_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes, "bench comm: --min-bytes ",
                 o.min_bytes, " must be at least 4 and at most --max-bytes ", o.max_bytes);
   std::vector<int64_t> sizes;

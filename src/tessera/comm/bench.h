@@ -13,9 +13,10 @@ struct CommBenchOptions {
   int64_t min_bytes = 4096;             // first message size (f32 elements: bytes / 4)
   int64_t max_bytes = int64_t{256} << 20;  // sizes go up by 4x to this
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter"};
+  // kShm is skipped where shm_available() is false (local backend, several nodes).
   std::vector<Algorithm> algorithms = {Algorithm::kRing, Algorithm::kHalvingDoubling,
-                                       Algorithm::kHierarchical, Algorithm::kAuto,
-                                       Algorithm::kBackend};
+                                       Algorithm::kHierarchical, Algorithm::kShm,
+                                       Algorithm::kAuto, Algorithm::kBackend};
   int warmup = 2;             // untimed calls per point
   double min_seconds = 0.2;   // timed calls per point: enough to fill this (from the warm-up)
   int min_iterations = 5;

@@ -17,6 +17,7 @@
 #include "tessera/base/logging.h"
 #include "tessera/base/trace.h"
 #include "tessera/comm/algorithms.h"
+#include "tessera/comm/shm_collectives.h"
 #include "tessera/comm/watchdog.h"
 
 namespace tessera::comm {
@@ -27,8 +28,9 @@ Algorithm parse_algorithm(const std::string& name) {
   if (name == "ring") return Algorithm::kRing;
   if (name == "hd" || name == "halving_doubling") return Algorithm::kHalvingDoubling;
   if (name == "hierarchical") return Algorithm::kHierarchical;
+  if (name == "shm") return Algorithm::kShm;
   fail("unknown collective algorithm '", name,
-       "' (expected auto, backend, ring, hd, hierarchical)");
+       "' (expected auto, backend, ring, hd, hierarchical, shm)");
 }
 
 const char* algorithm_name(Algorithm a) {
@@ -43,6 +45,8 @@ const char* algorithm_name(Algorithm a) {
       return "hd";
     case Algorithm::kHierarchical:
       return "hierarchical";
+    case Algorithm::kShm:
+      return "shm";
   }
   return "?";
 }
@@ -269,6 +273,8 @@ void Communicator::run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t 
   detail::CommState& s = *state_;
   collective_tag_ = tag_for(seq);
   if (size() == 1 || n == 0) return;
+  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kAllReduce, work_bytes))
+    a = Algorithm::kShm;  // one node, measured faster (shm_collectives.cc)
   if ((a == Algorithm::kAuto || a == Algorithm::kHierarchical) && s.hier_status == 0) {
     // Who shares a node, once per communicator: an all-gather of node ids, then (several
     // nodes of equal size) the two splits the hierarchical algorithm runs on.
@@ -308,6 +314,9 @@ void Communicator::run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t 
       break;
     case Algorithm::kHalvingDoubling:
       algo::hd_all_reduce(*this, collective_tag_, w.raw_data(), n, work, inner);
+      break;
+    case Algorithm::kShm:
+      shm_all_reduce(*this, collective_tag_, w.raw_data(), n, work, inner);
       break;
     case Algorithm::kHierarchical:
       if (s.hier_status == 1) {
@@ -351,6 +360,8 @@ void Communicator::run_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
   const ChunkRange mine = chunk_range(n, size(), rank());
   const DType work = working_dtype(in.dtype());
   const int64_t elem = dtype_size(work);
+  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kReduceScatter, n * elem))
+    a = Algorithm::kShm;
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_reduce_scatter(n * elem, size());
   WatchdogScope watch(describe(*this, "reduce_scatter", seq, algorithm_name(a), n, in.dtype()),
@@ -358,12 +369,16 @@ void Communicator::run_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
   collective_tag_ = tag_for(seq);
   const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   // (n): our algorithms reduce in place, so they get a copy; the backend only reads it.
-  Tensor w = to_working(in, a != Algorithm::kBackend);
-  Tensor chunk;            // (mine.size()) in the working dtype, backend only
+  const bool shm = a == Algorithm::kShm && size() > 1;  // reads `in` too, writes a chunk
+  Tensor w = to_working(in, a != Algorithm::kBackend && !shm);
+  Tensor chunk;            // (mine.size()) in the working dtype, backend and shm only
   void* result = nullptr;  // this rank's reduced chunk
-  if (a == Algorithm::kBackend && size() > 1) {
+  if ((a == Algorithm::kBackend && size() > 1) || shm) {
     chunk = out.dtype() == work ? out : Tensor::empty({mine.size()}, work);
-    backend_reduce_scatter(w, chunk, inner);
+    if (shm)
+      shm_reduce_scatter(*this, collective_tag_, w.raw_data(), chunk.raw_data(), n, work, inner);
+    else
+      backend_reduce_scatter(w, chunk, inner);
     result = chunk.raw_data();
   } else {
     if (size() > 1 && a == Algorithm::kHalvingDoubling)
@@ -398,6 +413,8 @@ void Communicator::run_all_gather(const Tensor& in, Tensor& out, Algorithm a, ui
   const int64_t n = out.numel();
   const ChunkRange mine = chunk_range(n, size(), rank());
   const int64_t elem = dtype_size(in.dtype());
+  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kAllGather, n * elem))
+    a = Algorithm::kShm;
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_all_gather(n * elem, size());
   WatchdogScope watch(describe(*this, "all_gather", seq, algorithm_name(a), n, in.dtype()),
@@ -405,6 +422,10 @@ void Communicator::run_all_gather(const Tensor& in, Tensor& out, Algorithm a, ui
   collective_tag_ = tag_for(seq);
   if (a == Algorithm::kBackend && size() > 1) {
     backend_all_gather(in, out);
+    return;
+  }
+  if (a == Algorithm::kShm) {
+    shm_all_gather(*this, collective_tag_, in.raw_data(), out.raw_data(), n, elem);
     return;
   }
   char* o = static_cast<char*>(out.raw_data());
@@ -526,7 +547,13 @@ Algorithm algo::auto_reduce_scatter(int64_t bytes, int group_size) {
   return Algorithm::kBackend;
 }
 
-Algorithm algo::auto_all_gather(int64_t bytes, int group_size) { return Algorithm::kBackend; }
+// The backend's own all-gather wins or ties everywhere we measured (docs/performance.md)
+// except very large messages on two ranks, where our ring moved 1.2-3x MPI_Allgatherv's
+// bandwidth in every run (256 MiB).
+Algorithm algo::auto_all_gather(int64_t bytes, int group_size) {
+  if (group_size == 2 && bytes >= (int64_t{128} << 20)) return Algorithm::kRing;
+  return Algorithm::kBackend;
+}
 
 namespace {
 std::atomic<int64_t> g_broadcast_tree_max{int64_t{16} << 20}, g_reduce_tree_max{int64_t{1} << 20};

@@ -21,9 +21,11 @@ enum class ReduceOp { kSum, kAvg, kMax };
 
 // Which implementation a collective uses. kAuto picks by message size and group size
 // (from measurements, docs/comm.md); kBackend is the backend's own (MPI_Allreduce, ...;
-// for `local` a straightforward gather-to-all through shared memory).
-enum class Algorithm { kAuto, kBackend, kRing, kHalvingDoubling, kHierarchical };
-Algorithm parse_algorithm(const std::string& name);  // auto|backend|ring|hd|hierarchical
+// for `local` a straightforward gather-to-all through shared memory). kShm: through a
+// POSIX shared-memory segment of the group (mpi, every rank on one node; elsewhere it
+// runs the ring), shm_collectives.h.
+enum class Algorithm { kAuto, kBackend, kRing, kHalvingDoubling, kHierarchical, kShm };
+Algorithm parse_algorithm(const std::string& name);  // auto|backend|ring|hd|hierarchical|shm
 const char* algorithm_name(Algorithm a);
 
 // Elements [begin, end) of rank `rank`'s chunk when `numel` elements are split over

@@ -297,7 +297,7 @@ class MpiCommunicator final : public Communicator, public ShmHost {
       return v != 0;
     };
     std::string why;
-    shm_ = ShmGroup::create(rank_, size_, setup, &why);
+    shm_ = ShmGroup::create(rank_, size_, shm_slot_bytes_, setup, &why);
     if (!shm_) {
       shm_failed_ = true;  // on every rank: create() agreed on the outcome
       TESSERA_LOG(kWarn, "mpi: shared-memory collectives unavailable on rank ", rank_, "/", size_,
@@ -399,7 +399,8 @@ class MpiCommunicator final : public Communicator, public ShmHost {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, node_id_ = 0;
   bool single_node_ = false, shm_failed_ = false;
-  std::unique_ptr<ShmGroup> shm_;  // made by the first shm collective
+  int64_t shm_slot_bytes_ = shm_slot_bytes();  // as set when this communicator was made
+  std::unique_ptr<ShmGroup> shm_;              // made by the first shm collective
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The shared-memory collectives (shm_collectives.h): segment set-up, the pipelined
-// reduce-scatter / all-reduce / all-gather over per-rank slots, and flag waits that yield
-// (ranks may outnumber cores) and let the collective's watchdog fire.
+// reduce-scatter / all-reduce / all-gather over per-rank slots, and flag waits that spin,
+// then sleep on a futex (ranks may outnumber cores), and let the collective's watchdog fire.
 #include "tessera/comm/shm_collectives.h"
 
 #include <fcntl.h>
@@ -9,11 +9,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -214,8 +213,8 @@ char* ShmGroup::slot(int r, uint64_t step) const {
   return area(r) + kHeaderBytes + static_cast<int64_t>(step % 2) * slot_bytes_;
 }
 
-std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setup,
-                                           std::string* why) {
+std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, int64_t slot_bytes,
+                                           const Setup& setup, std::string* why) {
   // Rank 0 picks the name and the slot size (so a rank with another TESSERA_SHM_SLOT_BYTES
   // cannot disagree); random so that jobs, and groups of one job, never collide.
   struct {
@@ -225,7 +224,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setu
   if (rank == 0) {
     std::random_device rd;
     hdr.id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-    hdr.slot_bytes = shm_slot_bytes();
+    hdr.slot_bytes = round_up(std::max<int64_t>(slot_bytes, 4096), 4096);
   }
   setup.broadcast_from_0(&hdr, static_cast<int>(sizeof hdr));
   char name[64];
@@ -233,9 +232,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setu
   const int64_t area = kHeaderBytes + 2 * hdr.slot_bytes;
   const int64_t total = area * size;
   std::string err;
+  bool named = false;  // rank 0 created the name (and must unlink it)
   void* base = MAP_FAILED;
   auto map = [&](int fd) {
-    base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: the page tables for every rank's area are filled now, so the first
+    // collective does not pay a page fault per 4 KiB (about 0.75 ms per MiB in some VMs).
+    base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (base == MAP_FAILED) err = std::string("mmap of ") + name + ": " + errno_text(errno);
   };
   if (rank == 0) {
@@ -243,6 +245,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setu
     if (fd < 0) {
       err = std::string("shm_open(") + name + ", O_CREAT): " + errno_text(errno);
     } else {
+      named = true;
       // fallocate reserves the pages now: a full /dev/shm fails here, cleanly, instead of
       // raising SIGBUS at the first touch inside a collective.
       int rc = ftruncate(fd, total) == 0 ? 0 : errno;
@@ -268,17 +271,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, const Setup& setu
   const bool mapped = created && setup.all_ok(err.empty());
   // Every rank has it mapped (or gave up): the name can go, so a job killed from here on
   // leaves nothing behind in /dev/shm.
-  if (rank == 0 && err.empty()) shm_unlink(name);
+  if (named) shm_unlink(name);
   if (!mapped) {
     if (base != MAP_FAILED) munmap(base, total);
     if (why) *why = err.empty() ? "another rank could not set up " + std::string(name) : err;
     return nullptr;
   }
-  std::unique_ptr<ShmGroup> g(new ShmGroup(rank, size, base, total, hdr.slot_bytes));
-  // First touch of this rank's own slots by this rank, so the first collective does not
-  // pay the page faults.
-  std::memset(g->area(rank) + kHeaderBytes, 0, 2 * hdr.slot_bytes);
-  return g;
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, total, hdr.slot_bytes));
 }
 
 uint64_t* ShmGroup::flag_word(int r, int flag) const {
@@ -364,18 +363,20 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
          d->elem, " bytes at step ", d->step);
   };
 
-  for (int64_t k = 0; k < P.steps; ++k) {
-    const uint64_t g = step_;
+  const bool reducing = !gather_only, gathering = op != ShmCollective::kReduceScatter;
+  // Step k = global step step_ + k. write(k) puts my pieces of step k in my slot.
+  auto write = [&](int64_t k) {
+    const uint64_t g = step_ + k;
     char* my = slot(r, g);
-    // 1. My slot g % 2 is free once every peer has finished step g - 2.
+    // My slot g % 2 is free once every peer has finished step g - 2.
     if (g >= 2)
       for (int p = 0; p < N; ++p)
         if (p != r) wait_flag(p, kDone, g - 1, "done");
-    // 2. My pieces in: every chunk but mine (reductions), or my own chunk (all-gather).
-    const ChunkRange own = P.piece(r, k);
     if (gather_only) {
-      std::memcpy(my, in + (own.begin - in_base) * e, own.size() * e);
-      std::memcpy(out + own.begin * e, in + (own.begin - in_base) * e, own.size() * e);
+      const ChunkRange own = P.piece(r, k);
+      const char* src = in + (own.begin - in_base) * e;
+      std::memcpy(my, src, own.size() * e);
+      if (out + own.begin * e != src) std::memcpy(out + own.begin * e, src, own.size() * e);
     } else {
       for (int q = 0; q < N; ++q) {
         if (q == r) continue;
@@ -386,51 +387,62 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
     SlotDesc* d = reinterpret_cast<SlotDesc*>(area(r) + kDescOffset + (g % 2) * kLine);
     *d = SlotDesc{g, P.n, e, static_cast<int32_t>(op)};
     publish(kWritten, g + 1);
-
-    // 3. Reductions: my chunk's piece from my input and every peer's region r.
-    if (!gather_only) {
-      for (int p = 0; p < N; ++p) {
-        if (p == r) {
-          srcs[p] = in + own.begin * e;
+  };
+  // reduce(k): my chunk's piece k from my input and every peer's region r, in rank order.
+  auto reduce = [&](int64_t k) {
+    const uint64_t g = step_ + k;
+    const ChunkRange own = P.piece(r, k);
+    for (int p = 0; p < N; ++p) {
+      if (p == r) {
+        srcs[p] = in + own.begin * e;
+        continue;
+      }
+      wait_flag(p, kWritten, g + 1, "written");
+      check_desc(p, g);
+      srcs[p] = slot(p, g) + r * P.region_bytes;
+    }
+    const bool all_reduce = op == ShmCollective::kAllReduce;
+    reduce_sources(out + (own.begin - out_base) * e,
+                   all_reduce ? slot(r, g) + r * P.region_bytes : nullptr, srcs.data(), N,
+                   own.size(), dt, red);
+    if (all_reduce) publish(kReduced, g + 1);
+  };
+  // gather(k): every peer's piece k out of its slot, whichever peer is ready first.
+  auto gather = [&](int64_t k) {
+    const uint64_t g = step_ + k;
+    const int flag = gather_only ? kWritten : kReduced;
+    pending.clear();
+    for (int p = 0; p < N; ++p)
+      if (p != r) pending.push_back(p);
+    while (!pending.empty()) {
+      size_t kept = 0;
+      for (int p : pending) {
+        if (peek(p, flag) < g + 1) {
+          pending[kept++] = p;
           continue;
         }
-        wait_flag(p, kWritten, g + 1, "written");
-        check_desc(p, g);
-        srcs[p] = slot(p, g) + r * P.region_bytes;
+        if (gather_only) check_desc(p, g);
+        const ChunkRange pc = P.piece(p, k);
+        const char* src = slot(p, g) + (gather_only ? 0 : p * P.region_bytes);
+        std::memcpy(out + pc.begin * e, src, pc.size() * e);
       }
-      const bool all_reduce = op == ShmCollective::kAllReduce;
-      reduce_sources(out + (own.begin - out_base) * e, all_reduce ? my + r * P.region_bytes : nullptr,
-                     srcs.data(), N, own.size(), dt, red);
-      if (all_reduce)
-        publish(kReduced, g + 1);
+      pending.resize(kept);
+      if (!pending.empty())
+        wait_flag(pending.front(), flag, g + 1, gather_only ? "written" : "reduced");
     }
+  };
 
-    // 4. Gathers: every peer's piece out of its slot, whichever is ready first.
-    if (op != ShmCollective::kReduceScatter) {
-      const int flag = gather_only ? kWritten : kReduced;
-      pending.clear();
-      for (int p = 0; p < N; ++p)
-        if (p != r) pending.push_back(p);
-      while (!pending.empty()) {
-        size_t kept = 0;
-        for (int p : pending) {
-          if (peek(p, flag) < g + 1) {
-            pending[kept++] = p;
-            continue;
-          }
-          if (gather_only) check_desc(p, g);
-          const ChunkRange pc = P.piece(p, k);
-          const char* src = slot(p, g) + (gather_only ? 0 : p * P.region_bytes);
-          std::memcpy(out + pc.begin * e, src, pc.size() * e);
-        }
-        pending.resize(kept);
-        if (!pending.empty()) wait_flag(pending.front(), flag, g + 1, gather_only ? "written" : "reduced");
-      }
-    }
-    // 5. Done reading peers' slots for step g.
-    publish(kDone, g + 1);
-    ++step_;
+  // Software-pipelined: step k + 1's pieces go in between reducing and gathering step k,
+  // so a peer a little behind finishes its reduction while this rank copies instead of
+  // waiting. write(k + 1) needs peers done with step k - 1, published an iteration ago.
+  if (P.steps > 0) write(0);
+  for (int64_t k = 0; k < P.steps; ++k) {
+    if (reducing) reduce(k);
+    if (k + 1 < P.steps) write(k + 1);
+    if (gathering) gather(k);
+    publish(kDone, step_ + k + 1);  // done reading peers' slots for this step
   }
+  step_ += P.steps;
 }
 
 namespace {
@@ -479,8 +491,16 @@ bool shm_available(Communicator& c) {
   return h && h->shm_possible();
 }
 
+// Measured with `tessera bench comm` (docs/performance.md, "Communication"; 2 and 4 ranks
+// on a 2-core VM, 4 KiB - 256 MiB). all_reduce and reduce_scatter: shm was the fastest or
+// within the noise at every size; MPI's own costs a copy more per byte (and a fresh
+// temporary buffer per call above 32 MiB), ring and hd pay an MPI message per step.
+// all_gather on 2 ranks: above 64 KiB MPI's single copy (CMA, straight from the peer's
+// buffer) beats or ties our two copies (into the slot, out of it); up to 64 KiB shm's
+// lower latency wins. With 4 ranks on 2 cores shm won at every size.
 bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
   if (!shm_available(c)) return false;
+  if (op == ShmCollective::kAllGather && c.size() == 2) return bytes <= (int64_t{64} << 10);
   return true;
 }
 

@@ -33,9 +33,10 @@ void shm_reduce_scatter(Communicator& c, int tag, const void* in, void* out, int
                         ReduceOp op);
 void shm_all_gather(Communicator& c, int tag, const void* in, void* out, int64_t n, int64_t elem);
 
-// Bytes of one of a rank's two pipeline slots in groups created from now on (default 1 MiB,
-// measured: docs/comm.md; TESSERA_SHM_SLOT_BYTES overrides it at start-up). Tests shrink
-// it so that small messages already take several pipelined steps. >= 4096.
+// Bytes of one of a rank's two pipeline slots in communicators created from now on
+// (default 1 MiB, measured: docs/comm.md; TESSERA_SHM_SLOT_BYTES overrides it at
+// start-up). Tests shrink it so that small messages already take several pipelined
+// steps. >= 4096.
 int64_t shm_slot_bytes();
 void set_shm_slot_bytes(int64_t bytes);
 
@@ -50,10 +51,12 @@ class ShmGroup {
     std::function<void(void* data, int bytes)> broadcast_from_0;
     std::function<bool(bool ok)> all_ok;  // logical AND over the group
   };
-  // Collective: rank 0 creates and sizes the segment, the others map it, then it is
-  // unlinked (so nothing is left in /dev/shm once every rank has it mapped). nullptr on
-  // every rank when any rank failed; `why` then says what failed here (or elsewhere).
-  static std::unique_ptr<ShmGroup> create(int rank, int size, const Setup& setup, std::string* why);
+  // Collective: rank 0 creates and sizes the segment (with its slot_bytes: the others'
+  // are ignored), the others map it, then it is unlinked (so nothing is left in /dev/shm
+  // once every rank has it mapped). nullptr on every rank when any rank failed; `why`
+  // then says what failed here (or elsewhere).
+  static std::unique_ptr<ShmGroup> create(int rank, int size, int64_t slot_bytes,
+                                          const Setup& setup, std::string* why);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
