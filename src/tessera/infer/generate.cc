@@ -1,7 +1,8 @@
-// The prefill-then-decode loop.
+// Single-request generation through the engine (the same path as batched serving).
 #include "tessera/infer/generate.h"
 
 #include "tessera/base/timer.h"
+#include "tessera/infer/engine.h"
 
 namespace tessera::infer {
 
@@ -12,31 +13,40 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   TESSERA_CHECK(!prompt.empty(), "generate: the prompt is empty");
   TESSERA_CHECK(options.max_tokens >= 0, "generate: max tokens must be >= 0, got ",
                 options.max_tokens);
-  for (size_t i = 0; i < prompt.size(); ++i)
-    TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "generate: prompt token ", i,
-                  " has id ", prompt[i], " outside the vocabulary [0, ", c.vocab_size, ")");
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
   TESSERA_CHECK(total <= c.max_position_embeddings, "generate: prompt (", prompt.size(),
                 ") + max tokens (", options.max_tokens, ") exceeds the model's context of ",
                 c.max_position_embeddings, " tokens");
-  Sampler sampler(options.sampling);
-  model::KVCache cache = model::KVCache::create(c, std::max<int64_t>(total, 1));
   GenerateResult r;
   r.finish_reason = "length";
   if (options.max_tokens == 0) return r;
+  EngineConfig ec;
+  ec.max_model_len = total;
+  ec.max_num_seqs = 1;
+  ec.block_size = 16;
+  ec.kv_cache_memory = ((total + 15) / 16 + 1) * KvPool::bytes_per_block(c, 16);
+  ec.max_num_batched_tokens = std::max<int64_t>(2048, static_cast<int64_t>(prompt.size()));
+  Engine engine(model, ec);
+  SamplingParams p = options.sampling;
+  p.max_tokens = options.max_tokens;
+  p.ignore_eos = !options.stop_at_eos;
+  p.n = 1;
+  engine.add_request(prompt, p);
   base::Timer timer;
-  Tensor logits = model.forward(prompt, cache);
-  r.prefill_seconds = timer.seconds();
-  timer.reset();
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits);
-    r.tokens.push_back(tok);
-    if (on_token) on_token(tok);
-    if (options.stop_at_eos && tok == c.eos_token_id) {
-      r.finish_reason = "stop";
-      break;
+  bool first = true;
+  while (engine.has_unfinished()) {
+    for (const RequestOutput& o : engine.step()) {
+      for (int32_t t : o.new_tokens) {
+        if (first) {
+          r.prefill_seconds = timer.seconds();
+          timer.reset();
+          first = false;
+        }
+        r.tokens.push_back(t);
+        if (on_token) on_token(t);
+      }
+      if (o.finished) r.finish_reason = o.finish_reason;
     }
-    if (i + 1 < options.max_tokens) logits = model.forward({tok}, cache);
   }
   r.decode_seconds = timer.seconds();
   return r;

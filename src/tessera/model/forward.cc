@@ -114,6 +114,88 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   return logits;
 }
 
+namespace {
+
+// y = x @ W^T (+ b), one row at a time when `rowwise` (the same kernel call for every
+// row whatever N is: batch-invariant results).
+void linear_rows(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode, bool rowwise) {
+  if (!rowwise) {
+    linear_forward(lin, x, y, mode);
+    return;
+  }
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    Tensor yi = y.slice(0, i, i + 1);
+    linear_forward(lin, x.slice(0, i, i + 1), yi, mode);
+  }
+}
+
+}  // namespace
+
+Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
+                             const std::vector<int64_t>& logit_rows, bool batch_invariant) const {
+  const auto& c = config_;
+  TESSERA_CHECK(ids.dtype() == DType::kI32 && ids.dim() == 1 && positions.dtype() == DType::kI32 &&
+                    positions.shape() == ids.shape(),
+                "forward_tokens: ids and positions must be i32 (N), got ", ids.describe(), " and ",
+                positions.describe());
+  const int64_t T = ids.numel();
+  TESSERA_CHECK(T > 0, "forward_tokens: no tokens");
+  const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
+  const Tensor pos = positions.contiguous();
+  for (int64_t i = 0; i < T; ++i)
+    TESSERA_CHECK(pos.data<int32_t>()[i] >= 0 &&
+                      (c.uses_rope() || pos.data<int32_t>()[i] < c.max_position_embeddings),
+                  "forward_tokens: position ", pos.data<int32_t>()[i], " out of range");
+  const bool rows = batch_invariant;
+  Tensor x = embed_tokens(*this, ids.contiguous(), pos);
+  Tensor h = Tensor::empty({T, H}, DType::kF32);
+  Tensor qkv = Tensor::empty({T, c.qkv_dim()}, DType::kF32);
+  Tensor att = Tensor::empty({T, Q}, DType::kF32);
+  Tensor delta = Tensor::empty({T, H}, DType::kF32);
+  Tensor u = Tensor::empty({T, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+  Tensor a = Tensor::empty({T, F}, DType::kF32);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerParams& W = weights_.layers[l];
+    if (l == 0)
+      norm_forward(c, W.norm1_w, W.norm1_b, x, h, nullptr, nullptr);
+    else
+      add_norm_forward(c, W.norm1_w, W.norm1_b, x, delta, h, nullptr, nullptr);
+    linear_rows(compute_linear(l, 0), h, qkv, bf16_mode_, rows);
+    apply_rope(c, qkv, pos, false);
+    const int64_t Wd = qkv.stride(0), D = c.head_dim, KVd = c.kv_dim();
+    Tensor out = att.view({T, c.num_heads, D});
+    kv.attend(l, qkv.as_strided({T, c.num_heads, D}, {Wd, D, 1}, 0),
+              qkv.as_strided({T, c.num_kv_heads, D}, {Wd, D, 1}, Q),
+              qkv.as_strided({T, c.num_kv_heads, D}, {Wd, D, 1}, Q + KVd), out);
+    linear_rows(compute_linear(l, 1), att, delta, bf16_mode_, rows);
+    add_norm_forward(c, W.norm2_w, W.norm2_b, x, delta, h, nullptr, nullptr);
+    linear_rows(compute_linear(l, 2), h, u, bf16_mode_, rows);
+    mlp_activation(c, u, a);
+    linear_rows(compute_linear(l, 3), a, delta, bf16_mode_, rows);
+  }
+  add_norm_forward(c, weights_.final_norm_w, weights_.final_norm_b, x, delta, h, nullptr, nullptr);
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  Tensor hl = Tensor::empty({std::max<int64_t>(R, 1), H}, DType::kF32);
+  for (int64_t i = 0; i < R; ++i) {
+    TESSERA_CHECK(logit_rows[i] >= 0 && logit_rows[i] < T, "forward_tokens: logit row ",
+                  logit_rows[i], " out of range [0, ", T, ")");
+    hl.slice(0, i, i + 1).copy_from(h.slice(0, logit_rows[i], logit_rows[i] + 1));
+  }
+  Tensor logits = Tensor::empty({R, c.vocab_size}, DType::kF32);
+  if (R == 0) return logits;
+  hl = hl.slice(0, 0, R);
+  const Tensor lm_in = matmul_input(hl, bf16_mode_);
+  if (!rows) {
+    kernels::matmul(lm_in, compute_lm_head(), logits, false, true);
+  } else {
+    for (int64_t i = 0; i < R; ++i) {
+      Tensor li = logits.slice(0, i, i + 1);
+      kernels::matmul(lm_in.slice(0, i, i + 1), compute_lm_head(), li, false, true);
+    }
+  }
+  return logits;
+}
+
 Tensor layer_forward_train(const Model& m, int64_t l, const Activations& acts,
                            LayerActivations& A, bool keep_attention) {
   const auto& c = m.config();

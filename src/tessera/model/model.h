@@ -51,6 +51,18 @@ class TrainHooks {
   virtual void grads_ready(int unit) = 0;    // the unit's gradients are final for this call
 };
 
+// Where a serving engine's forward keeps K/V (forward_tokens): the model computes each
+// layer's q, k, v for this step's tokens; the engine stores k, v (a paged cache) and
+// computes attention over everything the tokens' sequences have cached.
+class KvAttention {
+ public:
+  virtual ~KvAttention() = default;
+  // q (N, Hq, D), k, v (N, Hkv, D): this step's tokens after RoPE (strided views of one
+  // fused buffer, head dim contiguous). out (N, Hq, D) contiguous, to be overwritten.
+  virtual void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                      Tensor& out) = 0;
+};
+
 class Model {
  public:
   // Reads DIR/config.json and DIR/model.safetensors (or the sharded index), converting
@@ -86,6 +98,13 @@ class Model {
   // Inference: runs `tokens` (appended after cache.length) and returns logits f32,
   // (T, V) when all_logits else (1, V) for the last token.
   Tensor forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits = false) const;
+
+  // Serving forward over the flattened tokens of several sequences: ids, positions (N)
+  // i32; attention through `kv`. Returns logits (logit_rows.size(), V) for the listed rows.
+  // batch_invariant: every matmul runs one row at a time, so a token's logits do not
+  // depend on what else is in the batch (bit for bit, given an invariant `kv`).
+  Tensor forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
+                        const std::vector<int64_t>& logit_rows, bool batch_invariant = false) const;
 
   // Training-path forward over a batch without a cache: ids (B, T) i32 -> logits (B, T, V).
   Tensor forward_batch(const Tensor& ids) const;

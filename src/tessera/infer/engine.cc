@@ -1,0 +1,423 @@
+// Engine: request bookkeeping around the scheduler, the flattened model step over the
+// paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
+// by forking (copy-on-write blocks).
+#include "tessera/infer/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/base/error.h"
+#include "tessera/base/trace.h"
+#include "tessera/kernels/paged_attention.h"
+
+namespace tessera::infer {
+
+struct Engine::Seq {
+  RequestId id = 0;     // scheduler id of this sequence
+  RequestId group = 0;  // the request's id (= id of sample 0)
+  int64_t index = 0;    // sample index
+  int64_t n = 1;        // samples of the request (sample 0 forks the others)
+  std::vector<int32_t> prompt, output;
+  SamplingParams params;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StopChecker> stop;
+  size_t decoded_bytes = 0;  // of decode(output) already fed to the stop checker
+  int64_t cached_tokens = -1;  // prefix-cache hit of the first admission (-1 unknown)
+  bool forked = false;         // sample 0 has created its siblings
+  bool finished = false;
+  std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
+  std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
+  int64_t draft_valid = 0;                      // its tokens that are still the sequence's
+};
+
+void EngineConfig::validate() const {
+  TESSERA_CHECK(block_size >= 1 && block_size <= 1024, "block_size must be in [1, 1024], got ",
+                block_size);
+  TESSERA_CHECK(kv_cache_memory >= 0, "kv_cache_memory must not be negative");
+  TESSERA_CHECK(kv_cache_fraction > 0 && kv_cache_fraction <= 1,
+                "kv_cache_fraction must be in (0, 1], got ", kv_cache_fraction);
+  TESSERA_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
+  TESSERA_CHECK(max_num_seqs >= 1, "max_num_seqs must be >= 1");
+  TESSERA_CHECK(max_model_len >= 0, "max_model_len must not be negative");
+  TESSERA_CHECK(speculative_method.empty() || speculative_method == "ngram" ||
+                    speculative_method == "draft",
+                "speculative method must be ngram or draft, got '", speculative_method, "'");
+  TESSERA_CHECK(num_speculative_tokens >= 0 && num_speculative_tokens <= 16,
+                "num_speculative_tokens must be in [0, 16], got ", num_speculative_tokens);
+  TESSERA_CHECK(speculative_method.empty() || num_speculative_tokens > 0,
+                "speculative decoding needs num_speculative_tokens > 0");
+  TESSERA_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "ngram sizes must satisfy 1 <= min <= max");
+}
+
+Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer,
+               const model::Model* draft)
+    : model_(model), config_(std::move(config)), tokenizer_(tokenizer), draft_(draft) {
+  config_.validate();
+  const auto& c = model_.config();
+  TESSERA_CHECK(config_.speculative_method != "draft" || draft_,
+                "speculative method draft needs a draft model");
+  TESSERA_CHECK(!draft_ || draft_->config().vocab_size == c.vocab_size, "the draft model's vocabulary (",
+                draft_ ? draft_->config().vocab_size : 0, ") differs from the model's (", c.vocab_size,
+                "); they must share a tokenizer");
+  max_len_ = config_.max_model_len > 0 ? config_.max_model_len : c.max_position_embeddings;
+  TESSERA_CHECK(max_len_ <= c.max_position_embeddings || c.uses_rope(), "max_model_len ", max_len_,
+                " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
+  const int64_t bs = config_.block_size;
+  const int64_t blocks_per_seq = (max_len_ + bs - 1) / bs;
+  int64_t num_blocks = 0;
+  if (config_.kv_cache_memory > 0) {
+    num_blocks = kv_blocks_for_memory(c, bs, config_.kv_cache_memory);
+  } else {
+    const int64_t budget = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) *
+                                                config_.kv_cache_fraction);
+    num_blocks = std::max<int64_t>(blocks_per_seq, budget / KvPool::bytes_per_block(c, bs));
+    // More than every running sequence at full length only feeds the prefix cache.
+    num_blocks = std::min(num_blocks, 2 * config_.max_num_seqs * blocks_per_seq);
+  }
+  pool_ = KvPool::create(c, num_blocks, bs);
+  blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = config_.max_num_batched_tokens;
+  sc.max_num_seqs = config_.max_num_seqs;
+  sc.max_model_len = max_len_;
+  sc.chunked_prefill = config_.chunked_prefill;
+  scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  if (c.eos_token_id >= 0) eos_.push_back(static_cast<int32_t>(c.eos_token_id));
+  stats_.kv_blocks_total = num_blocks;
+}
+
+Engine::~Engine() = default;
+
+RequestId Engine::add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                              int priority) {
+  const auto& c = model_.config();
+  params.validate(c.vocab_size);
+  TESSERA_CHECK(!prompt.empty(), "the prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt token ", i, " has id ",
+                  prompt[i], " outside the vocabulary [0, ", c.vocab_size, ")");
+  TESSERA_CHECK(static_cast<int64_t>(prompt.size()) < max_len_, "the prompt has ", prompt.size(),
+                " tokens; the context length is ", max_len_);
+  TESSERA_CHECK(params.stop.empty() || tokenizer_, "stop strings need a tokenizer");
+  const RequestId id = next_id_;
+  next_id_ += params.n;  // ids of the samples: id, id + 1, ...
+  auto s = std::make_unique<Seq>();
+  s->id = s->group = id;
+  s->n = params.n;
+  s->prompt = prompt;
+  s->params = params;
+  s->sampler = std::make_unique<Sampler>(params, eos_, 0);
+  if (!params.stop.empty()) s->stop = std::make_unique<StopChecker>(params.stop);
+  SchedRequest r;
+  r.id = id;
+  r.tokens = prompt;
+  r.num_prompt_tokens = static_cast<int64_t>(prompt.size());
+  r.max_tokens = params.max_tokens;
+  r.priority = priority;
+  scheduler_->add_request(std::move(r));
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+void Engine::abort_request(RequestId id) {
+  for (auto& [sid, s] : seqs_) {
+    if (s->group != id || s->finished) continue;
+    scheduler_->abort_request(sid);
+    s->finished = true;
+    aborted_.push_back(sid);
+  }
+}
+
+bool Engine::has_unfinished() const {
+  if (!aborted_.empty()) return true;
+  for (const auto& [id, s] : seqs_)
+    if (!s->finished) return true;
+  return false;
+}
+
+RequestOutput& Engine::output_for(std::vector<RequestOutput>& out, const Seq& s) {
+  for (auto& o : out)
+    if (o.id == s.group && o.index == s.index) return o;
+  RequestOutput o;
+  o.id = s.group;
+  o.index = s.index;
+  o.num_prompt_tokens = static_cast<int64_t>(s.prompt.size());
+  o.num_cached_tokens = std::max<int64_t>(0, s.cached_tokens);
+  out.push_back(std::move(o));
+  return out.back();
+}
+
+void Engine::finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out) {
+  RequestOutput& o = output_for(out, s);
+  if (s.stop && !s.stop->stopped()) o.new_text += s.stop->flush();
+  o.finished = true;
+  o.finish_reason = reason;
+  o.num_output_tokens = static_cast<int64_t>(s.output.size());
+  s.finished = true;
+  scheduler_->finish_request(s.id);
+  stats_.finished[reason]++;
+}
+
+// Appends a sampled token to the sequence; true when the sequence is finished by it.
+bool Engine::append_token(Seq& s, int32_t token, const SampleResult& r, RequestOutput& o) {
+  if (s.sampler->is_stop_token(token)) return true;  // the stop token is not part of the output
+  s.output.push_back(token);
+  o.new_tokens.push_back(token);
+  if (s.params.logprobs) o.logprobs.push_back(r);
+  o.num_output_tokens = static_cast<int64_t>(s.output.size());
+  ++stats_.generation_tokens;
+  if (tokenizer_) {
+    // Decode the whole output and feed what is new, unless it ends inside a multi-byte
+    // character (a byte-level BPE token can be part of one): U+FFFD waits for the next.
+    const std::string text = tokenizer_->decode(s.output, true);
+    const bool partial = text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+    if (!partial && text.size() > s.decoded_bytes) {
+      const std::string piece = text.substr(s.decoded_bytes);
+      s.decoded_bytes = text.size();
+      if (s.stop) {
+        const auto u = s.stop->append(piece);
+        o.new_text += u.emit;
+        if (u.stopped) return true;
+      } else {
+        o.new_text += piece;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<int32_t> Engine::propose(Seq& s) {
+  if (config_.speculative_method == "draft") return propose_draft(s);
+  if (config_.speculative_method != "ngram") return {};
+  // Prompt lookup: the longest suffix n-gram (ngram_max down to ngram_min) that occurred
+  // earlier in prompt + output proposes the tokens that followed its latest occurrence.
+  std::vector<int32_t> seq = s.prompt;
+  seq.insert(seq.end(), s.output.begin(), s.output.end());
+  const int64_t len = static_cast<int64_t>(seq.size());
+  for (int64_t n = std::min(config_.ngram_max, len - 1); n >= config_.ngram_min; --n) {
+    for (int64_t start = len - n - 1; start >= 0; --start) {
+      if (!std::equal(seq.begin() + start, seq.begin() + start + n, seq.end() - n)) continue;
+      const int64_t from = start + n;
+      const int64_t k = std::min(config_.num_speculative_tokens, len - from);
+      if (k <= 0) continue;
+      return {seq.begin() + from, seq.begin() + from + k};
+    }
+  }
+  return {};
+}
+
+// The draft model proposes greedily, continuing from what its own dense KV cache holds of
+// the sequence. Greedy proposals are a point mass q, so the standard acceptance rule
+// min(1, p/q) keeps a proposal with probability p(x): exactly what verification does.
+std::vector<int32_t> Engine::propose_draft(Seq& s) {
+  std::vector<int32_t> seq = s.prompt;
+  seq.insert(seq.end(), s.output.begin(), s.output.end());
+  const int64_t len = static_cast<int64_t>(seq.size());
+  const int64_t k = std::min(config_.num_speculative_tokens, max_len_ - len);
+  if (k <= 0) return {};
+  if (!s.draft_cache)
+    s.draft_cache = std::make_unique<model::KVCache>(model::KVCache::create(draft_->config(), max_len_));
+  model::KVCache& cache = *s.draft_cache;
+  cache.length = std::min(cache.length, s.draft_valid);  // drop rejected proposals
+  std::vector<int32_t> feed(seq.begin() + cache.length, seq.end());
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < k; ++i) {
+    const Tensor logits = draft_->forward(feed, cache);
+    const float* x = logits.data<float>();
+    const int32_t t = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);
+    out.push_back(t);
+    feed = {t};
+    if (cache.length + 1 >= cache.capacity) break;
+  }
+  s.draft_valid = len;  // raised by the accepted proposals after verification
+  return out;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  base::TraceScope scope("engine_step");
+  std::vector<RequestOutput> out;
+  for (RequestId sid : aborted_) {
+    auto it = seqs_.find(sid);
+    if (it == seqs_.end()) continue;
+    RequestOutput& o = output_for(out, *it->second);
+    o.finished = true;
+    o.finish_reason = "abort";
+    stats_.finished["abort"]++;
+    seqs_.erase(it);
+  }
+  aborted_.clear();
+
+  if (config_.num_speculative_tokens > 0) {
+    // Proposals for every running decode; the scheduler fits what the budget allows.
+    for (auto& [sid, sp] : seqs_) {
+      Seq& q = *sp;
+      q.spec.clear();
+      const SchedRequest* r = scheduler_->find(sid);
+      if (q.finished || !r || r->status != RequestStatus::kRunning ||
+          static_cast<int64_t>(r->tokens.size()) != r->num_computed_tokens + 1)
+        continue;
+      // Never propose past max_tokens (one token is sampled besides the proposals).
+      const int64_t room = q.params.max_tokens - static_cast<int64_t>(q.output.size()) - 1;
+      if (room <= 0) continue;
+      q.spec = propose(q);
+      if (static_cast<int64_t>(q.spec.size()) > room) q.spec.resize(room);
+      if (!q.spec.empty()) scheduler_->set_spec_tokens(sid, q.spec);
+    }
+  }
+  const SchedulerOutput so = scheduler_->schedule();
+  ++stats_.steps;
+  if (so.requests.empty()) return out;
+  if (!so.copies.empty())
+    for (int64_t l = 0; l < static_cast<int64_t>(pool_.k.size()); ++l)
+      kernels::copy_kv_blocks(pool_.k[l], pool_.v[l], so.copies);
+
+  // The flattened batch: every scheduled request's tokens, positions and block table.
+  const int64_t N = so.num_batched_tokens;
+  Tensor ids = Tensor::empty({N}, DType::kI32), positions = Tensor::empty({N}, DType::kI32);
+  std::vector<kernels::PagedSequence> seqs;
+  std::vector<int64_t> rows;
+  struct Sampling {
+    Seq* seq;
+    int64_t num_spec;  // logits rows: 1 + num_spec, from the last known token on
+  };
+  std::vector<Sampling> sampling;
+  int64_t row = 0;
+  for (const ScheduledRequest& sr : so.requests) {
+    const SchedRequest* r = scheduler_->find(sr.id);
+    Seq& s = *seqs_.at(sr.id);
+    if (s.cached_tokens < 0) s.cached_tokens = sr.start;  // first admission: the prefix hit
+    const int64_t known = sr.num_tokens - sr.num_spec;
+    for (int64_t i = 0; i < sr.num_tokens; ++i) {
+      ids.data<int32_t>()[row + i] =
+          i < known ? r->tokens[sr.start + i] : s.spec[static_cast<size_t>(i - known)];
+      positions.data<int32_t>()[row + i] = static_cast<int32_t>(sr.start + i);
+    }
+    if (sr.num_spec > 0) {
+      ++stats_.spec_steps;
+      stats_.spec_proposed += sr.num_spec;
+    }
+    if (sr.start < r->num_prompt_tokens)
+      stats_.prompt_tokens += std::min(sr.start + sr.num_tokens, r->num_prompt_tokens) - sr.start;
+    kernels::PagedSequence ps;
+    ps.q_begin = row;
+    ps.q_len = sr.num_tokens;
+    ps.context_len = sr.start + sr.num_tokens;
+    ps.block_table = blocks_->block_table(sr.id).data();
+    seqs.push_back(ps);
+    row += sr.num_tokens;
+    if (sr.samples) {
+      for (int64_t i = sr.num_spec; i >= 0; --i) rows.push_back(row - 1 - i);
+      sampling.push_back({&s, sr.num_spec});
+    }
+  }
+  kernels::PagedAttentionParams ap;
+  ap.scale = 1.f / std::sqrt(static_cast<float>(model_.config().head_dim));
+  ap.batch_invariant = config_.batch_invariant;
+  PagedKvAttention kv(pool_, std::move(seqs), ap);
+  Tensor logits;
+  {
+    base::TraceScope fwd("forward_tokens");
+    logits = model_.forward_tokens(ids, positions, kv, rows, config_.batch_invariant);
+  }
+
+  // Sample, then let the scheduler advance every request; finish sequences after that.
+  const int64_t V = model_.config().vocab_size;
+  std::vector<std::pair<RequestId, int32_t>> sampled;
+  std::vector<std::pair<Seq*, std::string>> done;
+  std::vector<std::pair<RequestId, int32_t>> forks;  // (child id, its first token)
+  int64_t logit_row = 0;
+  for (const Sampling& sm : sampling) {
+    Seq& s = *sm.seq;
+    const float* lg = logits.data<float>() + logit_row * V;
+    logit_row += 1 + sm.num_spec;
+    // Samples one token from logits `x`; true when the sequence ended with it.
+    auto sample_into = [&](Seq& q, const float* x, int32_t* token) {
+      const SampleResult r = q.sampler->sample(x, V, q.prompt, q.output);
+      *token = r.token;
+      RequestOutput& o = output_for(out, q);
+      if (append_token(q, r.token, r, o)) {
+        done.emplace_back(&q, "stop");
+        return true;
+      }
+      if (static_cast<int64_t>(q.output.size()) >= q.params.max_tokens ||
+          static_cast<int64_t>(q.prompt.size() + q.output.size()) >= max_len_) {
+        done.emplace_back(&q, "length");
+        return true;
+      }
+      return false;
+    };
+    int32_t tok = 0;
+    bool ended = false;
+    if (sm.num_spec > 0) {
+      // Verification: position i's logits decide token i; a proposal is kept while it is
+      // what the target model picks (greedy: identical to decoding without proposals).
+      for (int64_t i = 0; i <= sm.num_spec && !ended; ++i) {
+        ended = sample_into(s, lg + i * V, &tok);
+        sampled.emplace_back(s.id, tok);
+        if (i == sm.num_spec || tok != s.spec[static_cast<size_t>(i)]) break;
+        ++stats_.spec_accepted;
+        ++s.draft_valid;  // the draft's K/V of this proposal stays valid
+      }
+      continue;
+    }
+    ended = sample_into(s, lg, &tok);
+    sampled.emplace_back(s.id, tok);
+    if (s.n > 1 && !s.forked) {  // the prompt is computed: the other samples fork from it
+      s.forked = true;
+      for (int64_t k = 1; k < s.n; ++k) {
+        auto c = std::make_unique<Seq>();
+        c->id = s.group + k;
+        c->group = s.group;
+        c->index = k;
+        c->prompt = s.prompt;
+        c->params = s.params;
+        c->sampler = std::make_unique<Sampler>(s.params, eos_, k);
+        if (!s.params.stop.empty()) c->stop = std::make_unique<StopChecker>(s.params.stop);
+        c->cached_tokens = s.cached_tokens;
+        c->forked = true;
+        Seq& cr = *c;
+        seqs_.emplace(c->id, std::move(c));
+        int32_t ctok = 0;
+        sample_into(cr, lg, &ctok);
+        forks.emplace_back(cr.id, ctok);
+      }
+    }
+  }
+  scheduler_->update(so, sampled);
+  for (const auto& [child, tok] : forks) {
+    // A child that already finished with its first token never joins the scheduler.
+    Seq& c = *seqs_.at(child);
+    const bool ended = std::any_of(done.begin(), done.end(), [&](const auto& d) { return d.first == &c; });
+    if (ended) {
+      RequestOutput& o = output_for(out, c);
+      o.finished = true;
+      o.finish_reason = std::find_if(done.begin(), done.end(), [&](const auto& d) { return d.first == &c; })->second;
+      c.finished = true;
+      stats_.finished[o.finish_reason]++;
+      continue;
+    }
+    scheduler_->fork_request(c.group, child, tok);
+  }
+  for (auto& [s, reason] : done) {
+    if (s->finished) continue;
+    finish(*s, reason, out);
+  }
+  for (auto it = seqs_.begin(); it != seqs_.end();)
+    it = it->second->finished ? seqs_.erase(it) : std::next(it);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  const auto b = blocks_->stats();
+  s.prefix_queries = b.queries;
+  s.prefix_hit_blocks = b.hit_blocks;
+  s.prefix_miss_blocks = b.miss_blocks;
+  s.preemptions = scheduler_->num_preemptions();
+  s.running = static_cast<int64_t>(scheduler_->num_running());
+  s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
+  s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
+  return s;
+}
+
+}  // namespace tessera::infer

@@ -1,0 +1,114 @@
+// The inference engine: requests in, tokens out, one step at a time. Each step the
+// scheduler picks running decodes and prefill chunks under a token budget (continuous
+// batching), the model runs them as one flattened batch over the paged KV cache, and
+// the sampler picks each sequence's next token. `tessera generate`, `bench serve` and the
+// server all drive it. See docs/inference.md.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/infer/block_manager.h"
+#include "tessera/infer/kv_pool.h"
+#include "tessera/infer/sampler.h"
+#include "tessera/infer/scheduler.h"
+#include "tessera/io/tokenizer.h"
+#include "tessera/model/model.h"
+
+namespace tessera::infer {
+
+struct EngineConfig {
+  int64_t block_size = 16;               // tokens per KV block
+  int64_t kv_cache_memory = 0;           // bytes for the KV pool; 0 = kv_cache_fraction of free memory
+  double kv_cache_fraction = 0.5;        // of MemAvailable, when kv_cache_memory is 0
+  int64_t max_num_batched_tokens = 2048; // token budget per step
+  int64_t max_num_seqs = 64;             // running sequences at most
+  int64_t max_model_len = 0;             // context length; 0 = the model's max_position_embeddings
+  bool prefix_caching = true;
+  bool chunked_prefill = true;
+  bool batch_invariant = false;          // logits independent of the rest of the batch (slower)
+  // Speculative decoding: "ngram" (prompt lookup) or "draft" (needs a draft model); "" off.
+  std::string speculative_method;
+  int64_t num_speculative_tokens = 0;
+  int64_t ngram_max = 3, ngram_min = 1;  // n-gram sizes prompt lookup tries (longest first)
+  void validate() const;                 // throws naming the field
+};
+
+// What one sequence produced in one step.
+struct RequestOutput {
+  RequestId id = 0;        // the id add_request returned
+  int64_t index = 0;       // which of the n samples
+  std::vector<int32_t> new_tokens;
+  std::string new_text;    // detokenized, safe to stream (stop strings held back); needs a tokenizer
+  std::vector<SampleResult> logprobs;  // per new token, when the request asked for logprobs
+  bool finished = false;
+  std::string finish_reason;  // "stop" | "length" | "abort" when finished
+  int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
+  int64_t num_output_tokens = 0;  // so far
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;  // computed prompt tokens, sampled tokens
+  int64_t prefix_queries = 0, prefix_hit_blocks = 0, prefix_miss_blocks = 0;
+  int64_t preemptions = 0;
+  int64_t spec_proposed = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  std::unordered_map<std::string, int64_t> finished;  // by finish reason
+};
+
+class Engine {
+ public:
+  // draft: the proposer model for speculative_method "draft" (same tokenizer); tokenizer:
+  // for stop strings and text output (may be null: token ids only).
+  Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer = nullptr,
+         const model::Model* draft = nullptr);
+  ~Engine();
+
+  // Validates everything (params, token ids, length) and queues the request; throws
+  // tessera::Error naming what is wrong. Returns its id.
+  RequestId add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                        int priority = 0);
+  // Cancels a request (all its samples): blocks freed at once; the next step() reports it
+  // finished with reason "abort". Unknown ids are ignored.
+  void abort_request(RequestId id);
+  // One engine step; outputs of every sequence that produced tokens or finished.
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const;
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  const model::Model& model() const { return model_; }
+  int64_t max_model_len() const { return max_len_; }
+
+ private:
+  struct Seq;
+  void sample_row(Seq& s, const float* logits, std::vector<RequestOutput>& out,
+                  std::vector<std::pair<RequestId, int32_t>>& sampled);
+  bool append_token(Seq& s, int32_t token, const SampleResult& r, RequestOutput& o);
+  RequestOutput& output_for(std::vector<RequestOutput>& out, const Seq& s);
+  void finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out);
+  std::vector<int32_t> propose(Seq& s);  // speculative proposals for a decode
+  std::vector<int32_t> propose_draft(Seq& s);
+
+  const model::Model& model_;
+  EngineConfig config_;
+  const io::Tokenizer* tokenizer_;
+  const model::Model* draft_;
+  int64_t max_len_ = 0;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  KvPool pool_;
+  std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // by sequence id
+  std::vector<RequestId> aborted_;                            // reported at the next step
+  RequestId next_id_ = 1;
+  EngineStats stats_;
+  std::vector<int32_t> eos_;
+};
+
+}  // namespace tessera::infer

@@ -1,0 +1,51 @@
+// KvPool sizing and allocation.
+#include "tessera/infer/kv_pool.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tessera/base/error.h"
+
+namespace tessera::infer {
+
+int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size) {
+  return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size) {
+  TESSERA_CHECK(num_blocks >= 1 && block_size >= 1, "KV cache: need at least one block of at least one token, got ",
+                num_blocks, " blocks of ", block_size);
+  KvPool p;
+  p.num_blocks = num_blocks;
+  p.block_size = block_size;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    // Pages are touched as blocks are first written, so a large pool costs nothing upfront.
+    p.k.push_back(Tensor::empty({num_blocks, block_size, c.num_kv_heads, c.head_dim}, DType::kF32));
+    p.v.push_back(Tensor::empty({num_blocks, block_size, c.num_kv_heads, c.head_dim}, DType::kF32));
+  }
+  return p;
+}
+
+int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes) {
+  const int64_t per = KvPool::bytes_per_block(c, block_size);
+  TESSERA_CHECK(bytes >= per, "--kv-cache-memory ", bytes, " bytes does not hold one KV block (",
+                per, " bytes for ", block_size, " tokens of this model)");
+  return bytes / per;
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream in(line.substr(13));
+    int64_t kb = 0;
+    in >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace tessera::infer

@@ -1,0 +1,47 @@
+// The paged KV cache of every layer: one pool of fixed-size blocks per layer (the same
+// block ids in every layer), sized from a byte budget, and the model::KvAttention that
+// writes a step's keys/values into it and attends through the block tables.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tessera/kernels/paged_attention.h"
+#include "tessera/model/model.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::infer {
+
+struct KvPool {
+  std::vector<Tensor> k, v;  // per layer: (num_blocks, block_size, Hkv, D) f32
+  int64_t num_blocks = 0, block_size = 0;
+
+  static KvPool create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size);
+  // Bytes one block costs across all layers (K and V).
+  static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size);
+};
+
+// Blocks that fit in `bytes` (at least 1; throws naming the budget when not even one fits).
+int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes);
+// MemAvailable from /proc/meminfo (0 when unknown).
+int64_t available_memory_bytes();
+
+// KvAttention over a KvPool for one engine step: `seqs` says which rows of the step's
+// tokens belong to which sequence and where its blocks are.
+class PagedKvAttention final : public model::KvAttention {
+ public:
+  PagedKvAttention(KvPool& pool, std::vector<kernels::PagedSequence> seqs,
+                   kernels::PagedAttentionParams params)
+      : pool_(pool), seqs_(std::move(seqs)), params_(params) {}
+  void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+              Tensor& out) override {
+    kernels::write_kv_cache(k, v, seqs_, pool_.k[layer], pool_.v[layer]);
+    kernels::paged_attention(q, pool_.k[layer], pool_.v[layer], seqs_, out, params_);
+  }
+
+ private:
+  KvPool& pool_;
+  std::vector<kernels::PagedSequence> seqs_;
+  kernels::PagedAttentionParams params_;
+};
+
+}  // namespace tessera::infer

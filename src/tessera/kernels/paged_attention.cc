@@ -1,0 +1,168 @@
+// Paged attention entry points: validate tensors, sequences and block tables, then run
+// the CPU kernels (kernels/cpu/paged_attention_cpu.cc).
+#include "tessera/kernels/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/kernels/cpu/paged_attention_cpu.h"
+
+namespace tessera::kernels {
+namespace {
+
+using cpu::AttnView;
+using cpu::PagedDims;
+
+// (N, H, D) f32 CPU rows: contiguous head dim, head stride D, any token stride.
+void check_rows(const Tensor& t, const char* op, const char* name) {
+  TESSERA_CHECK(t.defined(), op, ": ", name, " is undefined");
+  TESSERA_CHECK(t.dim() == 3, op, ": ", name, " must be (Ntok, H, D), got ", shape_str(t.shape()));
+  TESSERA_CHECK(t.dtype() == DType::kF32, op, ": ", name, " must be f32, got ",
+                dtype_name(t.dtype()));
+  TESSERA_CHECK(t.device() == Device::kCPU, op, ": ", name, " must be on the CPU");
+  const int64_t H = t.size(1), D = t.size(2);
+  TESSERA_CHECK(D <= 1 || t.stride(2) == 1, op, ": ", name, " ", shape_str(t.shape()),
+                " needs a contiguous last dim, stride is ", t.stride(2));
+  TESSERA_CHECK(H <= 1 || t.stride(1) == D, op, ": ", name, " ", shape_str(t.shape()),
+                " needs head stride == D (", D, "), got ", t.stride(1));
+}
+
+PagedDims check_caches(const Tensor& k_cache, const Tensor& v_cache, const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"}}) {
+    TESSERA_CHECK(t->defined(), op, ": ", name, " is undefined");
+    TESSERA_CHECK(t->dim() == 4, op, ": ", name, " must be (num_blocks, block_size, Hkv, D), got ",
+                  shape_str(t->shape()));
+    TESSERA_CHECK(t->dtype() == DType::kF32, op, ": ", name, " must be f32, got ",
+                  dtype_name(t->dtype()));
+    TESSERA_CHECK(t->device() == Device::kCPU, op, ": ", name, " must be on the CPU");
+    TESSERA_CHECK(t->is_contiguous(), op, ": ", name, " ", shape_str(t->shape()),
+                  " must be contiguous");
+  }
+  TESSERA_CHECK(k_cache.shape() == v_cache.shape(), op, ": v_cache ", shape_str(v_cache.shape()),
+                " must have the shape of k_cache ", shape_str(k_cache.shape()));
+  PagedDims d;
+  d.num_blocks = k_cache.size(0), d.block_size = k_cache.size(1);
+  d.Hkv = k_cache.size(2), d.D = k_cache.size(3);
+  TESSERA_CHECK(d.block_size > 0 && d.Hkv > 0 && d.D > 0, op, ": k_cache ",
+                shape_str(k_cache.shape()), " needs block_size, Hkv and D > 0");
+  return d;
+}
+
+AttnView rows_view(const Tensor& t) { return AttnView{t.data<float>(), 0, t.stride(0)}; }
+AttnView cache_view(const Tensor& c) { return AttnView{c.data<float>(), c.stride(0), c.stride(1)}; }
+
+// Query ranges inside [0, ntok) and pairwise disjoint; context_len >= q_len; the block
+// table entries for keys [first_key, context_len) name real blocks. first_key is 0 for
+// attention (it reads every key) and context_len - q_len for cache writes.
+void check_sequences(const std::vector<PagedSequence>& seqs, int64_t ntok, const PagedDims& d,
+                     const char* op, bool reads_all_keys) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const PagedSequence& s = seqs[i];
+    TESSERA_CHECK(s.q_len >= 0 && s.q_begin >= 0 && s.q_begin + s.q_len <= ntok, op, ": seqs[", i,
+                  "] rows [", s.q_begin, ", ", s.q_begin + s.q_len, ") fall outside the ", ntok,
+                  " token rows");
+    TESSERA_CHECK(s.context_len >= s.q_len, op, ": seqs[", i, "] context_len ", s.context_len,
+                  " is less than q_len ", s.q_len, " (this step's tokens count as context)");
+    if (s.q_len == 0) continue;
+    order.push_back(i);
+    const int64_t first = (reads_all_keys ? 0 : s.context_len - s.q_len) / d.block_size;
+    const int64_t last = (s.context_len - 1) / d.block_size;
+    TESSERA_CHECK(s.block_table != nullptr, op, ": seqs[", i, "] has no block_table");
+    for (int64_t b = first; b <= last; ++b)
+      TESSERA_CHECK(s.block_table[b] >= 0 && s.block_table[b] < d.num_blocks, op, ": seqs[", i,
+                    "] block_table[", b, "] = ", s.block_table[b], " is outside the cache's ",
+                    d.num_blocks, " blocks");
+  }
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return seqs[a].q_begin < seqs[b].q_begin; });
+  for (size_t j = 1; j < order.size(); ++j) {
+    const PagedSequence &a = seqs[order[j - 1]], &b = seqs[order[j]];
+    TESSERA_CHECK(a.q_begin + a.q_len <= b.q_begin, op, ": seqs[", order[j - 1], "] rows [",
+                  a.q_begin, ", ", a.q_begin + a.q_len, ") overlap seqs[", order[j], "] rows [",
+                  b.q_begin, ", ", b.q_begin + b.q_len, ")");
+  }
+}
+
+}  // namespace
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const std::vector<PagedSequence>& seqs, Tensor& out,
+                     const PagedAttentionParams& p) {
+  const char* op = "paged_attention";
+  PagedDims d = check_caches(k_cache, v_cache, op);
+  check_rows(q, op, "q");
+  check_rows(out, op, "out");
+  TESSERA_CHECK(out.shape() == q.shape(), op, ": out ", shape_str(out.shape()),
+                " must have the shape of q ", shape_str(q.shape()));
+  d.Hq = q.size(1);
+  TESSERA_CHECK(q.size(2) == d.D, op, ": q ", shape_str(q.shape()), " and k_cache ",
+                shape_str(k_cache.shape()), " differ in head dim");
+  TESSERA_CHECK(d.Hq > 0 && d.Hq % d.Hkv == 0, op, ": query heads (", d.Hq, ", q ",
+                shape_str(q.shape()), ") must be a multiple of kv heads (", d.Hkv, ", k_cache ",
+                shape_str(k_cache.shape()), ")");
+  TESSERA_CHECK(q.size(0) <= 1 || out.stride(0) >= d.Hq * d.D, op, ": out ",
+                shape_str(out.shape()), " token stride ", out.stride(0), " makes rows overlap");
+  TESSERA_CHECK(std::isfinite(p.scale) && p.scale != 0.f, op,
+                ": params.scale must be finite and non-zero (usually 1/sqrt(D) = ",
+                1.0 / std::sqrt(static_cast<double>(d.D)), "), got ", p.scale);
+  TESSERA_CHECK(p.decode_split >= 0, op, ": params.decode_split must be >= 0 (0 = auto), got ",
+                p.decode_split);
+  check_sequences(seqs, q.size(0), d, op, /*reads_all_keys=*/true);
+  cpu::paged_attention_cpu(d, rows_view(q), cache_view(k_cache), cache_view(v_cache), seqs,
+                           rows_view(out), p, cpu::best_attention_isa());
+}
+
+void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
+                    Tensor& k_cache, Tensor& v_cache) {
+  const char* op = "write_kv_cache";
+  const PagedDims d = check_caches(k_cache, v_cache, op);
+  check_rows(k, op, "k");
+  check_rows(v, op, "v");
+  TESSERA_CHECK(v.shape() == k.shape(), op, ": v ", shape_str(v.shape()), " must have the shape of k ",
+                shape_str(k.shape()));
+  TESSERA_CHECK(k.size(1) == d.Hkv && k.size(2) == d.D, op, ": k ", shape_str(k.shape()),
+                " must be (Ntok, Hkv, D) of k_cache ", shape_str(k_cache.shape()));
+  check_sequences(seqs, k.size(0), d, op, /*reads_all_keys=*/false);
+  std::vector<cpu::KvSlotWrite> writes;
+  for (const PagedSequence& s : seqs)
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      const int64_t pos = s.context_len - s.q_len + i;
+      writes.push_back({s.q_begin + i, s.block_table[pos / d.block_size], pos % d.block_size});
+    }
+  // Two tokens writing one slot means two sequences share a block that should have been
+  // copied first (copy-on-write); the result would depend on thread timing.
+  std::vector<cpu::KvSlotWrite> sorted = writes;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.block != b.block ? a.block < b.block : a.slot < b.slot;
+  });
+  for (size_t j = 1; j < sorted.size(); ++j)
+    TESSERA_CHECK(sorted[j].block != sorted[j - 1].block || sorted[j].slot != sorted[j - 1].slot,
+                  op, ": token rows ", sorted[j - 1].token, " and ", sorted[j].token,
+                  " both write block ", sorted[j].block, " row ", sorted[j].slot,
+                  " (a shared block must be copied before it is written)");
+  cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cache_view(k_cache),
+                          cache_view(v_cache));
+}
+
+void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
+                    const std::vector<std::pair<int32_t, int32_t>>& copies) {
+  const char* op = "copy_kv_blocks";
+  const PagedDims d = check_caches(k_cache, v_cache, op);
+  std::vector<int32_t> dsts;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const auto [src, dst] = copies[i];
+    TESSERA_CHECK(src >= 0 && src < d.num_blocks && dst >= 0 && dst < d.num_blocks, op,
+                  ": copies[", i, "] = (", src, ", ", dst, ") names a block outside the cache's ",
+                  d.num_blocks, " blocks");
+    dsts.push_back(dst);
+  }
+  std::sort(dsts.begin(), dsts.end());
+  const auto dup = std::adjacent_find(dsts.begin(), dsts.end());
+  TESSERA_CHECK(dup == dsts.end(), op, ": block ", dup == dsts.end() ? 0 : *dup,
+                " is the destination of more than one copy");
+  cpu::copy_kv_blocks_cpu(d, cache_view(k_cache), cache_view(v_cache), copies);
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,61 @@
+// Attention over a paged KV cache (vLLM's PagedAttention): one call serves a flattened
+// batch that mixes prefill chunks and single-token decodes, each reading its keys and
+// values through its own block table. Also the cache writes and copy-on-write copies.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::kernels {
+
+// KV cache pool of one layer: k_cache, v_cache (num_blocks, block_size, Hkv, D) f32
+// contiguous. A sequence's logical token t lives in physical block
+// block_table[t / block_size], row t % block_size.
+struct PagedSequence {
+  int64_t q_begin = 0;      // first row of this sequence's queries in q / out
+  int64_t q_len = 0;        // query tokens this step (1 = decode)
+  int64_t context_len = 0;  // keys in the cache, including this step's tokens (already written)
+  const int32_t* block_table = nullptr;  // at least ceil(context_len / block_size) entries
+};
+
+struct PagedAttentionParams {
+  float scale = 0.f;  // usually 1 / sqrt(D)
+  // Reduction order (both modes): keys are cut into partitions of `decode_split` keys
+  // from key 0, each partition is an online softmax over 64-key tiles, and partitions are
+  // merged in order with the log-sum-exp rule. That order depends only on the sequence's
+  // own context_len, never on the other sequences or the thread count, so a sequence's
+  // output bits are the same in any batch.
+  // batch_invariant additionally fixes the partition size (256 when decode_split is 0)
+  // so it does not depend on context_len either: a query row then gets the same bits
+  // whether it is computed as a decode, inside a prefill chunk, or with any chunking.
+  // (Bits are per machine: the AVX-512 and portable paths round differently.)
+  bool batch_invariant = false;
+  // Keys per split-K partition (decodes and prefill chunks alike); 0 = auto: 256 when
+  // batch_invariant, else context_len / 16 rounded up to 64, within [256, 1024] (so the two
+  // modes agree up to 4096 keys).
+  int64_t decode_split = 0;
+};
+
+// q (Ntok, Hq, D) f32, head dim contiguous and head stride D; the token stride may be
+// larger (a slice of a fused qkv buffer). out (Ntok, Hq, D), same rules; rows of out that
+// no sequence covers are left untouched. Query row i of a sequence is at absolute position
+// context_len - q_len + i and attends causally to keys [0, that position].
+// GQA: query head h reads kv head h / (Hq / Hkv).
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const std::vector<PagedSequence>& seqs, Tensor& out,
+                     const PagedAttentionParams& p);
+
+// Writes this step's keys / values into the cache: row q_begin + i of k, v (Ntok, Hkv, D)
+// (token stride free, head stride D) goes to slot (block_table[pos / bs], pos % bs) with
+// pos = context_len - q_len + i. Two tokens may not write the same slot.
+void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
+                    Tensor& k_cache, Tensor& v_cache);
+
+// Copy-on-write: copies whole blocks src -> dst (pairs (src, dst)) in both caches, in
+// list order. A dst may appear only once.
+void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
+                    const std::vector<std::pair<int32_t, int32_t>>& copies);
+
+}  // namespace tessera::kernels
