@@ -53,6 +53,49 @@ TEST(Cli, GreedyFirstTokenIsPyTorchArgmax) {
   EXPECT_EQ(r.out.substr(0, r.out.find(',')), std::to_string(argmax)) << r.out;
 }
 
+// --input / --output: a file of requests as one engine batch; greedy first tokens equal
+// PyTorch's argmax, every request gets a result line in input order.
+TEST(Cli, GenerateBatchFileMatchesPyTorchArgmax) {
+  const std::string dir = testing::parity_dir("llama");
+  ASSERT_FALSE(dir.empty());
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref->get("input_ids"), logits = ref->get("logits");
+  const int64_t T = ids.size(1), V = logits.size(2);
+  const auto tmp = std::filesystem::temp_directory_path() / ("tessera_cli_batch_" + std::to_string(getpid()));
+  std::filesystem::create_directories(tmp);
+  {
+    std::ofstream f(tmp / "in.jsonl");
+    for (int64_t len : {T, T - 1, T / 2, T}) {  // prefixes of the reference input
+      f << "{\"id\": \"r" << len << "\", \"prompt_ids\": [";
+      for (int64_t t = 0; t < len; ++t) f << (t ? "," : "") << ids.data<int32_t>()[t];
+      f << "], \"max_tokens\": 4}\n";
+    }
+  }
+  const auto r = run("generate --model " + dir + " --input " + (tmp / "in.jsonl").string() +
+                     " --output " + (tmp / "out.jsonl").string() + " --max-num-batched-tokens 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(tmp / "out.jsonl");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 4u);
+  for (int i : {0, 1, 2}) {
+    const int64_t len = i == 0 ? T : i == 1 ? T - 1 : T / 2;
+    const float* row = logits.data<float>() + (len - 1) * V;
+    const int64_t argmax = std::max_element(row, row + V) - row;
+    EXPECT_NE(lines[i].find("\"token_ids\":[" + std::to_string(argmax)), std::string::npos)
+        << "line " << i << ": " << lines[i];
+    EXPECT_NE(lines[i].find("\"id\":\"r" + std::to_string(len) + "\""), std::string::npos) << lines[i];
+  }
+  {
+    std::ofstream(tmp / "bad.jsonl") << "{\"prompt_ids\": [1, 2], \"top_p\": 2}\n";
+  }
+  const auto bad = run("generate --model " + dir + " --input " + (tmp / "bad.jsonl").string() +
+                       " --output " + (tmp / "o.jsonl").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("bad.jsonl:1: top_p"), std::string::npos) << bad.out;
+  std::filesystem::remove_all(tmp);
+}
+
 TEST(Cli, EvalPerplexityMatchesPyTorch) {
   const std::string dir = testing::parity_dir("gpt2");
   ASSERT_FALSE(dir.empty());
@@ -89,7 +132,7 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"generate --model " + dir + " --prompt-ids 1,x,3", "'x'"},
       {"generate --model " + dir + " --prompt-ids 1,99999", "99999"},
       {"generate --model " + dir + " --prompt-ids 1 --temperature -1", "temperature"},
-      {"generate --model " + dir + " --prompt-ids 1 --top-p 0", "top-p"},
+      {"generate --model " + dir + " --prompt-ids 1 --top-p 0", "top_p"},
       {"generate --model " + dir + " --prompt-ids 1 --dtype f64", "f64"},
       {"generate --model " + (tmp / "badcfg").string() + " --prompt-ids 1", "bert"},
       {"eval perplexity --model " + dir + " --ids " + (tmp / "bad_ids.txt").string(), "three"},

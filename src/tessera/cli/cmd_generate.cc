@@ -7,6 +7,7 @@
 #include "tessera/base/timer.h"
 #include "tessera/cli/commands.h"
 #include "tessera/infer/generate.h"
+#include "tessera/infer/offline.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/perplexity.h"
@@ -48,7 +49,46 @@ struct GenerateFlags {
   float top_p = 1.f;
   uint64_t seed = 0;
   bool stream = false;
+  std::string input, output;  // JSON-lines batch mode
+  infer::EngineConfig engine;
+  bool no_prefix_caching = false;
+  std::string draft_model;
 };
+
+// A file of requests through the engine, all in flight at once.
+int run_generate_batch(const GenerateFlags& f) {
+  TESSERA_CHECK(!f.output.empty(), "--input needs --output FILE for the results");
+  TESSERA_CHECK(f.prompt.empty() && f.prompt_ids.empty(), "--input cannot be combined with --prompt / --prompt-ids");
+  const auto model = model::Model::load(f.model, parse_dtype(f.dtype));
+  std::optional<io::Tokenizer> tok;
+  if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
+  const auto requests = infer::read_offline_requests(f.input, tok ? &*tok : nullptr, f.max_tokens);
+  std::optional<model::Model> draft;
+  if (!f.draft_model.empty()) draft = model::Model::load(f.draft_model, parse_dtype(f.dtype));
+  infer::EngineConfig ec = f.engine;
+  ec.prefix_caching = !f.no_prefix_caching;
+  if (draft && ec.speculative_method.empty()) ec.speculative_method = "draft";
+  infer::Engine engine(model, ec, tok ? &*tok : nullptr, draft ? &*draft : nullptr);
+  base::Timer timer;
+  const auto results = infer::run_offline(engine, tok ? &*tok : nullptr, requests, true);
+  std::string text;
+  int64_t completion = 0;
+  for (const auto& r : results) {
+    text += r.dump() + "\n";
+    completion += r["usage"]["completion_tokens"].get<int64_t>();
+  }
+  io::write_file_atomic(f.output, text);
+  const auto st = engine.stats();
+  std::fprintf(stderr,
+               "%zu requests, %lld tokens generated in %.1f s (%.1f tokens/s); prefix cache hits "
+               "%lld of %lld blocks, %lld preemptions; wrote %s\n",
+               results.size(), static_cast<long long>(completion), timer.seconds(),
+               completion / std::max(1e-9, timer.seconds()),
+               static_cast<long long>(st.prefix_hit_blocks),
+               static_cast<long long>(st.prefix_hit_blocks + st.prefix_miss_blocks),
+               static_cast<long long>(st.preemptions), f.output.c_str());
+  return 0;
+}
 
 // Bytes of `buf` up to the last complete UTF-8 character (a token may end mid-character).
 size_t complete_utf8_prefix(const std::string& b) {
@@ -61,6 +101,8 @@ size_t complete_utf8_prefix(const std::string& b) {
 }
 
 int run_generate(const GenerateFlags& f) {
+  if (!f.input.empty()) return run_generate_batch(f);
+  TESSERA_CHECK(f.output.empty(), "--output needs --input FILE of requests");
   TESSERA_CHECK(f.prompt.empty() != f.prompt_ids.empty(),
                 "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   const auto model = model::Model::load(f.model, parse_dtype(f.dtype));
@@ -121,6 +163,22 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--seed", f->seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   cmd->add_flag("--stream", f->stream, "Print tokens as they are generated");
+  cmd->add_option("--input", f->input,
+                  "JSON-lines file of requests ({\"prompt\": ..., \"max_tokens\": ...}), run as one batch");
+  cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request");
+  auto& e = f->engine;
+  cmd->add_option("--kv-cache-memory", e.kv_cache_memory, "KV cache bytes (0 = half the free memory)");
+  cmd->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
+  cmd->add_option("--max-num-seqs", e.max_num_seqs, "Running sequences at most")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", e.max_num_batched_tokens, "Token budget per engine step")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", e.max_model_len, "Context length (0 = the model's)");
+  cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not reuse cached prompt prefixes");
+  cmd->add_flag("--batch-invariant", e.batch_invariant,
+                "Logits independent of the rest of the batch (bit for bit; slower)");
+  cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram or draft");
+  cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens, "Tokens proposed per step");
+  cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
   cmd->callback([&action, f] { action = [f] { return run_generate(*f); }; });
 }
 
