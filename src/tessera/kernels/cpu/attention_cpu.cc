@@ -27,21 +27,6 @@ constexpr int64_t kTargetRows = 32;     // rows per block: G heads x a few query
 constexpr int64_t kMinSplitKeys = 256;  // split the keys across threads only above this
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Per-thread scratch, 64-byte aligned.
-class Scratch {
- public:
-  explicit Scratch(int64_t floats)
-      : data_(static_cast<float*>(
-            base::aligned_malloc(sizeof(float) * std::max<int64_t>(floats, 1)))) {}
-  float* get() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { base::aligned_free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-};
-
 const AttnTileOps& tile_ops(AttnIsa isa) {
   return isa == AttnIsa::kAvx512 ? avx512_tile_ops() : scalar_tile_ops();
 }

@@ -1,9 +1,28 @@
 // The per-tile building blocks of the CPU attention kernels (small GEMM, transpose-pack,
 // softmax pieces), one table per ISA so the tiling code in attention_cpu.cc is shared.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+
+#include "tessera/base/aligned_alloc.h"
 
 namespace tessera::kernels::cpu {
+
+// A 64-byte aligned float buffer for an attention kernel's per-thread tiles.
+class Scratch {
+ public:
+  explicit Scratch(int64_t floats)
+      : data_(static_cast<float*>(
+            base::aligned_malloc(sizeof(float) * std::max<int64_t>(floats, 1)))) {}
+  float* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { base::aligned_free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+};
 
 struct AttnTileOps {
   // C (M, N) = (accumulate ? C : 0) + sum_k A(i, k) * B(k, :), where A(i, k) = a[i*a_si + k*a_sk]

@@ -39,21 +39,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// 64-byte aligned float buffer.
-class Scratch {
- public:
-  explicit Scratch(int64_t floats)
-      : data_(static_cast<float*>(
-            base::aligned_malloc(sizeof(float) * std::max<int64_t>(floats, 1)))) {}
-  float* get() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { base::aligned_free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-};
-
 struct SeqPlan {
   int64_t q_offset = 0;        // absolute position of query row 0
   int64_t split = 0;           // keys per partition
