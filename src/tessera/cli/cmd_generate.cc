@@ -119,6 +119,14 @@ int run_generate(const GenerateFlags& f) {
   infer::GenerateOptions o;
   o.max_tokens = f.max_tokens;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  o.engine = f.engine;
+  o.engine.prefix_caching = !f.no_prefix_caching;
+  std::optional<model::Model> draft;
+  if (!f.draft_model.empty()) {
+    draft = model::Model::load(f.draft_model, parse_dtype(f.dtype));
+    if (o.engine.speculative_method.empty()) o.engine.speculative_method = "draft";
+    o.draft = &*draft;
+  }
   // Text when the model has a tokenizer and the prompt was text; token ids otherwise.
   const bool text = tok && !f.prompt.empty();
   bool first = true;
@@ -145,6 +153,10 @@ int run_generate(const GenerateFlags& f) {
   const double dps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
   std::fprintf(stderr, "generated %zu tokens (%s); prefill %zu tokens in %.3f s, decode %.1f tokens/s\n",
                r.tokens.size(), r.finish_reason.c_str(), prompt.size(), r.prefill_seconds, dps);
+  if (r.spec_proposed > 0)
+    std::fprintf(stderr, "speculative: %lld of %lld proposed tokens accepted (%.0f%%)\n",
+                 static_cast<long long>(r.spec_accepted), static_cast<long long>(r.spec_proposed),
+                 100.0 * r.spec_accepted / r.spec_proposed);
   return 0;
 }
 

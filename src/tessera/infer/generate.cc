@@ -20,13 +20,13 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   GenerateResult r;
   r.finish_reason = "length";
   if (options.max_tokens == 0) return r;
-  EngineConfig ec;
-  ec.max_model_len = total;
+  EngineConfig ec = options.engine;
+  if (ec.max_model_len == 0) ec.max_model_len = total;
   ec.max_num_seqs = 1;
-  ec.block_size = 16;
-  ec.kv_cache_memory = ((total + 15) / 16 + 1) * KvPool::bytes_per_block(c, 16);
-  ec.max_num_batched_tokens = std::max<int64_t>(2048, static_cast<int64_t>(prompt.size()));
-  Engine engine(model, ec);
+  const int64_t bs = ec.block_size;
+  if (ec.kv_cache_memory == 0)
+    ec.kv_cache_memory = ((ec.max_model_len + bs - 1) / bs + 1) * KvPool::bytes_per_block(c, bs);
+  Engine engine(model, ec, nullptr, options.draft);
   SamplingParams p = options.sampling;
   p.max_tokens = options.max_tokens;
   p.ignore_eos = !options.stop_at_eos;
@@ -49,6 +49,8 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
     }
   }
   r.decode_seconds = timer.seconds();
+  r.spec_proposed = engine.stats().spec_proposed;
+  r.spec_accepted = engine.stats().spec_accepted;
   return r;
 }
 

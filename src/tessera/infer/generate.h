@@ -1,9 +1,10 @@
-// Single-sequence generation: prefill the prompt into a KV cache, then decode one
-// token at a time until max_tokens or an end-of-sequence token.
+// Single-sequence generation through the engine: prefill the prompt into the paged KV
+// cache, then decode until max_tokens or an end-of-sequence token.
 #pragma once
 #include <functional>
 #include <vector>
 
+#include "tessera/infer/engine.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/model/model.h"
 
@@ -13,6 +14,10 @@ struct GenerateOptions {
   int64_t max_tokens = 32;
   SamplingParams sampling;
   bool stop_at_eos = true;
+  // Engine settings (speculative decoding, batch invariance, block size); the KV pool and
+  // context length are sized for this one request unless set.
+  EngineConfig engine;
+  const model::Model* draft = nullptr;  // for engine.speculative_method "draft"
 };
 
 struct GenerateResult {
@@ -20,6 +25,7 @@ struct GenerateResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
   std::string finish_reason;    // "stop" or "length"
+  int64_t spec_proposed = 0, spec_accepted = 0;  // speculative decoding
 };
 
 // on_token (optional) is called with each new id as soon as it is sampled.
