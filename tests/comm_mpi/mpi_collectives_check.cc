@@ -1,7 +1,8 @@
 // Run under mpirun: checks every collective x algorithm (ours and MPI's own) x dtype x
 // size on the `mpi` backend against references computed here from the deterministic
 // per-rank inputs, plus split, point to point, the wait() watchdog and the shared-memory
-// path (kShm: tiny slots so every size is pipelined, a hung peer). Prints "OK n checks"
+// path (kShm: tiny slots so every size is pipelined, a hung peer; registered buffers from
+// alloc_shared, mixed with ordinary ones, and the arena's allocator). Prints "OK n checks"
 // on rank 0; exits non-zero on any mismatch. `--shm-only` runs just the kShm checks.
 #include <algorithm>
 #include <cmath>
@@ -9,11 +10,13 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/base/error.h"
 #include "tessera/comm/communicator.h"
 #include "tessera/comm/mpi_backend.h"
+#include "tessera/comm/shm_arena.h"
 #include "tessera/comm/shm_collectives.h"
 
 using namespace tessera;
@@ -384,6 +387,170 @@ void check_shm(Communicator& world) {
   world.barrier();
 }
 
+// A tensor holding v: in c's arena when `shared` (alloc_shared), else ordinary memory.
+Tensor make_in(Communicator& c, DType dt, const Vals& v, bool shared) {
+  Tensor plain = make(dt, v);
+  if (!shared) return plain;
+  Tensor t = c.alloc_shared(plain.shape(), dt);
+  t.copy_from(plain);
+  return t;
+}
+
+int64_t registered_calls(Communicator& c) {
+  auto* h = dynamic_cast<ShmHost*>(&c);
+  const ShmArena* a = h ? h->shm_arena() : nullptr;
+  return a ? a->registered_calls() : 0;
+}
+
+// kShm with this rank's inputs registered (`shared`) or not; peers may differ. Checks the
+// results and that the registered path ran exactly where this rank's input was
+// registered and at least shm_registered_min_bytes(): f32/i32/i64 reductions (bf16/f16
+// reduce an ordinary f32 working copy) and every all-gather of a non-empty chunk.
+void check_registered_collectives(Communicator& c, DType dt, int64_t n, bool shared) {
+  const int me = c.rank(), p = c.size();
+  const ChunkRange mine = chunk_range(n, p, me);
+  const Algorithm a = Algorithm::kShm;
+  const char* how = shared ? "registered" : "unregistered";
+  const int64_t calls0 = registered_calls(c);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    const std::string what = std::string(op_name(op)) + " " + how;
+    Tensor t = make_in(c, dt, gen(dt, me, 0, n), shared);  // (n)
+    c.all_reduce(t, op, a);
+    compare(read(t), reference(dt, op, p, 0, n), dt, label("all_reduce", dt, n, what.c_str(), a));
+    const Tensor in = make_in(c, dt, gen(dt, me, 0, n), shared);  // (n)
+    Tensor out = Tensor::empty({mine.size()}, dt);                 // (chunk)
+    c.reduce_scatter(in, out, op, a);
+    compare(read(out), reference(dt, op, p, mine.begin, mine.end), dt,
+            label("reduce_scatter", dt, n, what.c_str(), a));
+  }
+  Vals want;
+  for (int r = 0; r < p; ++r) {
+    const ChunkRange cr = chunk_range(n, p, r);
+    const Vals v = gen(dt, r, cr.begin, cr.end);
+    want.f.insert(want.f.end(), v.f.begin(), v.f.end());
+    want.i.insert(want.i.end(), v.i.begin(), v.i.end());
+  }
+  const Tensor in = make_in(c, dt, gen(dt, me, mine.begin, mine.end), shared);  // (chunk)
+  Tensor out = Tensor::empty({n}, dt);                                          // (n)
+  c.all_gather(in, out, a);
+  compare(read(out), want, dt, label("all_gather", dt, n, how, a));
+  // In place: the input is this rank's chunk of a registered output.
+  Tensor whole = make_in(c, dt, gen(dt, me, 0, n), shared);  // (n)
+  Tensor own = whole.slice(0, mine.begin, mine.end);
+  own.copy_from(make(dt, gen(dt, me, mine.begin, mine.end)));
+  c.all_gather(own, whole, a);
+  compare(read(whole), want, dt, label("all_gather in place", dt, n, how, a));
+
+  const bool reducible = dt == DType::kF32 || dt == DType::kI32 || dt == DType::kI64;
+  const bool in_arena = shared && shm_available(c);  // else alloc_shared is plain memory
+  const int64_t min = std::max<int64_t>(1, shm_registered_min_bytes()), es = dtype_size(dt);
+  const int64_t want_calls = !in_arena ? 0
+                             : (reducible && n * es >= min ? 6 : 0) + (mine.size() * es >= min ? 2 : 0);
+  const int64_t got_calls = registered_calls(c) - calls0;
+  expect(got_calls == want_calls, label("registered path", dt, n, how, a) + ": ran " +
+                                      std::to_string(got_calls) + "x, want " +
+                                      std::to_string(want_calls) + "x");
+}
+
+// Registered buffers (alloc_shared): on one node they land in the arena and the shm
+// collectives read them in place, alone or mixed with ordinary inputs on other ranks;
+// elsewhere alloc_shared is plain memory. Then the allocator: reuse, first fit, views
+// keeping blocks, exhaustion falling back, threads.
+void check_registered(Communicator& world) {
+  const int me = world.rank(), p = world.size();
+  const bool one_node = ranks_per_node() == 0 || ranks_per_node() >= p;
+  const int64_t saved_slot = shm_slot_bytes(), saved_arena = shm_arena_bytes();
+  set_shm_slot_bytes(4096);  // pipelined steps, as in check_shm
+  auto tiny = world.split(0, me);
+  set_shm_slot_bytes(saved_slot);
+  set_shm_arena_bytes(int64_t{1} << 20);
+  Tensor probe = tiny->alloc_shared({1000}, DType::kF32);  // makes tiny's 1 MiB arena
+  set_shm_arena_bytes(saved_arena);
+  expect(shm_registered(*tiny, probe) == one_node && probe.numel() == 1000,
+         "alloc_shared: registered " + std::to_string(shm_registered(*tiny, probe)) +
+             ", want " + std::to_string(one_node));
+  probe = Tensor();
+  struct RestoreMin {
+    int64_t saved = shm_registered_min_bytes();
+    ~RestoreMin() { set_shm_registered_min_bytes(saved); }
+  } restore_min;
+  set_shm_registered_min_bytes(0);  // in place at every size
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
+  for (DType dt : dtypes)
+    for (int64_t n : {1, 3, 1023, 20011}) check_registered_collectives(*tiny, dt, n, true);
+  // Mixed: even ranks registered, odd ones not, then the reverse.
+  for (int parity : {0, 1})
+    for (DType dt : {DType::kF32, DType::kI64})
+      for (int64_t n : {3, 4097})
+        check_registered_collectives(*tiny, dt, n, me % 2 == parity);
+  // Below the minimum a registered input takes the slot path: reductions of 4097 x 4
+  // bytes in place, the all-gathers of 4097 / p elements not.
+  set_shm_registered_min_bytes(4097 * 4);
+  check_registered_collectives(*tiny, DType::kF32, 4097, true);
+  set_shm_registered_min_bytes(0);
+  if (!one_node) return;
+
+  // The default slot and arena on the world: one size over a slot.
+  check_registered_collectives(world, DType::kF32, 3 * (shm_slot_bytes() / 4) + 5, true);
+
+  ShmArena* arena = dynamic_cast<ShmHost*>(tiny.get())->shm_arena();
+  expect(arena && arena->bytes() == (int64_t{1} << 20) && arena->bytes_in_use() == 0,
+         "arena: 1 MiB, nothing in use after the collectives");
+  if (!arena) return;
+  const int64_t kb = 1024 / 4;  // f32 elements per KiB
+  // 300 rounds of 3 x 300 KiB through a 1 MiB arena, freed in rotating order.
+  bool all_in = true, kept = true;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<Tensor> ts;
+    for (int j = 0; j < 3; ++j) {
+      ts.push_back(tiny->alloc_shared({300 * kb}, DType::kF32));
+      all_in = all_in && shm_registered(*tiny, ts.back());
+      ts.back().fill(static_cast<float>(round * 3 + j));
+    }
+    for (int j = 0; j < 3; ++j) kept = kept && ts[j].item_f32(300 * kb - 1) == round * 3 + j;
+    for (int j = 0; j < 3; ++j) ts[(round + j) % 3] = Tensor();
+  }
+  expect(all_in && kept && arena->bytes_in_use() == 0,
+         "arena: 300 rounds of 3 x 300 KiB in a 1 MiB arena (all registered " +
+             std::to_string(all_in) + ", values kept " + std::to_string(kept) + ", in use " +
+             std::to_string(arena->bytes_in_use()) + ")");
+  // First fit fills a hole; a view keeps its block; freed blocks coalesce.
+  Tensor a = tiny->alloc_shared({256 * kb}, DType::kF32), b = tiny->alloc_shared({256 * kb}, DType::kF32);
+  Tensor c = tiny->alloc_shared({256 * kb}, DType::kF32);
+  const void* hole = b.raw_data();
+  b = Tensor();
+  Tensor d = tiny->alloc_shared({200 * kb}, DType::kF32);
+  expect(d.raw_data() == hole, "arena: first fit reuses the freed block");
+  Tensor view = a.slice(0, 10, 20);
+  a = Tensor();
+  const int64_t with_view = arena->bytes_in_use();
+  view = Tensor();
+  expect(with_view == (256 + 256 + 200) * 1024 && arena->bytes_in_use() == (256 + 200) * 1024,
+         "arena: a view keeps its block (in use " + std::to_string(with_view) + ")");
+  c = Tensor();
+  d = Tensor();
+  Tensor all = tiny->alloc_shared({256 * kb * 4}, DType::kF32);  // the whole arena
+  if (me == 0) std::fprintf(stderr, "(the arena warning below is expected: it is full)\n");
+  Tensor over = tiny->alloc_shared({kb}, DType::kF32);  // no room: ordinary memory
+  expect(shm_registered(*tiny, all) && !shm_registered(*tiny, over) && over.numel() == kb,
+         "arena: the whole arena is one block again; one more falls back to ordinary memory");
+  all = over = Tensor();
+  // Two threads allocating and freeing at once (a deleter may run on any thread).
+  auto churn = [&](int salt) {
+    for (int i = 0; i < 500; ++i) {
+      Tensor t = tiny->alloc_shared({(i * 7 + salt) % 100 * kb + 1}, DType::kF32);
+      t.fill(1.0f);
+    }
+  };
+  std::thread t1(churn, 1), t2(churn, 2);
+  t1.join();
+  t2.join();
+  expect(arena->bytes_in_use() == 0, "arena: two threads' blocks all came back");
+  // The recycled blocks still work as registered inputs.
+  check_registered_collectives(*tiny, DType::kF32, 20011, true);
+  world.barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -415,6 +582,7 @@ int main(int argc, char** argv) {
       check_point_to_point(world);
     }
     check_shm(world);
+    check_registered(world);
     world.barrier();
 
     Tensor totals = Tensor::from_vector(std::vector<int64_t>{g_checks, g_failures}, {2});

@@ -9,6 +9,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/timer.h"
+#include "tessera/comm/shm_arena.h"
 #include "tessera/comm/shm_collectives.h"
 
 namespace tessera::comm {
@@ -21,17 +22,24 @@ struct Buffers {
   Tensor a, b;
 };
 
-Buffers make_buffers(const std::string& op, int64_t n, const Communicator& comm) {
+// `shared`: from comm.alloc_shared, as the trainer's gradient buckets are (registered on
+// `mpi` within one node, so shm reads them in place); otherwise ordinary memory.
+Buffers make_buffers(const std::string& op, int64_t n, Communicator& comm, bool shared) {
   const int64_t chunk = chunk_range(n, comm.size(), comm.rank()).size();
+  auto zeros = [&](int64_t numel) {
+    Tensor t = shared ? comm.alloc_shared({numel}, DType::kF32) : Tensor::empty({numel}, DType::kF32);
+    t.zero();
+    return t;
+  };
   Buffers bufs;
   if (op == "all_reduce") {
-    bufs.a = Tensor::zeros({n}, DType::kF32);  // (n) in place
+    bufs.a = zeros(n);  // (n) in place
   } else if (op == "all_gather") {
-    bufs.a = Tensor::zeros({chunk}, DType::kF32);  // (chunk) in
-    bufs.b = Tensor::zeros({n}, DType::kF32);      // (n) out
+    bufs.a = zeros(chunk);  // (chunk) in
+    bufs.b = zeros(n);      // (n) out
   } else {
-    bufs.a = Tensor::zeros({n}, DType::kF32);      // (n) in
-    bufs.b = Tensor::zeros({chunk}, DType::kF32);  // (chunk) out
+    bufs.a = zeros(n);      // (n) in
+    bufs.b = zeros(chunk);  // (chunk) out
   }
   return bufs;
 }
@@ -85,6 +93,7 @@ CommBenchRow time_point(Communicator& comm, const std::string& op, Buffers& bufs
   row.op = op;
   row.algorithm = a;
   row.bytes = bytes;
+  row.registered = shm_registered(comm, bufs.a);
   row.iterations = iters;
   row.seconds = std::max(1e-9, base::median(std::move(secs)));
   row.algbw_gbps = static_cast<double>(bytes) / row.seconds / 1e9;
@@ -129,19 +138,27 @@ std::vector<CommBenchRow> bench_collectives(Communicator& comm, const CommBenchO
   std::vector<int64_t> sizes;
   for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 4) sizes.push_back(b / 4 * 4);
 
+  // Our algorithms get alloc_shared buffers (what the trainer gives them); the backend's
+  // own collective (MPI's) gets ordinary ones, as any MPI program would.
+  auto buffers_for = [](Algorithm a, Buffers& shared, Buffers& plain) -> Buffers& {
+    return a == Algorithm::kBackend ? plain : shared;
+  };
   // The first calls of a run pay for thread start-up, page faults and MPI connection
   // set-up: spend them on an untimed round of every algorithm at the smallest size.
   for (const auto& op : o.ops) {
-    Buffers bufs = make_buffers(op, sizes[0] / 4, comm);
+    Buffers shared = make_buffers(op, sizes[0] / 4, comm, true);
+    Buffers plain = make_buffers(op, sizes[0] / 4, comm, false);
     for (Algorithm a : o.algorithms)
-      for (int i = 0; i < 5; ++i) run_op(comm, op, bufs, a);
+      for (int i = 0; i < 5; ++i) run_op(comm, op, buffers_for(a, shared, plain), a);
   }
   std::vector<CommBenchRow> rows;
   for (const auto& op : o.ops) {
     for (int64_t bytes : sizes) {
-      Buffers bufs = make_buffers(op, bytes / 4, comm);
+      Buffers shared = make_buffers(op, bytes / 4, comm, true);
+      Buffers plain = make_buffers(op, bytes / 4, comm, false);
       const size_t first = rows.size();
-      for (Algorithm a : o.algorithms) rows.push_back(time_point(comm, op, bufs, a, bytes, o));
+      for (Algorithm a : o.algorithms)
+        rows.push_back(time_point(comm, op, buffers_for(a, shared, plain), a, bytes, o));
       const auto backend = std::find_if(rows.begin() + first, rows.end(), [](const auto& r) {
         return r.algorithm == Algorithm::kBackend;
       });
@@ -161,6 +178,13 @@ std::string format_comm_bench_table(const std::vector<CommBenchRow>& rows) {
     std::snprintf(line, sizeof line, "backend %s, %d ranks, f32; busbw as nccl-tests defines it\n",
                   rows[0].backend.c_str(), rows[0].ranks);
     out += line;
+    const bool registered = std::any_of(rows.begin(), rows.end(), [](const CommBenchRow& r) {
+      return r.registered;
+    });
+    out += registered ? "buffers: ours from alloc_shared (registered: shm reads them in place), "
+                        "the backend's own collective's ordinary\n"
+                      : "buffers: ordinary for every algorithm (this backend has no registered "
+                        "memory)\n";
   }
   std::snprintf(line, sizeof line, "%-15s %10s %-13s %6s %12s %12s %12s %11s\n", "collective",
                 "bytes", "algorithm", "iters", "time (us)", "algbw GB/s", "busbw GB/s",
@@ -184,6 +208,7 @@ std::string comm_bench_row_json(const CommBenchRow& r) {
                       {"op", r.op},
                       {"algorithm", algorithm_name(r.algorithm)},
                       {"bytes", r.bytes},
+                      {"registered", r.registered},
                       {"iterations", r.iterations},
                       {"time_us", r.seconds * 1e6},
                       {"algbw_gbps", r.algbw_gbps},

@@ -31,6 +31,7 @@ struct CommBenchRow {
   std::string op;       // all_reduce | all_gather | reduce_scatter
   Algorithm algorithm = Algorithm::kAuto;
   int64_t bytes = 0;
+  bool registered = false;  // its buffers came from alloc_shared's arena (never kBackend's)
   int iterations = 0;
   double seconds = 0;      // median over iterations of the slowest rank's time
   double algbw_gbps = 0;   // bytes / seconds / 1e9

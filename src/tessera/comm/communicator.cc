@@ -512,6 +512,10 @@ void Communicator::barrier() {
   algo::barrier_dissemination(*this, collective_tag_);
 }
 
+Tensor Communicator::alloc_shared(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype);  // no shared arena on this backend
+}
+
 void Communicator::backend_all_reduce(Tensor& t, ReduceOp op) {
   algo::ring_all_reduce(*this, collective_tag_, t.raw_data(), t.numel(), t.dtype(), op);
 }

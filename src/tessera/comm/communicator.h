@@ -68,6 +68,15 @@ class Communicator {
   // ordered by (key, old rank). colour < 0: this rank joins no group (returns nullptr).
   virtual std::unique_ptr<Communicator> split(int colour, int key) = 0;
 
+  // A contiguous, uninitialised tensor (like Tensor::empty) that every rank of the group
+  // can read in place where the backend supports it ("registered"; `mpi` with every rank
+  // on one node: this rank's shared arena, docs/comm.md). The shm collectives skip
+  // copying a registered input into their segment. Elsewhere, or when the arena is full,
+  // a plain Tensor::empty. Where the backend has an arena, the group's first call is
+  // collective (every rank makes it, in the same order relative to the collectives): it
+  // maps the peers' arenas. Later calls are local and thread safe.
+  virtual Tensor alloc_shared(const Shape& shape, DType dtype);
+
   // Collectives. Tensors are contiguous, on the CPU, of f32, bf16, f16, i32 or i64
   // (bf16/f16 are reduced in f32 and rounded once; kAvg on integers divides with
   // truncation). Every rank of the group calls each collective in the same order.

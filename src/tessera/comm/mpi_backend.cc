@@ -21,6 +21,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/logging.h"
 #include "tessera/comm/communicator.h"
+#include "tessera/comm/shm_arena.h"
 #include "tessera/comm/shm_collectives.h"
 #include "tessera/comm/watchdog.h"
 
@@ -259,6 +260,7 @@ class MpiCommunicator final : public Communicator, public ShmHost {
   ~MpiCommunicator() override {
     drain_async();  // queued collectives still need this backend's MPI communicator
     shm_.reset();   // unmaps this rank's view only; peers keep theirs
+    arena_.reset(); // (tensors from alloc_shared keep the arena mapped until they go)
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && comm_ != MPI_COMM_NULL) {
@@ -285,25 +287,34 @@ class MpiCommunicator final : public Communicator, public ShmHost {
   // the set-up's MPI_Bcast / MPI_Allreduce line up on every rank.
   ShmGroup* shm_group() override {
     if (shm_ || !shm_possible()) return shm_.get();
-    ShmGroup::Setup setup;
-    setup.broadcast_from_0 = [this](void* data, int bytes) {
-      MpiLock lock;
-      check_mpi(MPI_Bcast(data, bytes, MPI_BYTE, 0, comm_), "MPI_Bcast");
-    };
-    setup.all_ok = [this](bool ok) {
-      int v = ok ? 1 : 0;
-      MpiLock lock;
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
-      return v != 0;
-    };
     std::string why;
-    shm_ = ShmGroup::create(rank_, size_, shm_slot_bytes_, setup, &why);
+    shm_ = ShmGroup::create(rank_, size_, shm_slot_bytes_, shm_setup(), &why);
     if (!shm_) {
       shm_failed_ = true;  // on every rank: create() agreed on the outcome
       TESSERA_LOG(kWarn, "mpi: shared-memory collectives unavailable on rank ", rank_, "/", size_,
                   " (", why, "); shm runs the ring over MPI instead");
     }
     return shm_.get();
+  }
+
+  ShmArena* shm_arena() override { return arena_.get(); }
+
+  // The arena is made by the group's first call (collective, communicator.h). Queued
+  // async collectives finish first: the set-up's MPI calls must not run beside them.
+  Tensor alloc_shared(const Shape& shape, DType dtype) override {
+    if (shm_possible() && !arena_ && !arena_failed_) {
+      drain_async();
+      std::string why;
+      arena_ = ShmArena::create(rank_, size_, shm_arena_bytes(), shm_setup(), &why);
+      if (!arena_) {
+        arena_failed_ = true;  // on every rank: create() agreed on the outcome
+        TESSERA_LOG(kWarn, "mpi: registered-buffer arena unavailable on rank ", rank_, "/", size_,
+                    " (", why, "); alloc_shared returns ordinary memory");
+      }
+    }
+    if (arena_ && shape_numel(shape) > 0)
+      if (Tensor t = ShmArena::allocate(arena_, shape, dtype); t.defined()) return t;
+    return Tensor::empty(shape, dtype);
   }
 
   std::unique_ptr<Communicator> split(int colour, int key) override {
@@ -368,6 +379,22 @@ class MpiCommunicator final : public Communicator, public ShmHost {
   }
 
  private:
+  // The group-wide calls shm set-up needs (every rank reaches them at the same call).
+  ShmGroup::Setup shm_setup() {
+    ShmGroup::Setup setup;
+    setup.broadcast_from_0 = [this](void* data, int bytes) {
+      MpiLock lock;
+      check_mpi(MPI_Bcast(data, bytes, MPI_BYTE, 0, comm_), "MPI_Bcast");
+    };
+    setup.all_ok = [this](bool ok) {
+      int v = ok ? 1 : 0;
+      MpiLock lock;
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
+      return v != 0;
+    };
+    return setup;
+  }
+
   RequestPtr post(void* data, int64_t bytes, int peer, int tag, bool is_recv) {
     const char* what = is_recv ? "irecv" : "isend";
     TESSERA_CHECK(peer >= 0 && peer < size_ && peer != rank_, "mpi: ", what, ": peer rank ", peer,
@@ -401,6 +428,8 @@ class MpiCommunicator final : public Communicator, public ShmHost {
   bool single_node_ = false, shm_failed_ = false;
   int64_t shm_slot_bytes_ = shm_slot_bytes();  // as set when this communicator was made
   std::unique_ptr<ShmGroup> shm_;              // made by the first shm collective
+  std::shared_ptr<ShmArena> arena_;            // made by the first alloc_shared
+  bool arena_failed_ = false;
 };
 
 }  // namespace

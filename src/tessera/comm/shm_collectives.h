@@ -13,6 +13,7 @@
 namespace tessera::comm {
 
 enum class ShmCollective { kAllReduce, kReduceScatter, kAllGather };
+class ShmArena;  // shm_arena.h: registered buffers every rank of the group can read
 
 // True when kShm can run on c: an `mpi` communicator of two or more ranks that all share
 // one node, whose segment set-up has not failed. The same answer on every rank.
@@ -28,6 +29,8 @@ bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes);
 // divides for kAvg). reduce_scatter: in (n) -> out (chunk_range(n, size, rank).size());
 // all_gather: in (this rank's chunk) -> out (n). Where shm is not available they run the
 // ring over c's point to point on `tag` (as kHierarchical runs the ring on one node).
+// Where a rank's input lies in its registered arena (Communicator::alloc_shared), that
+// rank skips copying it into its slots and peers read it in place (docs/comm.md).
 void shm_all_reduce(Communicator& c, int tag, void* data, int64_t n, DType dt, ReduceOp op);
 void shm_reduce_scatter(Communicator& c, int tag, const void* in, void* out, int64_t n, DType dt,
                         ReduceOp op);
@@ -61,14 +64,22 @@ class ShmGroup {
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  void all_reduce(void* data, int64_t n, DType dt, ReduceOp op);
-  void reduce_scatter(const void* in, void* out, int64_t n, DType dt, ReduceOp op);
-  void all_gather(const void* in, void* out, int64_t n, int64_t elem);
+  // `arena`: this group's registered-buffer arena, or nullptr. A rank whose input (all
+  // of it; the all-reduce's data, the all-gather's chunk) lies in its own arena skips the
+  // copy into its slots: its slot descriptors carry the input's offset, peers read it in
+  // place, and the rank returns only once every peer is done reading. Ranks decide this
+  // each on their own, so registered and unregistered ranks mix in one collective.
+  void all_reduce(void* data, int64_t n, DType dt, ReduceOp op, const ShmArena* arena = nullptr);
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt, ReduceOp op,
+                      const ShmArena* arena = nullptr);
+  void all_gather(const void* in, void* out, int64_t n, int64_t elem,
+                  const ShmArena* arena = nullptr);
 
  private:
   struct Plan;
   ShmGroup(int rank, int size, void* base, int64_t bytes, int64_t slot_bytes);
-  void run(const Plan& plan, ShmCollective op, const void* in, void* out, DType dt, ReduceOp red);
+  void run(const Plan& plan, ShmCollective op, const void* in, void* out, DType dt, ReduceOp red,
+           const ShmArena* arena);
   char* area(int r) const;  // rank r's header + slots
   char* slot(int r, uint64_t step) const;
   uint64_t* flag_word(int r, int flag) const;
@@ -94,6 +105,8 @@ class ShmHost {
   // The group, created (collectively) on first call; nullptr when set-up failed, after
   // which shm_possible() is false on every rank.
   virtual ShmGroup* shm_group() = 0;
+  // The registered-buffer arena if it has been made (by alloc_shared); never creates it.
+  virtual ShmArena* shm_arena() { return nullptr; }
 };
 
 }  // namespace tessera::comm

@@ -190,7 +190,7 @@ void DataParallel::broadcast_and_shard() {
   const int stage = config_.zero_stage;
   if (separate_master_) master_ = Tensor::empty({own_total_}, DType::kF32);
   if (stage < 3) {
-    params_ = Tensor::empty({total_}, DType::kF32);
+    params_ = comm_.alloc_shared({total_}, DType::kF32);  // all-gathered in place (registered)
     for (const Slot& s : slots_) params_.slice(0, s.flat, s.flat + s.numel).view(s.shape).copy_from(*s.w);
     if (N > 1) comm_.broadcast(params_, 0);
     for (int u = 0; u < static_cast<int>(units_.size()); ++u)
@@ -201,7 +201,7 @@ void DataParallel::broadcast_and_shard() {
             .copy_from(params_.slice(0, seg.own_begin, seg.own_end));
     if (config_.compute_dtype != DType::kF32) params_.copy_from(rounded_to(params_, config_.compute_dtype));
   } else {
-    params_shard_ = Tensor::empty({own_total_}, DType::kF32);
+    params_shard_ = comm_.alloc_shared({own_total_}, DType::kF32);  // the input of every gather
     for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
       Unit& unit = units_[u];
       const Segment& seg = segments_[unit.segment];
@@ -220,7 +220,9 @@ void DataParallel::broadcast_and_shard() {
       params_shard_.copy_from(rounded_to(params_shard_, config_.compute_dtype));
   }
   if (stage < 2) {
-    grads_flat_ = Tensor::zeros({total_}, DType::kF32);
+    // Registered where the backend can (shm collectives then read it in place).
+    grads_flat_ = comm_.alloc_shared({total_}, DType::kF32);
+    grads_flat_.zero();
     for (Segment& seg : segments_) bind_segment_grads(seg, grads_flat_.slice(0, seg.begin, seg.end));
   } else {
     grads_shard_ = Tensor::zeros({own_total_}, DType::kF32);
@@ -298,7 +300,8 @@ void DataParallel::prepare_grads(int unit) {
   if (config_.zero_stage < 2) return;
   Segment& seg = segments_[units_[unit].segment];
   if (seg.buf.defined()) return;
-  seg.buf = Tensor::zeros({seg.end - seg.begin}, DType::kF32);
+  seg.buf = comm_.alloc_shared({seg.end - seg.begin}, DType::kF32);  // registered, see above
+  seg.buf.zero();
   bind_segment_grads(seg, seg.buf);
 }
 
