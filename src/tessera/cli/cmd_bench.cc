@@ -122,6 +122,7 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
 
 void add_bench_tokenizer(CLI::App* bench, Action& action);  // cmd_tokenizer.cc
 void add_bench_comm(CLI::App* bench, Action& action);       // cmd_bench_comm.cc
+void add_bench_serve(CLI::App* bench, Action& action);      // cmd_bench_serve.cc
 
 void add_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (figures as ratios to peaks measured in the same run)");
@@ -173,6 +174,7 @@ void add_bench(CLI::App& app, Action& action) {
   train->callback([&action, o, tf] { action = [o, tf] { return run_train(*o, *tf); }; });
   add_bench_tokenizer(bench, action);
   add_bench_comm(bench, action);
+  add_bench_serve(bench, action);
 }
 
 }  // namespace tessera::cli

@@ -194,14 +194,22 @@ std::vector<int32_t> Engine::propose(Seq& s) {
   std::vector<int32_t> seq = s.prompt;
   seq.insert(seq.end(), s.output.begin(), s.output.end());
   const int64_t len = static_cast<int64_t>(seq.size());
+  // Among the occurrences of the longest matching n-gram, the latest one that is followed
+  // by a full num_speculative_tokens continuation wins (a latest match right before the end
+  // would propose only a token or two); failing that, the longest continuation.
   for (int64_t n = std::min(config_.ngram_max, len - 1); n >= config_.ngram_min; --n) {
+    int64_t best_from = -1, best_k = 0;
     for (int64_t start = len - n - 1; start >= 0; --start) {
       if (!std::equal(seq.begin() + start, seq.begin() + start + n, seq.end() - n)) continue;
       const int64_t from = start + n;
       const int64_t k = std::min(config_.num_speculative_tokens, len - from);
-      if (k <= 0) continue;
-      return {seq.begin() + from, seq.begin() + from + k};
+      if (k > best_k) {
+        best_from = from;
+        best_k = k;
+      }
+      if (k == config_.num_speculative_tokens) break;
     }
+    if (best_k > 0) return {seq.begin() + best_from, seq.begin() + best_from + best_k};
   }
   return {};
 }
@@ -418,6 +426,27 @@ EngineStats Engine::stats() const {
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
   return s;
+}
+
+KvUsage Engine::kv_usage() const {
+  KvUsage u;
+  const int64_t bs = config_.block_size;
+  std::unordered_map<BlockId, int64_t> filled;  // physical block -> slots holding K/V
+  for (RequestId id : scheduler_->running()) {
+    const SchedRequest* r = scheduler_->find(id);
+    if (!r || !blocks_->has_request(id)) continue;
+    ++u.sequences;
+    u.seq_tokens += r->num_computed_tokens;
+    const auto& table = blocks_->block_table(id);
+    for (size_t i = 0; i < table.size(); ++i) {
+      const int64_t n = std::clamp<int64_t>(r->num_computed_tokens - static_cast<int64_t>(i) * bs, 0, bs);
+      int64_t& f = filled[table[i]];
+      f = std::max(f, n);
+    }
+  }
+  u.blocks = static_cast<int64_t>(filled.size());
+  for (const auto& [b, n] : filled) u.tokens += n;
+  return u;
 }
 
 }  // namespace tessera::infer

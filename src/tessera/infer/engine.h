@@ -52,6 +52,14 @@ struct RequestOutput {
   int64_t num_output_tokens = 0;  // so far
 };
 
+// KV slots held by the running sequences at one moment (bench serve's fragmentation figure).
+struct KvUsage {
+  int64_t sequences = 0;  // running sequences
+  int64_t blocks = 0;     // distinct physical blocks in their block tables
+  int64_t tokens = 0;     // slots of those blocks holding computed K/V (a shared block once)
+  int64_t seq_tokens = 0; // computed tokens summed per sequence (shared prefixes counted each time)
+};
+
 struct EngineStats {
   int64_t steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed prompt tokens, sampled tokens
@@ -82,6 +90,7 @@ class Engine {
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
   EngineStats stats() const;
+  KvUsage kv_usage() const;  // O(blocks held); for benchmarks, not every step of a server
   const EngineConfig& config() const { return config_; }
   const model::Model& model() const { return model_; }
   int64_t max_model_len() const { return max_len_; }

@@ -1,0 +1,92 @@
+// `tessera bench serve`: the offline serving benchmark (infer/bench_serve.h) with a
+// one-at-a-time baseline in the same run; see docs/performance.md.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "tessera/base/error.h"
+#include "tessera/cli/commands.h"
+#include "tessera/infer/bench_serve.h"
+
+namespace tessera::cli {
+namespace {
+
+struct ServeFlags {
+  infer::ServeBenchOptions o;
+  std::string dtype = "f32";
+  std::string prompt_len = "128", output_len = "128";
+  int64_t kv_cache_memory = 0;
+  bool no_prefix_caching = false;
+  std::string speculative;
+  int64_t num_speculative_tokens = 4;
+  bool json = false;
+};
+
+int run_bench_serve(ServeFlags f) {
+  infer::ServeBenchOptions& o = f.o;
+  o.dtype = parse_dtype(f.dtype);
+  o.prompt_len = infer::parse_length_range(f.prompt_len, "--prompt-len");
+  o.output_len = infer::parse_length_range(f.output_len, "--output-len");
+  TESSERA_CHECK(f.kv_cache_memory >= 0, "--kv-cache-memory must not be negative, got ", f.kv_cache_memory);
+  o.engine.kv_cache_memory = f.kv_cache_memory;
+  o.engine.prefix_caching = !f.no_prefix_caching;
+  TESSERA_CHECK(f.speculative.empty() || f.speculative == "ngram" || f.speculative == "draft",
+                "--speculative must be ngram or draft, got '", f.speculative, "'");
+  o.engine.speculative_method = f.speculative;
+  o.engine.num_speculative_tokens = f.speculative.empty() ? 0 : f.num_speculative_tokens;
+  const auto r = infer::run_serve_bench(o);
+  std::fputs(infer::format_serve_bench(r).c_str(), stdout);
+  if (f.json) std::printf("%s\n", infer::serve_bench_json(r).c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_serve(CLI::App* bench, Action& action) {
+  auto f = std::make_shared<ServeFlags>();
+  auto& o = f->o;
+  auto* c = bench->add_subcommand(
+      "serve", "Offline serving engine: throughput, TTFT/TPOT, prefix cache, KV fragmentation, "
+               "vs one request at a time");
+  c->add_option("--model", o.model_dir, "Model directory (instead of --shape)");
+  c->add_option("--shape", o.shape, "Random model shape: tiny, small, 1b, gpt2-124m")->capture_default_str();
+  c->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
+  c->add_option("--num-requests", o.num_requests, "Requests, all submitted at t=0")->capture_default_str();
+  c->add_option("--prompt-len", f->prompt_len, "Prompt tokens (after the shared prefix): N or MIN:MAX (uniform)")
+      ->capture_default_str();
+  c->add_option("--output-len", f->output_len, "Output tokens (greedy, EOS ignored): N or MIN:MAX (uniform)")
+      ->capture_default_str();
+  c->add_option("--shared-prefix", o.shared_prefix,
+                "Tokens every prompt starts with (a warm-up request computes them first)")
+      ->capture_default_str();
+  c->add_flag("--repetitive-prompts", o.repetitive_prompts,
+              "Build prompts by repeating a random segment (something for n-gram lookup to find)");
+  c->add_option("--repeat-segment", o.repeat_segment, "Segment length for --repetitive-prompts")
+      ->capture_default_str();
+  c->add_option("--max-num-seqs", o.engine.max_num_seqs, "Running sequences at most")->capture_default_str();
+  c->add_option("--max-num-batched-tokens", o.engine.max_num_batched_tokens, "Token budget per step")
+      ->capture_default_str();
+  c->add_option("--max-model-len", o.engine.max_model_len, "Context length; 0: the model's")
+      ->capture_default_str();
+  c->add_option("--kv-cache-memory", f->kv_cache_memory, "KV pool bytes; 0: a fraction of free memory")
+      ->capture_default_str();
+  c->add_option("--block-size", o.engine.block_size, "Tokens per KV block")->capture_default_str();
+  c->add_flag("--no-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
+  c->add_flag("--compare-prefix-caching", o.compare_prefix_caching,
+              "Run the measured phase again with prefix caching flipped; print the TTFT p50 ratio");
+  c->add_option("--speculative", f->speculative, "Speculative decoding: ngram or draft");
+  c->add_option("--num-speculative-tokens", f->num_speculative_tokens, "Proposals per step")
+      ->capture_default_str();
+  c->add_option("--draft-model", o.draft_model_dir, "Draft model directory (--speculative draft)");
+  c->add_flag("--compare-speculative", o.compare_speculative,
+              "Run the measured phase again without speculation; print the speed-up");
+  c->add_option("--baseline-requests", o.baseline_requests,
+                "Requests the one-at-a-time baseline runs; -1: min(N, 4); 0: none")
+      ->capture_default_str();
+  c->add_option("--seed", o.seed, "Seed of prompts and lengths")->capture_default_str();
+  c->add_flag("--json", f->json, "Also print every figure as one JSON line");
+  c->callback([&action, f] { action = [f] { return run_bench_serve(*f); }; });
+}
+
+}  // namespace tessera::cli
