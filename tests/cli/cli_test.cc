@@ -30,7 +30,8 @@ int count_lines(const std::string& s) {
 TEST(Cli, HelpForEveryCommand) {
   for (const char* c : {"--help", "generate --help", "eval perplexity --help", "bench decode --help",
                         "bench gemm --help", "quickstart --help", "train --help", "plot --help",
-                        "tokenizer train --help", "data prepare --help", "bench train --help"}) {
+                        "tokenizer train --help", "data prepare --help", "bench train --help",
+                        "bench serve --help", "bench comm --help"}) {
     const auto r = run(c);
     EXPECT_EQ(r.code, 0) << c;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c << ": " << r.out;
