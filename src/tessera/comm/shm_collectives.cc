@@ -537,8 +537,13 @@ bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
   // copies above 64 KiB (0.8x); from registered buffers (alloc_shared: the trainer's
   // weights, the bench) shm wins at every size (1.2-2.4x), and those are the all-gathers
   // that matter, so shm is the choice throughout.
-  (void)op;
-  (void)bytes;
+  // With more ranks than cores every shm wait sleeps on a futex, and for small all-reduces
+  // (<= 256 KiB) the wake-ups cost more than MPI point to point: recursive halving-doubling
+  // or MPI's own won there at 4 ranks on 2 cores (docs/performance.md, 15:20 sweep).
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (op == ShmCollective::kAllReduce && cpus > 0 && c.size() > cpus &&
+      bytes <= (int64_t{256} << 10))
+    return false;
   return true;
 }
 
