@@ -1,0 +1,82 @@
+// Loads chat templates from Hugging Face model directories and renders them.
+#include "tessera/serve/chat_template.h"
+
+#include <filesystem>
+
+#include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
+#include "tessera/serve/jinja.h"
+
+namespace tessera::serve {
+namespace {
+
+const char* kChatML =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// tokenizer_config.json stores special tokens as strings or as {"content": ..., "__type": "AddedToken"}.
+std::string token_string(const nlohmann::json& cfg, const char* key, const std::string& path) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  fail(path, ": key '", key, "' must be a string or an object with \"content\"");
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token)
+    : source_(std::move(source)),
+      bos_token_(std::move(bos_token)),
+      eos_token_(std::move(eos_token)),
+      template_(std::make_shared<const jinja::Template>(source_)) {}
+
+ChatTemplate ChatTemplate::chatml() { return ChatTemplate(kChatML); }
+
+ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
+  nlohmann::json cfg = nlohmann::json::object();
+  if (fs::exists(path)) cfg = io::read_json_file(path);
+  TESSERA_CHECK(cfg.is_object(), path, ": expected a JSON object");
+  const std::string bos = token_string(cfg, "bos_token", path), eos = token_string(cfg, "eos_token", path);
+  std::string source;
+  auto it = cfg.find("chat_template");
+  if (it != cfg.end() && it->is_string()) {
+    source = it->get<std::string>();
+  } else if (it != cfg.end() && it->is_array()) {
+    for (const auto& t : *it)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        source = t["template"].get<std::string>();
+    TESSERA_CHECK(!source.empty(), path, ": key 'chat_template' is a list without a \"default\" template");
+  } else if (it != cfg.end() && !it->is_null()) {
+    fail(path, ": key 'chat_template' must be a string or a list of {\"name\", \"template\"}");
+  } else if (fs::exists(jinja_path)) {
+    source = io::read_file_bytes(jinja_path);
+  } else {
+    source = kChatML;
+  }
+  try {
+    return ChatTemplate(source, bos, eos);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+}
+
+std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
+                                 const nlohmann::json& extra) const {
+  TESSERA_CHECK(messages.is_array(), "chat template: messages must be a JSON array");
+  TESSERA_CHECK(extra.is_null() || extra.is_object(), "chat template: extra variables must be a JSON object");
+  jinja::Value globals = jinja::Value::object();
+  globals["bos_token"] = bos_token_;
+  globals["eos_token"] = eos_token_;
+  if (extra.is_object())
+    for (auto e = extra.begin(); e != extra.end(); ++e) globals[e.key()] = jinja::Value::parse(e.value().dump());
+  globals["messages"] = jinja::Value::parse(messages.dump());
+  globals["add_generation_prompt"] = add_generation_prompt;
+  return template_->render(globals);
+}
+
+}  // namespace tessera::serve

@@ -1,0 +1,40 @@
+// A model's chat template (Hugging Face tokenizer_config.json "chat_template") rendered with the
+// Jinja interpreter, turning OpenAI-style messages into the prompt text the model was tuned on.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::serve {
+
+namespace jinja {
+class Template;
+}
+
+class ChatTemplate {
+ public:
+  // The template in DIR/tokenizer_config.json ("chat_template": a string, or HF's list of
+  // {"name", "template"} from which "default" is taken), else DIR/chat_template.jinja, else
+  // ChatML. bos/eos come from the same config (strings or AddedToken objects).
+  static ChatTemplate from_tokenizer_config(const std::string& model_dir);
+  // The ChatML template transformers used as its default.
+  static ChatTemplate chatml();
+  // Throws tessera::Error on a template syntax error.
+  explicit ChatTemplate(std::string source, std::string bos_token = "", std::string eos_token = "");
+
+  // messages: [{"role": ..., "content": ...}, ...]; `extra` adds template variables (tools,
+  // documents, ...). Errors (bad template, raise_exception) throw tessera::Error, one line.
+  std::string render(const nlohmann::json& messages, bool add_generation_prompt,
+                     const nlohmann::json& extra = {}) const;
+
+  const std::string& source() const { return source_; }
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+
+ private:
+  std::string source_, bos_token_, eos_token_;
+  std::shared_ptr<const jinja::Template> template_;  // parsed once, shared by copies
+};
+
+}  // namespace tessera::serve
