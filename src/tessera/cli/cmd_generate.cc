@@ -90,15 +90,6 @@ int run_generate_batch(const GenerateFlags& f) {
   return 0;
 }
 
-// Bytes of `buf` up to the last complete UTF-8 character (a token may end mid-character).
-size_t complete_utf8_prefix(const std::string& b) {
-  size_t i = b.size(), cont = 0;  // back over up to 3 continuation bytes to the lead byte
-  while (i > 0 && cont < 3 && (static_cast<unsigned char>(b[i - 1]) & 0xC0) == 0x80) --i, ++cont;
-  if (i == 0) return b.size();  // malformed: nothing to wait for
-  const unsigned char c = static_cast<unsigned char>(b[i - 1]);
-  const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-  return cont + 1 >= need ? b.size() : i - 1;
-}
 
 int run_generate(const GenerateFlags& f) {
   if (!f.input.empty()) return run_generate_batch(f);
@@ -135,7 +126,7 @@ int run_generate(const GenerateFlags& f) {
     if (text) {
       if (tok->is_special(t)) return;
       pending += tok->decode_token(t);
-      const size_t n = complete_utf8_prefix(pending);
+      const size_t n = io::complete_utf8_prefix(pending);
       std::fwrite(pending.data(), 1, n, stdout);
       pending.erase(0, n);
     } else {

@@ -38,19 +38,8 @@ std::string segment_name(uint64_t id, int rank) {
 }  // namespace
 
 int64_t shm_arena_bytes() {
-  int64_t v = g_arena_bytes.load(std::memory_order_relaxed);
-  if (v > 0) return v;
-  v = int64_t{1} << 30;
-  if (const char* env = std::getenv("TESSERA_SHM_ARENA_BYTES")) {
-    const long long e = std::atoll(env);
-    TESSERA_CHECK(e >= kMinArena && e <= kMaxArena, "TESSERA_SHM_ARENA_BYTES: ", env,
-                  " is not a byte count in [65536, 2^40]");
-    v = e;
-  }
-  v = round_up(v, 4096);
-  int64_t expected = 0;
-  g_arena_bytes.compare_exchange_strong(expected, v);
-  return g_arena_bytes.load();
+  return env_bytes_setting(g_arena_bytes, 0, "TESSERA_SHM_ARENA_BYTES", int64_t{1} << 30, kMinArena,
+                           kMaxArena, 4096);
 }
 
 void set_shm_arena_bytes(int64_t bytes) {
@@ -69,17 +58,8 @@ std::atomic<int64_t> g_registered_min{-1};  // -1: not read from the environment
 }  // namespace
 
 int64_t shm_registered_min_bytes() {
-  int64_t v = g_registered_min.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  v = kRegisteredMinDefault;
-  if (const char* env = std::getenv("TESSERA_SHM_REGISTERED_MIN_BYTES")) {
-    const long long e = std::atoll(env);
-    TESSERA_CHECK(e >= 0, "TESSERA_SHM_REGISTERED_MIN_BYTES: ", env, " is not a byte count");
-    v = e;
-  }
-  int64_t expected = -1;
-  g_registered_min.compare_exchange_strong(expected, v);
-  return g_registered_min.load();
+  return env_bytes_setting(g_registered_min, -1, "TESSERA_SHM_REGISTERED_MIN_BYTES",
+                           kRegisteredMinDefault, 0, INT64_MAX, 1);
 }
 
 void set_shm_registered_min_bytes(int64_t bytes) {

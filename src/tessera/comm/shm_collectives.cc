@@ -158,20 +158,25 @@ ShmHost* host_of(Communicator& c) { return dynamic_cast<ShmHost*>(&c); }
 
 // ---- slot size -----------------------------------------------------------------------
 
-int64_t shm_slot_bytes() {
-  int64_t v = g_slot_bytes.load(std::memory_order_relaxed);
-  if (v > 0) return v;
-  v = int64_t{1} << 20;
-  if (const char* env = std::getenv("TESSERA_SHM_SLOT_BYTES")) {
-    const long long e = std::atoll(env);
-    TESSERA_CHECK(e >= 4096 && e <= (int64_t{1} << 30), "TESSERA_SHM_SLOT_BYTES: ", env,
-                  " is not a byte count in [4096, 2^30]");
+int64_t env_bytes_setting(std::atomic<int64_t>& cache, int64_t unset, const char* env,
+                          int64_t fallback, int64_t lo, int64_t hi, int64_t align) {
+  int64_t v = cache.load(std::memory_order_relaxed);
+  if (v != unset) return v;
+  v = fallback;
+  if (const char* text = std::getenv(env)) {
+    const long long e = std::atoll(text);
+    TESSERA_CHECK(e >= lo && e <= hi, env, ": ", text, " is not a byte count in [", lo, ", ", hi, "]");
     v = e;
   }
-  v = round_up(v, 4096);
-  int64_t expected = 0;
-  g_slot_bytes.compare_exchange_strong(expected, v);
-  return g_slot_bytes.load();
+  v = round_up(v, align);
+  int64_t expected = unset;
+  cache.compare_exchange_strong(expected, v);
+  return cache.load();
+}
+
+int64_t shm_slot_bytes() {
+  return env_bytes_setting(g_slot_bytes, 0, "TESSERA_SHM_SLOT_BYTES", int64_t{1} << 20, 4096,
+                           int64_t{1} << 30, 4096);
 }
 
 void set_shm_slot_bytes(int64_t bytes) {
@@ -485,25 +490,23 @@ int64_t plan_steps(int64_t max_chunk, int64_t region_bytes, int64_t elem) {
 }
 }  // namespace
 
-void ShmGroup::all_reduce(void* data, int64_t n, DType dt, ReduceOp op, const ShmArena* arena) {
+ShmGroup::Plan ShmGroup::reduction_plan(int64_t n, DType dt) const {
   Plan P;
   P.n = n;
   P.elem = dtype_size(dt);
   P.size = size_;
   P.region_bytes = slot_bytes_ / size_ / kLine * kLine;
   P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
-  run(P, ShmCollective::kAllReduce, data, data, dt, op, arena);
+  return P;
+}
+
+void ShmGroup::all_reduce(void* data, int64_t n, DType dt, ReduceOp op, const ShmArena* arena) {
+  run(reduction_plan(n, dt), ShmCollective::kAllReduce, data, data, dt, op, arena);
 }
 
 void ShmGroup::reduce_scatter(const void* in, void* out, int64_t n, DType dt, ReduceOp op,
                               const ShmArena* arena) {
-  Plan P;
-  P.n = n;
-  P.elem = dtype_size(dt);
-  P.size = size_;
-  P.region_bytes = slot_bytes_ / size_ / kLine * kLine;
-  P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
-  run(P, ShmCollective::kReduceScatter, in, out, dt, op, arena);
+  run(reduction_plan(n, dt), ShmCollective::kReduceScatter, in, out, dt, op, arena);
 }
 
 void ShmGroup::all_gather(const void* in, void* out, int64_t n, int64_t elem,

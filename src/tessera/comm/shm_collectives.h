@@ -2,6 +2,7 @@
 // machine copy their data into one shared segment and reduce straight out of each other's
 // slots, instead of moving it through MPI point to point. See docs/comm.md, "shm".
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,6 +42,11 @@ void shm_all_gather(Communicator& c, int tag, const void* in, void* out, int64_t
 // start-up). Tests shrink it so that small messages already take several pipelined
 // steps. >= 4096.
 int64_t shm_slot_bytes();
+// A byte-count setting of the shm path: read once from environment variable `env` (else
+// `fallback`), checked against [lo, hi], rounded up to `align` and cached in `cache`, which
+// holds `unset` until then (set_shm_*() store into the same cache).
+int64_t env_bytes_setting(std::atomic<int64_t>& cache, int64_t unset, const char* env,
+                          int64_t fallback, int64_t lo, int64_t hi, int64_t align);
 void set_shm_slot_bytes(int64_t bytes);
 
 // One shared segment for the ranks of a group on one node: per rank a header of sequence
@@ -77,6 +83,7 @@ class ShmGroup {
 
  private:
   struct Plan;
+  Plan reduction_plan(int64_t n, DType dt) const;  // all-reduce / reduce-scatter steps
   ShmGroup(int rank, int size, void* base, int64_t bytes, int64_t slot_bytes);
   void run(const Plan& plan, ShmCollective op, const void* in, void* out, DType dt, ReduceOp red,
            const ShmArena* arena);

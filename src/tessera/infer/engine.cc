@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -21,9 +22,10 @@ struct Engine::Seq {
   SamplingParams params;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StopChecker> stop;
-  size_t decoded_bytes = 0;  // of decode(output) already fed to the stop checker
+  std::string pending;       // decoded bytes of an incomplete UTF-8 character
   int64_t cached_tokens = -1;  // prefix-cache hit of the first admission (-1 unknown)
   bool forked = false;         // sample 0 has created its siblings
+  bool scheduled = true;       // known to the scheduler (false: a fork that ended at once)
   bool finished = false;
   std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
   std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
@@ -154,7 +156,7 @@ void Engine::finish(Seq& s, const std::string& reason, std::vector<RequestOutput
   o.finish_reason = reason;
   o.num_output_tokens = static_cast<int64_t>(s.output.size());
   s.finished = true;
-  scheduler_->finish_request(s.id);
+  if (s.scheduled) scheduler_->finish_request(s.id);
   stats_.finished[reason]++;
 }
 
@@ -166,14 +168,14 @@ bool Engine::append_token(Seq& s, int32_t token, const SampleResult& r, RequestO
   if (s.params.logprobs) o.logprobs.push_back(r);
   o.num_output_tokens = static_cast<int64_t>(s.output.size());
   ++stats_.generation_tokens;
-  if (tokenizer_) {
-    // Decode the whole output and feed what is new, unless it ends inside a multi-byte
-    // character (a byte-level BPE token can be part of one): U+FFFD waits for the next.
-    const std::string text = tokenizer_->decode(s.output, true);
-    const bool partial = text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
-    if (!partial && text.size() > s.decoded_bytes) {
-      const std::string piece = text.substr(s.decoded_bytes);
-      s.decoded_bytes = text.size();
+  if (tokenizer_ && !tokenizer_->is_special(token)) {
+    // Only the new token's bytes are decoded; a token may end inside a UTF-8 character,
+    // whose bytes wait in `pending` for the next one.
+    s.pending += tokenizer_->decode_token(token);
+    const size_t n = io::complete_utf8_prefix(s.pending);
+    if (n > 0) {
+      const std::string piece = s.pending.substr(0, n);
+      s.pending.erase(0, n);
       if (s.stop) {
         const auto u = s.stop->append(piece);
         o.new_text += u.emit;
@@ -392,16 +394,12 @@ std::vector<RequestOutput> Engine::step() {
     }
   }
   scheduler_->update(so, sampled);
+  std::unordered_set<const Seq*> ended;
+  for (const auto& [q, reason] : done) ended.insert(q);
   for (const auto& [child, tok] : forks) {
-    // A child that already finished with its first token never joins the scheduler.
     Seq& c = *seqs_.at(child);
-    const bool ended = std::any_of(done.begin(), done.end(), [&](const auto& d) { return d.first == &c; });
-    if (ended) {
-      RequestOutput& o = output_for(out, c);
-      o.finished = true;
-      o.finish_reason = std::find_if(done.begin(), done.end(), [&](const auto& d) { return d.first == &c; })->second;
-      c.finished = true;
-      stats_.finished[o.finish_reason]++;
+    if (ended.count(&c)) {
+      c.scheduled = false;  // finished with its first token: it never joins the scheduler
       continue;
     }
     scheduler_->fork_request(c.group, child, tok);

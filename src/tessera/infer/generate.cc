@@ -49,8 +49,9 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
     }
   }
   r.decode_seconds = timer.seconds();
-  r.spec_proposed = engine.stats().spec_proposed;
-  r.spec_accepted = engine.stats().spec_accepted;
+  const EngineStats st = engine.stats();
+  r.spec_proposed = st.spec_proposed;
+  r.spec_accepted = st.spec_accepted;
   return r;
 }
 

@@ -339,4 +339,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return from_json(read_json_file(file), file, config);
 }
 
+size_t complete_utf8_prefix(std::string_view b) {
+  size_t i = b.size(), cont = 0;  // back over up to 3 continuation bytes to the lead byte
+  while (i > 0 && cont < 3 && (static_cast<unsigned char>(b[i - 1]) & 0xC0) == 0x80) --i, ++cont;
+  if (i == 0) return b.size();  // malformed: nothing to wait for
+  const unsigned char c = static_cast<unsigned char>(b[i - 1]);
+  const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+  return cont + 1 >= need ? b.size() : i - 1;
+}
+
 }  // namespace tessera::io

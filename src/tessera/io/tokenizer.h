@@ -67,4 +67,8 @@ struct BpeTrainOptions {
 // byte), vocab_size below 256 + specials or above what the corpus allows.
 Tokenizer train_bpe(const std::vector<std::string>& files, const BpeTrainOptions& options);
 
+// Bytes of `bytes` up to the last complete UTF-8 character: byte-level BPE tokens may end
+// inside a character, so streamed text holds the rest back until the next token.
+size_t complete_utf8_prefix(std::string_view bytes);
+
 }  // namespace tessera::io

@@ -132,6 +132,7 @@ class Run {
         if (static_cast<int>(i % world_) == rank_) val_.push_back(std::move(all[i]));
       has_val_ = !all.empty();
     }
+    for (const auto& [name, t] : opt_.state_tensors()) moment_bytes_ += static_cast<int64_t>(t.nbytes());
     const auto& mc = model_.config();
     flops_per_token_ = 3.0 * model::forward_flops(mc, c.data.seq_len, 0) /
                        static_cast<double>(c.data.seq_len);
@@ -339,8 +340,7 @@ class Run {
   // and moments) and activations: what the ZeRO paper's formulas predict (docs/distributed.md).
   void add_memory(nlohmann::json& rec, int64_t activation_bytes) const {
     const parallel::MemoryUse m = dp_.memory();
-    int64_t moments = 0;
-    for (const auto& [name, t] : opt_.state_tensors()) moments += static_cast<int64_t>(t.nbytes());
+    const int64_t moments = moment_bytes_;
     rec["world_size"] = world_;
     rec["mem_params"] = m.params;
     rec["mem_grads"] = m.grads;
@@ -563,6 +563,7 @@ class Run {
   std::string tokenizer_dir_;
   std::vector<std::pair<std::string, std::string>> tokenizer_texts_;
   double flops_per_token_ = 0;
+  int64_t moment_bytes_ = 0;  // optimizer moments on this rank (fixed for the run)
   RunState st_;
 };
 
