@@ -3,6 +3,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <sstream>
 
 namespace tessera {
@@ -10,6 +11,17 @@ namespace tessera {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// An Error about one named field of a request or config (an API parameter such as
+// "top_p"), so a server can report the field apart from the message.
+class FieldError : public Error {
+ public:
+  FieldError(std::string field, const std::string& msg) : Error(msg), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 namespace detail {
@@ -25,6 +37,12 @@ std::string concat(Args&&... args) {
 template <typename... Args>
 [[noreturn]] void fail(Args&&... args) {
   throw Error(detail::concat(std::forward<Args>(args)...));
+}
+
+// Throws tessera::FieldError naming `field`, with the streamed arguments as message.
+template <typename... Args>
+[[noreturn]] void fail_field(const std::string& field, Args&&... args) {
+  throw FieldError(field, detail::concat(std::forward<Args>(args)...));
 }
 
 }  // namespace tessera

@@ -1,12 +1,18 @@
 // `tessera bench serve`: the offline serving benchmark (infer/bench_serve.h) with a
-// one-at-a-time baseline in the same run; see docs/performance.md.
+// one-at-a-time baseline in the same run; see docs/performance.md. With --url it is instead
+// the HTTP load generator (serve/bench_client.h) against a running server; see docs/inference.md.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
 #include "tessera/infer/bench_serve.h"
+#include "tessera/serve/bench_client.h"
 
 namespace tessera::cli {
 namespace {
@@ -20,9 +26,69 @@ struct ServeFlags {
   std::string speculative;
   int64_t num_speculative_tokens = 4;
   bool json = false;
+  // --url mode (the HTTP load generator)
+  serve::HttpBenchOptions http;
+  std::string request_rate = "inf";
+  std::vector<std::string> given;  // the flags given on the command line
 };
 
+// Flags of one mode only; the other mode refuses them rather than ignoring them.
+const char* const kOfflineOnly[] = {"--shape", "--dtype", "--repetitive-prompts", "--repeat-segment",
+                                    "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+                                    "--kv-cache-memory", "--block-size", "--no-prefix-caching",
+                                    "--compare-prefix-caching", "--speculative", "--num-speculative-tokens",
+                                    "--draft-model", "--compare-speculative", "--baseline-requests"};
+const char* const kUrlOnly[] = {"--dataset", "--request-rate", "--max-concurrency", "--api-key", "--timeout"};
+
+bool was_given(const ServeFlags& f, const std::string& flag) {
+  for (const auto& g : f.given)
+    if (g == flag) return true;
+  return false;
+}
+
+double parse_request_rate(const std::string& text) {
+  if (text == "inf") return std::numeric_limits<double>::infinity();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TESSERA_CHECK(used > 0 && used == text.size() && v > 0 && !std::isnan(v), "--request-rate: '", text,
+                "' is not a rate > 0 in requests/s (or inf)");
+  return v;
+}
+
+int run_bench_http(ServeFlags& f) {
+  for (const char* flag : kOfflineOnly)
+    TESSERA_CHECK(!was_given(f, flag), "bench serve: ", flag,
+                  " has no effect with --url (set the engine on `tessera serve`)");
+  serve::HttpBenchOptions& h = f.http;
+  h.model = f.o.model_dir;  // --model: the served model's id here
+  h.num_requests = f.o.num_requests;
+  h.prompt_len = infer::parse_length_range(f.prompt_len, "--prompt-len");
+  h.output_len = infer::parse_length_range(f.output_len, "--output-len");
+  h.shared_prefix = f.o.shared_prefix;
+  h.seed = f.o.seed;
+  h.request_rate = parse_request_rate(f.request_rate);
+  if (h.api_key.empty())
+    if (const char* k = std::getenv("TESSERA_API_KEY"); k && *k) h.api_key = k;
+  const auto r = serve::run_http_bench(h);
+  std::fputs(serve::format_http_bench(r).c_str(), stdout);
+  if (f.json) std::printf("%s\n", serve::http_bench_json(r).c_str());
+  std::fflush(stdout);
+  if (r.failed > 0) {
+    std::fprintf(stderr, "bench serve: %lld of %lld requests failed\n", (long long)r.failed,
+                 (long long)h.num_requests);
+    return 1;
+  }
+  return 0;
+}
+
 int run_bench_serve(ServeFlags f) {
+  if (!f.http.url.empty()) return run_bench_http(f);
+  for (const char* flag : kUrlOnly) TESSERA_CHECK(!was_given(f, flag), "bench serve: ", flag, " needs --url");
   infer::ServeBenchOptions& o = f.o;
   o.dtype = parse_dtype(f.dtype);
   o.prompt_len = infer::parse_length_range(f.prompt_len, "--prompt-len");
@@ -48,8 +114,12 @@ void add_bench_serve(CLI::App* bench, Action& action) {
   auto& o = f->o;
   auto* c = bench->add_subcommand(
       "serve", "Offline serving engine: throughput, TTFT/TPOT, prefix cache, KV fragmentation, "
-               "vs one request at a time");
-  c->add_option("--model", o.model_dir, "Model directory (instead of --shape)");
+               "vs one request at a time; with --url, a load generator against a running server");
+  c->add_option("--url", f->http.url,
+                "Benchmark the server at this URL over HTTP (http://HOST:PORT) instead of an offline engine");
+  c->add_option("--model", o.model_dir,
+                "Model directory (instead of --shape); with --url: the served model id (default: the first "
+                "of /v1/models)");
   c->add_option("--shape", o.shape, "Random model shape: tiny, small, 1b, gpt2-124m")->capture_default_str();
   c->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   c->add_option("--num-requests", o.num_requests, "Requests, all submitted at t=0")->capture_default_str();
@@ -86,7 +156,22 @@ void add_bench_serve(CLI::App* bench, Action& action) {
       ->capture_default_str();
   c->add_option("--seed", o.seed, "Seed of prompts and lengths")->capture_default_str();
   c->add_flag("--json", f->json, "Also print every figure as one JSON line");
-  c->callback([&action, f] { action = [f] { return run_bench_serve(*f); }; });
+  auto& h = f->http;
+  c->add_option("--dataset", h.dataset,
+                "With --url: random or shared-prefix (default: shared-prefix when --shared-prefix > 0)");
+  c->add_option("--request-rate", f->request_rate,
+                "With --url: Poisson arrivals at this many requests/s; inf: all at t=0")
+      ->capture_default_str();
+  c->add_option("--max-concurrency", h.max_concurrency,
+                "With --url: requests in flight at most; 0: unlimited (at most 512)")
+      ->capture_default_str();
+  c->add_option("--api-key", h.api_key, "With --url: sent as 'Authorization: Bearer KEY' (or env TESSERA_API_KEY)");
+  c->add_option("--timeout", h.timeout_s, "With --url: seconds per request")->capture_default_str();
+  c->callback([&action, f, c] {
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) f->given.push_back(opt->get_name());
+    action = [f] { return run_bench_serve(*f); };
+  });
 }
 
 }  // namespace tessera::cli

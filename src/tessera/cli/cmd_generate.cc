@@ -169,18 +169,7 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--input", f->input,
                   "JSON-lines file of requests ({\"prompt\": ..., \"max_tokens\": ...}), run as one batch");
   cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request");
-  auto& e = f->engine;
-  cmd->add_option("--kv-cache-memory", e.kv_cache_memory, "KV cache bytes (0 = half the free memory)");
-  cmd->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
-  cmd->add_option("--max-num-seqs", e.max_num_seqs, "Running sequences at most")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", e.max_num_batched_tokens, "Token budget per engine step")
-      ->capture_default_str();
-  cmd->add_option("--max-model-len", e.max_model_len, "Context length (0 = the model's)");
-  cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not reuse cached prompt prefixes");
-  cmd->add_flag("--batch-invariant", e.batch_invariant,
-                "Logits independent of the rest of the batch (bit for bit; slower)");
-  cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram or draft");
-  cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens, "Tokens proposed per step");
+  add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
   cmd->callback([&action, f] { action = [f] { return run_generate(*f); }; });
 }

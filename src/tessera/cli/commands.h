@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/infer/engine.h"
+
 namespace tessera::cli {
 
 using Action = std::function<int()>;
@@ -19,6 +21,10 @@ void add_tokenizer(CLI::App& app, Action& action);  // cmd_tokenizer.cc
 void add_data(CLI::App& app, Action& action);       // cmd_data.cc
 void add_train(CLI::App& app, Action& action);      // cmd_train.cc
 void add_plot(CLI::App& app, Action& action);       // cmd_plot.cc
+
+void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
+// --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).
+void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching);
 
 // "1,2,3" -> {1,2,3}; errors name the flag and the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);

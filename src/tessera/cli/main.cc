@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tessera::cli::Action action;
   tessera::cli::add_quickstart(app, action);
   tessera::cli::add_generate(app, action);
+  tessera::cli::add_serve(app, action);
   tessera::cli::add_eval(app, action);
   tessera::cli::add_bench(app, action);
   tessera::cli::add_tokenizer(app, action);

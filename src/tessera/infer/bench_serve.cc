@@ -20,11 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct BenchRequest {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 0;
-};
-
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -42,10 +37,12 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t vocab, int64_t 
   return t;
 }
 
+}  // namespace
+
 // The N measured requests, then the warm-up request (shared prefix + 16 other tokens, one
 // output token), all from one seeded generator.
-std::vector<BenchRequest> make_requests(const ServeBenchOptions& o, int64_t vocab, int64_t max_len,
-                                        BenchRequest* warmup) {
+std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_t vocab, int64_t max_len,
+                                              BenchRequest* warmup) {
   TESSERA_CHECK(vocab >= 4, "bench serve: the model's vocabulary (", vocab, ") is too small");
   std::mt19937_64 rng(o.seed);
   const std::vector<int32_t> prefix = random_tokens(rng, vocab, o.shared_prefix);
@@ -73,6 +70,8 @@ std::vector<BenchRequest> make_requests(const ServeBenchOptions& o, int64_t voca
   warmup->max_tokens = 1;
   return reqs;
 }
+
+namespace {
 
 SamplingParams greedy(int64_t max_tokens) {
   SamplingParams p;
@@ -347,7 +346,7 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
   res.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len
                                                  : model.config().max_position_embeddings;
   BenchRequest warmup;
-  const auto reqs = make_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
+  const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
 
   res.main = run_phase(model, draft, o.engine, reqs, warmup, false, "concurrent", &res.kv_blocks_total);
   res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(model.config(), o.engine.block_size);

@@ -40,6 +40,18 @@ struct ServeBenchOptions {
   EngineConfig engine;               // block size, pool, budgets, prefix caching, speculation
 };
 
+// One benchmark request: prompt token ids, and the output length (greedy, EOS ignored).
+struct BenchRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;
+};
+// o.num_requests seeded requests (o.seed, prompt_len, output_len, shared_prefix,
+// repetitive_prompts; token ids from [3, vocab)), then the warm-up request in *warmup (the
+// shared prefix + 16 other tokens, one output token). Shared with `bench serve --url` so the
+// HTTP and offline benchmarks send identical requests. Throws when one exceeds max_len.
+std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_t vocab, int64_t max_len,
+                                              BenchRequest* warmup);
+
 struct Percentiles {  // linear interpolation between order statistics (numpy's default)
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
 };

@@ -94,13 +94,14 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
                               int priority) {
   const auto& c = model_.config();
   params.validate(c.vocab_size);
-  TESSERA_CHECK(!prompt.empty(), "the prompt is empty");
+  if (prompt.empty()) fail_field("prompt", "the prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
-    TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt token ", i, " has id ",
-                  prompt[i], " outside the vocabulary [0, ", c.vocab_size, ")");
-  TESSERA_CHECK(static_cast<int64_t>(prompt.size()) < max_len_, "the prompt has ", prompt.size(),
-                " tokens; the context length is ", max_len_);
-  TESSERA_CHECK(params.stop.empty() || tokenizer_, "stop strings need a tokenizer");
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
+      fail_field("prompt", "prompt token ", i, " has id ", prompt[i], " outside the vocabulary [0, ",
+                 c.vocab_size, ")");
+  if (static_cast<int64_t>(prompt.size()) >= max_len_)
+    fail_field("prompt", "the prompt has ", prompt.size(), " tokens; the context length is ", max_len_);
+  if (!params.stop.empty() && !tokenizer_) fail_field("stop", "stop strings need a tokenizer");
   const RequestId id = next_id_;
   next_id_ += params.n;  // ids of the samples: id, id + 1, ...
   auto s = std::make_unique<Seq>();
@@ -246,6 +247,7 @@ std::vector<int32_t> Engine::propose_draft(Seq& s) {
 std::vector<RequestOutput> Engine::step() {
   base::TraceScope scope("engine_step");
   std::vector<RequestOutput> out;
+  started_.clear();
   for (RequestId sid : aborted_) {
     auto it = seqs_.find(sid);
     if (it == seqs_.end()) continue;
@@ -295,7 +297,10 @@ std::vector<RequestOutput> Engine::step() {
   for (const ScheduledRequest& sr : so.requests) {
     const SchedRequest* r = scheduler_->find(sr.id);
     Seq& s = *seqs_.at(sr.id);
-    if (s.cached_tokens < 0) s.cached_tokens = sr.start;  // first admission: the prefix hit
+    if (s.cached_tokens < 0) {  // first admission: the prefix hit
+      s.cached_tokens = sr.start;
+      if (s.index == 0) started_.push_back(s.group);
+    }
     const int64_t known = sr.num_tokens - sr.num_spec;
     for (int64_t i = 0; i < sr.num_tokens; ++i) {
       ids.data<int32_t>()[row + i] =

@@ -89,6 +89,9 @@ class Engine {
   // One engine step; outputs of every sequence that produced tokens or finished.
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
+  // Requests (add_request ids) whose first tokens ran in the last step(): the end of their
+  // time in the queue.
+  const std::vector<RequestId>& started_last_step() const { return started_; }
   EngineStats stats() const;
   KvUsage kv_usage() const;  // O(blocks held); for benchmarks, not every step of a server
   const EngineConfig& config() const { return config_; }
@@ -115,6 +118,7 @@ class Engine {
   KvPool pool_;
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // by sequence id
   std::vector<RequestId> aborted_;                            // reported at the next step
+  std::vector<RequestId> started_;                            // see started_last_step()
   RequestId next_id_ = 1;
   EngineStats stats_;
   std::vector<int32_t> eos_;

@@ -15,27 +15,34 @@ template <typename T>
 std::optional<T> get(const nlohmann::json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  try {
-    if constexpr (std::is_same_v<T, bool>) {
-      TESSERA_CHECK(it->is_boolean(), where, ": '", key, "' must be true or false");
-    } else if constexpr (std::is_integral_v<T>) {
-      TESSERA_CHECK(it->is_number_integer(), where, ": '", key, "' must be an integer");
-    } else if constexpr (std::is_floating_point_v<T>) {
-      TESSERA_CHECK(it->is_number(), where, ": '", key, "' must be a number");
-    }
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(where, ": '", key, "' has the wrong type");
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) fail_field(key, where, ": '", key, "' must be true or false");
+  } else if constexpr (std::is_unsigned_v<T>) {
+    if (!it->is_number_unsigned()) fail_field(key, where, ": '", key, "' must be a non-negative integer");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) fail_field(key, where, ": '", key, "' must be an integer");
+    // Out-of-range integers (beyond int64) arrive as unsigned; reject rather than wrap.
+    if (it->is_number_unsigned() && it->template get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail_field(key, where, ": '", key, "' is too large");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number()) fail_field(key, where, ": '", key, "' must be a number");
   }
+  return it->template get<T>();
 }
 
 }  // namespace
 
 SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
                                          int64_t default_max_tokens) {
+  SamplingParams d;
+  d.max_tokens = default_max_tokens;
+  return sampling_params_from_json(j, where, d);
+}
+
+SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
+                                         const SamplingParams& defaults) {
   TESSERA_CHECK(j.is_object(), where, ": a request must be a JSON object");
-  SamplingParams p;
-  p.max_tokens = default_max_tokens;
+  SamplingParams p = defaults;
   if (auto v = get<int64_t>(j, "max_tokens", where)) p.max_tokens = *v;
   if (auto v = get<int64_t>(j, "max_completion_tokens", where)) p.max_tokens = *v;
   if (auto v = get<double>(j, "temperature", where)) p.temperature = static_cast<float>(*v);
@@ -54,7 +61,10 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
     if (it->is_boolean()) {
       if (it->get<bool>()) p.logprobs = static_cast<int>(get<int64_t>(j, "top_logprobs", where).value_or(0));
     } else {
-      TESSERA_CHECK(it->is_number_integer(), where, ": 'logprobs' must be an integer or a boolean");
+      if (!it->is_number_integer())
+        fail_field("logprobs", where, ": 'logprobs' must be an integer or a boolean");
+      if (it->get<int64_t>() < 0 || it->get<int64_t>() > 20)
+        fail_field("logprobs", where, ": 'logprobs' must be in [0, 20]");
       p.logprobs = it->get<int>();
     }
   }
@@ -62,21 +72,22 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
     if (it->is_string()) {
       p.stop = {it->get<std::string>()};
     } else {
-      TESSERA_CHECK(it->is_array(), where, ": 'stop' must be a string or a list of strings");
+      if (!it->is_array()) fail_field("stop", where, ": 'stop' must be a string or a list of strings");
       for (const auto& s : *it) {
-        TESSERA_CHECK(s.is_string(), where, ": 'stop' must be a string or a list of strings");
+        if (!s.is_string()) fail_field("stop", where, ": 'stop' must be a string or a list of strings");
         p.stop.push_back(s.get<std::string>());
       }
     }
   }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
-    TESSERA_CHECK(it->is_array(), where, ": 'stop_token_ids' must be a list of token ids");
+    if (!it->is_array()) fail_field("stop_token_ids", where, ": 'stop_token_ids' must be a list of token ids");
     for (const auto& s : *it) {
-      TESSERA_CHECK(s.is_number_integer(), where, ": 'stop_token_ids' must be a list of token ids");
+      if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > INT32_MAX)
+        fail_field("stop_token_ids", where, ": 'stop_token_ids' must be a list of token ids");
       p.stop_token_ids.push_back(s.get<int32_t>());
     }
   }
-  if (const auto err = p.find_error()) fail(where, ": ", err->message);
+  if (const auto err = p.find_error()) fail_field(err->field, where, ": ", err->message);
   return p;
 }
 

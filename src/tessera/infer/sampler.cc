@@ -131,7 +131,7 @@ std::optional<ParamError> SamplingParams::find_error(int64_t vocab_size) const {
 }
 
 void SamplingParams::validate(int64_t vocab_size) const {
-  if (auto e = find_error(vocab_size)) fail(e->message);
+  if (auto e = find_error(vocab_size)) fail_field(e->field, e->message);
 }
 
 Sampler::Sampler(const SamplingParams& params, std::vector<int32_t> eos_token_ids,

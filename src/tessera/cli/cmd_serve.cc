@@ -1,0 +1,82 @@
+// `tessera serve`: the OpenAI-compatible HTTP server (serve/server.h) on a model directory.
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+
+#include "tessera/base/error.h"
+#include "tessera/cli/commands.h"
+#include "tessera/model/config.h"
+#include "tessera/serve/server.h"
+
+namespace tessera::cli {
+namespace {
+
+struct ServeFlags {
+  std::string model, shape, dtype = "f32";
+  uint64_t seed = 1234;
+  serve::ServerConfig server;
+  infer::EngineConfig engine;
+  bool no_prefix_caching = false;
+};
+
+int run_serve(ServeFlags f) {
+  namespace fs = std::filesystem;
+  TESSERA_CHECK(f.model.empty() != f.shape.empty(), "give exactly one of --model DIR or --shape NAME");
+  if (f.server.api_key.empty())
+    if (const char* k = std::getenv("TESSERA_API_KEY"); k && *k) f.server.api_key = k;
+  if (const char* d = std::getenv("TESSERA_SERVE_STEP_DELAY_MS"); d && *d)
+    f.server.debug_step_delay_s = std::atof(d) / 1000.0;
+  f.server.validate();
+  f.engine.prefix_caching = !f.no_prefix_caching;
+  f.engine.validate();
+  std::optional<model::Model> model;
+  std::optional<io::Tokenizer> tok;
+  std::optional<serve::ChatTemplate> tmpl;
+  if (!f.model.empty()) {
+    model = model::Model::load(f.model, parse_dtype(f.dtype));
+    if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
+      tok = io::Tokenizer::load(f.model);
+      tmpl = serve::ChatTemplate::from_tokenizer_config(f.model);
+    }
+    if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
+    if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().parent_path().filename().string();
+  } else {
+    // Random weights of a named shape: for benchmarks (token-id prompts only).
+    model = model::Model::random(model::ModelConfig::named_shape(f.shape), parse_dtype(f.dtype), f.seed);
+    if (f.server.model_name.empty()) f.server.model_name = f.shape;
+  }
+  serve::Server server(*model, f.engine, tok ? &*tok : nullptr, tmpl ? *tmpl : serve::ChatTemplate::chatml(),
+                       f.server);
+  return server.run(true);
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app, Action& action) {
+  auto f = std::make_shared<ServeFlags>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (see docs/serving.md)");
+  cmd->add_option("--model", f->model, "Hugging Face model directory");
+  cmd->add_option("--shape", f->shape, "Serve random weights of a named shape (small, 1b, tiny) for benchmarks");
+  cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Seed of the random weights (--shape)")->capture_default_str();
+  auto& s = f->server;
+  cmd->add_option("--host", s.host, "Address to bind (0.0.0.0 to expose)")->capture_default_str();
+  cmd->add_option("--port", s.port, "Port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes (or env TESSERA_API_KEY)");
+  cmd->add_option("--served-model-name", s.model_name, "The model id clients send (default: the directory name)");
+  cmd->add_option("--max-queue", s.max_queue, "Requests waiting at most; beyond it 429 + Retry-After")
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", s.request_timeout_s, "Seconds a request may take (0 = none)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger is 413")->capture_default_str();
+  cmd->add_option("--grace-period", s.grace_period_s, "SIGTERM: seconds in-flight requests get before cancel")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads (0 = max-num-seqs + max-queue + 16)");
+  cmd->add_option("--default-max-tokens", s.default_max_tokens, "max_tokens of completions that give none")
+      ->capture_default_str();
+  cmd->add_flag("--log-requests", s.log_requests, "One line per request on stderr");
+  add_engine_flags(cmd, f->engine, f->no_prefix_caching);
+  cmd->callback([&action, f] { action = [f] { return run_serve(*f); }; });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,348 @@
+// OpenAI request parsing and response building.
+#include "tessera/serve/openai.h"
+
+#include <cmath>
+#include <regex>
+
+#include "tessera/infer/offline.h"
+#include "tessera/io/pretokenize.h"
+
+namespace tessera::serve {
+namespace {
+
+using nlohmann::json;
+
+// Fields that change what a request means but that the engine cannot honour: refused
+// rather than silently ignored. (Unknown fields are ignored, as OpenAI-compatible servers do.)
+void refuse_unsupported(const json& b) {
+  auto truthy = [&](const char* k) {
+    auto it = b.find(k);
+    if (it == b.end() || it->is_null()) return false;
+    if (it->is_boolean()) return it->get<bool>();
+    if (it->is_array() || it->is_object() || it->is_string()) return !it->empty();
+    return true;
+  };
+  if (truthy("echo")) bad_request("echo", "echo is not supported");
+  if (truthy("suffix")) bad_request("suffix", "suffix is not supported");
+  if (truthy("tools")) bad_request("tools", "tools are not supported by this server");
+  if (truthy("logit_bias")) bad_request("logit_bias", "logit_bias is not supported");
+  if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) bad_request("best_of", "best_of must be an integer >= 1");
+    if (it->get<int64_t>() > b.value("n", int64_t{1})) bad_request("best_of", "best_of > n is not supported");
+  }
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", "") != "text")
+      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
+  }
+}
+
+std::vector<int32_t> token_list(const json& a, const std::string& param, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (const auto& t : a) {
+    if (!t.is_number_integer()) bad_request(param, param + " must be a string or a list of token ids");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v >= vocab)
+      bad_request(param, param + " has token id " + std::to_string(v) + " outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+std::vector<int32_t> encode_text(const std::string& text, const std::string& param, const ModelInfo& m,
+                                 bool add_special) {
+  if (!m.tokenizer) bad_request(param, "the served model has no tokenizer; send token ids");
+  return m.tokenizer->encode(text, add_special);
+}
+
+// Completions' prompt: a string, a list of strings, a list of ids, or a list of id lists.
+std::vector<std::vector<int32_t>> completion_prompts(const json& b, const ModelInfo& m) {
+  auto it = b.find("prompt");
+  if (it == b.end() || it->is_null()) bad_request("prompt", "prompt is required");
+  const json& p = *it;
+  std::vector<std::vector<int32_t>> out;
+  if (p.is_string()) {
+    out.push_back(encode_text(p.get<std::string>(), "prompt", m, true));
+  } else if (p.is_array()) {
+    if (p.empty()) bad_request("prompt", "prompt must not be empty");
+    if (p[0].is_number_integer()) {
+      out.push_back(token_list(p, "prompt", m.vocab_size));
+    } else {
+      if (p.size() > 256) bad_request("prompt", "at most 256 prompts per request");
+      for (const auto& e : p) {
+        if (e.is_string()) out.push_back(encode_text(e.get<std::string>(), "prompt", m, true));
+        else if (e.is_array()) out.push_back(token_list(e, "prompt", m.vocab_size));
+        else bad_request("prompt", "prompt must be a string, a list of strings or a list of token ids");
+      }
+    }
+  } else {
+    bad_request("prompt", "prompt must be a string, a list of strings or a list of token ids");
+  }
+  for (const auto& ids : out)
+    if (ids.empty()) bad_request("prompt", "prompt must not be empty");
+  return out;
+}
+
+// Chat messages, checked and normalised (content parts joined into one string).
+json chat_messages(const json& b) {
+  auto it = b.find("messages");
+  if (it == b.end() || it->is_null()) bad_request("messages", "messages is required");
+  if (!it->is_array()) bad_request("messages", "messages must be a list of {role, content} objects");
+  if (it->empty()) bad_request("messages", "messages must not be empty");
+  static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+  json out = json::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad_request(where, where + " must be an object with role and content");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) bad_request(where + ".role", where + ".role must be a string");
+    const std::string r = role->get<std::string>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles))
+      bad_request(where + ".role", where + ".role '" + r + "' is not one of system, developer, user, assistant, tool");
+    auto content = m.find("content");
+    std::string text;
+    if (content == m.end() || content->is_null()) {
+      bad_request(where + ".content", where + ".content is required");
+    } else if (content->is_string()) {
+      text = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        const std::string pw = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          bad_request(pw, pw + " must be {\"type\": \"text\", \"text\": ...}; other content parts are not supported");
+        text += part["text"].get<std::string>();
+      }
+    } else {
+      bad_request(where + ".content", where + ".content must be a string or a list of text parts");
+    }
+    json msg = {{"role", r}, {"content", text}};
+    if (m.contains("name") && m["name"].is_string()) msg["name"] = m["name"];
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+bool get_bool(const json& b, const char* key, bool dflt) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) bad_request(key, std::string(key) + " must be true or false");
+  return it->get<bool>();
+}
+
+}  // namespace
+
+void bad_request(const std::string& param, const std::string& message, const std::string& code) {
+  throw ApiError(400, "invalid_request_error", param, code, message);
+}
+
+json error_body(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+json parse_body(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string param;
+    const std::string what = e.what();
+    if (what.find("UTF-8") != std::string::npos) {
+      // Name the field whose value holds the bad bytes: the last "key": before the error.
+      const std::string head = text.substr(0, std::min<size_t>(e.byte, text.size()));
+      static const std::regex key_re("\"([A-Za-z_][A-Za-z0-9_]*)\"\\s*:");
+      for (auto m = std::sregex_iterator(head.begin(), head.end(), key_re); m != std::sregex_iterator(); ++m)
+        param = (*m)[1];
+      throw ApiError(400, "invalid_request_error", param, "invalid_utf8",
+                     "the request body is not valid UTF-8" + (param.empty() ? "" : " (in '" + param + "')"));
+    }
+    throw ApiError(400, "invalid_request_error", "", "invalid_json",
+                   "the request body is not valid JSON: " + what.substr(what.find(']') + 2));
+  }
+}
+
+ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
+  if (!b.is_object()) bad_request("", "the request body must be a JSON object");
+  ApiRequest r;
+  r.endpoint = endpoint;
+  if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
+    if (!it->is_string()) bad_request("model", "model must be a string");
+    r.model = it->get<std::string>();
+    if (r.model != m.name)
+      bad_request("model", "the model '" + r.model + "' does not exist; this server serves '" + m.name + "'",
+                  "model_not_found");
+  }
+  r.model = m.name;
+  refuse_unsupported(b);
+  if (auto it = b.find("user"); it != b.end() && !it->is_null()) {
+    if (!it->is_string()) bad_request("user", "user must be a string");
+    r.user = it->get<std::string>();
+  }
+  r.stream = get_bool(b, "stream", false);
+  if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) bad_request("stream_options", "stream_options must be an object");
+    if (!r.stream) bad_request("stream_options", "stream_options is only allowed with stream: true");
+    r.include_usage = get_bool(*it, "include_usage", false);
+    r.continuous_usage = get_bool(*it, "continuous_usage_stats", false);
+  }
+  r.return_token_ids = get_bool(b, "return_token_ids", true);
+
+  // Sampling: OpenAI's defaults (temperature 1), the engine's names and checks.
+  infer::SamplingParams defaults;
+  defaults.temperature = 1.f;
+  defaults.max_tokens = endpoint == Endpoint::kCompletions ? m.default_max_tokens : -1;  // chat: the rest of the context
+  for (const char* k : {"max_tokens", "max_completion_tokens"})
+    if (auto it = b.find(k); it != b.end() && it->is_number_integer() && it->get<int64_t>() < 1)
+      bad_request(k, std::string(k) + " must be >= 1");
+  if (endpoint == Endpoint::kChat) {
+    // Chat: logprobs is a boolean and top_logprobs the count.
+    if (auto it = b.find("logprobs"); it != b.end() && !it->is_null() && !it->is_boolean())
+      bad_request("logprobs", "logprobs must be true or false for chat completions");
+    r.chat_logprobs = get_bool(b, "logprobs", false);
+    if (auto it = b.find("top_logprobs"); it != b.end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 20)
+        bad_request("top_logprobs", "top_logprobs must be an integer in [0, 20]");
+      if (!r.chat_logprobs) bad_request("top_logprobs", "top_logprobs needs logprobs: true");
+    }
+  } else if (auto it = b.find("logprobs"); it != b.end() && it->is_boolean()) {
+    bad_request("logprobs", "logprobs must be an integer in [0, 20] for completions");
+  }
+  json sj = b;
+  if (endpoint == Endpoint::kChat && !r.chat_logprobs) sj.erase("logprobs");
+  try {
+    r.params = infer::sampling_params_from_json(sj, "request", defaults.max_tokens < 0 ? [&] {
+      auto d = defaults;
+      d.max_tokens = 1;  // placeholder until the prompt length is known
+      return d;
+    }() : defaults);
+  } catch (const FieldError& e) {
+    std::string msg = e.what();
+    if (msg.rfind("request: ", 0) == 0) msg.erase(0, 9);
+    bad_request(e.field(), msg);
+  } catch (const Error& e) {
+    bad_request("", e.what());
+  }
+  const bool max_given = (b.contains("max_tokens") && !b["max_tokens"].is_null()) ||
+                         (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null());
+  if (r.params.stop.size() > 16) bad_request("stop", "at most 16 stop strings");
+  for (const auto& s : r.params.stop)
+    if (s.size() > 1024) bad_request("stop", "a stop string is longer than 1024 bytes");
+  if (auto e = r.params.find_error(m.vocab_size)) bad_request(e->field, e->message);
+
+  std::string prompt_param = "prompt";
+  if (endpoint == Endpoint::kChat) {
+    prompt_param = "messages";
+    const json msgs = chat_messages(b);
+    if (!m.tokenizer || !m.chat_template) bad_request("messages", "the served model has no tokenizer for chat");
+    bool add_generation_prompt = get_bool(b, "add_generation_prompt", true);
+    std::string text;
+    try {
+      text = m.chat_template->render(msgs, add_generation_prompt);
+    } catch (const Error& e) {
+      bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
+    }
+    r.prompts.push_back(m.tokenizer->encode(text, false));
+    if (r.prompts.back().empty()) bad_request("messages", "the messages render to an empty prompt");
+  } else {
+    r.prompts = completion_prompts(b, m);
+  }
+  // Context: prompt + max_tokens must fit (chat without max_tokens gets the rest).
+  for (const auto& p : r.prompts) {
+    const int64_t len = static_cast<int64_t>(p.size());
+    if (len >= m.max_model_len)
+      bad_request(prompt_param, "the prompt has " + std::to_string(len) + " tokens; this model's context length is " +
+                                    std::to_string(m.max_model_len), "context_length_exceeded");
+    if (!max_given && endpoint == Endpoint::kChat) {
+      r.params.max_tokens = m.max_model_len - len;
+    } else if (len + r.params.max_tokens > m.max_model_len) {
+      bad_request(b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+                  "this model's context length is " + std::to_string(m.max_model_len) + " tokens, but " +
+                      std::to_string(len) + " prompt tokens plus max_tokens " + std::to_string(r.params.max_tokens) +
+                      " exceed it", "context_length_exceeded");
+    }
+  }
+  if (r.prompts.size() > 1 && !max_given && endpoint == Endpoint::kChat) bad_request("messages", "one conversation per request");
+  if (r.choices() > 512) bad_request("n", "prompts times n must be at most 512");
+  return r;
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+namespace {
+
+// A token's text for logprobs: its bytes when they are whole UTF-8, else vLLM's
+// "bytes:\xNN..." form (JSON strings must be valid UTF-8).
+std::string token_text(const io::Tokenizer* tok, int32_t id, std::string* raw = nullptr) {
+  std::string bytes;
+  if (tok && id >= 0 && id < tok->vocab_size()) {
+    try {
+      bytes = tok->decode_token(id);
+    } catch (const Error&) {
+      bytes.clear();
+    }
+  }
+  if (!tok) bytes = "<|" + std::to_string(id) + "|>";
+  if (raw) *raw = bytes;
+  if (io::find_invalid_utf8(bytes) == std::string::npos) return bytes;
+  std::string out = "bytes:";
+  char buf[8];
+  for (unsigned char c : bytes) {
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
+json byte_list(const std::string& s) {
+  json a = json::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+// -inf (a token the sampler excluded) cannot be JSON; OpenAI clients expect numbers.
+double finite(float x) { return std::isfinite(x) ? x : -9999.0; }
+
+}  // namespace
+
+json completion_logprobs(const std::vector<infer::SampleResult>& lps, const io::Tokenizer* tok, int64_t offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& r : lps) {
+    const std::string t = token_text(tok, r.token);
+    tokens.push_back(t);
+    token_lps.push_back(finite(r.logprob));
+    json top = json::object();
+    for (const auto& a : r.top_logprobs) top[token_text(tok, a.token)] = finite(a.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json chat_logprobs(const std::vector<infer::SampleResult>& lps, const io::Tokenizer* tok) {
+  json content = json::array();
+  for (const auto& r : lps) {
+    std::string raw;
+    const std::string t = token_text(tok, r.token, &raw);
+    json top = json::array();
+    for (const auto& a : r.top_logprobs) {
+      std::string araw;
+      const std::string at = token_text(tok, a.token, &araw);
+      top.push_back({{"token", at}, {"logprob", finite(a.logprob)}, {"bytes", byte_list(araw)}});
+    }
+    content.push_back({{"token", t}, {"logprob", finite(r.logprob)}, {"bytes", byte_list(raw)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+}  // namespace tessera::serve

@@ -1,0 +1,58 @@
+// `tessera serve`: an OpenAI-compatible HTTP server (cpp-httplib) in front of one inference
+// engine. HTTP threads parse and validate requests and hand them to the engine thread, which
+// owns the Engine and steps it; outputs flow back to each request's stream (SSE or one JSON
+// body). Metrics for Prometheus, admission control, auth, timeouts, cancellation on client
+// disconnect, and a graceful SIGTERM drain. See docs/serving.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/infer/engine.h"
+#include "tessera/io/tokenizer.h"
+#include "tessera/model/model.h"
+#include "tessera/serve/chat_template.h"
+
+namespace tessera::serve {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";  // --host; 0.0.0.0 to expose
+  int port = 8000;                 // 0 = any free port (printed on stderr once bound)
+  std::string api_key;             // non-empty: every /v1 route needs "Authorization: Bearer KEY"
+  std::string model_name;          // the id clients pass as "model" (default: the directory name)
+  int64_t max_queue = 256;         // requests waiting for the engine at most; beyond: 429
+  double request_timeout_s = 600;  // per request, from arrival; 0 = none
+  int64_t max_body_bytes = 8 << 20;  // larger bodies: 413
+  double grace_period_s = 30;      // SIGTERM: in-flight requests get this long, then are cancelled
+  int64_t http_threads = 0;        // 0 = max_num_seqs + max_queue + 16 (a streaming request holds one)
+  int64_t default_max_tokens = 16; // completions without max_tokens (OpenAI's default)
+  bool log_requests = false;       // one line per request on stderr
+  // Tests only (env TESSERA_SERVE_STEP_DELAY_MS): each engine step is this much slower, to
+  // stand in for a real model's step time with a tiny one.
+  double debug_step_delay_s = 0;
+  void validate() const;           // throws naming the field
+};
+
+class Server {
+ public:
+  // tokenizer may be null (token-id prompts only; text fields are empty and chat is refused).
+  Server(const model::Model& model, const infer::EngineConfig& engine_config,
+         const io::Tokenizer* tokenizer, ChatTemplate chat_template, ServerConfig config);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds (throws tessera::Error when the address is taken), prints "listening on
+  // http://HOST:PORT" on stderr, starts the engine thread, and serves until stop() or, when
+  // handle_signals, SIGTERM / SIGINT; then drains (grace period) and returns 0.
+  int run(bool handle_signals = true);
+  // From any thread: stop accepting and drain as on SIGTERM.
+  void stop();
+  int port() const;  // the bound port, after run() has bound it (0 before)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::serve

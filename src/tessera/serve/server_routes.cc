@@ -1,0 +1,375 @@
+// The server's HTTP routes: OpenAI completions and chat (full and SSE streaming), models,
+// health, metrics, stats, tokenize / detokenize, the chat page; auth and error bodies.
+#include <cstdio>
+
+#include "tessera/base/logging.h"
+#include "tessera/serve/chat_page.h"
+#include "tessera/serve/server_impl.h"
+
+namespace tessera::serve {
+namespace {
+
+using nlohmann::json;
+
+// Responses must be valid UTF-8 JSON whatever a tokenizer decoded: replace bad bytes.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  send_json(res, e.status, error_body(e.what(), e.type, e.param, e.code));
+}
+
+json body_json(const httplib::Request& req) { return parse_body(req.body); }
+
+// Builds OpenAI responses and stream chunks from a job's events.
+class Accumulator {
+ public:
+  Accumulator(const Job& job, const io::Tokenizer* tok)
+      : job_(job), tok_(tok), choices_(job.req.choices()), cached_(job.req.prompts.size(), 0) {}
+
+  // Folds an event into the totals.
+  void add(const Event& e) {
+    Choice& c = choices_[e.choice];
+    c.text += e.out.new_text;
+    c.tokens = e.out.num_output_tokens;
+    if (!e.out.logprobs.empty()) c.lps.insert(c.lps.end(), e.out.logprobs.begin(), e.out.logprobs.end());
+    if (e.out.finished) c.finish = e.out.finish_reason;
+    const size_t p = static_cast<size_t>(e.choice / job_.req.params.n);
+    cached_[p] = std::max(cached_[p], e.out.num_cached_tokens);
+  }
+
+  json usage() const {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (const auto& p : job_.req.prompts) prompt += static_cast<int64_t>(p.size());
+    for (const auto& c : choices_) completion += c.tokens;
+    for (int64_t c : cached_) cached += c;
+    return usage_json(prompt, completion, cached);
+  }
+
+  json header(const char* object) const {
+    return {{"id", job_.id}, {"object", object}, {"created", job_.created}, {"model", job_.req.model}};
+  }
+
+  // The whole response once every choice finished.
+  json full() const {
+    const bool chat = job_.req.endpoint == Endpoint::kChat;
+    json out = header(chat ? "chat.completion" : "text_completion");
+    json list = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      json ch = {{"index", i}, {"finish_reason", c.finish.empty() ? json(nullptr) : json(c.finish)}};
+      if (chat) {
+        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        ch["logprobs"] = job_.req.chat_logprobs ? chat_logprobs(c.lps, tok_) : json(nullptr);
+      } else {
+        ch["text"] = c.text;
+        ch["logprobs"] = job_.req.params.logprobs ? completion_logprobs(c.lps, tok_, 0) : json(nullptr);
+      }
+      list.push_back(std::move(ch));
+    }
+    out["choices"] = std::move(list);
+    out["usage"] = usage();
+    return out;
+  }
+
+  // SSE "data:" payloads for one event (chat sends the assistant role first).
+  void stream_chunks(const Event& e, std::string& out) {
+    const bool chat = job_.req.endpoint == Endpoint::kChat;
+    Choice& c = choices_[e.choice];
+    const int64_t offset = static_cast<int64_t>(c.text.size());
+    add(e);
+    json fr = e.out.finished ? json(c.finish) : json(nullptr);
+    if (chat) {
+      if (!c.role_sent) {
+        c.role_sent = true;
+        json first = header("chat.completion.chunk");
+        first["choices"] = json::array({{{"index", e.choice},
+                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}});
+        append(first, out);
+      }
+      if (e.out.new_text.empty() && !e.out.finished && e.out.logprobs.empty()) return;
+      json chunk = header("chat.completion.chunk");
+      json delta = json::object();
+      if (!e.out.new_text.empty()) delta["content"] = e.out.new_text;
+      json ch = {{"index", e.choice}, {"delta", delta}, {"finish_reason", fr}};
+      ch["logprobs"] = job_.req.chat_logprobs && !e.out.logprobs.empty() ? chat_logprobs(e.out.logprobs, tok_)
+                                                                        : json(nullptr);
+      if (job_.req.return_token_ids) ch["token_ids"] = e.out.new_tokens;
+      chunk["choices"] = json::array({ch});
+      append(chunk, out);
+    } else {
+      json chunk = header("text_completion");
+      json ch = {{"index", e.choice}, {"text", e.out.new_text}, {"finish_reason", fr}};
+      ch["logprobs"] = job_.req.params.logprobs && !e.out.logprobs.empty()
+                           ? completion_logprobs(e.out.logprobs, tok_, offset)
+                           : json(nullptr);
+      if (job_.req.return_token_ids) ch["token_ids"] = e.out.new_tokens;
+      chunk["choices"] = json::array({ch});
+      append(chunk, out);
+    }
+  }
+
+  void usage_chunk(std::string& out) const {
+    json chunk = header(job_.req.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion");
+    chunk["choices"] = json::array();
+    chunk["usage"] = usage();
+    out += "data: " + dump(chunk) + "\n\n";
+  }
+
+ private:
+  struct Choice {
+    std::string text, finish;
+    int64_t tokens = 0;
+    std::vector<infer::SampleResult> lps;
+    bool role_sent = false;
+  };
+  void append(json& chunk, std::string& out) const {
+    if (job_.req.include_usage) chunk["usage"] = job_.req.continuous_usage ? usage() : json(nullptr);
+    out += "data: " + dump(chunk) + "\n\n";
+  }
+
+  const Job& job_;
+  const io::Tokenizer* tok_;
+  std::vector<Choice> choices_;
+  std::vector<int64_t> cached_;  // per prompt
+};
+
+}  // namespace
+
+void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  ApiRequest r = parse_request(body_json(req), endpoint, info_);
+  auto job = submit(std::move(r));
+  if (config_.log_requests)
+    std::fprintf(stderr, "tessera serve: %s %s: %zu prompt(s), max_tokens %lld, stream %d\n", job->id.c_str(),
+                 req.path.c_str(), job->req.prompts.size(), static_cast<long long>(job->req.params.max_tokens),
+                 job->req.stream ? 1 : 0);
+  if (job->req.stream) {
+    stream_response(job, res);
+  } else {
+    full_response(job, res);
+  }
+}
+
+void Server::Impl::full_response(const std::shared_ptr<Job>& job, httplib::Response& res) {
+  Accumulator acc(*job, tokenizer_);
+  std::unique_ptr<ApiError> error;
+  {
+    std::unique_lock<std::mutex> lock(job->m);
+    job->cv.wait(lock, [&] { return job->done; });  // the engine thread enforces timeouts
+    for (const auto& e : job->events) acc.add(e);
+    job->events.clear();
+    error = std::move(job->error);
+  }
+  release(job, false);
+  if (error) {
+    send_error(res, *error);
+    return;
+  }
+  send_json(res, 200, acc.full());
+}
+
+void Server::Impl::stream_response(const std::shared_ptr<Job>& job, httplib::Response& res) {
+  struct State {
+    Accumulator acc;
+    bool finished = false;
+    Clock::time_point last_write = Clock::now();
+  };
+  auto st = std::make_shared<State>(State{Accumulator(*job, tokenizer_)});
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, st](size_t, httplib::DataSink& sink) {
+        std::deque<Event> events;
+        bool done = false;
+        std::unique_ptr<ApiError> error;
+        {
+          std::unique_lock<std::mutex> lock(job->m);
+          job->cv.wait_for(lock, std::chrono::milliseconds(250),
+                           [&] { return !job->events.empty() || job->done; });
+          events.swap(job->events);
+          done = job->done;
+          if (done) error = std::move(job->error);
+        }
+        std::string out;
+        for (const auto& e : events) st->acc.stream_chunks(e, out);
+        if (done) {
+          if (error) {
+            out += "data: " + dump(error_body(error->what(), error->type, error->param, error->code)) + "\n\n";
+          } else if (job->req.include_usage) {
+            st->acc.usage_chunk(out);
+          }
+          out += "data: [DONE]\n\n";
+        }
+        const auto now = Clock::now();
+        // A comment now and then: writing is how a vanished client is noticed while queued.
+        if (out.empty() && now - st->last_write > std::chrono::milliseconds(500)) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) return false;
+          st->last_write = now;
+        }
+        if (done) {
+          st->finished = true;
+          sink.done();
+        }
+        return true;
+      },
+      [this, job, st](bool) { release(job, !st->finished); });
+}
+
+void Server::Impl::setup_routes() {
+  auto guarded = [this](auto&& fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const FieldError& e) {
+        send_error(res, ApiError(400, "invalid_request_error", e.field(), "", e.what()));
+      } catch (const Error& e) {
+        send_error(res, ApiError(400, "invalid_request_error", "", "", e.what()));
+      } catch (const std::exception& e) {
+        TESSERA_LOG(kError, "serve: ", req.method, " ", req.path, ": ", e.what());
+        send_error(res, ApiError(500, "internal_error", "", "", std::string("internal error: ") + e.what()));
+      }
+    };
+  };
+
+  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth == "Bearer " + config_.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    send_json(res, 401,
+              error_body(auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "incorrect API key provided",
+                         "invalid_request_error", "", "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg = "HTTP " + std::to_string(res.status);
+    if (res.status == 404) msg = "no route for " + req.method + " " + req.path;
+    if (res.status == 413) msg = "the request body is larger than the server's limit";
+    if (res.status == 400) msg = "malformed HTTP request";
+    send_json(res, res.status, error_body(msg, "invalid_request_error", "", ""));
+  });
+  http_.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    TESSERA_LOG(kError, "serve: ", req.method, " ", req.path, ": ", what);
+    send_json(res, 500, error_body("internal error: " + what, "internal_error", "", ""));
+  });
+  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.http_response(res.status);
+    if (config_.log_requests)
+      std::fprintf(stderr, "tessera serve: %s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
+  });
+
+  http_.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+               handle_generate(req, res, Endpoint::kCompletions);
+             }));
+  http_.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+               handle_generate(req, res, Endpoint::kChat);
+             }));
+  http_.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+              const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count();
+              json m = {{"id", info_.name},       {"object", "model"},
+                        {"created", created},     {"owned_by", "tessera"},
+                        {"root", info_.name},     {"max_model_len", info_.max_model_len},
+                        {"vocab_size", info_.vocab_size}};
+              send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+            }));
+  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (healthy()) {
+      res.set_content("ok\n", "text/plain");
+    } else {
+      send_json(res, 503, error_body("the engine loop is not stepping", "service_unavailable", "", "engine_stalled"));
+    }
+  });
+  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+    Snapshot s;
+    {
+      std::lock_guard<std::mutex> lock(snap_m_);
+      s = snapshot_;
+    }
+    send_json(res, 200,
+              {{"model", info_.name},
+               {"running", s.running},
+               {"waiting", s.waiting + static_cast<int64_t>(0)},
+               {"kv_blocks_used", s.kv_blocks_used},
+               {"kv_blocks_total", s.kv_blocks_total},
+               {"kv_usage", s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0},
+               {"prompt_tokens_total", s.prompt_tokens},
+               {"generation_tokens_total", s.generation_tokens},
+               {"generation_tokens_per_s", s.tokens_per_s},
+               {"requests_total", next_job_.load() - 1},
+               {"in_flight", in_flight_.load()},
+               {"engine_steps", s.steps},
+               {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()}});
+  });
+  http_.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+               const json b = body_json(req);
+               if (!b.is_object()) bad_request("", "the request body must be a JSON object");
+               if (!tokenizer_) bad_request("", "the served model has no tokenizer");
+               std::vector<int32_t> ids;
+               if (b.contains("messages")) {
+                 json probe = b;
+                 probe.erase("prompt");
+                 probe["max_tokens"] = 1;
+                 const ApiRequest r = parse_request(probe, Endpoint::kChat, info_);
+                 ids = r.prompts.at(0);
+               } else {
+                 auto it = b.find("prompt");
+                 if (it == b.end() || !it->is_string()) bad_request("prompt", "prompt must be a string (or give messages)");
+                 bool special = true;
+                 if (auto s = b.find("add_special_tokens"); s != b.end() && !s->is_null()) {
+                   if (!s->is_boolean()) bad_request("add_special_tokens", "add_special_tokens must be true or false");
+                   special = s->get<bool>();
+                 }
+                 ids = tokenizer_->encode(it->get<std::string>(), special);
+               }
+               send_json(res, 200,
+                         {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", info_.max_model_len}});
+             }));
+  http_.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+               const json b = body_json(req);
+               if (!b.is_object()) bad_request("", "the request body must be a JSON object");
+               if (!tokenizer_) bad_request("", "the served model has no tokenizer");
+               auto it = b.find("tokens");
+               if (it == b.end() || !it->is_array()) bad_request("tokens", "tokens must be a list of token ids");
+               std::vector<int32_t> ids;
+               for (const auto& t : *it) {
+                 if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer_->vocab_size())
+                   bad_request("tokens", "tokens must be token ids in [0, " + std::to_string(tokenizer_->vocab_size()) + ")");
+                 ids.push_back(t.get<int32_t>());
+               }
+               std::string text;
+               try {
+                 text = tokenizer_->decode(ids);
+               } catch (const Error& e) {
+                 bad_request("tokens", e.what());
+               }
+               send_json(res, 200, {{"prompt", text}});
+             }));
+  http_.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(chat_page_html(), "text/html; charset=utf-8");
+  });
+}
+
+}  // namespace tessera::serve
