@@ -2,6 +2,7 @@
 // Request handlers (OpenAI responses and streams) are in server_routes.cc.
 #include "tessera/serve/server_impl.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -194,6 +195,17 @@ void Server::Impl::engine_loop() {
       if (stop_engine_ && incoming.empty()) break;
     }
     heartbeat_ns_ = now_ns();
+    if (incoming.empty() && cancelled.empty() && !engine_.has_unfinished()) {
+      // Idle: hand freed heap pages back to the system once after each busy spell (glibc keeps
+      // them otherwise, and RSS would only ever grow with fragmentation).
+      if (busy_since_trim_ && Clock::now() - last_busy_ > std::chrono::seconds(1)) {
+        malloc_trim(0);
+        busy_since_trim_ = false;
+      }
+    } else {
+      busy_since_trim_ = true;
+      last_busy_ = Clock::now();
+    }
     for (auto& job : incoming) admit(job);
     for (auto& job : cancelled) {
       if (!job->engine_ids.empty())
@@ -298,6 +310,7 @@ int Server::Impl::run(bool handle_signals) {
                                                     : engine_.config().max_num_seqs + config_.max_queue + 16;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_.set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
+  http_.set_tcp_nodelay(true);  // SSE chunks are small: no Nagle delay between tokens
   http_.set_keep_alive_timeout(2);  // bounds how long an idle connection delays the drain
   http_.set_read_timeout(30);
   http_.set_write_timeout(30);

@@ -118,6 +118,8 @@ struct Server::Impl {
   std::unordered_map<infer::RequestId, Active> active_;
   std::vector<std::shared_ptr<Job>> jobs_;  // admitted and not finished
   std::atomic<int64_t> heartbeat_ns_{0}, last_step_ns_{0};
+  bool busy_since_trim_ = false;
+  Clock::time_point last_busy_;
 
   std::mutex snap_m_;
   Snapshot snapshot_;

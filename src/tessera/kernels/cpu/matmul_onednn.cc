@@ -2,6 +2,8 @@
 // Primitives are created once per problem and cached: creation costs ~0.1-1 ms
 // (it JIT-compiles brgemm kernels), execution of a decode-sized GEMM a few µs.
 #include <algorithm>
+#include <cstdlib>
+#include <list>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -24,12 +26,19 @@ using dnnl::memory;
 using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
                                 int, int, float, float>;
 
-// Serving varies M every step, so the cache can grow without bound; past this many
-// entries it is cleared (re-creation is cheap next to an unbounded leak).
-constexpr size_t kMaxCachedPrimitives = 4096;
+// Serving varies M every step, so the cache would grow without bound (each primitive holds
+// JIT code, tens of KB): it keeps the most recently used entries (~1 ms to re-create one).
+constexpr size_t kMaxCachedPrimitives = 512;
 
 dnnl::engine& global_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    // Our cache below holds the primitives we reuse; oneDNN's own global cache (1024 entries
+    // by default) would keep a second copy of each, growing a server's RSS as M varies.
+    // ONEDNN_PRIMITIVE_CACHE_CAPACITY, when set, still wins.
+    if (!std::getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") && !std::getenv("DNNL_PRIMITIVE_CACHE_CAPACITY"))
+      dnnl::set_primitive_cache_capacity(0);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -49,8 +58,31 @@ struct CachedPrimitive {
 };
 
 struct Cache {
+  struct Entry {
+    CachedPrimitive prim;
+    std::list<PrimitiveKey>::iterator lru_pos;
+  };
   std::mutex mu;
-  std::map<PrimitiveKey, CachedPrimitive> prims;
+  std::map<PrimitiveKey, Entry> prims;
+  std::list<PrimitiveKey> lru;  // most recently used first
+
+  // Under mu.
+  bool find(const PrimitiveKey& key, CachedPrimitive& out) {
+    auto it = prims.find(key);
+    if (it == prims.end()) return false;
+    lru.splice(lru.begin(), lru, it->second.lru_pos);
+    out = it->second.prim;
+    return true;
+  }
+  void insert(const PrimitiveKey& key, const CachedPrimitive& prim) {
+    if (prims.count(key)) return;
+    while (prims.size() >= kMaxCachedPrimitives) {
+      prims.erase(lru.back());
+      lru.pop_back();
+    }
+    lru.push_front(key);
+    prims.emplace(key, Entry{prim, lru.begin()});
+  }
 };
 
 Cache& cache() {
@@ -103,16 +135,14 @@ void gemm_onednn(const GemmArgs& g) {
   CachedPrimitive prim;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
-    auto it = cache().prims.find(key);
-    if (it != cache().prims.end()) prim = it->second;
+    cache().find(key, prim);
   }
   try {
     if (!prim.prim) {
       // Created outside the lock: JIT compilation should not serialise other callers.
       prim = create_primitive(g);
       std::lock_guard<std::mutex> lock(cache().mu);
-      if (cache().prims.size() >= kMaxCachedPrimitives) cache().prims.clear();
-      cache().prims.emplace(key, prim);
+      cache().insert(key, prim);
     }
     const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
     const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
