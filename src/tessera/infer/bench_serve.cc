@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
 
 namespace tessera::infer {
@@ -198,46 +199,36 @@ void check_range(const LengthRange& r, const char* flag, int64_t lowest) {
                 " must satisfy ", lowest, " <= min <= max");
 }
 
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
 std::string range_text(const LengthRange& r) {
   return r.min == r.max ? std::to_string(r.min) : std::to_string(r.min) + ":" + std::to_string(r.max);
 }
 
 std::string phase_lines(const PhaseResult& p, bool full) {
   std::string s;
-  s += fmt("[%s] %lld requests in %.2f s, %lld engine steps (prefix caching %s, speculative %s)\n",
+  s += base::strprintf("[%s] %lld requests in %.2f s, %lld engine steps (prefix caching %s, speculative %s)\n",
            p.label.c_str(), (long long)p.num_requests, p.seconds, (long long)p.steps,
            p.prefix_caching ? "on" : "off", p.speculative.empty() ? "off" : p.speculative.c_str());
-  s += fmt("  throughput: total %.1f tokens/s, output %.1f tokens/s (%lld prompt + %lld output tokens)\n",
+  s += base::strprintf("  throughput: total %.1f tokens/s, output %.1f tokens/s (%lld prompt + %lld output tokens)\n",
            p.total_tokens_per_s, p.output_tokens_per_s, (long long)p.prompt_tokens,
            (long long)p.output_tokens);
   auto pct = [&](const char* name, const Percentiles& q, double scale, const char* unit) {
-    s += fmt("  %-4s (%s): p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f\n", name, unit, q.p50 * scale,
+    s += base::strprintf("  %-4s (%s): p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f\n", name, unit, q.p50 * scale,
              q.p90 * scale, q.p99 * scale, q.mean * scale);
   };
   pct("ttft", p.ttft, 1e3, "ms");
   pct("tpot", p.tpot, 1e3, "ms");
   pct("e2e", p.e2e, 1e3, "ms");
   if (!full) return s;
-  s += fmt("  prefix cache: hit rate %.1f%% (%lld of %lld looked-up blocks), %lld prompt tokens from cache\n",
+  s += base::strprintf("  prefix cache: hit rate %.1f%% (%lld of %lld looked-up blocks), %lld prompt tokens from cache\n",
            100 * p.prefix_hit_rate, (long long)p.prefix_hit_blocks, (long long)p.prefix_lookup_blocks,
            (long long)p.cached_prompt_tokens);
-  s += fmt("  preemptions: %lld\n", (long long)p.preemptions);
+  s += base::strprintf("  preemptions: %lld\n", (long long)p.preemptions);
   if (!p.speculative.empty())
-    s += fmt("  speculative (%s): acceptance rate %.1f%% (%lld of %lld proposed), mean accepted length "
+    s += base::strprintf("  speculative (%s): acceptance rate %.1f%% (%lld of %lld proposed), mean accepted length "
              "%.2f per verification step (%lld steps)\n",
              p.speculative.c_str(), 100 * p.spec_acceptance_rate, (long long)p.spec_accepted,
              (long long)p.spec_proposed, p.spec_mean_accepted, (long long)p.spec_steps);
-  s += fmt("  kv fragmentation (unused slots of the blocks running sequences hold): mean %.2f%%, max "
+  s += base::strprintf("  kv fragmentation (unused slots of the blocks running sequences hold): mean %.2f%%, max "
            "%.2f%% (peak %lld blocks); contiguous max_model_len per sequence: mean %.2f%%, max %.2f%%\n",
            100 * p.frag_mean, 100 * p.frag_max, (long long)p.kv_blocks_peak, 100 * p.contiguous_frag_mean,
            100 * p.contiguous_frag_max);
@@ -395,32 +386,32 @@ std::string format_serve_bench(const ServeBenchResult& r) {
   const ServeBenchOptions& o = r.options;
   const EngineConfig& e = o.engine;
   std::string s;
-  s += fmt("model: %s, %.1fM parameters, %s\n", r.model.c_str(), static_cast<double>(r.num_parameters) / 1e6,
+  s += base::strprintf("model: %s, %.1fM parameters, %s\n", r.model.c_str(), static_cast<double>(r.num_parameters) / 1e6,
            dtype_name(o.dtype));
-  s += fmt("requests: %lld, prompt %s tokens%s, output %s tokens, shared prefix %lld, seed %llu\n",
+  s += base::strprintf("requests: %lld, prompt %s tokens%s, output %s tokens, shared prefix %lld, seed %llu\n",
            (long long)o.num_requests, range_text(o.prompt_len).c_str(),
-           o.repetitive_prompts ? fmt(" (repeating a %lld-token segment)", (long long)o.repeat_segment).c_str() : "",
+           o.repetitive_prompts ? base::strprintf(" (repeating a %lld-token segment)", (long long)o.repeat_segment).c_str() : "",
            range_text(o.output_len).c_str(), (long long)o.shared_prefix, (unsigned long long)o.seed);
-  s += fmt("engine: block size %lld, kv pool %lld blocks (%.2f GB), max_model_len %lld, max_num_seqs %lld, "
+  s += base::strprintf("engine: block size %lld, kv pool %lld blocks (%.2f GB), max_model_len %lld, max_num_seqs %lld, "
            "max_num_batched_tokens %lld, prefix caching %s, speculative %s\n",
            (long long)r.block_size, (long long)r.kv_blocks_total, static_cast<double>(r.kv_bytes_total) / 1e9,
            (long long)r.max_model_len, (long long)e.max_num_seqs, (long long)e.max_num_batched_tokens,
            e.prefix_caching ? "on" : "off",
            e.speculative_method.empty()
                ? "off"
-               : fmt("%s k=%lld", e.speculative_method.c_str(), (long long)e.num_speculative_tokens).c_str());
+               : base::strprintf("%s k=%lld", e.speculative_method.c_str(), (long long)e.num_speculative_tokens).c_str());
   s += phase_lines(r.main, true);
   if (r.prefix_flipped) {
     s += phase_lines(*r.prefix_flipped, true);
-    s += fmt("ttft p50 without / with prefix caching: %.2fx\n", r.ttft_p50_off_over_on);
+    s += base::strprintf("ttft p50 without / with prefix caching: %.2fx\n", r.ttft_p50_off_over_on);
   }
   if (r.no_speculation) {
     s += phase_lines(*r.no_speculation, false);
-    s += fmt("speculative speed-up (output tokens/s, with / without): %.2fx\n", r.spec_speedup);
+    s += base::strprintf("speculative speed-up (output tokens/s, with / without): %.2fx\n", r.spec_speedup);
   }
   if (r.baseline) {
     s += phase_lines(*r.baseline, false);
-    s += fmt("total throughput: %.2fx one-at-a-time\n", r.speedup_vs_one_at_a_time);
+    s += base::strprintf("total throughput: %.2fx one-at-a-time\n", r.speedup_vs_one_at_a_time);
   }
   return s;
 }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
 
 namespace tessera::serve {
@@ -33,16 +34,6 @@ constexpr size_t kMaxErrorBody = 300;  // bytes of an error response quoted in a
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
 }
 
 // Where the server is: "http://host:port" for httplib::Client, and the path prefix.
@@ -231,7 +222,7 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
   const auto res = cli.send(hr);
   const auto finish = Clock::now();
   if (timed_out || (!done && finish >= deadline)) {
-    rec.error = fmt("timed out after %g s (--timeout)", timeout_s);
+    rec.error = base::strprintf("timed out after %g s (--timeout)", timeout_s);
   } else if (!stream_error.empty()) {
     rec.error = stream_error;
   } else if (status != 0 && status != 200) {
@@ -437,22 +428,22 @@ HttpBenchResult run_http_bench(const HttpBenchOptions& opts) {
 std::string format_http_bench(const HttpBenchResult& r) {
   const HttpBenchOptions& o = r.options;
   std::string s;
-  s += fmt("server: %s, model %s (vocab %lld, max_model_len %lld)\n", r.url.c_str(), r.model.c_str(),
+  s += base::strprintf("server: %s, model %s (vocab %lld, max_model_len %lld)\n", r.url.c_str(), r.model.c_str(),
            (long long)r.vocab_size, (long long)r.max_model_len);
-  s += fmt("requests: %lld (%s), prompt %s tokens, output %s tokens, shared prefix %lld, seed %llu\n",
+  s += base::strprintf("requests: %lld (%s), prompt %s tokens, output %s tokens, shared prefix %lld, seed %llu\n",
            (long long)o.num_requests, o.dataset.c_str(), range_text(o.prompt_len).c_str(),
            range_text(o.output_len).c_str(), (long long)o.shared_prefix, (unsigned long long)o.seed);
-  s += fmt("load: request rate %s, max concurrency %s (%lld sending threads, at most %lld in flight)\n",
-           std::isinf(o.request_rate) ? "inf (all at t=0)" : fmt("%.2f/s (Poisson)", o.request_rate).c_str(),
+  s += base::strprintf("load: request rate %s, max concurrency %s (%lld sending threads, at most %lld in flight)\n",
+           std::isinf(o.request_rate) ? "inf (all at t=0)" : base::strprintf("%.2f/s (Poisson)", o.request_rate).c_str(),
            o.max_concurrency > 0 ? std::to_string(o.max_concurrency).c_str() : "unlimited",
            (long long)r.workers, (long long)r.max_in_flight);
-  s += fmt("[http] %lld completed, %lld failed in %.2f s\n", (long long)r.completed, (long long)r.failed, r.seconds);
-  s += fmt("  throughput: %.2f requests/s, output %.1f tokens/s, total %.1f tokens/s (%lld prompt + %lld "
+  s += base::strprintf("[http] %lld completed, %lld failed in %.2f s\n", (long long)r.completed, (long long)r.failed, r.seconds);
+  s += base::strprintf("  throughput: %.2f requests/s, output %.1f tokens/s, total %.1f tokens/s (%lld prompt + %lld "
            "output tokens)\n",
            r.request_throughput, r.output_tokens_per_s, r.total_tokens_per_s, (long long)r.prompt_tokens,
            (long long)r.output_tokens);
   auto pct = [&](const char* name, const infer::Percentiles& q, const char* note) {
-    s += fmt("  %-4s (ms): p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f%s\n", name, q.p50 * 1e3, q.p90 * 1e3,
+    s += base::strprintf("  %-4s (ms): p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f%s\n", name, q.p50 * 1e3, q.p90 * 1e3,
              q.p99 * 1e3, q.mean * 1e3, note);
   };
   pct("ttft", r.ttft, "  (TTFT includes server queueing)");
@@ -460,10 +451,10 @@ std::string format_http_bench(const HttpBenchResult& r) {
   pct("itl", r.itl, "");
   pct("e2e", r.e2e, "");
   if (r.short_outputs > 0)
-    s += fmt("  warning: %lld completed requests returned fewer tokens than max_tokens\n", (long long)r.short_outputs);
+    s += base::strprintf("  warning: %lld completed requests returned fewer tokens than max_tokens\n", (long long)r.short_outputs);
   for (const auto& f : r.failures) s += "  failed: " + f + "\n";
   if (r.failed > static_cast<int64_t>(r.failures.size()))
-    s += fmt("  ... and %lld more failures\n", (long long)(r.failed - static_cast<int64_t>(r.failures.size())));
+    s += base::strprintf("  ... and %lld more failures\n", (long long)(r.failed - static_cast<int64_t>(r.failures.size())));
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/io/json_file.h"
 
 namespace tessera::train {
@@ -18,15 +19,7 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf"};
 
-void appendf(std::string& out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void appendf(std::string& out, const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (n > 0) out.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
-}
+using base::appendf;
 
 std::string xml_escape(const std::string& s) {
   std::string out;

@@ -1,0 +1,48 @@
+// printf-style formatting into std::string.
+#include "tessera/base/strings.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace tessera::base {
+namespace {
+
+void vappendf(std::string& out, const char* fmt, va_list ap) {
+  char buf[512];
+  va_list again;
+  va_copy(again, ap);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  if (n < 0) {
+    va_end(again);
+    return;
+  }
+  if (static_cast<size_t>(n) < sizeof buf) {
+    out.append(buf, static_cast<size_t>(n));
+  } else {  // longer than the stack buffer: format again into the string itself
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(n) + 1);
+    std::vsnprintf(out.data() + at, static_cast<size_t>(n) + 1, fmt, again);
+    out.resize(at + static_cast<size_t>(n));
+  }
+  va_end(again);
+}
+
+}  // namespace
+
+std::string strprintf(const char* fmt, ...) {
+  std::string out;
+  va_list ap;
+  va_start(ap, fmt);
+  vappendf(out, fmt, ap);
+  va_end(ap);
+  return out;
+}
+
+void appendf(std::string& out, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vappendf(out, fmt, ap);
+  va_end(ap);
+}
+
+}  // namespace tessera::base
