@@ -555,6 +555,26 @@ TEST(ServeOps, SigtermCancelsAfterGracePeriod) {
   EXPECT_NE(events[events.size() - 2].find("shutting_down"), std::string::npos) << body.substr(body.size() - 300);
 }
 
+TEST(ServeOps, HealthFailsWhileTheEngineLoopStalls) {
+  // Each engine step takes 1.5 s here; /health must notice the loop is stuck, not just
+  // answer from the HTTP thread.
+  ServerProcess s({"--model", kModel, "--health-timeout", "0.4"}, {"TESSERA_SERVE_STEP_DELAY_MS=1500"});
+  auto c = s.client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  std::thread t([&] {
+    auto c2 = s.client();
+    post(c2, "/v1/completions", {{"prompt", "stall"}, {"max_tokens", 1}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "engine_stalled");
+  t.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
 TEST(ServeOps, BadFlagsAreOneLineErrors) {
   for (const std::string& args : std::vector<std::string>{"--model /nonexistent", "--model " + kModel + " --port 70000",
                                  "--model " + kModel + " --max-queue -1", "", "--shape nope"}) {

@@ -74,6 +74,9 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads (0 = max-num-seqs + max-queue + 16)");
   cmd->add_option("--default-max-tokens", s.default_max_tokens, "max_tokens of completions that give none")
       ->capture_default_str();
+  cmd->add_option("--health-timeout", s.health_timeout_s,
+                  "/health turns 503 when the engine loop stalls this long (or 5x its last step)")
+      ->capture_default_str();
   cmd->add_flag("--log-requests", s.log_requests, "One line per request on stderr");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->callback([&action, f] { action = [f] { return run_serve(*f); }; });

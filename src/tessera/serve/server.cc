@@ -23,6 +23,7 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(http_threads >= 0 && http_threads <= 4096, "--http-threads must be in [0, 4096], got ",
                 http_threads);
   TESSERA_CHECK(default_max_tokens >= 1, "default max_tokens must be >= 1");
+  TESSERA_CHECK(health_timeout_s > 0, "--health-timeout must be > 0 seconds, got ", health_timeout_s);
 }
 
 // ---- Job: one HTTP request's channel from the engine thread -------------------------------
@@ -293,7 +294,7 @@ void Server::Impl::engine_loop() {
 bool Server::Impl::healthy() const {
   const double age = (now_ns() - heartbeat_ns_.load()) * 1e-9;
   const double longest = last_step_ns_.load() * 1e-9;
-  return age < std::max(10.0, 5.0 * longest);
+  return age < std::max(config_.health_timeout_s, 5.0 * longest);
 }
 
 // ---- run / stop -----------------------------------------------------------------------------
