@@ -435,7 +435,7 @@ void run_local(int n, int ranks_per_node, const std::function<void(Communicator&
   for (int i = 0; i < n; ++i) g->node_ids[i] = i / ranks_per_node;
   world->add(g);
   std::mutex mu;
-  std::exception_ptr first;
+  std::exception_ptr first, first_root;
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i)
     threads.emplace_back([&, i] {
@@ -444,13 +444,20 @@ void run_local(int n, int ranks_per_node, const std::function<void(Communicator&
         fn(c);
       } catch (const std::exception& e) {
         {
+          // A peer's "gave up" can land before the failing rank's own error: report the
+          // root cause when one exists.
           std::lock_guard<std::mutex> lk(mu);
           if (!first) first = std::current_exception();
+          const std::string what = e.what();
+          const bool secondary = what.find(" gave up") != std::string::npos ||
+                                 what.rfind("local backend: rank ", 0) == 0;
+          if (!first_root && !secondary) first_root = std::current_exception();
         }
         world->fail(tessera::detail::concat("rank ", i, " failed: ", e.what()));
       }
     });
   for (auto& t : threads) t.join();
+  if (first_root) std::rethrow_exception(first_root);
   if (first) std::rethrow_exception(first);
 }
 
