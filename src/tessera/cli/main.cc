@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_data(app, action);
   tessera::cli::add_train(app, action);
   tessera::cli::add_plot(app, action);
+  tessera::cli::add_plan(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
