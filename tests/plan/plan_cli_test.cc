@@ -81,6 +81,17 @@ TEST(PlanCli, InferAnswersTheSeventyBOnOneCardQuestion) {
                          "--weights int4 --kv bf16 --explain");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_NE(e.out.find("2 x 80 x 8 x 128 x 2 = 327680"), std::string::npos) << e.out;
+  // --svg: one stacked bar (weights, workspace, KV, free) per listed configuration.
+  const std::string dir = temp_dir("infer_svg");
+  const auto s = run_cli("plan infer --model llama2-70b --gpu h100-80g --context 4096 --top 3 --svg " + dir +
+                         "/infer.svg");
+  ASSERT_EQ(s.code, 0) << s.out;
+  const auto x = testing::run_command(std::string(TESSERA_PYTHON) +
+                                      " -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+                                      "print(sum(1 for e in r.iter() if e.tag.endswith('rect')))\" " +
+                                      dir + "/infer.svg");
+  ASSERT_EQ(x.code, 0) << x.out;
+  EXPECT_EQ(std::stoi(x.out), 1 + 3 * 4 + 4);  // background, 3 bars x 4 parts, legend
 }
 
 TEST(PlanCli, BadInputGivesOneLineAndNonZeroExit) {

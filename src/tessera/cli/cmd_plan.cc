@@ -42,6 +42,7 @@ struct InferFlags {
   HardwareFlags hw;
   plan::InferSetup s;
   bool json = false, explain = false;
+  std::string svg;
   int top = 10;
 };
 
@@ -217,6 +218,10 @@ int run_plan_infer(InferFlags f) {
               r.ranked.size(), r.rejected.size());
   std::printf("%s\n", plan::format_infer_table(shown).c_str());
   if (f.explain) std::printf("%s", plan::explain_infer(m, hw, f.s, shown.front()).c_str());
+  if (!f.svg.empty()) {
+    io::write_file_atomic(f.svg, plan::render_infer_svg(m, hw, f.s, shown));
+    std::printf("wrote %s\n", f.svg.c_str());
+  }
   return 0;
 }
 
@@ -274,6 +279,7 @@ void add_plan(CLI::App& app, Action& action) {
                     "Prefill chunk the activation workspace is sized for")->capture_default_str();
   infer->add_flag("--json", inf->json, "Print JSON for tools");
   infer->add_flag("--explain", inf->explain, "Print the arithmetic for the best configuration");
+  infer->add_option("--svg", inf->svg, "Write a memory bar chart of the listed configurations (SVG)");
   infer->add_option("--top", inf->top, "Configurations to list")->capture_default_str();
   infer->callback([&action, inf] { action = [inf] { return run_plan_infer(*inf); }; });
 

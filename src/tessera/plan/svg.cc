@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/io/json_file.h"
 #include "tessera/plan/report.h"
 
@@ -254,6 +255,55 @@ std::string render_plan_svg(const ModelSpec& m, const Hardware& hw, const TrainS
 void write_plan_svg(const std::string& path, const ModelSpec& m, const Hardware& hw,
                     const TrainSetup& s, const Evaluation& ev) {
   io::write_file_atomic(path, render_plan_svg(m, hw, s, ev));
+}
+
+std::string render_infer_svg(const ModelSpec& m, const Hardware& hw, const InferSetup& s,
+                             const std::vector<InferEvaluation>& configs) {
+  TESSERA_CHECK(!configs.empty(), "plan infer --svg: no configuration to draw");
+  const double left = 150, width = 560, row = 30, top = 50;
+  const double height = top + row * static_cast<double>(configs.size()) + 50;
+  const double total = hw.memory_bytes;
+  std::string out;
+  base::appendf(out,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                "font-family=\"sans-serif\" font-size=\"12\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+                "<text x=\"10\" y=\"20\" font-size=\"14\">%s on %s: memory per device, %lld-token "
+                "requests at full concurrency</text>\n",
+                left + width + 170, height, m.name.c_str(), hw.name.c_str(), static_cast<long long>(s.context));
+  struct Part {
+    const char* name;
+    const char* color;
+  };
+  const Part parts[] = {{"weights", "#1f77b4"}, {"workspace", "#7f7f7f"}, {"KV cache", "#ff7f0e"}, {"free", "#e5e5e5"}};
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const InferEvaluation& e = configs[i];
+    const double y = top + row * static_cast<double>(i);
+    const double kv = e.kv_bytes_per_request * static_cast<double>(e.max_concurrency);
+    const double used[] = {e.weight_bytes, e.workspace_bytes, kv,
+                           std::max(0.0, total - e.weight_bytes - e.workspace_bytes - kv)};
+    base::appendf(out, "<text x=\"10\" y=\"%.0f\">tp=%d %s / %s KV</text>\n", y + 16, e.tp,
+                  e.weights.c_str(), e.kv.c_str());
+    double x = left;
+    for (int k = 0; k < 4; ++k) {
+      const double w = width * std::clamp(used[k] / total, 0.0, 1.0);
+      base::appendf(out,
+                    "<rect x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\">"
+                    "<title>%s: %s</title></rect>\n",
+                    x, y + 4, w, row - 8, parts[k].color, parts[k].name, format_bytes(used[k]).c_str());
+      x += w;
+    }
+    base::appendf(out, "<text x=\"%.0f\" y=\"%.0f\">%lld requests, %.0f tok/s</text>\n", left + width + 8,
+                  y + 16, static_cast<long long>(e.max_concurrency), e.decode_tokens_per_s_full);
+  }
+  const double ly = top + row * static_cast<double>(configs.size()) + 20;
+  for (int k = 0; k < 4; ++k)
+    base::appendf(out,
+                  "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                  "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+                  left + 110.0 * k, ly, parts[k].color, left + 110.0 * k + 16, ly + 11, parts[k].name);
+  out += "</svg>\n";
+  return out;
 }
 
 }  // namespace tessera::plan

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/plan/infer.h"
 #include "tessera/plan/search.h"
 
 namespace tessera::plan {
@@ -27,5 +28,10 @@ std::string render_plan_svg(const ModelSpec& m, const Hardware& hw, const TrainS
                             const Evaluation& ev);
 void write_plan_svg(const std::string& path, const ModelSpec& m, const Hardware& hw,
                     const TrainSetup& s, const Evaluation& ev);
+
+// `tessera plan infer --svg FILE`: one bar per listed configuration, the device's memory
+// split into weights, workspace, KV cache for its maximum concurrency, and what is left.
+std::string render_infer_svg(const ModelSpec& m, const Hardware& hw, const InferSetup& s,
+                             const std::vector<InferEvaluation>& configs);
 
 }  // namespace tessera::plan
