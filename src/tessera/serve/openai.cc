@@ -195,7 +195,8 @@ ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
   // Sampling: OpenAI's defaults (temperature 1), the engine's names and checks.
   infer::SamplingParams defaults;
   defaults.temperature = 1.f;
-  defaults.max_tokens = endpoint == Endpoint::kCompletions ? m.default_max_tokens : -1;  // chat: the rest of the context
+  // Chat without max_tokens gets the rest of the context, set once the prompt length is known.
+  defaults.max_tokens = endpoint == Endpoint::kCompletions ? m.default_max_tokens : 1;
   for (const char* k : {"max_tokens", "max_completion_tokens"})
     if (auto it = b.find(k); it != b.end() && it->is_number_integer() && it->get<int64_t>() < 1)
       bad_request(k, std::string(k) + " must be >= 1");
@@ -215,11 +216,7 @@ ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
   json sj = b;
   if (endpoint == Endpoint::kChat && !r.chat_logprobs) sj.erase("logprobs");
   try {
-    r.params = infer::sampling_params_from_json(sj, "request", defaults.max_tokens < 0 ? [&] {
-      auto d = defaults;
-      d.max_tokens = 1;  // placeholder until the prompt length is known
-      return d;
-    }() : defaults);
+    r.params = infer::sampling_params_from_json(sj, "request", defaults);
   } catch (const FieldError& e) {
     std::string msg = e.what();
     if (msg.rfind("request: ", 0) == 0) msg.erase(0, 9);
@@ -266,7 +263,6 @@ ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
                       " exceed it", "context_length_exceeded");
     }
   }
-  if (r.prompts.size() > 1 && !max_given && endpoint == Endpoint::kChat) bad_request("messages", "one conversation per request");
   if (r.choices() > 512) bad_request("n", "prompts times n must be at most 512");
   return r;
 }

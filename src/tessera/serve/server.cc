@@ -36,11 +36,11 @@ void Job::push(Event e) {
   cv.notify_all();
 }
 
-void Job::fail(int status, std::string type, std::string code, std::string message) {
+void Job::fail(int status, std::string type, std::string code, std::string message, std::string param) {
   {
     std::lock_guard<std::mutex> lock(m);
     if (done) return;
-    error = std::make_unique<ApiError>(status, std::move(type), "", std::move(code), message);
+    error = std::make_unique<ApiError>(status, std::move(type), std::move(param), std::move(code), message);
     done = true;
   }
   cv.notify_all();
@@ -139,10 +139,7 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
     jobs_.push_back(job);
   } catch (const FieldError& e) {  // checked in parse_request already; kept for safety
     abort_job(*job);
-    std::lock_guard<std::mutex> lock(job->m);
-    job->error = std::make_unique<ApiError>(400, "invalid_request_error", e.field(), "", e.what());
-    job->done = true;
-    job->cv.notify_all();
+    job->fail(400, "invalid_request_error", "", e.what(), e.field());
   } catch (const std::exception& e) {
     abort_job(*job);
     job->fail(400, "invalid_request_error", "", e.what());
@@ -156,6 +153,7 @@ void Server::Impl::dispatch(std::vector<infer::RequestOutput>& outs) {
     if (it == active_.end()) continue;  // an aborted job's last word
     auto job = it->second.job;
     const int64_t choice = it->second.prompt * job->req.params.n + o.index;
+    job->output_tokens += static_cast<int64_t>(o.new_tokens.size());
     if (!o.new_tokens.empty()) {
       auto& last = job->choice_last[choice];
       if (!job->first_token) {
@@ -177,8 +175,6 @@ void Server::Impl::dispatch(std::vector<infer::RequestOutput>& outs) {
       for (auto id : job->engine_ids) active_.erase(id);
       job->engine_ids.clear();
       job->finish_all();
-    } else if (finished) {
-      // other choices still running
     }
   }
 }
@@ -258,9 +254,6 @@ void Server::Impl::engine_loop() {
           metrics_.observe_queue_time(std::chrono::duration<double>(t0 - it->second.job->arrival).count());
         }
       }
-      for (const auto& o : outs)
-        if (auto it = active_.find(o.id); it != active_.end())
-          it->second.job->output_tokens += static_cast<int64_t>(o.new_tokens.size());
       dispatch(outs);
     }
     const auto st = engine_.stats();

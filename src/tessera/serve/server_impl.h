@@ -49,7 +49,7 @@ struct Job {
   int64_t output_tokens = 0;
 
   void push(Event e);
-  void fail(int status, std::string type, std::string code, std::string message);
+  void fail(int status, std::string type, std::string code, std::string message, std::string param = "");
   void finish_all();
 };
 

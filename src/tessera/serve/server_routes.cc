@@ -311,7 +311,7 @@ void Server::Impl::setup_routes() {
     send_json(res, 200,
               {{"model", info_.name},
                {"running", s.running},
-               {"waiting", s.waiting + static_cast<int64_t>(0)},
+               {"waiting", s.waiting},
                {"kv_blocks_used", s.kv_blocks_used},
                {"kv_blocks_total", s.kv_blocks_total},
                {"kv_usage", s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0},
