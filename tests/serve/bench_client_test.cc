@@ -66,9 +66,15 @@ class MockServer {
       while (active > seen && !max_active_.compare_exchange_weak(seen, active)) {
       }
       auto sent = std::make_shared<int>(0);
+      // The stream stops counting as active before its last bytes go out: the client may
+      // start its next request on reading [DONE], before httplib calls the releaser.
+      auto counted = std::make_shared<std::atomic<bool>>(true);
+      auto release = [this, counted] {
+        if (counted->exchange(false)) --active_;
+      };
       res.set_chunked_content_provider(
           "text/event-stream",
-          [this, sent, max_tokens](size_t, httplib::DataSink& sink) {
+          [this, sent, max_tokens, release](size_t, httplib::DataSink& sink) {
             if (*sent < max_tokens) {
               if (!sleep_ms(*sent == 0 ? first_delay_ms : gap_ms)) return false;
               json ids = json::array();
@@ -90,11 +96,12 @@ class MockServer {
                           .dump() +
                       "\n\n";
             if (send_done) tail += "data: [DONE]\n\n";
+            release();
             if (!tail.empty()) sink.write(tail.data(), tail.size());
             sink.done();
             return true;
           },
-          [this](bool) { --active_; });
+          [release](bool) { release(); });
     });
     // cpp-httplib 0.11 listens with a backlog of 5: a burst of connects overflows it and the
     // kernel drops SYNs (a 1 s retransmit). Listening again on the bound socket raises it.
