@@ -123,12 +123,31 @@ CachedPrimitive create_primitive(const GemmArgs& g) {
   return {dnnl::matmul(pd), pd.scratchpad_desc()};
 }
 
+// oneDNN 2.6 runs f32 matmul primitives with its brgemm kernels, which are 1.5-2.6x
+// slower than its BLAS-style sgemm (gemm:jit) when b is (K, N) row-major for some N
+// (3072, 5632: GPT-2's c_fc forward, Llama's down-projection input gradient), and
+// 1.0-1.4x slower on every other (K, N) shape of a training step; where b is (N, K),
+// brgemm is 1.0-1.25x faster (docs/performance.md, "Choosing the GEMM library"). The
+// choice is by layout, not by timing, so a product's rounding never depends on the run.
+bool prefer_sgemm(const GemmArgs& g) {
+  return g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && !g.trans_b;
+}
+
 }  // namespace
 
 void gemm_onednn(const GemmArgs& g) {
   TESSERA_CHECK(g.a_dtype == g.b_dtype, "matmul (oneDNN): a is ", dtype_name(g.a_dtype),
                 " but b is ", dtype_name(g.b_dtype), "; unify dtypes first");
   base::num_threads();  // applies TESSERA_NUM_THREADS to the OpenMP team oneDNN uses
+  if (prefer_sgemm(g)) {
+    // Row-major, as ours: op(a) is (M, K), op(b) (K, N); beta == 0 never reads c.
+    const dnnl_status_t st =
+        dnnl_sgemm(g.trans_a ? 'T' : 'N', 'N', g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a),
+                   g.lda, static_cast<const float*>(g.b), g.ldb, g.beta, g.c, g.ldc);
+    TESSERA_CHECK(st == dnnl_success, "matmul (oneDNN sgemm) failed for M=", g.m, " N=", g.n,
+                  " K=", g.k, ": status ", static_cast<int>(st));
+    return;
+  }
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
                          g.beta};
