@@ -20,6 +20,14 @@ struct StepBenchOptions {
   bool measure_peak = true;     // bf16 (or f32) matmul peak for MFU
 };
 
+// One async checkpoint save measured on the steps that ran while it was in flight.
+struct CheckpointStall {
+  double blocking_seconds = 0;  // the step loop waited (start, and the update for the copy)
+  double write_seconds = 0;     // background write (safetensors + fsync + checksums)
+  double stall_fraction = 0;    // extra time of the overlapping steps over the median, / step
+  std::vector<double> step_seconds;  // each step that ran while the save was in flight
+};
+
 struct StepBench {
   double step_seconds = 0;      // median full step
   double tokens_per_second = 0;
@@ -27,12 +35,11 @@ struct StepBench {
   double peak_gflops = 0;       // matmul peak measured in the same run (compute dtype)
   double mfu = 0;
   double peak_rss_mb = 0;       // of the process after the steps
-  // With checkpoint: seconds the save blocked the loop, the background write time, and
-  // the total extra time of the steps that ran while it was in flight (blocking, copy
-  // and write slowdown), as a fraction of one step.
-  double ckpt_blocking_seconds = 0, ckpt_write_seconds = 0, ckpt_stall_fraction = 0;
+  // With checkpoint: two saves one after the other. The first faults its snapshot memory
+  // in; the second reuses those blocks from the allocator's cache, as every later save of
+  // a training run does.
   int64_t ckpt_bytes = 0;
-  std::vector<double> ckpt_step_seconds;  // each step that ran while the save was in flight
+  std::vector<CheckpointStall> ckpt;
 };
 
 // `model` must hold f32 master weights; its compute dtype and recompute mode are used.
