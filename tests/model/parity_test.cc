@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <span>
 
 #include "parity_fixture.h"
+#include "tessera/kernels/cross_entropy.h"
 #include "tessera/model/model.h"
 #include "tessera/model/perplexity.h"
 
@@ -127,6 +129,46 @@ TEST_P(Parity, Bf16MixedPrecisionTrainingStaysClose) {
   EXPECT_NEAR(r.loss, ref("loss").item_f32(0), 2e-2 * ref("loss").item_f32(0));
   for (const auto& [name, g] : grads.named(m.config()))
     EXPECT_LT(relative_error(g, ref("grad." + name)), 8e-2) << name;
+}
+
+TEST_P(Parity, AssignedGradientsOverwriteWhateverWasThere) {
+  // GradWrite::kAssign over NaN-filled gradients gives PyTorch's gradients, in f32 and in
+  // bf16 compute (whose weight-gradient GEMMs take another path), with and without the
+  // full recompute; then a second, accumulated pass doubles them.
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    auto m = model::Model::load(dir_, DType::kF32);
+    m.set_compute_dtype(compute);
+    m.set_recompute(compute == DType::kF32 ? model::Recompute::kNone : model::Recompute::kFull);
+    SCOPED_TRACE(dtype_name(compute));
+    auto grads = model::Params::allocate(m.config(), DType::kF32);
+    for (const auto& [name, g] : grads.named(m.config())) {
+      Tensor t = g;
+      t.fill(std::numeric_limits<float>::quiet_NaN());
+    }
+    const Tensor ids = ref("input_ids").contiguous(), targets = ref("targets").contiguous();
+    m.forward_backward(ids, targets, grads, 1.f, model::Model::GradWrite::kAssign);
+    const double tol = compute == DType::kF32 ? 1e-3 : 8e-2;
+    for (const auto& [name, g] : grads.named(m.config()))
+      EXPECT_LT(relative_error(g, ref("grad." + name)), tol) << name;
+    m.forward_backward(ids, targets, grads, 1.f);  // accumulates onto the assigned values
+    for (const auto& [name, g] : grads.named(m.config())) {
+      Tensor half = g.clone();
+      for (float& v : std::span(half.data<float>(), half.numel())) v *= 0.5f;
+      EXPECT_LT(relative_error(half, ref("grad." + name)), tol) << name;
+    }
+  }
+  // A batch with no counted target assigns zeros everywhere.
+  auto m = model::Model::load(dir_, DType::kF32);
+  auto grads = model::Params::allocate(m.config(), DType::kF32);
+  for (const auto& [name, g] : grads.named(m.config())) {
+    Tensor t = g;
+    t.fill(3.f);
+  }
+  Tensor none = ref("targets").contiguous().clone();
+  for (int32_t& v : std::span(none.data<int32_t>(), none.numel())) v = kernels::kIgnoreIndex;
+  m.forward_backward(ref("input_ids").contiguous(), none, grads, 1.f, model::Model::GradWrite::kAssign);
+  for (const auto& [name, g] : grads.named(m.config()))
+    for (float v : std::span(g.data<float>(), g.numel())) ASSERT_EQ(v, 0.f) << name;
 }
 
 TEST_P(Parity, GradientsAccumulateAndScale) {

@@ -117,8 +117,9 @@ TEST(DataParallel, SixteenBitPrecisionsMatchOneProcess) {
     const RunOut ref = train(cfg("single", "zero_stage = 0"), 0);
     const RunOut got = train(cfg("dp", parallel), 2);
     expect_close(got.losses, ref.losses, 2e-3, precision + " " + parallel);
-    if (precision == "fp16")
+    if (precision == "fp16") {
       for (const auto& rec : got.records) EXPECT_GT(rec.at("loss_scale").get<double>(), 1.0);
+    }
   }
 }
 

@@ -22,7 +22,7 @@ namespace tessera::train {
 namespace {
 
 std::string fault_config(const std::string& out, const std::string& data, double timeout_s) {
-  std::string cfg = base_config(out, data, 40,
+  std::string cfg = base_config(out, data, 80,
                                 "[parallel]\nzero_stage = 2\ntimeout_s = " +
                                     std::to_string(timeout_s) + "\n" +
                                     "[checkpoint]\nevery = 2\n[optimizer]\nlr = 0.003\n");
@@ -88,8 +88,10 @@ std::vector<double> ElasticFault::reference_;
 TEST_F(ElasticFault, KilledRankRestartsAndFinishesOnTheSameCurve) {
   const std::string out = root_ + "/kill";
   io_write(out + ".toml", fault_config(out, data_, 300));
+  // A whole run of this model takes about a second on a quiet machine: ranks beat every
+  // 20 ms (not the default second) so the test sees step 5 while most of the run is ahead.
   Background job(std::string(TESSERA_CLI_PATH) + " train --config " + out +
-                 ".toml --nproc 4 --max-restarts 2 --heartbeat-timeout 60");
+                 ".toml --nproc 4 --max-restarts 2 --heartbeat-timeout 60 --heartbeat-interval 0.02");
   const int64_t pid = wait_for_step(out + "/heartbeats", 2, 5, 120);
   ASSERT_GT(pid, 0) << "rank 2 never reached step 5: " << job.join().out;
   ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGKILL), 0);
@@ -104,7 +106,8 @@ TEST_F(ElasticFault, HungRankIsCaughtByTheWatchdogAndTheJobShrinks) {
   const double timeout_s = 4;
   io_write(out + ".toml", fault_config(out, data_, timeout_s));
   Background job(std::string(TESSERA_CLI_PATH) + " train --config " + out +
-                 ".toml --nproc 4 --min-nproc 3 --max-restarts 1 --heartbeat-timeout 120");
+                 ".toml --nproc 4 --min-nproc 3 --max-restarts 1 --heartbeat-timeout 120 "
+                 "--heartbeat-interval 0.02");
   const int64_t pid = wait_for_step(out + "/heartbeats", 1, 5, 120);
   ASSERT_GT(pid, 0) << "rank 1 never reached step 5: " << job.join().out;
   base::Timer since_stop;

@@ -24,6 +24,7 @@ struct Flags {
   int min_nproc = 0;
   std::string hosts;
   double heartbeat_timeout = 60;
+  double heartbeat_interval = 1;
   std::string mpirun = "mpirun";
 };
 
@@ -48,6 +49,7 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
   o.min_nproc = f.min_nproc;
   o.max_restarts = f.max_restarts;
   o.heartbeat_timeout_s = f.heartbeat_timeout;
+  o.heartbeat_interval_s = f.heartbeat_interval;
   o.heartbeat_dir = config.out_dir + "/heartbeats";
   o.log_path = config.out_dir + "/elastic.jsonl";
   o.make_command = [f, exe](int n, int attempt) {
@@ -93,6 +95,9 @@ void add_train(CLI::App& app, Action& action) {
   cmd->add_option("--hosts", f->hosts, "Hosts for mpirun --host (a:2,b:2); default this machine");
   cmd->add_option("--heartbeat-timeout", f->heartbeat_timeout,
                   "Seconds without a heartbeat before a rank is declared dead (default 60)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--heartbeat-interval", f->heartbeat_interval,
+                  "Seconds between a rank's heartbeats (default 1; below --heartbeat-timeout)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", f->mpirun, "The mpirun program to launch ranks with");
   cmd->callback([f, &action] {

@@ -34,12 +34,40 @@ int64_t activation_bytes(const Activations& a) {
   return n;
 }
 
+// GradWrite::kAssign: clears the gradients of `unit` (0 embeddings, 1..L layers, L+1 head)
+// that backward adds into (norms, biases, embedding rows) once the unit is prepared; the
+// weight-gradient GEMMs (beta 0) write the rest whole. `all` (no target counted: nothing
+// writes them) clears those too. A tied embed is lm_head, written by the head's GEMM
+// before the embedding rows are added, so it is never cleared here unless `all`.
+void clear_assigned_grads(const ModelConfig& c, Params& g, int unit, bool all) {
+  auto z = [](Tensor& t) {
+    if (t.defined()) t.zero();
+  };
+  const int head = static_cast<int>(c.num_layers) + 1;
+  if (unit == 0) {
+    if (all || !c.tie_word_embeddings) z(g.embed);
+    z(g.pos_embed);
+  } else if (unit == head) {
+    z(g.final_norm_w);
+    z(g.final_norm_b);
+    if (all) z(g.lm_head);
+  } else {
+    LayerParams& L = g.layers[static_cast<size_t>(unit - 1)];
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b}) z(*t);
+    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
+      z(lin->bias);
+      if (all) z(lin->weight);
+    }
+  }
+}
+
 }  // namespace
 
 Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
-                                          float grad_scale) const {
+                                          float grad_scale, GradWrite write) const {
   const auto& c = config_;
   if (!hooks_) check_grads(c, grads);
+  const bool assign = write == GradWrite::kAssign;
   TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.shape() == ids.shape(),
                 "forward_backward: targets ", targets.describe(), " must be i32 shaped like ids ",
                 ids.describe());
@@ -50,20 +78,23 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   const int head = num_units() - 1;
   const bool tied = c.tie_word_embeddings;
   const int64_t act_bytes = activation_bytes(acts);
-  if (hooks) {
-    if (tied) hooks->acquire(0);  // lm_head is embed
-    hooks->prepare_grads(head);
-    if (tied) hooks->prepare_grads(0);
-  }
+  const Tensor tflat = targets.contiguous().view({N});
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  // A unit's gradient tensors exist (under ZeRO-2/3) once the hooks have prepared them.
+  const auto prepare = [&](int unit) {
+    if (hooks) hooks->prepare_grads(unit);
+    if (assign) clear_assigned_grads(c, grads, unit, count == 0);
+  };
+  if (hooks && tied) hooks->acquire(0);  // lm_head is embed
+  prepare(head);
+  if (tied) prepare(0);
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
   const Bf16Mode mode = bf16_mode_;
 
   // Loss and d(loss)/d(logits), written over the logits.
   Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
   kernels::matmul(matmul_input(hf, mode), compute_lm_head(), logits, false, true);
-  const Tensor tflat = targets.contiguous().view({N});
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
   LossResult result;
   result.activation_bytes = act_bytes;
   if (count == 0) {
@@ -73,12 +104,10 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       if (tied) hooks->release(0);
       hooks->grads_ready(head);
       hooks->release(head);
-      for (int u = head - 1; u >= 1; --u) {
-        hooks->prepare_grads(u);
-        hooks->grads_ready(u);
-      }
-      hooks->prepare_grads(0);
-      hooks->grads_ready(0);
+    }
+    for (int u = head - 1; u >= 0; --u) {
+      prepare(u);
+      if (hooks) hooks->grads_ready(u);
     }
     return result;
   }
@@ -92,7 +121,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({N, H}, DType::kF32);
   kernels::matmul(matmul_input(dlogits, mode), compute_lm_head(), dh, false, false);
-  matmul_weight_grad(dlogits, hf, grads.lm_head, mode);
+  matmul_weight_grad(dlogits, hf, grads.lm_head, mode, !assign);  // before embed's scatter-add
   norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
                 grads.final_norm_w, grads.final_norm_b);
   if (hooks) {
@@ -114,10 +143,8 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
 
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const int unit = static_cast<int>(l) + 1;
-    if (hooks) {
-      hooks->acquire(unit);
-      hooks->prepare_grads(unit);
-    }
+    if (hooks) hooks->acquire(unit);
+    prepare(unit);
     const LayerParams& W = weights_.layers[l];
     LayerParams& G = grads.layers[l];
     // Activation checkpointing: rebuild what the forward pass did not keep.
@@ -131,7 +158,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
     linear_backward_input(compute_linear(l, 3), dres, da, mode);
-    linear_backward_weight(A.a, dres, G.down, mode);
+    linear_backward_weight(A.a, dres, G.down, mode, !assign);
     if (c.gated_mlp()) {
       Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
       kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
@@ -139,12 +166,12 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::gelu_backward(da, A.u, du);
     }
     linear_backward_input(compute_linear(l, 2), du, dh, mode);
-    linear_backward_weight(A.h2, du, G.up, mode);
+    linear_backward_weight(A.h2, du, G.up, mode, !assign);
     norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
     linear_backward_input(compute_linear(l, 1), dres, datt, mode);
-    linear_backward_weight(A.att, dres, G.o, mode);
+    linear_backward_weight(A.att, dres, G.o, mode, !assign);
     const QkvViews v = qkv_views(c, A.qkv, B, T);
     QkvViews dv = qkv_views(c, dqkv, B, T);
     kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
@@ -157,7 +184,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
     }
     linear_backward_input(compute_linear(l, 0), dqkv, dh, mode);
-    linear_backward_weight(A.h1, dqkv, G.qkv, mode);
+    linear_backward_weight(A.h1, dqkv, G.qkv, mode, !assign);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
@@ -166,7 +193,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       hooks->release(unit);
     }
   }
-  if (hooks) hooks->prepare_grads(0);
+  prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
   kernels::embedding_backward(dres, acts.ids, grads.embed);
   if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);
   if (hooks) hooks->grads_ready(0);

@@ -27,24 +27,27 @@ void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16
   kernels::matmul(matmul_input(dy, mode), lin.weight, dx, false, lin.in_out);
 }
 
-void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode) {
+void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode,
+                        bool accumulate) {
+  const float beta = accumulate ? 1.f : 0.f;
   switch (mode) {
-    case Bf16Mode::kOff: kernels::matmul(a, b, dw, true, false, 1.f, 1.f); break;
+    case Bf16Mode::kOff: kernels::matmul(a, b, dw, true, false, 1.f, beta); break;
     case Bf16Mode::kNative:
-      kernels::matmul(a.to(DType::kBF16), b.to(DType::kBF16), dw, true, false, 1.f, 1.f);
+      kernels::matmul(a.to(DType::kBF16), b.to(DType::kBF16), dw, true, false, 1.f, beta);
       break;
     case Bf16Mode::kEmulated:
     case Bf16Mode::kEmulatedF16:
-      kernels::matmul(matmul_input(a, mode), matmul_input(b, mode), dw, true, false, 1.f, 1.f);
+      kernels::matmul(matmul_input(a, mode), matmul_input(b, mode), dw, true, false, 1.f, beta);
       break;
   }
 }
 
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode) {
+void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode,
+                            bool accumulate) {
   if (grad.in_out)  // W (in, out): dW += x^T dy
-    matmul_weight_grad(x, dy, grad.weight, mode);
+    matmul_weight_grad(x, dy, grad.weight, mode, accumulate);
   else  // W (out, in): dW += dy^T x
-    matmul_weight_grad(dy, x, grad.weight, mode);
+    matmul_weight_grad(dy, x, grad.weight, mode, accumulate);
   if (grad.bias.defined()) kernels::bias_backward(dy, grad.bias);
 }
 

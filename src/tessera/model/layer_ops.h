@@ -17,9 +17,12 @@ void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode
 void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode);
 // grad.weight += dW, grad.bias += column sums of dy. Under a bf16 mode the operands of
 // the weight-gradient matmul are rounded to bf16 first (autocast semantics).
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode);
+// dW (and db) += the gradient; with accumulate false, dW = it (db is still added to).
+void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode,
+                            bool accumulate = true);
 // dW += op(a)^T b for a weight gradient: the two operands rounded as the mode wants.
-void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode);
+void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode,
+                        bool accumulate = true);
 int64_t linear_out_features(const Linear& lin);
 
 // out = norm(x); mean/rstd saved when given (mean only for LayerNorm).

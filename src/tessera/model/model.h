@@ -111,14 +111,20 @@ class Model {
 
   // Forward + backward: mean cross-entropy over targets != -100 (ids, targets (B, T) i32).
   // Gradients are accumulated (+=) into `grads` (f32, Params::allocate layout), scaled
-  // by grad_scale (1 for a plain mean; 1/accumulation_steps for accumulation).
+  // by grad_scale (1 for a plain mean; 1/accumulation_steps for accumulation). With
+  // GradWrite::kAssign they are written instead (=), whatever `grads` held: the first
+  // micro-batch of a step then needs no zeroing pass (the weight-gradient GEMMs run with
+  // beta 0; only the small norm, bias and embedding gradients are cleared first). kAssign
+  // needs the plain Params layout, not train hooks.
   struct LossResult {
     double loss = 0.0;   // mean over counted targets
     int64_t count = 0;   // targets counted
     int64_t activation_bytes = 0;  // saved for backward at the end of the forward pass
   };
+  enum class GradWrite { kAccumulate, kAssign };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
-                              float grad_scale = 1.f) const;
+                              float grad_scale = 1.f,
+                              GradWrite write = GradWrite::kAccumulate) const;
 
   // nullptr (the default): plain single-device training. With hooks, forward_backward
   // does not check the gradient layout: the hooks provide each unit's tensors.

@@ -287,8 +287,8 @@ void DataParallel::build_pieces() {
   }
 }
 
-void DataParallel::start_step() {
-  if (grads_flat_.defined()) grads_flat_.zero();
+void DataParallel::start_step(bool first_micro_batch_assigns) {
+  if (grads_flat_.defined() && !first_micro_batch_assigns) grads_flat_.zero();
   if (grads_shard_.defined()) grads_shard_.zero();
   for (auto& s : segments_) s.ready = 0;
   sync_ = true;

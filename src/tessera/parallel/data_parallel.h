@@ -63,7 +63,10 @@ class DataParallel final : public model::TrainHooks {
   // The step: start_step(); per micro-batch set_sync(last) then model.forward_backward(
   // ..., grads(), ...); finish_gradients(); the optimizer on pieces(); publish_params().
   model::Params& grads() { return grads_; }
-  void start_step();            // zeroes the gradient buffers
+  // Zeroes the gradient buffers; with first_micro_batch_assigns (the step's first
+  // forward_backward runs with GradWrite::kAssign, which writes every gradient whole)
+  // the replicated buffer is left as it is: that pass would only overwrite the zeros.
+  void start_step(bool first_micro_batch_assigns = false);
   void set_sync(bool sync);     // stages 0-1: reduce only in the last micro-batch
   void finish_gradients();      // waits for every reduction; pieces() grads are final
   std::vector<ShardPiece>& pieces() { return pieces_; }

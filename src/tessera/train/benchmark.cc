@@ -29,8 +29,8 @@ StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
   }
   CheckpointManager* pending = nullptr;  // a save whose copy must finish before the update
   auto step = [&] {
-    grads.zero();
-    model.forward_backward(ids, targets, grads);
+    // One micro-batch per step: the backward pass writes the gradients (no zeroing pass).
+    model.forward_backward(ids, targets, grads, 1.f, model::Model::GradWrite::kAssign);
     if (!o.optimizer) return;
     if (pending) pending->wait_snapshot();
     clip_grad_norm(refs, o.max_grad_norm);

@@ -178,7 +178,7 @@ class Run {
       base::TraceScope step_scope("step");
       base::Timer step_timer;
       const LoaderState before = loader_.state();
-      dp_.start_step();
+      dp_.start_step(/*first_micro_batch_assigns=*/true);
       double loss_sum = 0;
       int64_t count = 0, activation_bytes = 0;
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
@@ -188,7 +188,10 @@ class Run {
         const Tensor my_targets = targets.slice(0, rank_ * local_b, (rank_ + 1) * local_b);
         dp_.set_sync(micro + 1 == accum);  // no gradient traffic before the last micro-batch
         base::TraceScope fb("forward_backward");
-        const auto r = model_.forward_backward(my_ids, my_targets, dp_.grads(), scale / accum);
+        // The first micro-batch writes the gradients; the rest add to them.
+        const auto r = model_.forward_backward(my_ids, my_targets, dp_.grads(), scale / accum,
+                                               micro == 0 ? model::Model::GradWrite::kAssign
+                                                          : model::Model::GradWrite::kAccumulate);
         loss_sum += r.loss;
         count += r.count;
         activation_bytes = std::max(activation_bytes, r.activation_bytes);
