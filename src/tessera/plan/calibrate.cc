@@ -15,6 +15,7 @@
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/peak.h"
 
@@ -135,10 +136,9 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
   std::sort(each.begin(), each.end());
   const double shared = each[each.size() / 2];
   h.memory_bandwidth = std::min(alone, shared);
-  char line[160];
-  std::snprintf(line, sizeof line, "  stream triad: %.2f GB/s one device alone, %.2f GB/s each "
-                "with all busy -> %.2f GB/s", alone / 1e9, shared / 1e9, h.memory_bandwidth / 1e9);
-  note(log, line);
+  note(log, base::strprintf("  stream triad: %.2f GB/s one device alone, %.2f GB/s each "
+                            "with all busy -> %.2f GB/s",
+                            alone / 1e9, shared / 1e9, h.memory_bandwidth / 1e9));
   h.elementwise_bandwidth = measure_elementwise_bandwidth(devices, log);
   h.optimizer_bandwidth = measure_optimizer_bandwidth(devices, log);
   h.attention_flops = measure_attention_flops(devices, log);
@@ -182,13 +182,11 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
     h.intra_bandwidth = h.inter_bandwidth = beta;
     for (const auto& [n, t] : pts) {
       const double model = 2.0 * (ranks - 1) * alpha + 2.0 * (ranks - 1) / ranks * n / beta;
-      std::snprintf(line, sizeof line, "  all_reduce %10.0f bytes: %9.1f us measured, %9.1f us fitted",
-                    n, t * 1e6, model * 1e6);
-      note(log, line);
+      note(log, base::strprintf("  all_reduce %10.0f bytes: %9.1f us measured, %9.1f us fitted", n,
+                                t * 1e6, model * 1e6));
     }
-    std::snprintf(line, sizeof line, "  alpha-beta fit: alpha %.2f us, beta %.2f GB/s", alpha * 1e6,
-                  beta / 1e9);
-    note(log, line);
+    note(log, base::strprintf("  alpha-beta fit: alpha %.2f us, beta %.2f GB/s", alpha * 1e6,
+                              beta / 1e9));
   }
   base::set_num_threads(saved_threads);
   h.validate("plan calibrate");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/attention.h"
@@ -106,9 +107,7 @@ GemmTable measure_gemm_table(DType dtype, const CalibrateOptions& o, int devices
       std::vector<double> v;
       for (int d = 0; d < devices; ++d) v.push_back(per[d][i][j]);
       t.flops[i][j] = mean(v);
-      char buf[48];
-      std::snprintf(buf, sizeof buf, " %.0f", t.flops[i][j] / 1e9);
-      line += buf;
+      line += base::strprintf(" %.0f", t.flops[i][j] / 1e9);
     }
     note(log, line + " GFLOP/s (mn = " + std::to_string(static_cast<int>(t.mn.front())) + " .. " +
                   std::to_string(static_cast<int>(t.mn.back())) + ")");
@@ -175,10 +174,9 @@ double measure_elementwise_bandwidth(int devices, std::string* log) {
     });
   });
   const double bw = bytes / mean(seconds);
-  char line[160];
-  std::snprintf(line, sizeof line, "  layer kernels (norms, RoPE, SwiGLU, adds, rounding): %.1f ms "
-                "-> %.2f GB/s of the model's elementwise bytes", mean(seconds) * 1e3, bw / 1e9);
-  note(log, line);
+  note(log, base::strprintf("  layer kernels (norms, RoPE, SwiGLU, adds, rounding): %.1f ms "
+                            "-> %.2f GB/s of the model's elementwise bytes",
+                            mean(seconds) * 1e3, bw / 1e9));
   return bw;
 }
 
@@ -210,11 +208,9 @@ double measure_optimizer_bandwidth(int devices, std::string* log) {
     });
   });
   const double bw = bytes / mean(seconds);
-  char line[160];
-  std::snprintf(line, sizeof line, "  optimizer step (clip, AdamW, publish, zero) of %lldM params: "
-                "%.1f ms -> %.2f GB/s of the model's optimizer bytes",
-                static_cast<long long>(n >> 20), mean(seconds) * 1e3, bw / 1e9);
-  note(log, line);
+  note(log, base::strprintf("  optimizer step (clip, AdamW, publish, zero) of %lldM params: "
+                            "%.1f ms -> %.2f GB/s of the model's optimizer bytes",
+                            static_cast<long long>(n >> 20), mean(seconds) * 1e3, bw / 1e9));
   return bw;
 }
 
@@ -236,10 +232,9 @@ double measure_attention_flops(int devices, std::string* log) {
     });
   });
   const double rate = flops / mean(seconds);
-  char line[160];
-  std::snprintf(line, sizeof line, "  attention forward + backward (512 tokens, 8 x 64): %.2f ms -> "
-                "%.1f GFLOP/s", mean(seconds) * 1e3, rate / 1e9);
-  note(log, line);
+  note(log, base::strprintf("  attention forward + backward (512 tokens, 8 x 64): %.2f ms -> "
+                            "%.1f GFLOP/s",
+                            mean(seconds) * 1e3, rate / 1e9));
   return rate;
 }
 

@@ -7,46 +7,37 @@
 #include <string>
 #include <sstream>
 
+#include "tessera/base/strings.h"
+
 namespace tessera::plan {
 
 std::string format_bytes(double b) {
-  char buf[64];
-  const double a = std::abs(b);
-  if (a >= 1024.0 * 1024 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f TiB", b / (1024.0 * 1024 * 1024 * 1024));
-  else if (a >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (a >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
-  else if (a >= 1024.0)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f B", b);
-  return buf;
+  const double a = std::abs(b), k = 1024.0;
+  if (a >= k * k * k * k) return base::strprintf("%.2f TiB", b / (k * k * k * k));
+  if (a >= k * k * k) return base::strprintf("%.2f GiB", b / (k * k * k));
+  if (a >= k * k) return base::strprintf("%.1f MiB", b / (k * k));
+  if (a >= k) return base::strprintf("%.1f KiB", b / k);
+  return base::strprintf("%.0f B", b);
 }
 
 std::string format_seconds(double s) {
-  char buf[64];
   if (!std::isfinite(s)) return "never (failures outpace checkpoints)";
-  if (s >= 86400 * 2) std::snprintf(buf, sizeof buf, "%.1f days", s / 86400);
-  else if (s >= 3600) std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
-  else if (s >= 120) std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
-  else if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  return buf;
+  if (s >= 86400 * 2) return base::strprintf("%.1f days", s / 86400);
+  if (s >= 3600) return base::strprintf("%.1f h", s / 3600);
+  if (s >= 120) return base::strprintf("%.1f min", s / 60);
+  if (s >= 1) return base::strprintf("%.2f s", s);
+  if (s >= 1e-3) return base::strprintf("%.1f ms", s * 1e3);
+  return base::strprintf("%.1f us", s * 1e6);
 }
 
 namespace {
 
 std::string count(double n) {
-  char buf[32];
-  if (n >= 1e12) std::snprintf(buf, sizeof buf, "%.2fT", n / 1e12);
-  else if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
-  return buf;
+  if (n >= 1e12) return base::strprintf("%.2fT", n / 1e12);
+  if (n >= 1e9) return base::strprintf("%.2fB", n / 1e9);
+  if (n >= 1e6) return base::strprintf("%.2fM", n / 1e6);
+  if (n >= 1e3) return base::strprintf("%.1fk", n / 1e3);
+  return base::strprintf("%.0f", n);
 }
 
 double gib(double b) { return b / (1024.0 * 1024 * 1024); }
@@ -71,30 +62,26 @@ std::string describe_train_setup(const ModelSpec& m, const Hardware& hw, const T
 
 std::string format_train_table(const std::vector<Evaluation>& evs) {
   std::ostringstream os;
-  char line[512];
-  std::snprintf(line, sizeof line,
-                "%3s  %-4s %-3s %-3s %-3s %-3s %-4s %-4s %-9s %-3s | %7s %7s %7s %7s %7s %7s | "
-                "%8s %8s %8s %8s %8s | %10s %5s\n",
-                "#", "dp", "tp", "pp", "cp", "ep", "zero", "mb", "recompute", "sp", "mem GiB",
-                "weights", "grads", "optim", "activ", "other", "step s", "compute", "comm",
-                "bubble", "optim", "tokens/s", "MFU");
-  os << line;
+  os << base::strprintf(
+      "%3s  %-4s %-3s %-3s %-3s %-3s %-4s %-4s %-9s %-3s | %7s %7s %7s %7s %7s %7s | "
+      "%8s %8s %8s %8s %8s | %10s %5s\n",
+      "#", "dp", "tp", "pp", "cp", "ep", "zero", "mb", "recompute", "sp", "mem GiB", "weights",
+      "grads", "optim", "activ", "other", "step s", "compute", "comm", "bubble", "optim",
+      "tokens/s", "MFU");
   int rank = 0;
   for (const auto& ev : evs) {
     const Layout& l = ev.layout;
     const StageMemory& p = ev.memory.peak();
     const StepTime& t = ev.time;
-    std::snprintf(line, sizeof line,
-                  "%3d  %-4d %-3d %-3d %-3d %-3d %-4s %-4lld %-9s %-3s | %7.2f %7.2f %7.2f %7.2f "
-                  "%7.2f %7.2f | %8.3f %8.3f %8.3f %8.3f %8.3f | %10.0f %5.3f\n",
-                  ++rank, l.dp, l.tp, l.pp, l.cp, l.ep,
-                  (std::to_string(l.zero) + (l.offload ? "+o" : "")).c_str(),
-                  static_cast<long long>(l.micro_batch),
-                  recompute_name(l.recompute), l.sp ? "on" : "off", gib(p.total()), gib(p.weights),
-                  gib(p.grads), gib(p.optimizer()), gib(p.activations),
-                  gib(p.temporary + p.reserved + p.fragmentation), t.total, t.compute,
-                  t.comm_exposed(), t.bubble, t.optimizer, t.tokens_per_s, t.mfu);
-    os << line;
+    os << base::strprintf(
+        "%3d  %-4d %-3d %-3d %-3d %-3d %-4s %-4lld %-9s %-3s | %7.2f %7.2f %7.2f %7.2f "
+        "%7.2f %7.2f | %8.3f %8.3f %8.3f %8.3f %8.3f | %10.0f %5.3f\n",
+        ++rank, l.dp, l.tp, l.pp, l.cp, l.ep,
+        (std::to_string(l.zero) + (l.offload ? "+o" : "")).c_str(),
+        static_cast<long long>(l.micro_batch), recompute_name(l.recompute), l.sp ? "on" : "off",
+        gib(p.total()), gib(p.weights), gib(p.grads), gib(p.optimizer()), gib(p.activations),
+        gib(p.temporary + p.reserved + p.fragmentation), t.total, t.compute, t.comm_exposed(),
+        t.bubble, t.optimizer, t.tokens_per_s, t.mfu);
   }
   return os.str();
 }
@@ -108,11 +95,14 @@ std::string format_train_summary(const Evaluation& ev, const TrainSetup& s) {
      << p.first_layer + p.layers - 1 << "): " << format_bytes(p.total()) << " of "
      << format_bytes(ev.memory.capacity)
      << (ev.fits() ? " - fits" : " - DOES NOT FIT") << "\n";
+  // One line of a breakdown: name, the formatted value, its share of the total.
+  auto share = [&](int name_w, const char* name, int value_w, const std::string& value, double v,
+                   double total) {
+    os << base::strprintf("  %-*s %*s  %5.1f%%\n", name_w, name, value_w, value.c_str(),
+                          total > 0 ? 100 * v / total : 0.0);
+  };
   auto part = [&](const char* name, double v) {
-    char line[160];
-    std::snprintf(line, sizeof line, "  %-15s %12s  %5.1f%%\n", name, format_bytes(v).c_str(),
-                  p.total() > 0 ? 100 * v / p.total() : 0.0);
-    os << line;
+    share(15, name, 12, format_bytes(v), v, p.total());
   };
   part("weights", p.weights);
   part("gradients", p.grads);
@@ -125,10 +115,7 @@ std::string format_train_summary(const Evaluation& ev, const TrainSetup& s) {
   if (p.host > 0) os << "  (offloaded to host: " << format_bytes(p.host) << ")\n";
   os << "time per step: " << format_seconds(t.total) << "\n";
   auto tpart = [&](const char* name, double v) {
-    char line[160];
-    std::snprintf(line, sizeof line, "  %-22s %10s  %5.1f%%\n", name, format_seconds(v).c_str(),
-                  t.total > 0 ? 100 * v / t.total : 0.0);
-    os << line;
+    share(22, name, 10, format_seconds(v), v, t.total);
   };
   tpart("compute", t.compute);
   tpart("TP comm", t.tp_comm);
@@ -138,10 +125,8 @@ std::string format_train_summary(const Evaluation& ev, const TrainSetup& s) {
   tpart("DP comm (exposed)", t.dp_comm);
   tpart("pipeline bubble", t.bubble);
   tpart("optimizer step", t.optimizer);
-  char line[256];
-  std::snprintf(line, sizeof line, "throughput: %.0f tokens/s, MFU %.1f%% (HFU %.1f%%)\n",
-                t.tokens_per_s, 100 * t.mfu, 100 * t.hfu);
-  os << line;
+  os << base::strprintf("throughput: %.0f tokens/s, MFU %.1f%% (HFU %.1f%%)\n", t.tokens_per_s,
+                        100 * t.mfu, 100 * t.hfu);
   if (s.tokens > 0) {
     const TrainingTime& tt = ev.training;
     os << "time to train on " << count(s.tokens) << " tokens: " << format_seconds(tt.ideal_s)

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tessera/base/strings.h"
 #include "tessera/plan/report.h"
 
 namespace tessera::plan {
@@ -20,22 +21,18 @@ std::string describe_infer_setup(const ModelSpec& m, const Hardware& hw, const I
 
 std::string format_infer_table(const std::vector<InferEvaluation>& evs) {
   std::ostringstream os;
-  char line[400];
-  std::snprintf(line, sizeof line, "%3s  %-3s %-7s %-5s | %10s %11s %11s | %10s | %10s %12s %12s | %9s\n",
-                "#", "tp", "weights", "kv", "weights", "KV/token", "KV/request", "max reqs",
-                "tok/s (1)", "tok/s (max)", "tok/s/device", "TTFT");
-  os << line;
+  os << base::strprintf("%3s  %-3s %-7s %-5s | %10s %11s %11s | %10s | %10s %12s %12s | %9s\n", "#",
+                        "tp", "weights", "kv", "weights", "KV/token", "KV/request", "max reqs",
+                        "tok/s (1)", "tok/s (max)", "tok/s/device", "TTFT");
   int rank = 0;
   for (const auto& ev : evs) {
-    std::snprintf(line, sizeof line,
-                  "%3d  %-3d %-7s %-5s | %10s %11s %11s | %10lld | %10.1f %12.1f %12.1f | %9s\n",
-                  ++rank, ev.tp, ev.weights.c_str(), ev.kv.c_str(), format_bytes(ev.weight_bytes).c_str(),
-                  format_bytes(ev.kv_bytes_per_token_device).c_str(),
-                  format_bytes(ev.kv_bytes_per_request).c_str(),
-                  static_cast<long long>(ev.max_concurrency), ev.decode_tokens_per_s_single,
-                  ev.decode_tokens_per_s_full, ev.decode_tokens_per_s_per_device,
-                  format_seconds(ev.ttft_s).c_str());
-    os << line;
+    os << base::strprintf(
+        "%3d  %-3d %-7s %-5s | %10s %11s %11s | %10lld | %10.1f %12.1f %12.1f | %9s\n", ++rank,
+        ev.tp, ev.weights.c_str(), ev.kv.c_str(), format_bytes(ev.weight_bytes).c_str(),
+        format_bytes(ev.kv_bytes_per_token_device).c_str(),
+        format_bytes(ev.kv_bytes_per_request).c_str(), static_cast<long long>(ev.max_concurrency),
+        ev.decode_tokens_per_s_single, ev.decode_tokens_per_s_full,
+        ev.decode_tokens_per_s_per_device, format_seconds(ev.ttft_s).c_str());
   }
   return os.str();
 }
@@ -43,40 +40,50 @@ std::string format_infer_table(const std::vector<InferEvaluation>& evs) {
 std::string explain_infer(const ModelSpec& m, const Hardware& hw, const InferSetup& s,
                           const InferEvaluation& ev) {
   std::ostringstream os;
-  char line[512];
-  auto out = [&](const char* f, auto... args) {
-    std::snprintf(line, sizeof line, f, args...);
-    os << line;
-  };
-  out("== tp=%d, weights %s, KV cache %s ==\n", ev.tp, ev.weights.c_str(), ev.kv.c_str());
-  out("weights per device = layer matrices x %.4g bytes / tp + embeddings, lm_head, norms x 2 bytes = %s\n",
+  os << base::strprintf("== tp=%d, weights %s, KV cache %s ==\n", ev.tp, ev.weights.c_str(),
+                        ev.kv.c_str());
+  os << base::strprintf(
+      "weights per device = layer matrices x %.4g bytes / tp + embeddings, lm_head, norms x 2 "
+      "bytes = %s\n",
       weight_bytes_per_param(ev.weights), format_bytes(ev.weight_bytes).c_str());
   if (m.mla)
-    out("KV bytes per token = layers x (kv_lora_rank + rope_dim) x bytes = %lld x %lld x %.4g = %.0f\n",
+    os << base::strprintf(
+        "KV bytes per token = layers x (kv_lora_rank + rope_dim) x bytes = %lld x %lld x %.4g = "
+        "%.0f\n",
         static_cast<long long>(m.layers), static_cast<long long>(m.kv_lora_rank + m.rope_head_dim),
         kv_bytes_per_element(ev.kv, m.kv_lora_rank + m.rope_head_dim), ev.kv_bytes_per_token);
   else
-    out("KV bytes per token = 2 x layers x kv_heads x head_dim x bytes = 2 x %lld x %lld x %lld x %.4g = %.0f\n",
+    os << base::strprintf(
+        "KV bytes per token = 2 x layers x kv_heads x head_dim x bytes = 2 x %lld x %lld x %lld x "
+        "%.4g = %.0f\n",
         static_cast<long long>(m.layers), static_cast<long long>(m.kv_heads),
-        static_cast<long long>(m.head_dim), kv_bytes_per_element(ev.kv, m.head_dim), ev.kv_bytes_per_token);
-  out("per device under tp=%d: %.0f bytes/token; a %lld-token request: %s\n", ev.tp,
-      ev.kv_bytes_per_token_device, static_cast<long long>(s.context),
-      format_bytes(ev.kv_bytes_per_request).c_str());
-  out("workspace (one %lld-token prefill chunk, logits for 256 sequences) = %s\n",
-      static_cast<long long>(s.max_batched_tokens), format_bytes(ev.workspace_bytes).c_str());
-  out("KV budget = %s x %.2f - weights - workspace = %s\n", format_bytes(hw.memory_bytes).c_str(),
-      s.memory_utilization, format_bytes(ev.kv_budget_bytes).c_str());
-  out("max concurrent requests = floor(budget / per-request KV) = %lld\n",
-      static_cast<long long>(ev.max_concurrency));
-  out("decode, 1 request: (weights + context x KV/token) / (%.0f GB/s x %.2f) %s = %s per token -> %.1f tokens/s\n",
+        static_cast<long long>(m.head_dim), kv_bytes_per_element(ev.kv, m.head_dim),
+        ev.kv_bytes_per_token);
+  os << base::strprintf("per device under tp=%d: %.0f bytes/token; a %lld-token request: %s\n",
+                        ev.tp, ev.kv_bytes_per_token_device, static_cast<long long>(s.context),
+                        format_bytes(ev.kv_bytes_per_request).c_str());
+  os << base::strprintf("workspace (one %lld-token prefill chunk, logits for 256 sequences) = %s\n",
+                        static_cast<long long>(s.max_batched_tokens),
+                        format_bytes(ev.workspace_bytes).c_str());
+  os << base::strprintf("KV budget = %s x %.2f - weights - workspace = %s\n",
+                        format_bytes(hw.memory_bytes).c_str(), s.memory_utilization,
+                        format_bytes(ev.kv_budget_bytes).c_str());
+  os << base::strprintf("max concurrent requests = floor(budget / per-request KV) = %lld\n",
+                        static_cast<long long>(ev.max_concurrency));
+  os << base::strprintf(
+      "decode, 1 request: (weights + context x KV/token) / (%.0f GB/s x %.2f) %s = %s per token -> "
+      "%.1f tokens/s\n",
       hw.memory_bandwidth / 1e9, hw.memory_efficiency,
       ev.decode_memory_bound ? "(memory-bound)" : "(compute-bound)",
       format_seconds(ev.decode_step_single_s).c_str(), ev.decode_tokens_per_s_single);
   if (ev.max_concurrency >= 1)
-    out("decode, %lld requests at full context: step %s -> %.1f tokens/s in all, %.1f per device\n",
+    os << base::strprintf(
+        "decode, %lld requests at full context: step %s -> %.1f tokens/s in all, %.1f per device\n",
         static_cast<long long>(ev.max_concurrency), format_seconds(ev.decode_step_full_s).c_str(),
         ev.decode_tokens_per_s_full, ev.decode_tokens_per_s_per_device);
-  out("TTFT = (2 N_active P + P^2 L heads (d_qk + d_v)) / tp / (%.0f TFLOP/s x %.2f) + TP all-reduces = %s (%s)\n",
+  os << base::strprintf(
+      "TTFT = (2 N_active P + P^2 L heads (d_qk + d_v)) / tp / (%.0f TFLOP/s x %.2f) + TP "
+      "all-reduces = %s (%s)\n",
       hw.peak("bf16") / 1e12, hw.compute_efficiency, format_seconds(ev.ttft_s).c_str(),
       ev.prefill_compute_bound ? "compute-bound" : "memory-bound");
   return os.str();

@@ -143,26 +143,23 @@ std::string render_plan_svg(const ModelSpec& m, const Hardware& hw, const TrainS
   const double chart_top = sched_top + sched_h + 80, chart_h = 220;
   const double H = chart_top + chart_h + 70;
   std::ostringstream os;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-                W, H);
-  os << buf;
+  os << base::strprintf(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" "
+      "fill=\"white\"/>\n",
+      W, H);
   os << "<text x=\"10\" y=\"20\" font-size=\"15\">" << esc(m.name) << " on " << s.devices << " x "
      << esc(hw.name) << ": " << esc(l.str()) << "</text>\n";
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"10\" y=\"40\">pipeline schedule (%s, %lld of %lld micro-batches drawn): "
-                "step %s, %.0f tokens/s, MFU %.1f%%; blue forward, green backward, gaps are bubble</text>\n",
-                schedule_name(l.schedule), static_cast<long long>(drawn),
-                static_cast<long long>(t.micro_batches), format_seconds(t.total).c_str(),
-                t.tokens_per_s, 100 * t.mfu);
-  os << buf;
+  os << base::strprintf(
+      "<text x=\"10\" y=\"40\">pipeline schedule (%s, %lld of %lld micro-batches drawn): "
+      "step %s, %.0f tokens/s, MFU %.1f%%; blue forward, green backward, gaps are bubble</text>\n",
+      schedule_name(l.schedule), static_cast<long long>(drawn),
+      static_cast<long long>(t.micro_batches), format_seconds(t.total).c_str(), t.tokens_per_s,
+      100 * t.mfu);
   const double plot_w = W - left - right;
   for (int i = 0; i < rows; ++i) {
-    std::snprintf(buf, sizeof buf, "<text x=\"10\" y=\"%.1f\">stage %d</text>\n",
-                  sched_top + i * row_h + row_h * 0.7, i);
-    os << buf;
+    os << base::strprintf("<text x=\"10\" y=\"%.1f\">stage %d</text>\n",
+                          sched_top + i * row_h + row_h * 0.7, i);
   }
   for (const auto& op : ops) {
     if (op.device >= rows || span <= 0) continue;
@@ -170,35 +167,33 @@ std::string render_plan_svg(const ModelSpec& m, const Hardware& hw, const TrainS
     const double y = sched_top + op.device * row_h;
     const char* fill = op.forward ? (op.chunk % 2 ? "#6fa8dc" : "#3d85c6")
                                   : (op.chunk % 2 ? "#93c47d" : "#6aa84f");
-    std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
-                  "stroke=\"white\" stroke-width=\"0.5\"><title>%s micro-batch %d chunk %d: %s</title></rect>\n",
-                  x, y + 1, std::max(w, 0.5), row_h - 2, fill, op.forward ? "forward" : "backward",
-                  op.micro, op.chunk, format_seconds(op.end - op.start).c_str());
-    os << buf;
+    os << base::strprintf(
+        "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+        "stroke=\"white\" stroke-width=\"0.5\"><title>%s micro-batch %d chunk %d: "
+        "%s</title></rect>\n",
+        x, y + 1, std::max(w, 0.5), row_h - 2, fill, op.forward ? "forward" : "backward", op.micro,
+        op.chunk, format_seconds(op.end - op.start).c_str());
     if (w > 14 && row_h >= 20) {
-      std::snprintf(buf, sizeof buf,
-                    "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\" text-anchor=\"middle\">%d</text>\n",
-                    x + w / 2, y + row_h * 0.68, op.micro);
-      os << buf;
+      os << base::strprintf(
+          "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\" text-anchor=\"middle\">%d</text>\n",
+          x + w / 2, y + row_h * 0.68, op.micro);
     }
   }
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%.0f\" y=\"%.1f\">0</text><text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                left, sched_top + sched_h + 14, W - right, sched_top + sched_h + 14,
-                format_seconds(span).c_str());
-  os << buf;
+  os << base::strprintf(
+      "<text x=\"%.0f\" y=\"%.1f\">0</text><text x=\"%.0f\" y=\"%.1f\" "
+      "text-anchor=\"end\">%s</text>\n",
+      left, sched_top + sched_h + 14, W - right, sched_top + sched_h + 14,
+      format_seconds(span).c_str());
 
   // Memory per stage: stacked parts against the device's capacity.
   const auto& stages = ev.memory.stages;
   double top = ev.memory.capacity;
   for (const auto& st : stages) top = std::max(top, st.total());
   top *= 1.08;
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"10\" y=\"%.1f\" font-size=\"13\">memory per device by pipeline stage "
-                "(dashed: capacity %s)</text>\n",
-                chart_top - 25, format_bytes(ev.memory.capacity).c_str());
-  os << buf;
+  os << base::strprintf(
+      "<text x=\"10\" y=\"%.1f\" font-size=\"13\">memory per device by pipeline stage "
+      "(dashed: capacity %s)</text>\n",
+      chart_top - 25, format_bytes(ev.memory.capacity).c_str());
   const char* names[] = {"weights", "gradients", "master", "optimizer", "activations",
                          "temporary", "reserved+frag"};
   const char* colors[] = {"#3d85c6", "#e69138", "#8e7cc3", "#c27ba0", "#6aa84f", "#f1c232", "#999999"};
@@ -215,38 +210,34 @@ std::string render_plan_svg(const ModelSpec& m, const Hardware& hw, const TrainS
       const double h0 = chart_h * acc / top, h1 = chart_h * parts[k] / top;
       acc += parts[k];
       if (h1 <= 0) continue;
-      std::snprintf(buf, sizeof buf,
-                    "<rect x=\"%.1f\" y=\"%.2f\" width=\"%.1f\" height=\"%.2f\" fill=\"%s\"><title>stage %d %s: %s</title></rect>\n",
-                    x, chart_top + chart_h - h0 - h1, bar_w, h1, colors[k], i, names[k],
-                    format_bytes(parts[k]).c_str());
-      os << buf;
+      os << base::strprintf(
+          "<rect x=\"%.1f\" y=\"%.2f\" width=\"%.1f\" height=\"%.2f\" fill=\"%s\"><title>stage %d "
+          "%s: %s</title></rect>\n",
+          x, chart_top + chart_h - h0 - h1, bar_w, h1, colors[k], i, names[k],
+          format_bytes(parts[k]).c_str());
     }
     if (nbars <= 16) {
-      std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n",
-                    x + bar_w / 2, chart_top + chart_h + 14, i);
-      os << buf;
+      os << base::strprintf("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n",
+                            x + bar_w / 2, chart_top + chart_h + 14, i);
     }
   }
   for (double f : {0.0, 0.5, 1.0}) {  // y labels at 0, half and full capacity
     const double y = chart_top + chart_h - chart_h * f * ev.memory.capacity / top;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                  left - 6, y + 4, format_bytes(f * ev.memory.capacity).c_str());
-    os << buf;
+    os << base::strprintf("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 6,
+                          y + 4, format_bytes(f * ev.memory.capacity).c_str());
   }
   const double cap_y = chart_top + chart_h - chart_h * ev.memory.capacity / top;
-  std::snprintf(buf, sizeof buf,
-                "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.2f\" y2=\"%.2f\" stroke=\"#cc0000\" stroke-dasharray=\"6,4\"/>\n"
-                "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                left, W - right, cap_y, cap_y, left, W - right, chart_top + chart_h,
-                chart_top + chart_h);
-  os << buf;
+  os << base::strprintf(
+      "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.2f\" y2=\"%.2f\" stroke=\"#cc0000\" "
+      "stroke-dasharray=\"6,4\"/>\n"
+      "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+      left, W - right, cap_y, cap_y, left, W - right, chart_top + chart_h, chart_top + chart_h);
   for (int k = 0; k < 7; ++k) {
     const double x = left + k * 125;
-    std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.0f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                  "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n",
-                  x, chart_top + chart_h + 30, colors[k], x + 14, chart_top + chart_h + 39, names[k]);
-    os << buf;
+    os << base::strprintf(
+        "<rect x=\"%.0f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+        "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n",
+        x, chart_top + chart_h + 30, colors[k], x + 14, chart_top + chart_h + 39, names[k]);
   }
   os << "</svg>\n";
   return os.str();
