@@ -3,13 +3,13 @@
 // (gemm:jit), for b as (N, K) and as (K, N). kernels::matmul picks sgemm when b is (K, N)
 // and the primitive when b is (N, K); this program is the measurement behind that rule.
 // Usage: gemm_layouts [rounds=3]
-// Each figure is the median over `rounds` interleaved rounds of each round's median call.
+// Each figure is the median over `rounds` interleaved rounds of each round's median call
+// (base::median_call_seconds, at least 0.2 s and 5 calls).
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <vector>
 
 #include "tessera/base/thread_pool.h"
@@ -19,6 +19,8 @@ namespace {
 
 using dnnl::memory;
 using tessera::base::median;
+
+constexpr double kMinSeconds = 0.2;  // per engine, shape and round
 
 struct Shape {
   const char* name;
@@ -30,17 +32,6 @@ struct Shape {
 memory::desc desc(int64_t rows, int64_t cols, bool trans) {
   return trans ? memory::desc({rows, cols}, memory::data_type::f32, {1, rows})
                : memory::desc({rows, cols}, memory::data_type::f32, {cols, 1});
-}
-
-double median_call(const std::function<void()>& fn, int calls) {
-  fn();  // warm-up
-  std::vector<double> s;
-  for (int i = 0; i < calls; ++i) {
-    tessera::base::Timer t;
-    fn();
-    s.push_back(t.seconds());
-  }
-  return median(s);
 }
 
 }  // namespace
@@ -78,19 +69,18 @@ int main(int argc, char** argv) {
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
       dnnl::matmul p(pd);
       memory am(a_md, eng, a.data()), bm(b_md, eng, b.data()), cm(c_md, eng, c.data());
-      const int calls = s.m * s.n * s.k > (int64_t{1} << 30) ? 3 : 7;
-      prim[i].push_back(median_call(
-          [&] {
+      prim[i].push_back(tessera::base::median_call_seconds(
+          [&](int64_t) {
             p.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
             stream.wait();
           },
-          calls));
-      sgemm[i].push_back(median_call(
-          [&] {
+          kMinSeconds));
+      sgemm[i].push_back(tessera::base::median_call_seconds(
+          [&](int64_t) {
             dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.f, a.data(), s.ta ? s.m : s.k,
                        b.data(), s.tb ? s.k : s.n, s.beta, c.data(), s.n);
           },
-          calls));
+          kMinSeconds));
     }
   }
   std::printf("%-22s %6s %6s %6s %4s  %10s %10s  %s\n", "shape", "m", "n", "k", "b", "primitive",
