@@ -1,6 +1,8 @@
 // Forward + backward for training: cross-entropy loss and gradients of every
 // parameter, accumulated into a Params of f32 gradients.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/attention.h"
@@ -34,30 +36,16 @@ int64_t activation_bytes(const Activations& a) {
   return n;
 }
 
-// GradWrite::kAssign: clears the gradients of `unit` (0 embeddings, 1..L layers, L+1 head)
-// that backward adds into (norms, biases, embedding rows) once the unit is prepared; the
-// weight-gradient GEMMs (beta 0) write the rest whole. `all` (no target counted: nothing
-// writes them) clears those too. A tied embed is lm_head, written by the head's GEMM
-// before the embedding rows are added, so it is never cleared here unless `all`.
-void clear_assigned_grads(const ModelConfig& c, Params& g, int unit, bool all) {
-  auto z = [](Tensor& t) {
-    if (t.defined()) t.zero();
-  };
-  const int head = static_cast<int>(c.num_layers) + 1;
-  if (unit == 0) {
-    if (all || !c.tie_word_embeddings) z(g.embed);
-    z(g.pos_embed);
-  } else if (unit == head) {
-    z(g.final_norm_w);
-    z(g.final_norm_b);
-    if (all) z(g.lm_head);
-  } else {
-    LayerParams& L = g.layers[static_cast<size_t>(unit - 1)];
-    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b}) z(*t);
-    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
-      z(lin->bias);
-      if (all) z(lin->weight);
-    }
+// GradWrite::kAssign: clears the gradients of `unit` (Params::unit_tensors) that backward
+// adds into (norms, biases, embedding rows) once the unit is prepared; the weight-gradient
+// GEMMs (beta 0) write the others whole: `gemm_written` (Params::matmul_weights, and a
+// tied embed, which is lm_head and written by the head's GEMM before the embedding rows
+// are added). `all` (no target counted: nothing writes them) clears those too.
+void clear_assigned_grads(const ModelConfig& c, Params& g, int unit,
+                          const std::vector<const Tensor*>& gemm_written, bool all) {
+  for (auto& [name, t] : g.unit_tensors(c, unit)) {
+    const bool written = std::find(gemm_written.begin(), gemm_written.end(), t) != gemm_written.end();
+    if (all || !written) t->zero();
   }
 }
 
@@ -82,9 +70,14 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
   // A unit's gradient tensors exist (under ZeRO-2/3) once the hooks have prepared them.
+  std::vector<const Tensor*> gemm_written;
+  if (assign) {
+    for (Tensor* w : grads.matmul_weights()) gemm_written.push_back(w);
+    if (tied) gemm_written.push_back(&grads.embed);
+  }
   const auto prepare = [&](int unit) {
     if (hooks) hooks->prepare_grads(unit);
-    if (assign) clear_assigned_grads(c, grads, unit, count == 0);
+    if (assign) clear_assigned_grads(c, grads, unit, gemm_written, count == 0);
   };
   if (hooks && tied) hooks->acquire(0);  // lm_head is embed
   prepare(head);
