@@ -14,6 +14,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
+#include "tessera/io/toml_text.h"
 
 namespace tessera::plan {
 
@@ -207,13 +208,7 @@ std::vector<double> number_list(const toml::table& t, const std::string& key,
 }  // namespace
 
 Hardware hardware_from_toml(const std::string& text, const std::string& source) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    fail(source, ":", b.line, ":", b.column, ": invalid TOML: ", e.description());
-  }
+  const toml::table root = io::parse_toml_text(text, source);
   Reader r{root, source, {}};
   Hardware h;
   bool has_base = false;

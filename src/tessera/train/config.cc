@@ -9,6 +9,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
+#include "tessera/io/toml_text.h"
 
 namespace tessera::train {
 namespace {
@@ -79,13 +80,7 @@ void check_one_of(const std::string& v, std::initializer_list<const char*> allow
 }  // namespace
 
 TrainConfig TrainConfig::parse(const std::string& text, const std::string& source) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    fail(source, ":", b.line, ":", b.column, ": invalid TOML: ", e.description());
-  }
+  const toml::table root = io::parse_toml_text(text, source);
   TrainConfig c;
   c.source_text = text;
   const std::set<std::string> tables = {"run",      "model",      "data",        "optimizer",
