@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "io_test_util.h"
 #include "tessera/base/error.h"
@@ -88,6 +92,35 @@ TEST(JsonFile, WriteFileAtomicReplacesAndLeavesNoTemp) {
   EXPECT_EQ(read_json_file(p)["x"].get<int>(), 1);
   EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
   std::string msg = error_of([&] { write_file_atomic(dir.file("no/such/dir/f"), "x"); });
+  EXPECT_NE(msg.find("no/such/dir/f.tmp"), std::string::npos) << msg;
+}
+
+// The O_DIRECT writer: exact bytes for sizes around the block size (the last block is
+// written padded and truncated), on the disk's file system and on tmpfs (which may
+// refuse O_DIRECT and be written the buffered way), replacing an older file.
+TEST(JsonFile, WriteFileAtomicDirectWritesExactBytes) {
+  TempDir dir;
+  std::vector<std::string> roots = {dir.path().string()};
+  if (std::filesystem::is_directory("/dev/shm")) roots.push_back("/dev/shm");
+  const size_t kMax = 3 * kDirectIoAlignment + 1;
+  void* raw = std::aligned_alloc(kDirectIoAlignment, 4 * kDirectIoAlignment);
+  ASSERT_NE(raw, nullptr);
+  std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(raw), &std::free);
+  for (size_t i = 0; i < 4 * kDirectIoAlignment; ++i) buf.get()[i] = static_cast<char>(i * 7 + 3);
+  for (const std::string& root : roots) {
+    const std::string p = root + "/tessera_direct_" + std::to_string(::getpid()) + ".bin";
+    write_file_atomic(p, std::string(100000, 'x'));  // an older, longer file is replaced
+    for (size_t n : {size_t{0}, size_t{1}, size_t{511}, kDirectIoAlignment - 1,
+                     kDirectIoAlignment, kDirectIoAlignment + 1, kMax}) {
+      write_file_atomic_direct(p, buf.get(), n);
+      EXPECT_EQ(read_file_bytes(p), std::string(buf.get(), n)) << p << " size " << n;
+      EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
+    }
+    std::filesystem::remove(p);
+  }
+  std::string msg = error_of([&] { write_file_atomic_direct(dir.file("f"), buf.get() + 1, 10); });
+  EXPECT_NE(msg.find("aligned"), std::string::npos) << msg;
+  msg = error_of([&] { write_file_atomic_direct(dir.file("no/such/dir/f"), buf.get(), 10); });
   EXPECT_NE(msg.find("no/such/dir/f.tmp"), std::string::npos) << msg;
 }
 

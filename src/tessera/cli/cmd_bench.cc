@@ -104,9 +104,12 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
               r.peak_gflops, r.mfu);
   std::printf("peak RSS: %.0f MiB\n", r.peak_rss_mb);
   double stall = 0;
+  if (!r.ckpt.empty())
+    std::printf("checkpoint snapshot memory (%.0f MB) reserved before the first step in %.3f s\n",
+                r.ckpt_bytes / 1e6, r.ckpt_reserve_seconds);
   for (size_t i = 0; i < r.ckpt.size(); ++i) {
     const train::CheckpointStall& s = r.ckpt[i];
-    const char* which = i == 0 ? "first save (snapshot memory faulted in)" : "next save (snapshot memory reused)";
+    const char* which = i == 0 ? "first save" : "next save";
     std::printf("%s: steps while the checkpoint was in flight (s):", which);
     for (double t : s.step_seconds) std::printf(" %.3f", t);
     std::printf("\n");

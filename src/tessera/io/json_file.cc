@@ -94,22 +94,58 @@ nlohmann::json read_json_file(const std::string& path) {
   return parse_json_text(read_file_bytes(path), path);
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
+namespace {
+
+// path + ".tmp" written from `data`, fsync'd and renamed over `path`; the tmp file is
+// removed when anything fails. `direct`: O_DIRECT writes of whole aligned blocks (the
+// buffer is readable up to the rounded-up size), then truncated to `size`.
+void write_atomic(const std::string& path, const char* data, size_t size, bool direct) {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = direct ? ::open(tmp.c_str(), kFlags | O_DIRECT, 0644) : -1;
+  if (fd < 0 && direct && errno != EINVAL) fail(tmp, ": cannot create: ", std::strerror(errno));
+  direct = fd >= 0;
+  if (fd < 0) fd = ::open(tmp.c_str(), kFlags, 0644);
   if (fd < 0) fail(tmp, ": cannot create: ", std::strerror(errno));
+  auto give_up = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail(tmp, what, std::strerror(err));
+  };
   size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  if (direct) {
+    constexpr size_t kChunk = size_t{32} << 20;  // each O_DIRECT write waits for the disk
+    const size_t padded = (size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+    while (done < padded) {
+      const ssize_t n = ::pwrite(fd, data + done, std::min(kChunk, padded - done),
+                                 static_cast<off_t>(done));
+      if (n >= 0) {
+        done += static_cast<size_t>(n);
+        if (done % kDirectIoAlignment == 0) continue;
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno != EINVAL) {
+        give_up(": write failed: ", errno);
+      }
+      // The device wants a larger alignment, or a short write left an unaligned offset:
+      // the rest goes through the page cache.
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0)
+        give_up(": cannot leave O_DIRECT: ", errno);
+      break;
+    }
+    done = std::min(done, size);
+  }
+  while (done < size) {
+    const ssize_t n = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail(tmp, ": write failed: ", std::strerror(err));
+      give_up(": write failed: ", errno);
     }
     done += static_cast<size_t>(n);
   }
+  if (direct && ::ftruncate(fd, static_cast<off_t>(size)) != 0)  // drop the block padding
+    give_up(": cannot truncate: ", errno);
   int rc = ::fsync(fd);
   int err = errno;
   if (::close(fd) != 0 && rc == 0) {
@@ -121,10 +157,23 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     fail(tmp, ": cannot flush to disk: ", std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+    err = errno;
     ::unlink(tmp.c_str());
     fail(path, ": cannot rename ", tmp, " into place: ", std::strerror(err));
   }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_atomic(path, bytes.data(), bytes.size(), /*direct=*/false);
+}
+
+void write_file_atomic_direct(const std::string& path, const void* data, size_t size) {
+  TESSERA_CHECK(reinterpret_cast<uintptr_t>(data) % kDirectIoAlignment == 0, path,
+                ": write_file_atomic_direct needs a ", kDirectIoAlignment,
+                "-byte aligned buffer");
+  write_atomic(path, static_cast<const char*>(data), size, /*direct=*/true);
 }
 
 }  // namespace tessera::io

@@ -1,6 +1,7 @@
 // Reads a JSON file (config.json, tokenizer.json, safetensors index) into nlohmann::json,
 // with errors that name the file and, for syntax errors, the line, column and byte.
 #pragma once
+#include <cstddef>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -20,5 +21,16 @@ std::string read_file_bytes(const std::string& path);
 // Writes `bytes` to path + ".tmp", fsyncs, then renames over `path`, so readers see
 // either the old file or the complete new one, never a torn write.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Alignment write_file_atomic_direct needs of its buffer (start and readable length).
+constexpr size_t kDirectIoAlignment = 4096;
+
+// write_file_atomic for a large image already in memory, written with O_DIRECT: the
+// bytes go from `data` to the disk without the page cache's copy and writeback (on the
+// dev box 3x faster and a tenth of the CPU time of a buffered write + fsync). `data`
+// must be kDirectIoAlignment-aligned and readable up to `size` rounded up to that
+// alignment; the file gets exactly `size` bytes. A file system that refuses O_DIRECT
+// (EINVAL) is written the buffered way instead.
+void write_file_atomic_direct(const std::string& path, const void* data, size_t size);
 
 }  // namespace tessera::io

@@ -92,6 +92,14 @@ class SafetensorsModel {
   std::map<std::string, size_t> where_;  // name -> files_ index
 };
 
+// The bytes a safetensors file of these tensors starts with: the 8-byte little-endian
+// header length and the JSON header (padded with spaces to a multiple of 8 bytes like
+// the library pads it). The tensors' bytes follow in the given order, back to back.
+// Checks names and tensors as save_safetensors does; `path` names the file in errors.
+std::string safetensors_prefix(const std::string& path,
+                               const std::vector<std::pair<std::string, Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
 // Writes tensors in the given order to path + ".tmp", then renames it over `path`.
 // The header is padded with spaces to a multiple of 8 bytes like the library pads it.
 // Non-contiguous tensors are written contiguously. Throws on duplicate names.

@@ -133,15 +133,21 @@ void remove_stale(const fs::path& dir, const std::set<std::string>& keep) {
 
 }  // namespace
 
+std::string safetensors_prefix(const std::string& path,
+                               const std::vector<std::pair<std::string, Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  const std::string header = build_header(path, tensors, metadata);
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>(header.size() >> (8 * i));
+  return prefix + header;
+}
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const std::string header = build_header(path, tensors, metadata);
+  const std::string prefix = safetensors_prefix(path, tensors, metadata);
   FileWriter w(path + ".tmp");
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  w.write(len, 8);
-  w.write(header.data(), header.size());
+  w.write(prefix.data(), prefix.size());
   for (const auto& [name, t] : tensors) {
     const Tensor c = t.contiguous();
     if (c.nbytes() > 0) w.write(c.raw_data(), c.nbytes());

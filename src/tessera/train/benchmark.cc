@@ -67,6 +67,8 @@ StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
       for (const auto& [n, t] : list) r.ckpt_bytes += t.nbytes();
     {
       CheckpointManager ckpt(o.checkpoint_dir, 1);
+      ckpt.reserve(files);  // as the trainer does before its first step
+      r.ckpt_reserve_seconds = ckpt.last_reserve_seconds();
       for (int save = 1; save <= 2; ++save) {
         // As the trainer does: the copy runs beside the next forward/backward and the
         // optimizer step waits for it. Every step that overlaps the save (blocking part,

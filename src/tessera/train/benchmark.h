@@ -35,10 +35,10 @@ struct StepBench {
   double peak_gflops = 0;       // matmul peak measured in the same run (compute dtype)
   double mfu = 0;
   double peak_rss_mb = 0;       // of the process after the steps
-  // With checkpoint: two saves one after the other. The first faults its snapshot memory
-  // in; the second reuses those blocks from the allocator's cache, as every later save of
-  // a training run does.
+  // With checkpoint: the snapshot memory is reserved (faulted in) before the first save,
+  // as the trainer does at start-up, then two saves run one after the other.
   int64_t ckpt_bytes = 0;
+  double ckpt_reserve_seconds = 0;
   std::vector<CheckpointStall> ckpt;
 };
 

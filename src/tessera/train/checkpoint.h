@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <future>
 #include <optional>
 #include <string>
@@ -20,7 +21,7 @@ namespace tessera::train {
 // What one checkpoint holds. File names are plain names inside the step directory (no '/').
 struct CheckpointFiles {
   // file name (e.g. "model.safetensors") -> named tensors, written in this order. The
-  // manager deep-copies them before save_async returns.
+  // manager copies them (into the file's exact bytes in memory) before save_async returns.
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, Tensor>>>> safetensors;
   // file name -> contents (config.json, trainer_state.json, config.toml, ...)
   std::vector<std::pair<std::string, std::string>> texts;
@@ -50,14 +51,21 @@ class CheckpointManager {
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
-  // Waits for the previous save (rethrowing its error), deep-copies the tensors (parallel
-  // memcpy; the caller may change its tensors as soon as this returns), then writes in a
-  // background thread: .tmp-step_X/ <files> + checksums.json, fsync files and directory,
+  // Waits for the previous save (rethrowing its error), copies the tensors into an image
+  // of each safetensors file (parallel memcpy; the caller may change its tensors as soon
+  // as this returns), then writes in a background thread: .tmp-step_X/ <files> (each
+  // image with O_DIRECT, no page cache) + checksums.json, fsync files and directory,
   // rename to step_X, fsync checkpoints/, `latest` via tmp + fsync + rename, prune to
   // the newest keep_last step directories. Stale .tmp-* directories are removed first.
   void save_async(int64_t step, CheckpointFiles files);
   void save(int64_t step, CheckpointFiles files);
-  // Like save_async, but the deep copy itself runs on the background thread, so the
+  // Allocates and faults in the snapshot memory for saves of files shaped like `files`
+  // (the tensors' contents are not read), so the first save costs what later ones do.
+  // The memory is kept for the manager's lifetime and reused by every save. Optional:
+  // a save without it allocates on first use.
+  void reserve(const CheckpointFiles& files);
+  double last_reserve_seconds() const { return last_reserve_seconds_; }
+  // Like save_async, but the copy itself runs on the background thread, so the
   // caller does not wait for it: the caller must leave the tensors unchanged until
   // wait_snapshot() returns (a trainer calls it just before its optimizer step, so the
   // copy overlaps the next forward and backward, which only read the weights).
@@ -70,7 +78,7 @@ class CheckpointManager {
   void wait();
 
   // Seconds the last save_async blocked its caller (waiting for the previous write plus
-  // the deep copy), and seconds its background write took (valid after wait()).
+  // the copy), and seconds its background write took (valid after wait()).
   double last_blocking_seconds() const { return last_blocking_seconds_; }
   double last_write_seconds() const { return last_write_seconds_.load(); }
 
@@ -90,6 +98,7 @@ class CheckpointManager {
 
  private:
   struct Job;
+  struct Buffers;
   void run_job(Job& job);
   void start_save(int64_t step, CheckpointFiles files, bool deferred);
 
@@ -98,12 +107,14 @@ class CheckpointManager {
   int rank_ = 0, world_ = 1;
   std::function<void()> barrier_;
   double shard_timeout_s_ = 600;
+  std::unique_ptr<Buffers> buffers_;  // snapshot memory, one block per safetensors file
   std::thread worker_;
   std::exception_ptr error_;  // set by the worker, read after join
   std::future<void> snapshot_done_;  // ready once the worker holds its copies
   bool snapshot_pending_ = false;    // a deferred copy not yet waited for
   std::atomic<bool> write_finished_{true};
   double last_blocking_seconds_ = 0.0;
+  double last_reserve_seconds_ = 0.0;
   std::atomic<double> last_write_seconds_{0.0};
 };
 

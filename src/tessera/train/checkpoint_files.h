@@ -1,6 +1,7 @@
 // Internal to the checkpoint manager: on-disk names, XXH3-64 file digests, directory
 // fsync and step-directory listing, shared by checkpoint.cc and checkpoint_verify.cc.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -19,11 +20,12 @@ struct FileDigest {
   uint64_t size = 0;
   uint64_t hash = 0;
 };
-// Throws tessera::Error naming the file. `mapped` hashes straight from the page cache
-// through mmap (no copy into a buffer): only for files nobody truncates meanwhile (a
-// truncation under a mapping is SIGBUS), i.e. the ones the writer has just written.
-FileDigest digest_file(const std::string& path, bool mapped = false);
-uint64_t digest_bytes(const std::string& bytes);
+// Throws tessera::Error naming the file.
+FileDigest digest_file(const std::string& path);
+uint64_t digest_bytes(const void* data, size_t size);
+inline uint64_t digest_bytes(const std::string& bytes) {
+  return digest_bytes(bytes.data(), bytes.size());
+}
 std::string hash_hex(uint64_t h);  // 16 lowercase hex digits, as xxhsum prints
 
 // Makes the directory's entries (creates, renames) durable; throws naming it.

@@ -1,7 +1,6 @@
 // Checkpoint verification (sizes and XXH3-64 checksums from checksums.json) and the
 // search for the newest checkpoint that verifies, falling back to older ones.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,20 +34,9 @@ std::string checkpoint_dir_name(int64_t step) {
 
 namespace detail {
 
-FileDigest digest_file(const std::string& path, bool mapped) {
+FileDigest digest_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
-  struct stat st;
-  if (mapped && ::fstat(fd, &st) == 0 && st.st_size > 0) {
-    const size_t n = static_cast<size_t>(st.st_size);
-    void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) fail(path, ": cannot map: ", std::strerror(errno));
-    ::madvise(p, n, MADV_SEQUENTIAL);
-    const uint64_t h = XXH3_64bits(p, n);
-    ::munmap(p, n);
-    return {n, h};
-  }
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                   &XXH3_freeState);
@@ -77,7 +65,7 @@ FileDigest digest_file(const std::string& path, bool mapped) {
   return d;
 }
 
-uint64_t digest_bytes(const std::string& bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+uint64_t digest_bytes(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
 std::string hash_hex(uint64_t h) {
   char buf[17];

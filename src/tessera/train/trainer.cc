@@ -174,6 +174,12 @@ class Run {
       result.trace_path = trace_path(c_.logging.trace, rank_, world_);
       base::start_trace(result.trace_path);
     }
+    if (c_.checkpoint.every > 0 && c_.checkpoint.async && c_.parallel.zero_stage != 3) {
+      // The snapshot memory is faulted in now rather than inside the first save. (ZeRO-3
+      // gathers its weights only to save them; its first save allocates.)
+      base::TraceScope reserve("checkpoint_reserve");
+      ckpt_.reserve(checkpoint_files());
+    }
     while (st_.step < tr.steps) {
       base::TraceScope step_scope("step");
       base::Timer step_timer;
@@ -427,15 +433,24 @@ class Run {
   // moments by piece). In stage 3 the weights must be gathered while this runs.
   CheckpointFiles checkpoint_files() const {
     CheckpointFiles f;
+    const auto weights = model_.weights().named(model_.config());
     if (rank_ == 0 || dp_.sharded()) {
+      // A master that is the model's own f32 weight (no sharding) is in model.safetensors
+      // already, bit for bit; the loader reads it from there instead of a second copy.
+      std::map<const void*, const Tensor*> in_model;
+      for (const auto& [name, t] : weights) in_model[t.raw_data()] = &t;
       std::vector<std::pair<std::string, Tensor>> shard;
-      for (const ParamRef& r : refs_) shard.emplace_back("master." + r.name, r.param);
+      for (const ParamRef& r : refs_) {
+        const auto it = rank_ == 0 ? in_model.find(r.param.raw_data()) : in_model.end();
+        const bool same = it != in_model.end() && it->second->dtype() == r.param.dtype() &&
+                          it->second->numel() == r.param.numel();
+        if (!same) shard.emplace_back("master." + r.name, r.param);
+      }
       for (auto& t : opt_.state_tensors()) shard.push_back(std::move(t));
       f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
     }
     if (rank_ != 0) return f;
-    f.safetensors.insert(f.safetensors.begin(),
-                         {"model.safetensors", model_.weights().named(model_.config())});
+    f.safetensors.insert(f.safetensors.begin(), {"model.safetensors", weights});
     f.texts = model_.hf_json_files();
     for (const auto& t : tokenizer_texts_) f.texts.push_back(t);
     nlohmann::json s;
