@@ -235,9 +235,12 @@ TEST(HttpBench, CountsTimesAndCapsConcurrency) {
     EXPECT_EQ(q.itl_s.size(), 7u);
     EXPECT_GE(q.e2e_s, 0.020 + 7 * 0.005);
   }
-  EXPECT_GT(r.itl.p50, 0.004);  // the injected 5 ms gap; generous for a loaded machine
+  // The server spaces tokens 5 ms apart, but the client sees them later: a first token
+  // delivered late shortens the gaps after it (seen: TPOT mean 3.95 ms on a loaded box).
+  // The lower bounds only check that the gaps were measured, not the scheduler.
+  EXPECT_GT(r.itl.p50, 0.0025);
   EXPECT_LT(r.itl.p50, 0.030);
-  EXPECT_GT(r.tpot.mean, 0.004);
+  EXPECT_GT(r.tpot.mean, 0.0025);
   EXPECT_LT(r.tpot.mean, 0.030);
   EXPECT_GT(r.seconds, 3 * (0.020 + 7 * 0.005) * 0.9);  // 12 requests in waves of 4
   EXPECT_NEAR(r.output_tokens_per_s, 96 / r.seconds, 1e-9);
