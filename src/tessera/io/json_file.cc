@@ -115,7 +115,7 @@ void write_atomic(const std::string& path, const char* data, size_t size, bool d
   size_t done = 0;
   if (direct) {
     constexpr size_t kChunk = size_t{32} << 20;  // each O_DIRECT write waits for the disk
-    const size_t padded = (size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+    const size_t padded = round_up_direct_io(size);
     while (done < padded) {
       const ssize_t n = ::pwrite(fd, data + done, std::min(kChunk, padded - done),
                                  static_cast<off_t>(done));

@@ -24,6 +24,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 
 // Alignment write_file_atomic_direct needs of its buffer (start and readable length).
 constexpr size_t kDirectIoAlignment = 4096;
+// n rounded up to a multiple of kDirectIoAlignment.
+constexpr size_t round_up_direct_io(size_t n) {
+  return (n + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+}
 
 // write_file_atomic for a large image already in memory, written with O_DIRECT: the
 // bytes go from `data` to the disk without the page cache's copy and writeback (on the

@@ -50,15 +50,11 @@ namespace {
 struct FileImage {
   std::string file;
   std::string prefix;           // 8-byte length + JSON header
-  std::vector<Tensor> sources;  // contiguous, in file order; released once copied
+  std::vector<Tensor> sources;  // in file order; released once copied
   size_t size = 0;              // bytes of the file
   char* data = nullptr;         // manager-owned block of at least size (rounded up)
   std::optional<uint64_t> hash; // XXH3-64 of the file, when the copy computed it
 };
-
-size_t round_up_direct(size_t n) {
-  return (n + io::kDirectIoAlignment - 1) / io::kDirectIoAlignment * io::kDirectIoAlignment;
-}
 
 }  // namespace
 
@@ -83,7 +79,7 @@ struct CheckpointManager::Buffers {
   char* get(size_t i, size_t bytes, bool* fresh = nullptr) {
     if (blocks.size() <= i) blocks.resize(i + 1);
     Block& b = blocks[i];
-    const size_t need = std::max(round_up_direct(bytes), io::kDirectIoAlignment);
+    const size_t need = std::max(io::round_up_direct_io(bytes), io::kDirectIoAlignment);
     if (fresh) *fresh = b.bytes < need;
     if (b.bytes < need) {
       if (b.p) ::munmap(b.p, b.bytes);
@@ -180,7 +176,7 @@ std::vector<FileImage> plan_images(const CheckpointFiles& files) {
     im.prefix = io::safetensors_prefix(file, tensors);
     im.size = im.prefix.size();
     for (const auto& [name, t] : tensors) {
-      im.sources.push_back(t.contiguous());  // a view when already contiguous (the rule)
+      im.sources.push_back(t);
       im.size += t.nbytes();
     }
     images.push_back(std::move(im));
@@ -188,57 +184,53 @@ std::vector<FileImage> plan_images(const CheckpointFiles& files) {
   return images;
 }
 
-// Copies the prefix and every tensor into each image, then drops the sources.
-// `parallel`: tensors are cut into pieces of a few MiB and all workers copy at once (one
-// thread's memcpy reaches only a fraction of the machine's memory bandwidth); the writer
-// hashes the images afterwards. Otherwise (the writer thread, beside the step loop) each
-// file is copied in order in small pieces and hashed on the way, from the source bytes
-// the copy has just pulled into the cache, so the hash costs no second pass over memory.
+// Copies the prefix and every tensor into each image, then drops the sources. Each
+// file is cut into pieces in file order. `parallel`: pieces of a few MiB, all workers
+// copy at once (one thread's memcpy reaches only a fraction of the machine's memory
+// bandwidth), and the writer hashes the images afterwards. Otherwise (the writer thread,
+// beside the step loop) one thread copies each file in order in small pieces and hashes
+// them on the way, from the source bytes the copy has just pulled into the cache, so the
+// hash costs no second pass over memory.
 void fill_images(std::vector<FileImage>& images, bool parallel) {
-  if (!parallel) {
-    constexpr size_t kPieceBytes = size_t{256} << 10;  // stays in L2 between copy and hash
-    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
-                                                                    &XXH3_freeState);
-    TESSERA_CHECK(state, "checkpoint: out of memory for the checksum state");
-    for (FileImage& im : images) {
-      XXH3_64bits_reset(state.get());
-      std::memcpy(im.data, im.prefix.data(), im.prefix.size());
-      XXH3_64bits_update(state.get(), im.prefix.data(), im.prefix.size());
-      size_t at = im.prefix.size();
-      for (const Tensor& t : im.sources) {
-        const char* src = static_cast<const char*>(t.raw_data());
-        for (size_t off = 0; off < t.nbytes(); off += kPieceBytes) {
-          const size_t n = std::min(kPieceBytes, t.nbytes() - off);
-          copy_streaming(im.data + at + off, src + off, n);
-          XXH3_64bits_update(state.get(), src + off, n);
-        }
-        at += t.nbytes();
-      }
-      im.hash = XXH3_64bits_digest(state.get());
-    }
-    for (FileImage& im : images) im.sources.clear();
-    return;
-  }
-  constexpr size_t kPieceBytes = size_t{4} << 20;
+  const size_t piece_bytes = parallel ? size_t{4} << 20 : size_t{256} << 10;  // 256 KiB: L2
   struct Piece {
     const char* src;
     char* dst;
     size_t bytes;
   };
-  std::vector<Piece> pieces;
-  for (FileImage& im : images) {
-    std::memcpy(im.data, im.prefix.data(), im.prefix.size());
+  std::vector<std::vector<Piece>> pieces(images.size());  // per image, in file order
+  std::vector<Tensor> contiguous;  // (a non-contiguous source is copied once here)
+  for (size_t f = 0; f < images.size(); ++f) {
+    FileImage& im = images[f];
+    pieces[f].push_back({im.prefix.data(), im.data, im.prefix.size()});
     size_t at = im.prefix.size();
-    for (const Tensor& t : im.sources) {
+    for (const Tensor& source : im.sources) {
+      const Tensor& t = contiguous.emplace_back(source.contiguous());  // a view when it is
       const char* src = static_cast<const char*>(t.raw_data());
-      for (size_t off = 0; off < t.nbytes(); off += kPieceBytes)
-        pieces.push_back({src + off, im.data + at + off, std::min(kPieceBytes, t.nbytes() - off)});
+      for (size_t off = 0; off < t.nbytes(); off += piece_bytes)
+        pieces[f].push_back({src + off, im.data + at + off, std::min(piece_bytes, t.nbytes() - off)});
       at += t.nbytes();
     }
   }
-  base::parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) copy_streaming(pieces[i].dst, pieces[i].src, pieces[i].bytes);
-  });
+  if (parallel) {
+    std::vector<Piece> all;
+    for (const auto& file : pieces) all.insert(all.end(), file.begin(), file.end());
+    base::parallel_for(static_cast<int64_t>(all.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) copy_streaming(all[i].dst, all[i].src, all[i].bytes);
+    });
+  } else {
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                    &XXH3_freeState);
+    TESSERA_CHECK(state, "checkpoint: out of memory for the checksum state");
+    for (size_t f = 0; f < images.size(); ++f) {
+      XXH3_64bits_reset(state.get());
+      for (const Piece& p : pieces[f]) {
+        copy_streaming(p.dst, p.src, p.bytes);
+        XXH3_64bits_update(state.get(), p.src, p.bytes);
+      }
+      images[f].hash = XXH3_64bits_digest(state.get());
+    }
+  }
   for (FileImage& im : images) im.sources.clear();
 }
 
@@ -407,7 +399,7 @@ void CheckpointManager::reserve(const CheckpointFiles& files) {
     if (!fresh) continue;
     // Fault the pages in now, on every worker (measured on the dev box: 2 threads'
     // memset 0.43 s for 1.5 GB, MAP_POPULATE 0.5-2 s, one thread 0.85 s).
-    const size_t n = round_up_direct(images[i].size);
+    const size_t n = io::round_up_direct_io(images[i].size);
     constexpr size_t kPiece = size_t{4} << 20;
     base::parallel_for(static_cast<int64_t>((n + kPiece - 1) / kPiece), 1,
                        [&](int64_t b, int64_t e) {
