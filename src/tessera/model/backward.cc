@@ -83,11 +83,14 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   prepare(head);
   if (tied) prepare(0);
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
-  const Bf16Mode mode = bf16_mode_;
+  // Each activation or gradient that feeds matmuls is rounded once (mode), and the
+  // matmuls are handed the rounded operands (pm): hf, h1, h2 and a come rounded from
+  // forward_train.
+  const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
   // Loss and d(loss)/d(logits), written over the logits.
   Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
-  kernels::matmul(matmul_input(hf, mode), compute_lm_head(), logits, false, true);
+  kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
   LossResult result;
   result.activation_bytes = act_bytes;
   if (count == 0) {
@@ -109,12 +112,13 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   result.loss = ce.loss_sum / static_cast<double>(ce.count);
   result.count = ce.count;
   Tensor& dlogits = logits;
+  round_matmul_input_in_place(dlogits, mode);
 
   // lm_head: logits = hf @ Wlm^T.
   Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({N, H}, DType::kF32);
-  kernels::matmul(matmul_input(dlogits, mode), compute_lm_head(), dh, false, false);
-  matmul_weight_grad(dlogits, hf, grads.lm_head, mode, !assign);  // before embed's scatter-add
+  kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh, false, false);
+  matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
   norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
                 grads.final_norm_w, grads.final_norm_b);
   if (hooks) {
@@ -150,21 +154,24 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     }
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-    linear_backward_input(compute_linear(l, 3), dres, da, mode);
-    linear_backward_weight(A.a, dres, G.down, mode, !assign);
+    Tensor op = matmul_input(dres, mode);
+    linear_backward_input(compute_linear(l, 3), op, da, pm);
+    linear_backward_weight(A.a, dres, op, G.down, pm, !assign);
     if (c.gated_mlp()) {
       Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
       kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
     } else {
       kernels::gelu_backward(da, A.u, du);
     }
-    linear_backward_input(compute_linear(l, 2), du, dh, mode);
-    linear_backward_weight(A.h2, du, G.up, mode, !assign);
+    op = matmul_input(du, mode);
+    linear_backward_input(compute_linear(l, 2), op, dh, pm);
+    linear_backward_weight(A.h2, du, op, G.up, pm, !assign);
     norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
-    linear_backward_input(compute_linear(l, 1), dres, datt, mode);
-    linear_backward_weight(A.att, dres, G.o, mode, !assign);
+    op = matmul_input(dres, mode);
+    linear_backward_input(compute_linear(l, 1), op, datt, pm);
+    linear_backward_weight(matmul_input(A.att, mode), dres, op, G.o, pm, !assign);
     const QkvViews v = qkv_views(c, A.qkv, B, T);
     QkvViews dv = qkv_views(c, dqkv, B, T);
     kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
@@ -176,8 +183,9 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::rope_apply(dq, c.head_dim, acts.positions, c.rope_theta, true);
       kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
     }
-    linear_backward_input(compute_linear(l, 0), dqkv, dh, mode);
-    linear_backward_weight(A.h1, dqkv, G.qkv, mode, !assign);
+    op = matmul_input(dqkv, mode);
+    linear_backward_input(compute_linear(l, 0), op, dh, pm);
+    linear_backward_weight(A.h1, dqkv, op, G.qkv, pm, !assign);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now

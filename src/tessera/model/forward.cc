@@ -207,13 +207,17 @@ Tensor layer_forward_train(const Model& m, int64_t l, const Activations& acts,
   if (ln) A.mean1 = Tensor::empty({N}, DType::kF32);
   A.rstd1 = Tensor::empty({N}, DType::kF32);
   A.h1 = Tensor::empty({N, H}, DType::kF32);
+  // h1, h2 and a feed only matmuls (here and for the weight gradients in backward), so
+  // they are kept rounded as those want them: one rounding pass each.
+  const Bf16Mode mode = m.bf16_mode(), pm = prepared_mode(mode);
   norm_forward(c, W.norm1_w, W.norm1_b, x, A.h1, ln ? &A.mean1 : nullptr, &A.rstd1);
+  round_matmul_input_in_place(A.h1, mode);
   A.qkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
-  linear_forward(m.compute_linear(l, 0), A.h1, A.qkv, m.bf16_mode());
+  linear_forward(m.compute_linear(l, 0), A.h1, A.qkv, pm);
   apply_rope(c, A.qkv, acts.positions, false);
   recompute_attention(m, acts, A);
   Tensor o = Tensor::empty({N, H}, DType::kF32);
-  linear_forward(m.compute_linear(l, 1), A.att, o, m.bf16_mode());
+  linear_forward(m.compute_linear(l, 1), A.att, o, mode);  // att stays exact for backward
   if (!keep_attention) {  // selective checkpointing: recomputed in the backward pass
     A.att = Tensor();
     A.lse = Tensor();
@@ -223,12 +227,14 @@ Tensor layer_forward_train(const Model& m, int64_t l, const Activations& acts,
   A.rstd2 = Tensor::empty({N}, DType::kF32);
   A.h2 = Tensor::empty({N, H}, DType::kF32);
   add_norm_forward(c, W.norm2_w, W.norm2_b, A.x_mid, o, A.h2, ln ? &A.mean2 : nullptr, &A.rstd2);
+  round_matmul_input_in_place(A.h2, mode);
   A.u = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
-  linear_forward(m.compute_linear(l, 2), A.h2, A.u, m.bf16_mode());
+  linear_forward(m.compute_linear(l, 2), A.h2, A.u, pm);
   A.a = Tensor::empty({N, F}, DType::kF32);
   mlp_activation(c, A.u, A.a);
+  round_matmul_input_in_place(A.a, mode);
   Tensor d = o;  // reuse (N, H)
-  linear_forward(m.compute_linear(l, 3), A.a, d, m.bf16_mode());
+  linear_forward(m.compute_linear(l, 3), A.a, d, pm);
   Tensor out = A.x_mid.clone();
   kernels::add_inplace(out, d);
   return out;
@@ -286,6 +292,7 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   acts.hf = Tensor::empty({N, H}, DType::kF32);
   norm_forward(c, m.weights().final_norm_w, m.weights().final_norm_b, x, acts.hf,
                ln ? &acts.meanf : nullptr, &acts.rstdf);
+  round_matmul_input_in_place(acts.hf, m.bf16_mode());  // feeds only the head's matmuls
   return acts.hf;
 }
 

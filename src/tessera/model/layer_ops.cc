@@ -18,6 +18,15 @@ Tensor matmul_input(const Tensor& x, Bf16Mode mode) {
   return x;
 }
 
+void round_matmul_input_in_place(Tensor& x, Bf16Mode mode) {
+  if (mode == Bf16Mode::kEmulated) round_bf16_in_place(x);
+  if (mode == Bf16Mode::kEmulatedF16) round_f16_in_place(x);
+}
+
+Bf16Mode prepared_mode(Bf16Mode mode) {
+  return mode == Bf16Mode::kEmulated || mode == Bf16Mode::kEmulatedF16 ? Bf16Mode::kOff : mode;
+}
+
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
   kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
   if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
@@ -42,12 +51,12 @@ void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode m
   }
 }
 
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode,
-                            bool accumulate) {
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dy_op, Linear& grad,
+                            Bf16Mode mode, bool accumulate) {
   if (grad.in_out)  // W (in, out): dW += x^T dy
-    matmul_weight_grad(x, dy, grad.weight, mode, accumulate);
+    matmul_weight_grad(x, dy_op, grad.weight, mode, accumulate);
   else  // W (out, in): dW += dy^T x
-    matmul_weight_grad(dy, x, grad.weight, mode, accumulate);
+    matmul_weight_grad(dy_op, x, grad.weight, mode, accumulate);
   if (grad.bias.defined()) kernels::bias_backward(dy, grad.bias);
 }
 

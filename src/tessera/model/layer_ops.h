@@ -10,16 +10,25 @@ namespace tessera::model {
 
 // The activation operand of a matmul as the bf16 mode wants it (rounded under kEmulated).
 Tensor matmul_input(const Tensor& x, Bf16Mode mode);
+// x (contiguous f32) rounded in place as matmul_input would round it: for an operand
+// that feeds several matmuls and nothing else, so it is rounded once.
+void round_matmul_input_in_place(Tensor& x, Bf16Mode mode);
+// The mode to hand the functions below when the activation operands are already
+// rounded (by matmul_input or round_matmul_input_in_place): under the emulated modes the
+// weights are rounded f32 too, so the product is the plain f32 one (kOff); the others
+// are unchanged.
+Bf16Mode prepared_mode(Bf16Mode mode);
 
 // y (N, out) = x (N, in) @ W^T + b  (x @ W + b for in_out weights).
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten.
 void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode);
-// grad.weight += dW, grad.bias += column sums of dy. Under a bf16 mode the operands of
-// the weight-gradient matmul are rounded to bf16 first (autocast semantics).
-// dW (and db) += the gradient; with accumulate false, dW = it (db is still added to).
-void linear_backward_weight(const Tensor& x, const Tensor& dy, Linear& grad, Bf16Mode mode,
-                            bool accumulate = true);
+// grad.weight (+)= the weight gradient of x and dy_op, the matmul operands (rounded for
+// `mode` here unless already prepared); grad.bias += column sums of dy, the unrounded
+// output gradient that dy_op was made from (dy_op may be dy itself).
+// With accumulate false, dW = the gradient (db is still added to).
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dy_op, Linear& grad,
+                            Bf16Mode mode, bool accumulate = true);
 // dW += op(a)^T b for a weight gradient: the two operands rounded as the mode wants.
 void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode,
                         bool accumulate = true);

@@ -416,36 +416,56 @@ __attribute__((target("avx512f"))) void round_f16_avx512(const float* s, float* 
 
 }  // namespace
 
-// t rounded to a 16-bit float format and widened back, in one pass (this runs on every
-// matmul input in emulated 16-bit training): `wide` is the format's dtype, `avx512`
-// its vector loop, `round` its scalar rounding.
-static Tensor rounded_copy(const Tensor& t, DType wide, void (*avx512)(const float*, float*, int64_t),
-                    float (*round)(float), const char* what) {
-  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == wide, what, ": expected f32 or ",
-                dtype_name(wide), ", got ", t.describe());
-  if (t.dtype() == wide || !t.is_contiguous()) return t.to(wide).to(DType::kF32);
-  Tensor out = Tensor::empty(t.shape(), DType::kF32);
-  const float* s = t.data<float>();
-  float* d = out.data<float>();
+// n floats from s rounded to a 16-bit float format and widened back into d (d may be
+// s): `avx512` is the format's vector loop, `round` its scalar rounding. This runs on
+// the matmul operands of emulated 16-bit training.
+static void round_floats(const float* s, float* d, int64_t n,
+                         void (*avx512)(const float*, float*, int64_t), float (*round)(float)) {
   const bool vec = base::cpu_features().avx512f;
-  base::parallel_for(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
+  base::parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
     if (vec) {
       avx512(s + b, d + b, e - b);
     } else {
       for (int64_t i = b; i < e; ++i) d[i] = round(s[i]);
     }
   });
+}
+
+// t rounded into a new f32 tensor; `wide` is the format's dtype.
+static Tensor rounded_copy(const Tensor& t, DType wide, void (*avx512)(const float*, float*, int64_t),
+                    float (*round)(float), const char* what) {
+  TESSERA_CHECK(t.dtype() == DType::kF32 || t.dtype() == wide, what, ": expected f32 or ",
+                dtype_name(wide), ", got ", t.describe());
+  if (t.dtype() == wide || !t.is_contiguous()) return t.to(wide).to(DType::kF32);
+  Tensor out = Tensor::empty(t.shape(), DType::kF32);
+  round_floats(t.data<float>(), out.data<float>(), t.numel(), avx512, round);
   return out;
 }
 
+static void round_in_place(Tensor& t, void (*avx512)(const float*, float*, int64_t),
+                           float (*round)(float), const char* what) {
+  TESSERA_CHECK(t.dtype() == DType::kF32 && t.is_contiguous(), what,
+                ": expected a contiguous f32 tensor, got ", t.describe());
+  round_floats(t.data<float>(), t.data<float>(), t.numel(), avx512, round);
+}
+
+static float round_f16_scalar(float v) { return f16_to_f32(f32_to_f16(v)); }
+static float round_bf16_scalar(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
 Tensor f16_rounded(const Tensor& t) {
-  return rounded_copy(t, DType::kF16, round_f16_avx512,
-                      [](float v) { return f16_to_f32(f32_to_f16(v)); }, "f16_rounded");
+  return rounded_copy(t, DType::kF16, round_f16_avx512, round_f16_scalar, "f16_rounded");
 }
 
 Tensor bf16_rounded(const Tensor& t) {
-  return rounded_copy(t, DType::kBF16, round_bf16_avx512,
-                      [](float v) { return bf16_to_f32(f32_to_bf16(v)); }, "bf16_rounded");
+  return rounded_copy(t, DType::kBF16, round_bf16_avx512, round_bf16_scalar, "bf16_rounded");
+}
+
+void round_f16_in_place(Tensor& t) {
+  round_in_place(t, round_f16_avx512, round_f16_scalar, "round_f16_in_place");
+}
+
+void round_bf16_in_place(Tensor& t) {
+  round_in_place(t, round_bf16_avx512, round_bf16_scalar, "round_bf16_in_place");
 }
 
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {

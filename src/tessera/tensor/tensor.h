@@ -105,6 +105,9 @@ Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape) {
 Tensor bf16_rounded(const Tensor& t);
 // The same with fp16 rounding (overflow to +-inf), for emulated fp16 compute.
 Tensor f16_rounded(const Tensor& t);
+// The same roundings in place, on a contiguous f32 tensor.
+void round_bf16_in_place(Tensor& t);
+void round_f16_in_place(Tensor& t);
 
 // Converts n elements between float dtypes (f32, bf16, f16); vectorised where possible.
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
