@@ -417,10 +417,11 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
     *d = SlotDesc{g, P.n, e, static_cast<int32_t>(op), my_reg};
     publish(kWritten, g + 1);
   };
-  // reduce(k): my chunk's piece k from my input and every peer's region r, in rank order.
-  auto reduce = [&](int64_t k) {
+  // reduce(Q, k): my chunk's piece k of plan Q (P, or P in one piece) from my input and
+  // every peer's region r, in rank order.
+  auto reduce = [&](const Plan& Q, int64_t k) {
     const uint64_t g = step_ + k;
-    const ChunkRange own = P.piece(r, k);
+    const ChunkRange own = Q.piece(r, k);
     for (int p = 0; p < N; ++p) {
       if (p == r) {
         srcs[p] = in + own.begin * e;
@@ -428,17 +429,17 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
       }
       wait_flag(p, kWritten, g + 1, "written");
       check_desc(p, g);
-      srcs[p] = peer_src(p, g, own.begin * e, r * P.region_bytes);
+      srcs[p] = peer_src(p, g, own.begin * e, r * Q.region_bytes);
     }
     // A registered all-reduce leaves its reduced piece in place (in == out) for the peers.
     const bool all_reduce = op == ShmCollective::kAllReduce;
     reduce_sources(out + (own.begin - out_base) * e,
-                   all_reduce && my_reg < 0 ? slot(r, g) + r * P.region_bytes : nullptr,
+                   all_reduce && my_reg < 0 ? slot(r, g) + r * Q.region_bytes : nullptr,
                    srcs.data(), N, own.size(), dt, red);
     if (all_reduce) publish(kReduced, g + 1);
   };
   // gather(k): every peer's piece k out of its slot, whichever peer is ready first.
-  auto gather = [&](int64_t k) {
+  auto gather = [&](const Plan& Q, int64_t k) {
     const uint64_t g = step_ + k;
     const int flag = gather_only ? kWritten : kReduced;
     pending.clear();
@@ -452,9 +453,9 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
           continue;
         }
         if (gather_only) check_desc(p, g);  // (the all-reduce's reduce(k) checked it)
-        const ChunkRange pc = P.piece(p, k);
-        const int64_t at = (pc.begin - (gather_only ? P.chunk(p).begin : 0)) * e;
-        std::memcpy(out + pc.begin * e, peer_src(p, g, at, gather_only ? 0 : p * P.region_bytes),
+        const ChunkRange pc = Q.piece(p, k);
+        const int64_t at = (pc.begin - (gather_only ? Q.chunk(p).begin : 0)) * e;
+        std::memcpy(out + pc.begin * e, peer_src(p, g, at, gather_only ? 0 : p * Q.region_bytes),
                     pc.size() * e);
       }
       pending.resize(kept);
@@ -463,15 +464,45 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
     }
   };
 
+  // Whether this rank and every peer offered a registered input at step 0 (waits for
+  // the peers' step-0 descriptors).
+  auto all_registered = [&] {
+    if (my_reg < 0) return false;
+    for (int p = 0; p < N; ++p) {
+      if (p == r) continue;
+      wait_flag(p, kWritten, step_ + 1, "written");
+      check_desc(p, step_);
+      if (reg[p] < 0) return false;
+    }
+    return true;
+  };
+
   // Software-pipelined: step k + 1's pieces go in between reducing and gathering step k,
   // so a peer a little behind finishes its reduction while this rank copies instead of
   // waiting. write(k + 1) needs peers done with step k - 1, published an iteration ago.
   if (P.steps > 0) write(0);
-  for (int64_t k = 0; k < P.steps; ++k) {
-    if (reducing) reduce(k);
-    if (k + 1 < P.steps) write(k + 1);
-    if (gathering) gather(k);
-    publish(kDone, step_ + k + 1);  // done reading peers' slots for this step
+  if (P.steps > 1 && all_registered()) {
+    // Every input is registered: peers' whole inputs are readable now, so the collective
+    // runs as one piece, with one round of waits instead of one per step (with more ranks
+    // than cores each wait can be a futex sleep). Every rank reads the same step-0
+    // descriptors, so all of them take this path or none. The flags end where the
+    // stepped path leaves them.
+    Plan whole = P;
+    whole.steps = 1;
+    if (gather_only && out + mine.begin * e != in)  // my own chunk (write(0) copied piece 0)
+      std::memcpy(out + mine.begin * e, in, mine.size() * e);
+    if (reducing) reduce(whole, 0);
+    if (op == ShmCollective::kAllReduce) publish(kReduced, step_ + P.steps);
+    if (gathering) gather(whole, 0);
+    publish(kWritten, step_ + P.steps);
+    publish(kDone, step_ + P.steps);
+  } else {
+    for (int64_t k = 0; k < P.steps; ++k) {
+      if (reducing) reduce(P, k);
+      if (k + 1 < P.steps) write(k + 1);
+      if (gathering) gather(P, k);
+      publish(kDone, step_ + k + 1);  // done reading peers' slots for this step
+    }
   }
   step_ += P.steps;
   // Peers read a registered input in place: the caller may reuse it only once they are
