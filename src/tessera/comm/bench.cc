@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/error.h"
@@ -61,44 +62,65 @@ void max_over_ranks(Communicator& comm, std::vector<int64_t>& ns) {
   std::copy(t.data<int64_t>(), t.data<int64_t>() + ns.size(), ns.begin());
 }
 
-CommBenchRow time_point(Communicator& comm, const std::string& op, Buffers& bufs, Algorithm a,
-                        int64_t bytes, const CommBenchOptions& o) {
-  // Warm-up; the last warm-up call (slowest rank) sizes the timed run. Every rank must
-  // make the same number of calls, hence the agreement through max_over_ranks.
-  std::vector<int64_t> warm_ns(1, 0);
-  for (int i = 0; i < std::max(o.warmup, 1); ++i) {
-    comm.barrier();
-    base::Timer t;
-    run_op(comm, op, bufs, a);
-    warm_ns[0] = static_cast<int64_t>(t.seconds() * 1e9);
-  }
+// Times every algorithm at one point, interleaved call by call (algorithm 1, 2, ...,
+// then 1 again), so that all of them see the same machine: on a shared box the load
+// drifts over a point's second or so, and back-to-back blocks per algorithm turned that
+// drift into 1.5x differences between two measurements of the same algorithm.
+std::vector<CommBenchRow> time_point(Communicator& comm, const std::string& op,
+                                     const std::vector<Algorithm>& algorithms,
+                                     const std::function<Buffers&(Algorithm)>& buffers,
+                                     int64_t bytes, const CommBenchOptions& o) {
+  const size_t A = algorithms.size();
+  // Warm-up; each algorithm's last warm-up call (slowest rank) sizes its timed calls.
+  // Every rank must make the same number of calls, hence the agreement through
+  // max_over_ranks.
+  std::vector<int64_t> warm_ns(A, 0);
+  for (int i = 0; i < std::max(o.warmup, 1); ++i)
+    for (size_t a = 0; a < A; ++a) {
+      comm.barrier();
+      base::Timer t;
+      run_op(comm, op, buffers(algorithms[a]), algorithms[a]);
+      warm_ns[a] = static_cast<int64_t>(t.seconds() * 1e9);
+    }
   max_over_ranks(comm, warm_ns);
-  const double warm_s = std::max(1e-9, warm_ns[0] * 1e-9);
-  const int iters = std::clamp(static_cast<int>(std::ceil(o.min_seconds / warm_s)),
-                               o.min_iterations, std::max(o.min_iterations, o.max_iterations));
-  std::vector<int64_t> ns(iters);
-  for (int i = 0; i < iters; ++i) {
-    comm.barrier();
-    base::Timer t;
-    run_op(comm, op, bufs, a);
-    ns[i] = static_cast<int64_t>(t.seconds() * 1e9);
+  std::vector<int> iters(A);
+  int rounds = 0;
+  for (size_t a = 0; a < A; ++a) {
+    const double warm_s = std::max(1e-9, warm_ns[a] * 1e-9);
+    iters[a] = std::clamp(static_cast<int>(std::ceil(o.min_seconds / warm_s)), o.min_iterations,
+                          std::max(o.min_iterations, o.max_iterations));
+    rounds = std::max(rounds, iters[a]);
   }
-  max_over_ranks(comm, ns);
-  std::vector<double> secs(ns.begin(), ns.end());
-  for (double& s : secs) s *= 1e-9;
+  std::vector<std::vector<int64_t>> ns(A);
+  for (size_t a = 0; a < A; ++a) ns[a].resize(iters[a]);
+  for (int i = 0; i < rounds; ++i)
+    for (size_t a = 0; a < A; ++a) {
+      if (i >= iters[a]) continue;
+      comm.barrier();
+      base::Timer t;
+      run_op(comm, op, buffers(algorithms[a]), algorithms[a]);
+      ns[a][i] = static_cast<int64_t>(t.seconds() * 1e9);
+    }
 
-  CommBenchRow row;
-  row.backend = comm.backend();
-  row.ranks = comm.size();
-  row.op = op;
-  row.algorithm = a;
-  row.bytes = bytes;
-  row.registered = shm_registered(comm, bufs.a);
-  row.iterations = iters;
-  row.seconds = std::max(1e-9, base::median(std::move(secs)));
-  row.algbw_gbps = static_cast<double>(bytes) / row.seconds / 1e9;
-  row.busbw_gbps = row.algbw_gbps * bus_factor(op, row.ranks);
-  return row;
+  std::vector<CommBenchRow> rows;
+  for (size_t a = 0; a < A; ++a) {
+    max_over_ranks(comm, ns[a]);
+    std::vector<double> secs(ns[a].begin(), ns[a].end());
+    for (double& s : secs) s *= 1e-9;
+    CommBenchRow row;
+    row.backend = comm.backend();
+    row.ranks = comm.size();
+    row.op = op;
+    row.algorithm = algorithms[a];
+    row.bytes = bytes;
+    row.registered = shm_registered(comm, buffers(algorithms[a]).a);
+    row.iterations = iters[a];
+    row.seconds = std::max(1e-9, base::median(std::move(secs)));
+    row.algbw_gbps = static_cast<double>(bytes) / row.seconds / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bus_factor(op, row.ranks);
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 std::string human_bytes(int64_t b) {
@@ -157,8 +179,10 @@ std::vector<CommBenchRow> bench_collectives(Communicator& comm, const CommBenchO
       Buffers shared = make_buffers(op, bytes / 4, comm, true);
       Buffers plain = make_buffers(op, bytes / 4, comm, false);
       const size_t first = rows.size();
-      for (Algorithm a : o.algorithms)
-        rows.push_back(time_point(comm, op, buffers_for(a, shared, plain), a, bytes, o));
+      for (CommBenchRow& r : time_point(
+               comm, op, o.algorithms,
+               [&](Algorithm a) -> Buffers& { return buffers_for(a, shared, plain); }, bytes, o))
+        rows.push_back(std::move(r));
       const auto backend = std::find_if(rows.begin() + first, rows.end(), [](const auto& r) {
         return r.algorithm == Algorithm::kBackend;
       });

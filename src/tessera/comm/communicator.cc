@@ -546,8 +546,7 @@ Algorithm algo::auto_all_reduce(int64_t bytes, int group_size, bool multi_node) 
 }
 
 Algorithm algo::auto_reduce_scatter(int64_t bytes, int group_size) {
-  if (group_size >= 4 && bytes <= (group_size >= 8 ? 64 << 10 : 32 << 10))
-    return Algorithm::kHalvingDoubling;
+  if (group_size >= 4 && bytes <= (64 << 10)) return Algorithm::kHalvingDoubling;
   return Algorithm::kBackend;
 }
 

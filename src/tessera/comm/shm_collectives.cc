@@ -574,9 +574,13 @@ bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
   // With more ranks than cores every shm wait sleeps on a futex, and for small all-reduces
   // (<= 256 KiB) the wake-ups cost more than MPI point to point: recursive halving-doubling
   // or MPI's own won there at 4 ranks on 2 cores (docs/performance.md, 15:20 sweep).
+  // Reduce-scatters of up to 64 KiB likewise: shm was the slowest or next to it at
+  // 16 and 64 KiB in both 4-rank sweeps of 2026-12-01 (halving-doubling or MPI's own won).
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  if (op == ShmCollective::kAllReduce && cpus > 0 && c.size() > cpus &&
-      bytes <= (int64_t{256} << 10))
+  const bool oversubscribed = cpus > 0 && c.size() > cpus;
+  if (oversubscribed && op == ShmCollective::kAllReduce && bytes <= (int64_t{256} << 10))
+    return false;
+  if (oversubscribed && op == ShmCollective::kReduceScatter && bytes <= (int64_t{64} << 10))
     return false;
   return true;
 }
