@@ -38,10 +38,13 @@ namespace {
 //   reduced: steps whose reduced piece is in this rank's slot   (all-reduce only)
 //   done:    steps this rank has finished reading peers' slots for
 // A slot is reused two steps later, once every peer's `done` shows it read the old data.
+// Rank 0's header also holds the two group-wide counters of the gathered path (run()):
+//   arrived:  ranks that have entered gathered collectives (N per collective)
+//   released: gathered collectives whose result the last rank to arrive has written
 constexpr int64_t kHeaderBytes = 4096;
 constexpr int64_t kLine = 64;
-enum Flag { kWritten = 0, kReduced = 1, kDone = 2 };
-constexpr int64_t kDescOffset = 3 * kLine;  // then one line per slot
+enum Flag { kWritten = 0, kReduced = 1, kDone = 2, kArrived = 5, kReleased = 6 };
+constexpr int64_t kDescOffset = 3 * kLine;  // then one line per slot (lines 3 and 4)
 
 // What a rank put in a slot; a reader checks it so ranks that disagree on a collective's
 // size get an error instead of reading garbage. `reg` >= 0: the rank's input is
@@ -174,6 +177,18 @@ int64_t env_bytes_setting(std::atomic<int64_t>& cache, int64_t unset, const char
   return cache.load();
 }
 
+// The gathered path's limit (rank 0's holds for the group): 256 KiB when ranks outnumber
+// cores, else off; TESSERA_SHM_GATHERED_MAX_BYTES sets it for any group (0: off), which
+// the tests use to run the path on 2 ranks.
+std::atomic<int64_t> g_gathered_max{-1};
+int64_t gathered_max_setting(int size) {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const bool oversubscribed = cpus > 0 && size > cpus;
+  const int64_t fallback = oversubscribed ? int64_t{256} << 10 : 0;
+  return env_bytes_setting(g_gathered_max, -1, "TESSERA_SHM_GATHERED_MAX_BYTES", fallback, 0,
+                           int64_t{1} << 30, 1);
+}
+
 int64_t shm_slot_bytes() {
   return env_bytes_setting(g_slot_bytes, 0, "TESSERA_SHM_SLOT_BYTES", int64_t{1} << 20, 4096,
                            int64_t{1} << 30, 4096);
@@ -229,11 +244,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, int64_t slot_byte
   struct {
     uint64_t id;
     int64_t slot_bytes;
-  } hdr{0, 0};
+    int64_t gathered_max;
+  } hdr{0, 0, 0};
   if (rank == 0) {
     std::random_device rd;
     hdr.id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
     hdr.slot_bytes = round_up(std::max<int64_t>(slot_bytes, 4096), 4096);
+    hdr.gathered_max = gathered_max_setting(size);
   }
   setup.broadcast_from_0(&hdr, static_cast<int>(sizeof hdr));
   char name[64];
@@ -286,7 +303,9 @@ std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, int64_t slot_byte
     if (why) *why = err.empty() ? "another rank could not set up " + std::string(name) : err;
     return nullptr;
   }
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, total, hdr.slot_bytes));
+  auto group = std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, base, total, hdr.slot_bytes));
+  group->gathered_max_ = hdr.gathered_max;
+  return group;
 }
 
 uint64_t* ShmGroup::flag_word(int r, int flag) const {
@@ -302,10 +321,12 @@ uint64_t ShmGroup::peek(int r, int flag) const {
 // seq_cst store, then seq_cst load of the sleepers (and the reverse in wait_flag): either
 // this rank sees a sleeper and wakes it, or the sleeper sees the new value and never
 // sleeps (and FUTEX_WAIT itself refuses to sleep once the word has changed).
-void ShmGroup::publish(int flag, uint64_t value) {
-  std::atomic_ref<uint64_t>(*flag_word(rank_, flag)).store(value, std::memory_order_seq_cst);
-  if (std::atomic_ref<uint32_t>(*sleepers_word(rank_, flag)).load(std::memory_order_seq_cst) != 0)
-    futex_wake_all(flag_word(rank_, flag));
+void ShmGroup::publish(int flag, uint64_t value) { publish_at(rank_, flag, value); }
+
+void ShmGroup::publish_at(int owner, int flag, uint64_t value) {
+  std::atomic_ref<uint64_t>(*flag_word(owner, flag)).store(value, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(*sleepers_word(owner, flag)).load(std::memory_order_seq_cst) != 0)
+    futex_wake_all(flag_word(owner, flag));
 }
 
 void ShmGroup::wait_flag(int peer, int flag, uint64_t target, const char* phase) {
@@ -477,6 +498,78 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
     return true;
   };
 
+  // Gathered path, for small collectives when ranks outnumber cores (gathered_max_ > 0
+  // only then): every wait of the stepped protocol below may be a futex sleep and a
+  // context switch there. Instead each rank puts all its input in its slot (its own
+  // chunk too) and counts itself in; the last rank to arrive does the whole reduction,
+  // chunk q into rank q's region q, and releases the others, who copy their results out.
+  // One sleep per rank. The reduction is in rank order like the stepped one, so the bits
+  // do not depend on which rank arrived last. Every rank decides alike (n, the plan and
+  // rank 0's limit).
+  if (P.steps == 1 && P.n * e <= gathered_max_) {
+    const uint64_t g = step_;
+    char* my = slot(r, g);
+    if (g >= 2)  // my slot g % 2 and the peers' regions I may write: free after step g - 2
+      for (int p = 0; p < N; ++p)
+        if (p != r) wait_flag(p, kDone, g - 1, "done");
+    if (gather_only) {
+      if (my_reg < 0) std::memcpy(my, in, mine.size() * e);
+      if (out + mine.begin * e != in) std::memcpy(out + mine.begin * e, in, mine.size() * e);
+    } else if (my_reg < 0) {
+      for (int q = 0; q < N; ++q) {
+        const ChunkRange c = P.chunk(q);
+        std::memcpy(my + q * P.region_bytes, in + c.begin * e, c.size() * e);
+      }
+    }
+    SlotDesc* d = reinterpret_cast<SlotDesc*>(area(r) + kDescOffset + (g % 2) * kLine);
+    *d = SlotDesc{g, P.n, e, static_cast<int32_t>(op), my_reg};
+    publish(kWritten, g + 1);
+    reg[r] = my_reg;
+    const uint64_t call = gathered_;
+    const uint64_t before =
+        std::atomic_ref<uint64_t>(*flag_word(0, kArrived)).fetch_add(1, std::memory_order_seq_cst);
+    if (before / N != call) {
+      broken_ = true;
+      fail("shm: rank ", r, " entered gathered collective ", call, " but the group's arrival count ",
+           before, " says ", before / N, " (ranks disagree on the collectives they run)");
+    }
+    if (before % N == static_cast<uint64_t>(N - 1)) {  // last to arrive: everyone's input is in
+      for (int p = 0; p < N; ++p)
+        if (p != r) check_desc(p, g);
+      if (reducing)
+        for (int q = 0; q < N; ++q) {
+          const ChunkRange c = P.chunk(q);
+          for (int p = 0; p < N; ++p) srcs[p] = peer_src(p, g, c.begin * e, q * P.region_bytes);
+          reduce_sources(slot(q, g) + q * P.region_bytes, nullptr, srcs.data(), N, c.size(), dt,
+                         red);
+        }
+      publish_at(0, kReleased, call + 1);
+    } else {
+      wait_flag(0, kReleased, call + 1, "release by the last rank to arrive");
+      for (int p = 0; p < N; ++p)
+        if (p != r) check_desc(p, g);
+    }
+    if (op == ShmCollective::kReduceScatter) {
+      std::memcpy(out, slot(r, g) + r * P.region_bytes, mine.size() * e);
+    } else {
+      for (int q = 0; q < N; ++q) {
+        const ChunkRange c = P.chunk(q);
+        if (gather_only && q == r) continue;
+        std::memcpy(out + c.begin * e,
+                    gather_only ? peer_src(q, g, 0, 0) : slot(q, g) + q * P.region_bytes,
+                    c.size() * e);
+      }
+      if (op == ShmCollective::kAllReduce) publish(kReduced, g + 1);
+    }
+    publish(kDone, g + 1);
+    ++gathered_;
+    ++step_;
+    if (my_reg >= 0 && gather_only)  // peers copy a registered chunk after the release
+      for (int p = 0; p < N; ++p)
+        if (p != r) wait_flag(p, kDone, step_, "done reading a registered input");
+    return;
+  }
+
   // Software-pipelined: step k + 1's pieces go in between reducing and gathering step k,
   // so a peer a little behind finishes its reduction while this rank copies instead of
   // waiting. write(k + 1) needs peers done with step k - 1, published an iteration ago.
@@ -571,17 +664,18 @@ bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
   // copies above 64 KiB (0.8x); from registered buffers (alloc_shared: the trainer's
   // weights, the bench) shm wins at every size (1.2-2.4x), and those are the all-gathers
   // that matter, so shm is the choice throughout.
-  // With more ranks than cores every shm wait sleeps on a futex, and for small all-reduces
-  // (<= 256 KiB) the wake-ups cost more than MPI point to point: recursive halving-doubling
-  // or MPI's own won there at 4 ranks on 2 cores (docs/performance.md, 15:20 sweep).
-  // Reduce-scatters of up to 64 KiB likewise: shm was the slowest or next to it at
-  // 16 and 64 KiB in both 4-rank sweeps of 2026-12-01 (halving-doubling or MPI's own won).
+  // With more ranks than cores the small collectives take the gathered path (one sleep
+  // per rank; run()). Measured at 4 ranks on 2 cores (2026-12-01): it beats MPI's own and
+  // halving-doubling 1.5x for all-reduces of 16-256 KiB, but not at 4 KiB (MPI's own), not
+  // for reduce-scatters up to 64 KiB (halving-doubling and MPI's own as fast or faster)
+  // and not for all-gathers up to 16 KiB (MPI's own or halving-doubling).
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const bool oversubscribed = cpus > 0 && c.size() > cpus;
-  if (oversubscribed && op == ShmCollective::kAllReduce && bytes <= (int64_t{256} << 10))
-    return false;
-  if (oversubscribed && op == ShmCollective::kReduceScatter && bytes <= (int64_t{64} << 10))
-    return false;
+  if (cpus > 0 && c.size() > cpus) {
+    const int64_t below = op == ShmCollective::kAllReduce       ? int64_t{4} << 10
+                          : op == ShmCollective::kReduceScatter ? int64_t{64} << 10
+                                                                : int64_t{16} << 10;
+    if (bytes <= below) return false;
+  }
   return true;
 }
 

@@ -93,12 +93,15 @@ class ShmGroup {
   uint32_t* sleepers_word(int r, int flag) const;
   uint64_t peek(int r, int flag) const;           // acquire load of rank r's flag
   void publish(int flag, uint64_t value);         // this rank's flag; wakes sleepers
+  void publish_at(int owner, int flag, uint64_t value);  // rank owner's flag (shared counters)
   void wait_flag(int peer, int flag, uint64_t target, const char* phase);
 
   int rank_, size_;
   void* base_;
   int64_t bytes_, slot_bytes_, area_bytes_;
   uint64_t step_ = 0;     // global pipeline steps run so far (equal on every rank)
+  uint64_t gathered_ = 0;      // gathered-path collectives run so far (equal on every rank)
+  int64_t gathered_max_ = 0;   // largest collective (bytes) for the gathered path; 0: off
   bool broken_ = false;   // an error left the flags mid-collective: refuse further calls
   std::chrono::steady_clock::duration spin_limit_;  // spin this long before yielding
 };
