@@ -20,7 +20,7 @@ struct CommBenchOptions {
   int warmup = 2;             // untimed calls per point
   double min_seconds = 0.2;   // timed calls per point: enough to fill this (from the warm-up)
   int min_iterations = 5;
-  int max_iterations = 100;
+  int max_iterations = 5000;  // small messages: min_seconds of calls, not a few ms
 };
 
 // One (collective, size, algorithm) point. `bytes` is the whole tensor (all_reduce's

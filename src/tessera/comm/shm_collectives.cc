@@ -665,16 +665,14 @@ bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
   // weights, the bench) shm wins at every size (1.2-2.4x), and those are the all-gathers
   // that matter, so shm is the choice throughout.
   // With more ranks than cores the small collectives take the gathered path (one sleep
-  // per rank; run()). Measured at 4 ranks on 2 cores (2026-12-01): it beats MPI's own and
-  // halving-doubling 1.5x for all-reduces of 16-256 KiB, but not at 4 KiB (MPI's own), not
-  // for reduce-scatters up to 64 KiB (halving-doubling and MPI's own as fast or faster)
-  // and not for all-gathers up to 16 KiB (MPI's own or halving-doubling).
+  // per rank; run()). Measured at 4 ranks on 2 cores (2026-12-01): all-reduces of 4-256
+  // KiB as fast as MPI's own and halving-doubling or up to 1.5x faster; reduce-scatters up
+  // to 64 KiB and all-gathers up to 16 KiB were more often behind halving-doubling or MPI's
+  // own (by 1.15-1.7x), so those stay with the table in communicator.cc.
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus > 0 && c.size() > cpus) {
-    const int64_t below = op == ShmCollective::kAllReduce       ? int64_t{4} << 10
-                          : op == ShmCollective::kReduceScatter ? int64_t{64} << 10
-                                                                : int64_t{16} << 10;
-    if (bytes <= below) return false;
+    if (op == ShmCollective::kReduceScatter && bytes <= (int64_t{64} << 10)) return false;
+    if (op == ShmCollective::kAllGather && bytes <= (int64_t{16} << 10)) return false;
   }
   return true;
 }
