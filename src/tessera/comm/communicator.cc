@@ -273,8 +273,8 @@ void Communicator::run_all_reduce(Tensor& t, ReduceOp op, Algorithm a, uint64_t 
   detail::CommState& s = *state_;
   collective_tag_ = tag_for(seq);
   if (size() == 1 || n == 0) return;
-  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kAllReduce, work_bytes))
-    a = Algorithm::kShm;  // one node, measured faster (shm_collectives.cc)
+  // One node: shm, or what won there (shm_collectives.cc); else the tables below.
+  if (a == Algorithm::kAuto) a = shm_auto_choice(*this, ShmCollective::kAllReduce, work_bytes);
   if ((a == Algorithm::kAuto || a == Algorithm::kHierarchical) && s.hier_status == 0) {
     // Who shares a node, once per communicator: an all-gather of node ids, then (several
     // nodes of equal size) the two splits the hierarchical algorithm runs on.
@@ -360,8 +360,7 @@ void Communicator::run_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
   const ChunkRange mine = chunk_range(n, size(), rank());
   const DType work = working_dtype(in.dtype());
   const int64_t elem = dtype_size(work);
-  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kReduceScatter, n * elem))
-    a = Algorithm::kShm;
+  if (a == Algorithm::kAuto) a = shm_auto_choice(*this, ShmCollective::kReduceScatter, n * elem);
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_reduce_scatter(n * elem, size());
   WatchdogScope watch(describe(*this, "reduce_scatter", seq, algorithm_name(a), n, in.dtype()),
@@ -413,8 +412,7 @@ void Communicator::run_all_gather(const Tensor& in, Tensor& out, Algorithm a, ui
   const int64_t n = out.numel();
   const ChunkRange mine = chunk_range(n, size(), rank());
   const int64_t elem = dtype_size(in.dtype());
-  if (a == Algorithm::kAuto && shm_preferred(*this, ShmCollective::kAllGather, n * elem))
-    a = Algorithm::kShm;
+  if (a == Algorithm::kAuto) a = shm_auto_choice(*this, ShmCollective::kAllGather, n * elem);
   if (a == Algorithm::kAuto || a == Algorithm::kHierarchical)
     a = algo::auto_all_gather(n * elem, size());
   WatchdogScope watch(describe(*this, "all_gather", seq, algorithm_name(a), n, in.dtype()),

@@ -658,23 +658,25 @@ bool shm_available(Communicator& c) {
 // all_gather on 2 ranks: above 64 KiB MPI's single copy (CMA, straight from the peer's
 // buffer) beats or ties our two copies (into the slot, out of it); up to 64 KiB shm's
 // lower latency wins. With 4 ranks on 2 cores shm won at every size.
-bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes) {
-  if (!shm_available(c)) return false;
+Algorithm shm_auto_choice(Communicator& c, ShmCollective op, int64_t bytes) {
+  if (!shm_available(c)) return Algorithm::kAuto;
   // All-gather from ordinary memory on 2 ranks: MPI's single-copy path beat our two
   // copies above 64 KiB (0.8x); from registered buffers (alloc_shared: the trainer's
   // weights, the bench) shm wins at every size (1.2-2.4x), and those are the all-gathers
   // that matter, so shm is the choice throughout.
   // With more ranks than cores the small collectives take the gathered path (one sleep
-  // per rank; run()). Measured at 4 ranks on 2 cores (2026-12-01): all-reduces of 4-256
-  // KiB as fast as MPI's own and halving-doubling or up to 1.5x faster; reduce-scatters up
-  // to 64 KiB and all-gathers up to 16 KiB were more often behind halving-doubling or MPI's
-  // own (by 1.15-1.7x), so those stay with the table in communicator.cc.
+  // per rank; run()). Measured at 4 ranks on 2 cores with the ranks pinned 2 per core
+  // (mpirun --bind-to core:overload-allowed; unpinned runs scatter by 1.2-3x from sweep to
+  // sweep), 2026-12-01: halving-doubling was fastest, by 1.1-1.5x, for all-gathers up to
+  // 64 KiB and all-reduces of 4 KiB; reduce-scatters up to 64 KiB tied between it and MPI's
+  // own (the table's choice). From 16 KiB (all-reduce) and 256 KiB (the others) shm won.
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus > 0 && c.size() > cpus) {
-    if (op == ShmCollective::kReduceScatter && bytes <= (int64_t{64} << 10)) return false;
-    if (op == ShmCollective::kAllGather && bytes <= (int64_t{16} << 10)) return false;
+    const int64_t small = op == ShmCollective::kAllReduce ? int64_t{4} << 10 : int64_t{64} << 10;
+    if (bytes <= small)
+      return op == ShmCollective::kReduceScatter ? Algorithm::kAuto : Algorithm::kHalvingDoubling;
   }
-  return true;
+  return Algorithm::kShm;
 }
 
 namespace {

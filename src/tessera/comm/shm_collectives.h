@@ -20,10 +20,12 @@ class ShmArena;  // shm_arena.h: registered buffers every rank of the group can 
 // one node, whose segment set-up has not failed. The same answer on every rank.
 bool shm_available(Communicator& c);
 
-// What kAuto runs ahead of the algo:: tables: true when shm is available and was
-// measured faster than the other algorithms for `op` at `bytes` (the whole buffer in the
-// working dtype, as the algo::auto_* tables count it) on this group size.
-bool shm_preferred(Communicator& c, ShmCollective op, int64_t bytes);
+// What kAuto runs on a group that shm serves (one node), ahead of the algo:: tables:
+// kShm where it was measured fastest for `op` at `bytes` (the whole buffer in the
+// working dtype, as the algo::auto_* tables count it), kHalvingDoubling for the small
+// collectives where that won with more ranks than cores, kAuto (the tables decide)
+// elsewhere, including every group shm cannot serve. The same answer on every rank.
+Algorithm shm_auto_choice(Communicator& c, ShmCollective op, int64_t bytes);
 
 // The collectives, with the buffer conventions of communicator.h's backend_* hooks:
 // reductions on f32, i32 or i64 with kSum or kMax (the caller converts bf16/f16 and
