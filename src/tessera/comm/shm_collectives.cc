@@ -155,9 +155,12 @@ void reduce_sources(void* dst1, void* dst2, const void* const* src, int m, int64
   }
 }
 
-ShmHost* host_of(Communicator& c) { return dynamic_cast<ShmHost*>(&c); }
-
 }  // namespace
+
+bool ranks_outnumber_cores(int group_size) {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 && group_size > cpus;
+}
 
 // ---- slot size -----------------------------------------------------------------------
 
@@ -182,9 +185,7 @@ int64_t env_bytes_setting(std::atomic<int64_t>& cache, int64_t unset, const char
 // the tests use to run the path on 2 ranks.
 std::atomic<int64_t> g_gathered_max{-1};
 int64_t gathered_max_setting(int size) {
-  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const bool oversubscribed = cpus > 0 && size > cpus;
-  const int64_t fallback = oversubscribed ? int64_t{256} << 10 : 0;
+  const int64_t fallback = ranks_outnumber_cores(size) ? int64_t{256} << 10 : 0;
   return env_bytes_setting(g_gathered_max, -1, "TESSERA_SHM_GATHERED_MAX_BYTES", fallback, 0,
                            int64_t{1} << 30, 1);
 }
@@ -224,8 +225,7 @@ struct ShmGroup::Plan {
 ShmGroup::ShmGroup(int rank, int size, void* base, int64_t bytes, int64_t slot_bytes)
     : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes),
       area_bytes_(kHeaderBytes + 2 * slot_bytes) {
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  spin_limit_ = std::chrono::microseconds(cpus > 0 && size > cpus ? 0 : spin_us());
+  spin_limit_ = std::chrono::microseconds(ranks_outnumber_cores(size) ? 0 : spin_us());
 }
 
 ShmGroup::~ShmGroup() {
@@ -414,8 +414,9 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
   };
 
   // Step k = global step step_ + k. write(k) puts my pieces of step k in my slot (unless
-  // registered) and describes them.
-  auto write = [&](int64_t k) {
+  // registered) and describes them; with own_region (the gathered path) a reduction's
+  // slot gets my own chunk's piece too, for the rank that reduces it.
+  auto write = [&](int64_t k, bool own_region = false) {
     const uint64_t g = step_ + k;
     char* my = slot(r, g);
     // My slot and descriptor g % 2 are free once every peer has finished step g - 2.
@@ -429,7 +430,7 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
       if (out + own.begin * e != src) std::memcpy(out + own.begin * e, src, own.size() * e);
     } else if (my_reg < 0) {
       for (int q = 0; q < N; ++q) {
-        if (q == r) continue;
+        if (q == r && !own_region) continue;
         const ChunkRange pc = P.piece(q, k);
         std::memcpy(my + q * P.region_bytes, in + pc.begin * e, pc.size() * e);
       }
@@ -508,22 +509,8 @@ void ShmGroup::run(const Plan& P, ShmCollective op, const void* in_v, void* out_
   // rank 0's limit).
   if (P.steps == 1 && P.n * e <= gathered_max_) {
     const uint64_t g = step_;
-    char* my = slot(r, g);
-    if (g >= 2)  // my slot g % 2 and the peers' regions I may write: free after step g - 2
-      for (int p = 0; p < N; ++p)
-        if (p != r) wait_flag(p, kDone, g - 1, "done");
-    if (gather_only) {
-      if (my_reg < 0) std::memcpy(my, in, mine.size() * e);
-      if (out + mine.begin * e != in) std::memcpy(out + mine.begin * e, in, mine.size() * e);
-    } else if (my_reg < 0) {
-      for (int q = 0; q < N; ++q) {
-        const ChunkRange c = P.chunk(q);
-        std::memcpy(my + q * P.region_bytes, in + c.begin * e, c.size() * e);
-      }
-    }
-    SlotDesc* d = reinterpret_cast<SlotDesc*>(area(r) + kDescOffset + (g % 2) * kLine);
-    *d = SlotDesc{g, P.n, e, static_cast<int32_t>(op), my_reg};
-    publish(kWritten, g + 1);
+    // (write's wait for step g - 2 also frees the peers' regions g % 2 that I may write.)
+    write(0, true);
     reg[r] = my_reg;
     const uint64_t call = gathered_;
     const uint64_t before =
@@ -642,78 +629,6 @@ void ShmGroup::all_gather(const void* in, void* out, int64_t n, int64_t elem,
   P.region_bytes = slot_bytes_;
   P.steps = plan_steps(chunk_range(n, size_, 0).size(), P.region_bytes, P.elem);
   run(P, ShmCollective::kAllGather, in, out, DType::kU8, ReduceOp::kSum, arena);
-}
-
-// ---- dispatch ------------------------------------------------------------------------
-
-bool shm_available(Communicator& c) {
-  ShmHost* h = c.size() > 1 ? host_of(c) : nullptr;
-  return h && h->shm_possible();
-}
-
-// Measured with `tessera bench comm` (docs/performance.md, "Communication"; 2 and 4 ranks
-// on a 2-core VM, 4 KiB - 256 MiB). all_reduce and reduce_scatter: shm was the fastest or
-// within the noise at every size; MPI's own costs a copy more per byte (and a fresh
-// temporary buffer per call above 32 MiB), ring and hd pay an MPI message per step.
-// all_gather on 2 ranks: above 64 KiB MPI's single copy (CMA, straight from the peer's
-// buffer) beats or ties our two copies (into the slot, out of it); up to 64 KiB shm's
-// lower latency wins. With 4 ranks on 2 cores shm won at every size.
-Algorithm shm_auto_choice(Communicator& c, ShmCollective op, int64_t bytes) {
-  if (!shm_available(c)) return Algorithm::kAuto;
-  // All-gather from ordinary memory on 2 ranks: MPI's single-copy path beat our two
-  // copies above 64 KiB (0.8x); from registered buffers (alloc_shared: the trainer's
-  // weights, the bench) shm wins at every size (1.2-2.4x), and those are the all-gathers
-  // that matter, so shm is the choice throughout.
-  // With more ranks than cores the small collectives take the gathered path (one sleep
-  // per rank; run()). Measured at 4 ranks on 2 cores with the ranks pinned 2 per core
-  // (mpirun --bind-to core:overload-allowed; unpinned runs scatter by 1.2-3x from sweep to
-  // sweep), 2026-12-01: halving-doubling was fastest, by 1.1-1.5x, for all-gathers up to
-  // 64 KiB and all-reduces of 4 KiB; reduce-scatters up to 64 KiB tied between it and MPI's
-  // own (the table's choice). From 16 KiB (all-reduce) and 256 KiB (the others) shm won.
-  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cpus > 0 && c.size() > cpus) {
-    const int64_t small = op == ShmCollective::kAllReduce ? int64_t{4} << 10 : int64_t{64} << 10;
-    if (bytes <= small)
-      return op == ShmCollective::kReduceScatter ? Algorithm::kAuto : Algorithm::kHalvingDoubling;
-  }
-  return Algorithm::kShm;
-}
-
-namespace {
-ShmGroup* group_of(Communicator& c) { return shm_available(c) ? host_of(c)->shm_group() : nullptr; }
-ShmArena* arena_of(Communicator& c) { return host_of(c)->shm_arena(); }  // after group_of
-}  // namespace
-
-void shm_all_reduce(Communicator& c, int tag, void* data, int64_t n, DType dt, ReduceOp op) {
-  if (ShmGroup* g = group_of(c))
-    g->all_reduce(data, n, dt, op, arena_of(c));
-  else
-    algo::ring_all_reduce(c, tag, data, n, dt, op);
-}
-
-void shm_reduce_scatter(Communicator& c, int tag, const void* in, void* out, int64_t n, DType dt,
-                        ReduceOp op) {
-  if (ShmGroup* g = group_of(c)) {
-    g->reduce_scatter(in, out, n, dt, op, arena_of(c));
-    return;
-  }
-  const int64_t e = dtype_size(dt);
-  std::vector<char> w(static_cast<const char*>(in), static_cast<const char*>(in) + n * e);
-  algo::ring_reduce_scatter(c, tag, w.data(), n, dt, op);
-  const ChunkRange mine = chunk_range(n, c.size(), c.rank());
-  std::memcpy(out, w.data() + mine.begin * e, mine.size() * e);
-}
-
-void shm_all_gather(Communicator& c, int tag, const void* in, void* out, int64_t n, int64_t elem) {
-  if (ShmGroup* g = group_of(c)) {
-    g->all_gather(in, out, n, elem, arena_of(c));
-    return;
-  }
-  const ChunkRange mine = chunk_range(n, c.size(), c.rank());
-  char* o = static_cast<char*>(out);
-  if (mine.size() > 0 && o + mine.begin * elem != in)
-    std::memmove(o + mine.begin * elem, in, mine.size() * elem);
-  algo::ring_all_gather(c, tag, out, n, elem);
 }
 
 }  // namespace tessera::comm

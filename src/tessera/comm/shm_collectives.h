@@ -20,6 +20,10 @@ class ShmArena;  // shm_arena.h: registered buffers every rank of the group can 
 // one node, whose segment set-up has not failed. The same answer on every rank.
 bool shm_available(Communicator& c);
 
+// Whether a group of this size on this machine has more ranks than CPUs (then every
+// shm wait sleeps, and small collectives take the gathered path).
+bool ranks_outnumber_cores(int group_size);
+
 // What kAuto runs on a group that shm serves (one node), ahead of the algo:: tables:
 // kShm where it was measured fastest for `op` at `bytes` (the whole buffer in the
 // working dtype, as the algo::auto_* tables count it), kHalvingDoubling for the small
