@@ -38,7 +38,8 @@ const char* const kOfflineOnly[] = {"--shape", "--dtype", "--repetitive-prompts"
                                     "--kv-cache-memory", "--block-size", "--no-prefix-caching",
                                     "--compare-prefix-caching", "--speculative", "--num-speculative-tokens",
                                     "--draft-model", "--compare-speculative", "--baseline-requests"};
-const char* const kUrlOnly[] = {"--dataset", "--request-rate", "--max-concurrency", "--api-key", "--timeout"};
+const char* const kUrlOnly[] = {"--dataset", "--dataset-path", "--tokenizer", "--request-rate",
+                                "--max-concurrency", "--api-key", "--timeout"};
 
 bool was_given(const ServeFlags& f, const std::string& flag) {
   for (const auto& g : f.given)
@@ -158,7 +159,13 @@ void add_bench_serve(CLI::App* bench, Action& action) {
   c->add_flag("--json", f->json, "Also print every figure as one JSON line");
   auto& h = f->http;
   c->add_option("--dataset", h.dataset,
-                "With --url: random or shared-prefix (default: shared-prefix when --shared-prefix > 0)");
+                "With --url: random, shared-prefix or text (default: text with --dataset-path, shared-prefix "
+                "when --shared-prefix > 0, else random)");
+  c->add_option("--dataset-path", h.dataset_path,
+                "With --url: a plain-text file; prompts are windows of it at seeded offsets (--dataset text)");
+  c->add_option("--tokenizer", h.tokenizer,
+                "With --url: the model's Hugging Face directory (tokenizer.json); prompts are sent as text and "
+                "lengths counted in its tokens (needed when /v1/models gives no vocabulary, as vLLM's)");
   c->add_option("--request-rate", f->request_rate,
                 "With --url: Poisson arrivals at this many requests/s; inf: all at t=0")
       ->capture_default_str();

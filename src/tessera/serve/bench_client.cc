@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,8 @@
 #include "tessera/base/error.h"
 #include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
+#include "tessera/io/tokenizer.h"
+#include "tessera/serve/bench_prompts.h"
 
 namespace tessera::serve {
 namespace {
@@ -76,11 +79,32 @@ std::string truncated(std::string s) {
   return s;
 }
 
-// The served model and what the prompts need from it.
+// The served model and what the prompts need from it, from whichever fields the server has.
 struct ModelInfo {
   std::string id;
-  int64_t vocab_size = 0, max_model_len = 0;
+  int64_t vocab_size = 0;  // 0: not reported
+  std::string vocab_from;
+  int64_t max_model_len = std::numeric_limits<int64_t>::max();
+  std::string max_model_len_from;
 };
+
+// m[key], or m["meta"][key] (llama-server), when it is a positive integer.
+bool read_count(const json& m, const char* key, const char* meta_key, int64_t* out, std::string* from) {
+  if (m.contains(key) && m[key].is_number_integer() && m[key].get<int64_t>() > 0) {
+    *out = m[key].get<int64_t>();
+    *from = key;
+    return true;
+  }
+  if (m.contains("meta") && m["meta"].is_object()) {
+    const json& meta = m["meta"];
+    if (meta.contains(meta_key) && meta[meta_key].is_number_integer() && meta[meta_key].get<int64_t>() > 0) {
+      *out = meta[meta_key].get<int64_t>();
+      *from = std::string("meta.") + meta_key;
+      return true;
+    }
+  }
+  return false;
+}
 
 ModelInfo fetch_model(const Target& t, const std::string& url, const std::string& wanted, double timeout_s) {
   auto cli = make_client(t, std::min(timeout_s, 30.0));
@@ -105,12 +129,8 @@ ModelInfo fetch_model(const Target& t, const std::string& url, const std::string
     if (!wanted.empty() && ids.back() != wanted) continue;
     ModelInfo info;
     info.id = ids.back();
-    TESSERA_CHECK(m.contains("vocab_size") && m["vocab_size"].is_number_integer(), "bench serve: ", where,
-                  ": model '", info.id, "' has no integer \"vocab_size\" (token-id prompts need it)");
-    info.vocab_size = m["vocab_size"].get<int64_t>();
-    info.max_model_len = m.contains("max_model_len") && m["max_model_len"].is_number_integer()
-                             ? m["max_model_len"].get<int64_t>()
-                             : std::numeric_limits<int64_t>::max();
+    read_count(m, "vocab_size", "n_vocab", &info.vocab_size, &info.vocab_from);
+    read_count(m, "max_model_len", "n_ctx_train", &info.max_model_len, &info.max_model_len_from);
     return info;
   }
   std::string served;
@@ -121,12 +141,12 @@ ModelInfo fetch_model(const Target& t, const std::string& url, const std::string
 // Sends one streaming completion and times its chunks. Never throws for server or transport
 // trouble: that becomes rec.error.
 HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std::string& model,
-                               const infer::BenchRequest& req, double timeout_s, Clock::time_point bench_start) {
+                               const HttpPrompt& req, double timeout_s, Clock::time_point bench_start) {
   HttpRequestRecord rec;
-  rec.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  rec.prompt_tokens = req.tokens;
   rec.max_tokens = req.max_tokens;
   const json body{{"model", model},
-                  {"prompt", req.prompt},
+                  {"prompt", req.as_text ? json(req.text) : json(req.ids)},
                   {"max_tokens", req.max_tokens},
                   {"temperature", 0},
                   {"stream", true},
@@ -145,7 +165,7 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
   std::string error_body, stream_error;
   SseParser sse;
   bool done = false, got_first = false, timed_out = false;
-  int64_t usage_tokens = -1, id_tokens = 0, token_chunks = 0;
+  int64_t usage_tokens = -1, usage_prompt = -1, id_tokens = 0, token_chunks = 0;
   Clock::time_point start, last, end;
   Clock::time_point now;  // when the bytes being parsed arrived
   const auto on_event = [&](const std::string& data) {
@@ -181,6 +201,7 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
         } else if (c.contains("text") && c["text"].is_string()) {
           carries = carries || !c["text"].get_ref<const std::string&>().empty();
         }
+        if (c.contains("text") && c["text"].is_string()) rec.text += c["text"].get_ref<const std::string&>();
       }
     }
     if (carries) {
@@ -193,9 +214,13 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
       last = now;
       ++token_chunks;
     }
-    if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens") &&
-        j["usage"]["completion_tokens"].is_number_integer())
-      usage_tokens = j["usage"]["completion_tokens"].get<int64_t>();
+    if (j.contains("usage") && j["usage"].is_object()) {
+      const json& u = j["usage"];
+      if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer())
+        usage_tokens = u["completion_tokens"].get<int64_t>();
+      if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer())
+        usage_prompt = u["prompt_tokens"].get<int64_t>();
+    }
   };
 
   start = Clock::now();
@@ -239,7 +264,22 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
     return rec;
   }
   rec.ok = true;
-  rec.output_tokens = usage_tokens >= 0 ? usage_tokens : (id_tokens > 0 ? id_tokens : token_chunks);
+  // Counted again through --tokenizer after the run when it says "chunks" (not on this thread,
+  // which times the next request).
+  if (usage_tokens >= 0) {
+    rec.output_tokens = usage_tokens;
+    rec.output_counted_by = "usage";
+  } else if (id_tokens > 0) {
+    rec.output_tokens = id_tokens;
+    rec.output_counted_by = "token_ids";
+  } else {
+    rec.output_tokens = token_chunks;
+    rec.output_counted_by = "chunks";
+  }
+  if (!req.tokens_exact && usage_prompt > 0) {  // the server's count beats a count of words
+    rec.prompt_tokens = usage_prompt;
+    rec.prompt_tokens_from_usage = true;
+  }
   rec.e2e_s = seconds_between(start, end);
   return rec;
 }
@@ -252,20 +292,19 @@ void check_options(const HttpBenchOptions& o) {
   TESSERA_CHECK(o.output_len.min >= 1 && o.output_len.max >= o.output_len.min, "--output-len ", o.output_len.min,
                 ":", o.output_len.max, " must satisfy 1 <= min <= max");
   TESSERA_CHECK(o.shared_prefix >= 0, "--shared-prefix must not be negative, got ", o.shared_prefix);
-  TESSERA_CHECK(o.dataset.empty() || o.dataset == "random" || o.dataset == "shared-prefix",
-                "--dataset must be random or shared-prefix, got '", o.dataset, "'");
-  TESSERA_CHECK(o.dataset != "random" || o.shared_prefix == 0, "--shared-prefix ", o.shared_prefix,
-                " needs --dataset shared-prefix (or no --dataset)");
+  TESSERA_CHECK(o.dataset.empty() || o.dataset == "random" || o.dataset == "shared-prefix" || o.dataset == "text",
+                "--dataset must be random, shared-prefix or text, got '", o.dataset, "'");
+  TESSERA_CHECK(o.dataset_path.empty() || o.dataset.empty() || o.dataset == "text", "--dataset-path needs --dataset ",
+                "text (or no --dataset), got --dataset ", o.dataset);
+  TESSERA_CHECK(o.dataset != "text" || !o.dataset_path.empty(), "--dataset text needs --dataset-path FILE");
+  TESSERA_CHECK((o.dataset != "random" && o.dataset != "text" && o.dataset_path.empty()) || o.shared_prefix == 0,
+                "--shared-prefix ", o.shared_prefix, " needs --dataset shared-prefix (or no --dataset)");
   TESSERA_CHECK(o.dataset != "shared-prefix" || o.shared_prefix > 0,
                 "--dataset shared-prefix needs --shared-prefix N >= 1");
   TESSERA_CHECK(o.request_rate > 0, "--request-rate must be > 0 requests/s (or inf), got ", o.request_rate);
   TESSERA_CHECK(o.max_concurrency >= 0, "--max-concurrency must be >= 1 (or 0 for unlimited), got ",
                 o.max_concurrency);
   TESSERA_CHECK(o.timeout_s > 0 && std::isfinite(o.timeout_s), "--timeout must be > 0 seconds, got ", o.timeout_s);
-}
-
-std::string range_text(const infer::LengthRange& r) {
-  return r.min == r.max ? std::to_string(r.min) : std::to_string(r.min) + ":" + std::to_string(r.max);
 }
 
 }  // namespace
@@ -310,24 +349,36 @@ HttpBenchResult run_http_bench(const HttpBenchOptions& opts) {
   HttpBenchResult r;
   r.options = opts;
   HttpBenchOptions& o = r.options;
-  if (o.dataset.empty()) o.dataset = o.shared_prefix > 0 ? "shared-prefix" : "random";
+  if (o.dataset.empty())
+    o.dataset = !o.dataset_path.empty() ? "text" : o.shared_prefix > 0 ? "shared-prefix" : "random";
   r.url = o.url;
   const Target target = parse_target(o.url, o.api_key);
+  // Local inputs first: a bad flag fails before the server is asked anything.
+  std::optional<io::Tokenizer> tok;
+  if (!o.tokenizer.empty()) tok = load_bench_tokenizer(o.tokenizer);
+  if (!o.dataset_path.empty()) {
+    std::error_code ec;
+    TESSERA_CHECK(std::filesystem::is_regular_file(o.dataset_path, ec), "--dataset-path ", o.dataset_path,
+                  ": no such file");
+  }
   const ModelInfo info = fetch_model(target, o.url, o.model, o.timeout_s);
   r.model = info.id;
   r.vocab_size = info.vocab_size;
+  r.vocab_from = info.vocab_from;
+  if (r.vocab_size == 0 && tok) {
+    r.vocab_size = tok->vocab_size();
+    r.vocab_from = "--tokenizer";
+  }
+  TESSERA_CHECK(r.vocab_size > 0 || o.dataset == "text", "bench serve: ", o.url, " does not say the vocabulary size of '",
+                r.model, "' (no \"vocab_size\" or \"meta.n_vocab\" in /v1/models): pass --tokenizer DIR (the ",
+                "model's Hugging Face directory) or --dataset-path FILE (a text file to cut prompts from)");
   r.max_model_len = info.max_model_len;
+  r.max_model_len_from = info.max_model_len_from;
 
-  // The offline bench's generator, so both benchmarks send the same requests for one seed.
-  infer::ServeBenchOptions gen;
-  gen.num_requests = o.num_requests;
-  gen.prompt_len = o.prompt_len;
-  gen.output_len = o.output_len;
-  gen.shared_prefix = o.shared_prefix;
-  gen.seed = o.seed;
-  infer::BenchRequest warmup;
-  const std::vector<infer::BenchRequest> reqs =
-      infer::make_bench_requests(gen, info.vocab_size, info.max_model_len, &warmup);
+  // Without a tokenizer, random prompts are the offline bench's token ids for the same seed.
+  HttpPrompt warmup;
+  const std::vector<HttpPrompt> reqs = make_http_prompts(o, tok ? &*tok : nullptr, r.vocab_size, r.max_model_len, &warmup);
+  r.prompt_format = warmup.as_text ? "text" : "token ids";
   // A separate stream for the gaps: lengths and tokens do not depend on the rate.
   const std::vector<double> arrival = poisson_arrival_times(o.num_requests, o.request_rate, o.seed ^ 0x9e3779b97f4a7c15ull);
 
@@ -395,6 +446,26 @@ HttpBenchResult run_http_bench(const HttpBenchOptions& opts) {
   for (auto& th : threads) th.join();
   r.max_in_flight = max_in_flight.load();
 
+  // Outputs the server counted nowhere: re-encode the streamed text, as benchmark_serving does.
+  std::vector<std::string> counted_by;
+  int64_t from_usage = 0, from_words = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    HttpRequestRecord& q = r.requests[static_cast<size_t>(i)];
+    if (!q.ok) continue;
+    if (q.output_counted_by == "chunks" && tok && !q.text.empty()) {
+      q.output_tokens = static_cast<int64_t>(tok->encode(q.text, false).size());
+      q.output_counted_by = "tokenizer";
+    }
+    if (std::find(counted_by.begin(), counted_by.end(), q.output_counted_by) == counted_by.end())
+      counted_by.push_back(q.output_counted_by);
+    if (!reqs[static_cast<size_t>(i)].tokens_exact) ++(q.prompt_tokens_from_usage ? from_usage : from_words);
+  }
+  for (const auto& c : counted_by) r.output_tokens_from += (r.output_tokens_from.empty() ? "" : "+") + c;
+  r.prompt_tokens_from = !warmup.as_text ? "token ids"
+                         : tok            ? "tokenizer"
+                         : from_usage == 0 ? "words"
+                         : from_words == 0 ? "usage"
+                                           : "usage+words";
   std::vector<double> ttft, tpot, itl, e2e;
   for (int64_t i = 0; i < n; ++i) {
     const HttpRequestRecord& q = r.requests[static_cast<size_t>(i)];
@@ -423,76 +494,6 @@ HttpBenchResult run_http_bench(const HttpBenchOptions& opts) {
   r.itl = infer::percentiles(itl);
   r.e2e = infer::percentiles(e2e);
   return r;
-}
-
-std::string format_http_bench(const HttpBenchResult& r) {
-  const HttpBenchOptions& o = r.options;
-  std::string s;
-  s += base::strprintf("server: %s, model %s (vocab %lld, max_model_len %lld)\n", r.url.c_str(), r.model.c_str(),
-           (long long)r.vocab_size, (long long)r.max_model_len);
-  s += base::strprintf("requests: %lld (%s), prompt %s tokens, output %s tokens, shared prefix %lld, seed %llu\n",
-           (long long)o.num_requests, o.dataset.c_str(), range_text(o.prompt_len).c_str(),
-           range_text(o.output_len).c_str(), (long long)o.shared_prefix, (unsigned long long)o.seed);
-  s += base::strprintf("load: request rate %s, max concurrency %s (%lld sending threads, at most %lld in flight)\n",
-           std::isinf(o.request_rate) ? "inf (all at t=0)" : base::strprintf("%.2f/s (Poisson)", o.request_rate).c_str(),
-           o.max_concurrency > 0 ? std::to_string(o.max_concurrency).c_str() : "unlimited",
-           (long long)r.workers, (long long)r.max_in_flight);
-  s += base::strprintf("[http] %lld completed, %lld failed in %.2f s\n", (long long)r.completed, (long long)r.failed, r.seconds);
-  s += base::strprintf("  throughput: %.2f requests/s, output %.1f tokens/s, total %.1f tokens/s (%lld prompt + %lld "
-           "output tokens)\n",
-           r.request_throughput, r.output_tokens_per_s, r.total_tokens_per_s, (long long)r.prompt_tokens,
-           (long long)r.output_tokens);
-  auto pct = [&](const char* name, const infer::Percentiles& q, const char* note) {
-    s += base::strprintf("  %-4s (ms): p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f%s\n", name, q.p50 * 1e3, q.p90 * 1e3,
-             q.p99 * 1e3, q.mean * 1e3, note);
-  };
-  pct("ttft", r.ttft, "  (TTFT includes server queueing)");
-  pct("tpot", r.tpot, "");
-  pct("itl", r.itl, "");
-  pct("e2e", r.e2e, "");
-  if (r.short_outputs > 0)
-    s += base::strprintf("  warning: %lld completed requests returned fewer tokens than max_tokens\n", (long long)r.short_outputs);
-  for (const auto& f : r.failures) s += "  failed: " + f + "\n";
-  if (r.failed > static_cast<int64_t>(r.failures.size()))
-    s += base::strprintf("  ... and %lld more failures\n", (long long)(r.failed - static_cast<int64_t>(r.failures.size())));
-  return s;
-}
-
-std::string http_bench_json(const HttpBenchResult& r) {
-  const HttpBenchOptions& o = r.options;
-  auto pj = [](const infer::Percentiles& q) {
-    return json{{"p50", q.p50}, {"p90", q.p90}, {"p99", q.p99}, {"mean", q.mean}};
-  };
-  json j{{"url", r.url},
-         {"model", r.model},
-         {"vocab_size", r.vocab_size},
-         {"max_model_len", r.max_model_len},
-         {"dataset", o.dataset},
-         {"num_requests", o.num_requests},
-         {"prompt_len", range_text(o.prompt_len)},
-         {"output_len", range_text(o.output_len)},
-         {"shared_prefix", o.shared_prefix},
-         {"seed", o.seed},
-         {"request_rate", std::isinf(o.request_rate) ? json("inf") : json(o.request_rate)},
-         {"max_concurrency", o.max_concurrency},
-         {"workers", r.workers},
-         {"max_in_flight", r.max_in_flight},
-         {"completed", r.completed},
-         {"failed", r.failed},
-         {"failures", r.failures},
-         {"short_outputs", r.short_outputs},
-         {"prompt_tokens", r.prompt_tokens},
-         {"output_tokens", r.output_tokens},
-         {"seconds", r.seconds},
-         {"request_throughput", r.request_throughput},
-         {"output_tokens_per_s", r.output_tokens_per_s},
-         {"total_tokens_per_s", r.total_tokens_per_s},
-         {"ttft_s", pj(r.ttft)},
-         {"tpot_s", pj(r.tpot)},
-         {"itl_s", pj(r.itl)},
-         {"e2e_s", pj(r.e2e)},
-         {"ttft_includes_queueing", true}};
-  return j.dump();
 }
 
 }  // namespace tessera::serve

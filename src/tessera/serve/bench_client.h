@@ -1,6 +1,7 @@
 // `tessera bench serve --url`: a load generator that drives a running OpenAI-compatible server
 // over HTTP as vLLM's benchmark_serving.py does (streaming completions, Poisson arrivals, a
-// concurrency cap) and reports throughput and TTFT / TPOT / ITL / end-to-end latency.
+// concurrency cap) and reports throughput and TTFT / TPOT / ITL / end-to-end latency. It needs
+// only the standard OpenAI fields, so it drives tessera serve, vLLM and llama-server alike.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,7 +18,11 @@ struct HttpBenchOptions {
   std::string url;      // http://HOST:PORT[/prefix]; a trailing "/v1" is dropped
   std::string api_key;  // sent as "Authorization: Bearer KEY" when non-empty
   std::string model;    // the served model id; "" = the first of GET /v1/models
-  std::string dataset;  // "random" or "shared-prefix"; "" = shared-prefix iff shared_prefix > 0
+  // "random", "shared-prefix" or "text"; "" = text iff dataset_path is set, else shared-prefix
+  // iff shared_prefix > 0, else random
+  std::string dataset;
+  std::string dataset_path;  // --dataset-path: a plain-text file the "text" prompts are cut from
+  std::string tokenizer;     // --tokenizer: HF directory (tokenizer.json); prompts are then text
   int64_t num_requests = 32;
   infer::LengthRange prompt_len{128, 128};  // unique tokens per prompt (after the shared prefix)
   infer::LengthRange output_len{128, 128};  // max_tokens, with ignore_eos
@@ -37,8 +42,13 @@ inline constexpr int64_t kMaxWorkers = 512;
 struct HttpRequestRecord {
   bool ok = false;
   std::string error;  // failed: "HTTP 429: {body}", a transport error, a timeout, ...
-  int64_t prompt_tokens = 0, max_tokens = 0;
-  int64_t output_tokens = 0;  // usage.completion_tokens, else the sum of chunks' token_ids
+  int64_t prompt_tokens = 0, max_tokens = 0;  // prompt: the client's count (see HttpPrompt)
+  // usage.completion_tokens, else the sum of chunks' token_ids, else the streamed text
+  // re-encoded by --tokenizer, else the chunks that carried text
+  int64_t output_tokens = 0;
+  std::string output_counted_by;  // "usage", "token_ids", "tokenizer" or "chunks"
+  std::string text;               // the streamed text (kept to count tokens without usage)
+  bool prompt_tokens_from_usage = false;  // usage.prompt_tokens replaced an approximate count
   double arrival_s = 0;       // when it was due (the Poisson schedule)
   double send_s = 0;          // when it was sent: arrival, or later when all slots were busy
   double ttft_s = 0;          // send -> first chunk carrying tokens (includes server queueing)
@@ -49,7 +59,17 @@ struct HttpRequestRecord {
 struct HttpBenchResult {
   HttpBenchOptions options;  // as run (dataset resolved)
   std::string url, model;
-  int64_t vocab_size = 0, max_model_len = 0;  // from GET /v1/models
+  // The vocabulary: /v1/models' "vocab_size" (tessera serve), else "meta.n_vocab"
+  // (llama-server), else --tokenizer's; 0 for a text dataset without any of them.
+  int64_t vocab_size = 0;
+  std::string vocab_from;  // "vocab_size", "meta.n_vocab", "--tokenizer" or ""
+  // "max_model_len" (tessera serve, vLLM), else llama-server's "meta.n_ctx_train", else
+  // unbounded (INT64_MAX, max_model_len_from "").
+  int64_t max_model_len = 0;
+  std::string max_model_len_from;
+  std::string prompt_format;         // "token ids" or "text"
+  std::string prompt_tokens_from;    // "token ids", "tokenizer", "words" or "usage" (server's count)
+  std::string output_tokens_from;    // the output_counted_by values seen, joined by "+"
   int64_t workers = 0;                        // sending threads (= the concurrency cap)
   int64_t completed = 0, failed = 0;
   int64_t short_outputs = 0;  // completed with fewer tokens than max_tokens
@@ -80,9 +100,11 @@ class SseParser {
   bool has_data_ = false;
 };
 
-// Reads GET /v1/models, sends the warm-up request, then the measured requests. Throws
-// tessera::Error (one line) on bad options, an unreachable URL, a non-200 /v1/models or a
-// failed warm-up; failures of measured requests are counted in the result instead.
+// Loads --tokenizer and --dataset-path, reads GET /v1/models, sends the warm-up request, then
+// the measured requests. Throws tessera::Error (one line) on bad options or files, an
+// unreachable URL, a non-200 /v1/models, no vocabulary for random prompts (no vocab_size or
+// meta.n_vocab, no --tokenizer) or a failed warm-up; failures of measured requests are
+// counted in the result instead.
 HttpBenchResult run_http_bench(const HttpBenchOptions& o);
 
 std::string format_http_bench(const HttpBenchResult& r);  // the human report, many lines
