@@ -117,18 +117,62 @@ TEST_P(Parity, Fp16ComputeStaysCloseAndOverflowsToInf) {
 }
 
 TEST_P(Parity, Bf16MixedPrecisionTrainingStaysClose) {
-  // f32 master weights, bf16 matmuls (native on AMX, emulated elsewhere).
-  auto m = model::Model::load(dir_, DType::kF32);
-  m.set_compute_dtype(DType::kBF16);
-  EXPECT_NE(m.bf16_mode(), model::Bf16Mode::kOff);
-  const Tensor logits = m.forward_batch(ref("input_ids").contiguous());
-  EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), 2e-2);
-  EXPECT_GT(relative_error(logits, ref("logits")), 1e-5);  // bf16 rounding did happen
-  auto grads = model::Params::allocate(m.config(), DType::kF32);
-  const auto r = m.forward_backward(ref("input_ids").contiguous(), ref("targets").contiguous(), grads);
-  EXPECT_NEAR(r.loss, ref("loss").item_f32(0), 2e-2 * ref("loss").item_f32(0));
-  for (const auto& [name, g] : grads.named(m.config()))
-    EXPECT_LT(relative_error(g, ref("grad." + name)), 8e-2) << name;
+  // f32 master weights, bf16 matmuls, in both modes on every CPU (native is only slower
+  // without AMX): logits, loss and every gradient against PyTorch's.
+  for (const auto request : {model::Bf16Request::kNative, model::Bf16Request::kEmulated}) {
+    SCOPED_TRACE(model::bf16_request_name(request));
+    auto m = model::Model::load(dir_, DType::kF32);
+    m.set_compute_dtype(DType::kBF16, request);
+    EXPECT_EQ(m.bf16_mode(), request == model::Bf16Request::kNative ? model::Bf16Mode::kNative
+                                                                    : model::Bf16Mode::kEmulated);
+    const Tensor logits = m.forward_batch(ref("input_ids").contiguous());
+    EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), 2e-2);
+    EXPECT_GT(relative_error(logits, ref("logits")), 1e-5);  // bf16 rounding did happen
+    auto grads = model::Params::allocate(m.config(), DType::kF32);
+    const auto r = m.forward_backward(ref("input_ids").contiguous(), ref("targets").contiguous(), grads);
+    EXPECT_NEAR(r.loss, ref("loss").item_f32(0), 2e-2 * ref("loss").item_f32(0));
+    for (const auto& [name, g] : grads.named(m.config()))
+      EXPECT_LT(relative_error(g, ref("grad." + name)), 8e-2) << name;
+  }
+}
+
+TEST_P(Parity, Bf16InPlaceNativeAndEmulatedGiveTorchGradients) {
+  // The data-parallel wrapper's form: weights() hold bf16-rounded values in f32 and the
+  // model computes in place (native: per-unit bf16 copies). Both modes against PyTorch,
+  // and against each other: the same products, only the summation order differs.
+  std::vector<std::vector<float>> loss_and_grads;
+  for (const auto request : {model::Bf16Request::kNative, model::Bf16Request::kEmulated}) {
+    SCOPED_TRACE(model::bf16_request_name(request));
+    auto m = model::Model::load(dir_, DType::kF32);
+    for (Tensor* w : m.weights().matmul_weights()) w->copy_from(bf16_rounded(*w));
+    m.set_compute_dtype_in_place(DType::kBF16, request);
+    const Tensor ids = ref("input_ids").contiguous(), targets = ref("targets").contiguous();
+    auto grads = model::Params::allocate(m.config(), DType::kF32);
+    const auto r = m.forward_backward(ids, targets, grads);
+    EXPECT_NEAR(r.loss, ref("loss").item_f32(0), 2e-2 * ref("loss").item_f32(0));
+    std::vector<float> flat{static_cast<float>(r.loss)};
+    for (const auto& [name, g] : grads.named(m.config())) {
+      EXPECT_LT(relative_error(g, ref("grad." + name)), 8e-2) << name;
+      flat.insert(flat.end(), g.data<float>(), g.data<float>() + g.numel());
+    }
+    loss_and_grads.push_back(std::move(flat));
+    // A unit whose copy was released computes nothing until it is refreshed.
+    if (request == model::Bf16Request::kNative) {
+      m.release_compute_unit(1);
+      EXPECT_FALSE(m.compute_linear(0, 0).weight.defined());
+      m.refresh_compute_unit(1);
+      EXPECT_EQ(m.compute_linear(0, 0).weight.dtype(), DType::kBF16);
+      EXPECT_EQ(m.compute_linear(0, 0).bias.defined(), m.weights().layers[0].qkv.bias.defined());
+    }
+  }
+  ASSERT_EQ(loss_and_grads[0].size(), loss_and_grads[1].size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < loss_and_grads[0].size(); ++i) {
+    const double d = loss_and_grads[0][i] - loss_and_grads[1][i];
+    num += d * d;
+    den += static_cast<double>(loss_and_grads[1][i]) * loss_and_grads[1][i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 2e-2);  // native vs emulated: f32 summation order only
 }
 
 TEST_P(Parity, AssignedGradientsOverwriteWhateverWasThere) {

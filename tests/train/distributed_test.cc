@@ -123,6 +123,32 @@ TEST(DataParallel, SixteenBitPrecisionsMatchOneProcess) {
   }
 }
 
+// Native and emulated bf16 each train on 2 ranks under every ZeRO stage (stage 3 gathers
+// units and makes their bf16 copies as it goes) to that mode's single-process curve, on
+// every machine; and the two modes follow each other (the same products, f32 sums).
+TEST(DataParallel, BothBf16ModesMatchOneProcessOnEveryStage) {
+  const std::string root = temp_dir("dp_bf16_modes");
+  const std::string data = make_data(root);
+  std::map<std::string, RunOut> refs;
+  for (const std::string mode : {"native", "emulated"}) {
+    auto cfg = [&](const std::string& name, const std::string& par) {
+      std::string c = config(root, name + mode, data, 3, par);
+      c.replace(c.find("\"fp32\""), 6, "\"bf16\"\nbf16_mode = \"" + mode + "\"");
+      return c;
+    };
+    const RunOut ref = train(cfg("single", "zero_stage = 0"), 0);
+    ASSERT_EQ(ref.records.size(), 3u);
+    for (int stage = 0; stage <= 3; ++stage) {
+      const std::string par = "zero_stage = " + std::to_string(stage);
+      const RunOut got = train(cfg("z" + std::to_string(stage), par), 2);
+      expect_close(got.losses, ref.losses, 2e-3, mode + " " + par);
+      expect_close(got.grad_norms, ref.grad_norms, 2e-2, mode + " " + par + " grad norm");
+    }
+    refs[mode] = ref;
+  }
+  expect_close(refs["native"].losses, refs["emulated"].losses, 5e-3, "native vs emulated");
+}
+
 // A run stopped on 4 ranks (ZeRO-3) resumes on 2 ranks (ZeRO-1) and on one process,
 // each continuing the uninterrupted single-process curve.
 TEST(DataParallel, CheckpointsReshardOntoAnotherWorldSize) {

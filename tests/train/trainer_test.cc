@@ -122,16 +122,19 @@ TEST(Trainer, LossCurveMatchesPyTorchFor200Steps) {
   fs::remove_all(root);
 }
 
-void check_resume(const std::string& precision, const std::string& optimizer) {
-  const std::string root = temp_dir("resume_" + precision + optimizer);
+void check_resume(const std::string& precision, const std::string& optimizer,
+                  const std::string& bf16_mode = "auto") {
+  const std::string root = temp_dir("resume_" + precision + optimizer + bf16_mode);
   const std::string data = make_data(root);
   const std::string extra = "[checkpoint]\nevery = 6\n[optimizer]\nname = \"" + optimizer +
                             "\"\n[schedule]\nwarmup_steps = 3\n";
   auto full_cfg = parse(base_config(root + "/full", data, 12, extra));
   full_cfg.training.precision = precision;
+  full_cfg.training.bf16_mode = bf16_mode;
   const auto full = run_training(full_cfg);
   auto cfg = parse(base_config(root + "/split", data, 12, extra));
   cfg.training.precision = precision;
+  cfg.training.bf16_mode = bf16_mode;
   TrainOptions stop;
   stop.stop_after = 6;
   const auto first = run_training(cfg, stop);
@@ -161,7 +164,9 @@ void check_resume(const std::string& precision, const std::string& optimizer) {
 }
 
 TEST(Trainer, ResumeIsBitIdenticalFp32) { check_resume("fp32", "adamw"); }
-TEST(Trainer, ResumeIsBitIdenticalBf16) { check_resume("bf16", "adamw"); }
+// Both bf16 modes on every machine (native runs without AMX too, only slower).
+TEST(Trainer, ResumeIsBitIdenticalBf16Native) { check_resume("bf16", "adamw", "native"); }
+TEST(Trainer, ResumeIsBitIdenticalBf16Emulated) { check_resume("bf16", "adamw", "emulated"); }
 TEST(Trainer, ResumeIsBitIdenticalBf16Muon) { check_resume("bf16", "muon"); }
 
 TEST(Trainer, RefusesToOverwriteAnEarlierRun) {

@@ -12,6 +12,8 @@
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
 #include "tessera/train/benchmark.h"
+#include "tessera/train/token_shard.h"
+#include "tessera/train/trainer_setup.h"
 
 namespace tessera::cli {
 namespace {
@@ -23,27 +25,31 @@ void print_machine() {
 
 int run_gemm(double min_seconds) {
   print_machine();
-  struct Size {
-    int64_t m, n, k;
-  };
-  const Size sizes[] = {{256, 256, 256},    {512, 512, 512},    {1024, 1024, 1024},
-                        {2048, 2048, 2048}, {512, 5632, 2048},  {512, 2048, 5632},
-                        {256, 768, 3072}};
   double peak[2] = {0, 0};
-  std::printf("%-22s %8s %12s\n", "shape (m x n x k)", "dtype", "GFLOP/s");
+  std::printf("%-22s %8s %14s %14s\n", "shape (m x n x k)", "dtype", "median GFLOP/s", "best GFLOP/s");
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (const auto& s : sizes) {
+    for (const auto& s : kernels::gemm_bench_shapes()) {
       const auto r = kernels::measure_matmul_gflops(s.m, s.n, s.k, dt, kernels::MatmulBackend::kAuto,
                                                     min_seconds);
       char shape[64];
       std::snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)s.m, (long long)s.n,
                     (long long)s.k);
-      std::printf("%-22s %8s %12.1f\n", shape, dtype_name(dt), r.gflops);
+      std::printf("%-22s %8s %14.1f %14.1f\n", shape, dtype_name(dt), r.gflops, r.best_gflops);
       double& p = peak[dt == DType::kBF16];
-      p = std::max(p, r.gflops);
+      p = std::max(p, r.best_gflops);
     }
   }
-  std::printf("peak seen: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n", peak[0], peak[1]);
+  std::printf("peak seen (best call): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n", peak[0], peak[1]);
+  // The probe `bench train`, `bench prefill`, the trainer and `plan calibrate` divide by,
+  // measured here too so that the two can be compared in one run.
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const auto p = kernels::measure_gemm_peak(dt);
+    const auto nominal = kernels::nominal_gemm_peak(dt);
+    std::printf("peak probe %s: %.1f GFLOP/s at %lldx%lldx%lld, %.3f of the table's best; "
+                "nominal %.1f GFLOP/s = %s\n",
+                dtype_name(dt), p.gflops, (long long)p.m, (long long)p.n, (long long)p.k,
+                p.gflops / peak[dt == DType::kBF16], nominal.gflops, nominal.how.c_str());
+  }
   return 0;
 }
 
@@ -67,24 +73,59 @@ int run_prefill(const model::BenchOptions& o) {
   const auto r = model::bench_prefill(m, o);
   std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s achieved\n",
               (long long)o.prompt_tokens, r.tokens_per_second, r.gflops);
-  std::printf("bf16 matmul peak (same run): %.1f GFLOP/s\nratio achieved/peak: %.3f\n",
-              r.peak_gflops, r.ratio);
+  std::printf("%s GEMM peak (same run, shared probe): %.1f GFLOP/s\nratio achieved/peak: %.3f\n",
+              dtype_name(r.peak_dtype), r.peak_gflops, r.ratio);
+  const auto nominal = kernels::nominal_gemm_peak(r.peak_dtype);
+  std::printf("nominal %s peak: %.1f GFLOP/s = %s; ratio achieved/nominal: %.3f\n",
+              dtype_name(r.peak_dtype), nominal.gflops, nominal.how.c_str(),
+              nominal.gflops > 0 ? r.gflops / nominal.gflops : 0.0);
   return 0;
 }
 
 struct TrainFlags {
+  std::string config;  // a run config: the step `tessera train --config` would run
   std::string compute = "bf16";
+  std::string bf16_mode = "auto";
   std::string recompute = "none";
   bool no_optimizer = false;
   bool checkpoint = false;
 };
 
+// The run config the benchmark's step is built from: --config FILE, or the defaults of
+// one with the precision and recompute flags.
+train::TrainConfig bench_train_config(const TrainFlags& f) {
+  if (!f.config.empty()) return train::TrainConfig::load(f.config);
+  train::TrainConfig c;
+  const DType dt = parse_dtype(f.compute);
+  c.training.precision = dt == DType::kF32 ? "fp32" : dt == DType::kF16 ? "fp16" : "bf16";
+  TESSERA_CHECK(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16,
+                "--compute '", f.compute, "' is not f32, bf16 or f16");
+  model::parse_bf16_request(f.bf16_mode, "--bf16-mode");
+  c.training.bf16_mode = f.bf16_mode;
+  model::parse_recompute(f.recompute);
+  c.training.activation_checkpointing = f.recompute;
+  return c;
+}
+
 int run_train(model::BenchOptions o, const TrainFlags& f) {
   print_machine();
-  o.dtype = DType::kF32;  // f32 master weights; matmuls in the compute dtype
-  auto m = model::bench_model(o);
-  m.set_compute_dtype(parse_dtype(f.compute));
-  m.set_recompute(model::parse_recompute(f.recompute));
+  const train::TrainConfig cfg = bench_train_config(f);
+  std::string what = o.model_dir.empty() ? o.shape : o.model_dir;
+  model::Model m;
+  if (!f.config.empty()) {
+    // The model `tessera train` would start from (its vocabulary: the data's, when known).
+    const std::string meta = cfg.data.dir + "/meta.json";
+    const auto data = std::filesystem::exists(meta) ? train::read_data_meta(cfg.data.dir) : train::DataMeta{};
+    TESSERA_CHECK(cfg.model.vocab_size > 0 || data.vocab_size > 0, "bench train --config ", f.config,
+                  ": set [model] vocab_size or point [data] dir at prepared data (", meta, " is missing)");
+    m = train::build_model(cfg, data.vocab_size, data.eos_id);
+    o.batch = cfg.data.batch_size;
+    o.seq = cfg.data.seq_len;
+    what = f.config;
+  } else {
+    o.dtype = DType::kF32;  // f32 master weights; matmuls in the compute dtype
+    m = model::bench_model(o);
+  }
   train::StepBenchOptions so;
   so.batch = o.batch;
   so.seq = o.seq;
@@ -93,15 +134,18 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
   so.checkpoint = f.checkpoint;
   so.checkpoint_dir = std::filesystem::temp_directory_path() /
                       ("tessera_bench_ckpt_" + std::to_string(::getpid()));
-  const auto r = train::bench_train_step(m, so);
-  std::printf("train step (%s) %s, batch %lld x %lld, compute %s, recompute %s: %.3f s, "
+  const auto r = train::bench_train_step(m, cfg, so);
+  std::printf("compute %s\n", r.compute.c_str());
+  std::printf("train step (%s) %s, batch %lld x %lld x %lld, precision %s, recompute %s: %.3f s, "
               "%.1f tokens/s, %.1f model GFLOP/s\n",
-              so.optimizer ? "forward + backward + clip + AdamW" : "forward + backward",
-              o.model_dir.empty() ? o.shape.c_str() : o.model_dir.c_str(), (long long)o.batch,
-              (long long)o.seq, f.compute.c_str(), f.recompute.c_str(), r.step_seconds,
-              r.tokens_per_second, r.model_gflops);
-  std::printf("matmul peak (%s, 2048^3, same run): %.1f GFLOP/s; MFU %.3f\n", f.compute.c_str(),
-              r.peak_gflops, r.mfu);
+              so.optimizer ? "forward + backward + clip + optimizer" : "forward + backward",
+              what.c_str(), (long long)cfg.data.grad_accum, (long long)o.batch, (long long)o.seq,
+              cfg.training.precision.c_str(), cfg.training.activation_checkpointing.c_str(),
+              r.step_seconds, r.tokens_per_second, r.model_gflops);
+  std::printf("measured %s GEMM peak (same run, shared probe): %.1f GFLOP/s; MFU %.3f\n",
+              dtype_name(r.peak_dtype), r.peak_gflops, r.mfu);
+  std::printf("nominal %s peak: %.1f GFLOP/s = %s; MFU %.3f\n", dtype_name(r.peak_dtype),
+              r.nominal_gflops, r.nominal_how.c_str(), r.nominal_mfu);
   std::printf("peak RSS: %.0f MiB\n", r.peak_rss_mb);
   double stall = 0;
   if (!r.ckpt.empty())
@@ -119,9 +163,11 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
                 static_cast<int>(s.step_seconds.size()), 100.0 * s.stall_fraction);
     stall = s.stall_fraction;  // the JSON reports the steady state: the last save
   }
-  std::printf("{\"tessera_tokens_per_s\": %.3f, \"mfu\": %.4f, \"peak_rss_mb\": %.1f, "
+  std::printf("{\"tessera_tokens_per_s\": %.3f, \"mfu\": %.4f, \"nominal_mfu\": %.4f, "
+              "\"peak_gflops\": %.1f, \"bf16_mode\": \"%s\", \"peak_rss_mb\": %.1f, "
               "\"ckpt_stall_fraction\": %.4f}\n",
-              r.tokens_per_second, r.mfu, r.peak_rss_mb, stall);
+              r.tokens_per_second, r.mfu, r.nominal_mfu, r.peak_gflops,
+              model::bf16_mode_name(m.bf16_mode()), r.peak_rss_mb, stall);
   return 0;
 }
 
@@ -170,12 +216,27 @@ void add_bench(CLI::App& app, Action& action) {
   });
   auto* train = bench->add_subcommand("train", "Full training step (forward, backward, clip, AdamW) tokens/s, MFU, peak memory");
   model_flags(train);
-  train->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
-  train->add_option("--seq", o->seq, "Tokens per sequence")->capture_default_str();
+  auto* batch = train->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
+  auto* seq = train->add_option("--seq", o->seq, "Tokens per sequence")->capture_default_str();
   auto tf = std::make_shared<TrainFlags>();
-  train->add_option("--compute", tf->compute, "Matmul dtype: f32, bf16 or f16")->capture_default_str();
-  train->add_option("--recompute", tf->recompute, "Activation checkpointing: none, selective, full")
-      ->capture_default_str();
+  auto* compute_opt = train->add_option("--compute", tf->compute, "Matmul dtype: f32, bf16 or f16")
+                      ->capture_default_str();
+  auto* bf16 = train->add_option("--bf16-mode", tf->bf16_mode,
+                                 "bf16 compute: auto (native on AMX, emulated elsewhere), native or emulated")
+                   ->capture_default_str();
+  auto* recompute = train->add_option("--recompute", tf->recompute,
+                                      "Activation checkpointing: none, selective, full")
+                        ->capture_default_str();
+  train->add_option("--config", tf->config,
+                    "Run config (TOML): bench the step `tessera train --config` runs (model, batch, "
+                    "precision, optimizer, ZeRO stage; TESSERA_BF16 applies to both)")
+      ->excludes(batch)
+      ->excludes(seq)
+      ->excludes(compute_opt)
+      ->excludes(bf16)
+      ->excludes(recompute)
+      ->excludes("--model")
+      ->excludes("--shape");
   train->add_flag("--no-optimizer", tf->no_optimizer, "Time forward + backward only");
   train->add_flag("--checkpoint", tf->checkpoint, "Also measure the stall of an async checkpoint");
   train->callback([&action, o, tf] { action = [o, tf] { return run_train(*o, *tf); }; });

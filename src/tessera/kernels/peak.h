@@ -2,6 +2,8 @@
 // throughput our own matmul reaches. Used by `tessera bench` and bench/gemm_backends.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "tessera/kernels/matmul.h"
 #include "tessera/tensor/dtype.h"
@@ -20,6 +22,8 @@ struct GemmMeasurement {
   DType dtype = DType::kF32;
   double gflops = 0;   // 2 * m * n * k / seconds
   double seconds = 0;  // median time of one call
+  double best_gflops = 0;  // from the fastest call (what a machine can reach: a shared
+                           // machine's neighbours only ever slow a call down)
   double gbps = 0;     // compulsory traffic (read a and b, write c once) / seconds
 };
 
@@ -32,5 +36,38 @@ struct GemmMeasurement {
 GemmMeasurement measure_matmul_gflops(int64_t m, int64_t n, int64_t k, DType dtype,
                                       MatmulBackend backend, double min_seconds = 1.0,
                                       bool cold_weights = false);
+
+// The shapes `tessera bench gemm` tables and the peak probe tries: square 256..2048, the
+// 1B model's MLP pair and GPT-2's 4 x 64-token step (m x n x k).
+struct GemmShape {
+  int64_t m, n, k;
+};
+const std::vector<GemmShape>& gemm_bench_shapes();
+
+// The GEMM peak this machine reaches through matmul() for `dtype` operands (bf16 or f32),
+// the one probe `bench gemm`, `bench train`, `bench prefill`, the trainer's MFU and `plan
+// calibrate` share: an untimed warm-up of at least 0.1 s (oneDNN JIT, AMX tile state,
+// clocks), then every gemm_bench_shapes() shape timed call by call for seconds_per_shape
+// with the operands hot; the peak is the fastest call's rate over all shapes.
+struct GemmPeak {
+  DType dtype = DType::kF32;
+  double gflops = 0;
+  int64_t m = 0, n = 0, k = 0;  // the shape that reached it
+};
+GemmPeak measure_gemm_peak(DType dtype, double seconds_per_shape = 0.15);
+
+// The datasheet-style peak from the clock and the core count: cores x GHz x flop/cycle of
+// the widest unit (AMX-BF16 1024 bf16 flop/cycle; AVX-512 2 FMA ports x 16 lanes x 2 on
+// Intel, 256-bit pipes on AMD Zen 4; AVX512-BF16 twice the f32 rate; AVX2 32). `how`
+// says what it assumed. Cores: base::num_threads(); clock: the highest "cpu MHz" in
+// /proc/cpuinfo (or the model name's "@ x.xxGHz").
+struct NominalPeak {
+  double gflops = 0;
+  double ghz = 0;
+  int cores = 0;
+  double flops_per_cycle = 0;
+  std::string how;  // e.g. "2 cores x 2.60 GHz x 64 flop/cycle (AVX-512 FMA, 2 ports)"
+};
+NominalPeak nominal_gemm_peak(DType dtype);
 
 }  // namespace tessera::kernels

@@ -78,35 +78,9 @@ PrefillBench bench_prefill(const Model& model, const BenchOptions& o) {
   const double s = median(secs);
   r.tokens_per_second = o.prompt_tokens / s;
   r.gflops = forward_flops(c, o.prompt_tokens, 0) / s / 1e9;
-  const int64_t H = c.hidden_size;
-  r.peak_gflops = kernels::measure_matmul_gflops(o.prompt_tokens, c.intermediate_size, H,
-                                                 DType::kBF16, kernels::MatmulBackend::kAuto, 1.0)
-                      .gflops;
+  r.peak_dtype = matmul_peak_dtype(model.bf16_mode());
+  r.peak_gflops = kernels::measure_gemm_peak(r.peak_dtype).gflops;
   r.ratio = r.gflops / r.peak_gflops;
-  return r;
-}
-
-TrainBench bench_train(const Model& model, const BenchOptions& o) {
-  const auto& c = model.config();
-  Params grads = Params::allocate(c, DType::kF32);
-  const auto tok = random_tokens(o.batch * (o.seq + 1), c.vocab_size, 11);
-  Tensor ids = Tensor::empty({o.batch, o.seq}, DType::kI32);
-  Tensor targets = Tensor::empty({o.batch, o.seq}, DType::kI32);
-  for (int64_t b = 0; b < o.batch; ++b)
-    for (int64_t t = 0; t < o.seq; ++t) {
-      ids.data<int32_t>()[b * o.seq + t] = tok[b * (o.seq + 1) + t];
-      targets.data<int32_t>()[b * o.seq + t] = tok[b * (o.seq + 1) + t + 1];
-    }
-  std::vector<double> secs;
-  for (int rep = 0; rep < o.repeats + 1; ++rep) {
-    base::Timer t;
-    model.forward_backward(ids, targets, grads, 1.f, Model::GradWrite::kAssign);
-    if (rep > 0) secs.push_back(t.seconds());
-  }
-  TrainBench r;
-  r.step_seconds = median(secs);
-  r.tokens_per_second = o.batch * o.seq / r.step_seconds;
-  r.gflops = 3.0 * forward_flops(c, o.seq, 0) * o.batch / r.step_seconds / 1e9;
   return r;
 }
 

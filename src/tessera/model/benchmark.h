@@ -1,4 +1,4 @@
-// Decode, prefill and training-step benchmarks on a loaded or randomly built model,
+// Decode and prefill benchmarks on a loaded or randomly built model,
 // each reported with the machine peak measured in the same run.
 #pragma once
 #include <string>
@@ -14,7 +14,7 @@ struct BenchOptions {
   int64_t prompt_tokens = 512;  // prefill length; decode starts after a prompt of 32
   int64_t decode_tokens = 64;
   int repeats = 3;              // median of this many runs
-  int64_t batch = 4, seq = 64;  // training step shape
+  int64_t batch = 4, seq = 64;  // training step shape (`bench train`)
 };
 
 struct DecodeBench {
@@ -29,17 +29,11 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o);
 struct PrefillBench {
   double tokens_per_second = 0;
   double gflops = 0;             // achieved matmul + attention FLOP/s (GFLOP/s)
-  double peak_gflops = 0;        // bf16 matmul peak measured in the same run
+  DType peak_dtype = DType::kBF16;  // the GEMM precision the forward multiplies in
+  double peak_gflops = 0;        // kernels::measure_gemm_peak(peak_dtype), same run
   double ratio = 0;
 };
 PrefillBench bench_prefill(const Model& model, const BenchOptions& o);
-
-struct TrainBench {
-  double tokens_per_second = 0;
-  double step_seconds = 0;       // median forward + backward time
-  double gflops = 0;             // 6 * params * tokens / time (approximate model FLOPs)
-};
-TrainBench bench_train(const Model& model, const BenchOptions& o);
 
 // Builds the model a benchmark runs on: loads o.model_dir or a random o.shape.
 Model bench_model(const BenchOptions& o);

@@ -9,15 +9,11 @@
 
 #include "tessera/model/config.h"
 #include "tessera/model/params.h"
+#include "tessera/model/precision.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::model {
 
-// How matmuls see a 16-bit compute dtype: kNative hands bf16 operands to the kernel;
-// kEmulated keeps bf16-rounded values in f32 storage (same results where bf16 would be
-// widened); kEmulatedF16 does the same with fp16 rounding (values past 65504 become inf,
-// which is what the fp16 loss scaler watches for).
-enum class Bf16Mode { kOff, kNative, kEmulated, kEmulatedF16 };
 
 // Activation checkpointing for forward_backward: keep every activation (kNone), recompute
 // attention in the backward pass (kSelective: its output and log-sum-exp are not kept),
@@ -82,16 +78,20 @@ class Model {
 
   // Matmuls use a copy of the weights in `dtype` (bf16 mixed precision over f32
   // master weights). Call refresh_compute_weights() after the master weights change.
-  // On CPUs whose bf16 matmuls would be widened to f32 anyway (no AMX), bf16 is
-  // emulated: the copy holds bf16-rounded values in f32 and matmul inputs are rounded
-  // the same way, which gives autocast's results without converting per call.
+  // bf16 runs natively or emulated as choose_bf16_mode(dtype, request) decides (native
+  // on AMX; elsewhere the copy holds bf16-rounded values in f32 and matmul inputs are
+  // rounded the same way, which gives autocast's results without converting per call).
   // f16 is always emulated that way (fp16 rounding, overflow to inf).
-  void set_compute_dtype(DType dtype);
+  void set_compute_dtype(DType dtype, Bf16Request request = Bf16Request::kAuto);
   // For a wrapper that keeps fp32 master weights itself and stores compute-precision
-  // values (bf16- or fp16-rounded, in f32) in weights(): no copy is made and matmul
-  // inputs are rounded the same way (emulated precision on every CPU).
-  void set_compute_dtype_in_place(DType dtype);
-  void refresh_compute_weights();
+  // values (bf16- or fp16-rounded, in f32) in weights(). Emulated modes make no copy
+  // (matmul inputs are rounded the same way); native bf16 keeps bf16 copies of the
+  // matmul weights per TrainHooks unit, which the wrapper refreshes when it changes or
+  // binds a unit's weights (refresh_compute_unit) and drops when it unbinds them.
+  void set_compute_dtype_in_place(DType dtype, Bf16Request request = Bf16Request::kAuto);
+  void refresh_compute_weights();  // every unit whose weights are present
+  void refresh_compute_unit(int unit);
+  void release_compute_unit(int unit);
   DType compute_dtype() const { return compute_dtype_; }
   Bf16Mode bf16_mode() const { return bf16_mode_; }
 

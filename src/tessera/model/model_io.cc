@@ -172,20 +172,16 @@ const char* recompute_name(Recompute r) {
   }
 }
 
-void Model::set_compute_dtype(DType dtype) {
+void Model::set_compute_dtype(DType dtype, Bf16Request request) {
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "compute dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
   TESSERA_CHECK(dtype != DType::kF16 || dtype_ == DType::kF32,
                 "f16 compute needs f32 master weights, the model holds ", dtype_name(dtype_));
   compute_dtype_ = dtype;
   has_compute_copy_ = dtype != dtype_;
-  if (dtype == DType::kF32)
-    bf16_mode_ = Bf16Mode::kOff;
-  else if (dtype == DType::kF16)
-    bf16_mode_ = Bf16Mode::kEmulatedF16;
-  else  // bf16 products run natively only on AMX; elsewhere matmul widens them to f32
-    bf16_mode_ = base::cpu_features().amx_bf16 || dtype_ == DType::kBF16 ? Bf16Mode::kNative
-                                                                         : Bf16Mode::kEmulated;
+  // bf16 storage multiplies natively whatever the CPU: there is nothing to emulate.
+  bf16_mode_ = dtype_ == DType::kBF16 && dtype == DType::kBF16 ? Bf16Mode::kNative
+                                                                : choose_bf16_mode(dtype, request);
   compute_ = Params();
   if (!has_compute_copy_) return;
   compute_.layers.resize(weights_.layers.size());
@@ -196,42 +192,83 @@ void Model::set_compute_dtype(DType dtype) {
     dst.o.in_out = src.o.in_out;
     dst.up.in_out = src.up.in_out;
     dst.down.in_out = src.down.in_out;
+  }
+  refresh_compute_weights();
+}
+
+void Model::set_compute_dtype_in_place(DType dtype, Bf16Request request) {
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
+                "compute dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
+  TESSERA_CHECK(dtype_ == DType::kF32, "in-place compute precision needs f32 weight storage");
+  compute_dtype_ = dtype;
+  bf16_mode_ = choose_bf16_mode(dtype, request);
+  compute_ = Params();
+  // Native bf16 needs bf16 operands: copies of the matmul weights, per unit.
+  has_compute_copy_ = bf16_mode_ == Bf16Mode::kNative;
+  if (!has_compute_copy_) return;
+  compute_.layers.resize(weights_.layers.size());
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const auto& src = weights_.layers[l];
+    auto& dst = compute_.layers[l];
+    dst.qkv.in_out = src.qkv.in_out;
+    dst.o.in_out = src.o.in_out;
+    dst.up.in_out = src.up.in_out;
+    dst.down.in_out = src.down.in_out;
+  }
+  refresh_compute_weights();
+}
+
+namespace {
+
+Tensor convert_weight(const Tensor& w, Bf16Mode mode, DType compute) {
+  if (mode == Bf16Mode::kEmulated) return bf16_rounded(w);
+  if (mode == Bf16Mode::kEmulatedF16) return f16_rounded(w);
+  return w.to(compute);
+}
+
+}  // namespace
+
+void Model::refresh_compute_unit(int unit) {
+  if (!has_compute_copy_) return;
+  const int64_t L = config_.num_layers;
+  TESSERA_CHECK(unit >= 0 && unit <= L + 1, "refresh_compute_unit: unit ", unit, " out of range");
+  auto convert = [&](const Tensor& w, Tensor& dst) {
+    // A wrapper may hold only some units' weights (ZeRO-3): the others have no copy.
+    dst = w.defined() ? convert_weight(w, bf16_mode_, compute_dtype_) : Tensor();
+  };
+  if (unit >= 1 && unit <= L) {
+    const auto& src = weights_.layers[unit - 1];
+    auto& dst = compute_.layers[unit - 1];
+    convert(src.qkv.weight, dst.qkv.weight);
+    convert(src.o.weight, dst.o.weight);
+    convert(src.up.weight, dst.up.weight);
+    convert(src.down.weight, dst.down.weight);
+    // Biases are added in f32: the copy shares the master's (rebound by a ZeRO-3 gather).
     dst.qkv.bias = src.qkv.bias;
     dst.o.bias = src.o.bias;
     dst.up.bias = src.up.bias;
     dst.down.bias = src.down.bias;
   }
-  refresh_compute_weights();
+  // A tied lm_head is the embedding (unit 0); an untied one belongs to the head unit.
+  if ((unit == 0) == config_.tie_word_embeddings && (unit == 0 || unit == L + 1))
+    convert(weights_.lm_head, compute_.lm_head);
 }
 
-void Model::set_compute_dtype_in_place(DType dtype) {
-  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
-                "compute dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
-  TESSERA_CHECK(dtype_ == DType::kF32, "in-place compute precision needs f32 weight storage");
-  compute_dtype_ = dtype;
-  has_compute_copy_ = false;
-  compute_ = Params();
-  bf16_mode_ = dtype == DType::kF32   ? Bf16Mode::kOff
-               : dtype == DType::kF16 ? Bf16Mode::kEmulatedF16
-                                      : Bf16Mode::kEmulated;
+void Model::release_compute_unit(int unit) {
+  if (!has_compute_copy_) return;
+  const int64_t L = config_.num_layers;
+  if (unit >= 1 && unit <= L) {
+    auto& dst = compute_.layers[unit - 1];
+    dst.qkv.weight = dst.o.weight = dst.up.weight = dst.down.weight = Tensor();
+    dst.qkv.bias = dst.o.bias = dst.up.bias = dst.down.bias = Tensor();
+  }
+  if ((unit == 0) == config_.tie_word_embeddings && (unit == 0 || unit == L + 1))
+    compute_.lm_head = Tensor();
 }
 
 void Model::refresh_compute_weights() {
   if (!has_compute_copy_) return;
-  auto convert = [&](const Tensor& w) {
-    if (bf16_mode_ == Bf16Mode::kEmulated) return bf16_rounded(w);
-    if (bf16_mode_ == Bf16Mode::kEmulatedF16) return f16_rounded(w);
-    return w.to(compute_dtype_);
-  };
-  for (size_t l = 0; l < weights_.layers.size(); ++l) {
-    const auto& src = weights_.layers[l];
-    auto& dst = compute_.layers[l];
-    dst.qkv.weight = convert(src.qkv.weight);
-    dst.o.weight = convert(src.o.weight);
-    dst.up.weight = convert(src.up.weight);
-    dst.down.weight = convert(src.down.weight);
-  }
-  compute_.lm_head = convert(weights_.lm_head);
+  for (int u = 0; u < num_units(); ++u) refresh_compute_unit(u);
 }
 
 const Linear& Model::compute_linear(int64_t layer, int which) const {

@@ -72,10 +72,11 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& comm, DataPa
                 dtype_name(model_.dtype()));
   TESSERA_CHECK(model_.train_hooks() == nullptr, "the model is already wrapped for data parallelism");
   separate_master_ = config_.compute_dtype != DType::kF32 || config_.offload;
+  // First, so that binding a unit's weights below also makes its native bf16 copy.
+  model_.set_compute_dtype_in_place(config_.compute_dtype, config_.bf16_request);
   build_layout();
   broadcast_and_shard();
   build_pieces();
-  model_.set_compute_dtype_in_place(config_.compute_dtype);
   model_.set_train_hooks(this);
 }
 
@@ -168,11 +169,13 @@ void DataParallel::bind_unit_weights(int u, const Tensor& flat_unit) {
     *s.w = flat_unit.slice(0, s.flat - unit.begin, s.flat - unit.begin + s.numel).view(s.shape);
   }
   if (u == 0) model_.weights().tie(model_.config());
+  model_.refresh_compute_unit(u);  // native bf16: the unit's bf16 matmul weights
 }
 
 void DataParallel::unbind_unit_weights(int u) {
   for (int i : units_[u].slots) *slots_[i].w = Tensor();
   if (u == 0) model_.weights().tie(model_.config());
+  model_.release_compute_unit(u);
 }
 
 void DataParallel::bind_segment_grads(Segment& seg, const Tensor& flat) {
@@ -417,6 +420,9 @@ void DataParallel::publish_params() {
     }
     for (auto& r : reqs) r->wait();
   }
+  // Native bf16 (stages 0-2): the matmuls' bf16 copies follow the new weights. Stage 3
+  // makes them as each unit is gathered.
+  if (stage < 3) model_.refresh_compute_weights();
 }
 
 void DataParallel::start_gather(int u, bool async) {

@@ -22,6 +22,8 @@ struct DataParallelConfig {
   // Precision of the values the model computes with: f32, or bf16 / f16 (then fp32 master
   // weights are kept beside them and the model's weights hold the rounded values).
   DType compute_dtype = DType::kF32;
+  // bf16: native or emulated (model::choose_bf16_mode decides from this and the CPU).
+  model::Bf16Request bf16_request = model::Bf16Request::kAuto;
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
 };
 
@@ -70,6 +72,7 @@ class DataParallel final : public model::TrainHooks {
   void set_sync(bool sync);     // stages 0-1: reduce only in the last micro-batch
   void finish_gradients();      // waits for every reduction; pieces() grads are final
   std::vector<ShardPiece>& pieces() { return pieces_; }
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
   // True when pieces() cover only this rank's part (a sum over them is partial).
   bool sharded() const { return config_.zero_stage > 0 && comm_.size() > 1; }
   double sum_over_ranks(double local);  // all-reduce sum across the group

@@ -18,6 +18,7 @@
 #include "tessera/base/strings.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/peak.h"
+#include "tessera/model/precision.h"
 
 namespace tessera::plan {
 namespace {
@@ -107,23 +108,27 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
                 " thread(s) each on " + std::to_string(ncores) + " core(s)");
 
   // GEMM: `tessera bench gemm`'s measurement (median call of c = a @ b^T) on a grid of
-  // inner and outer sizes, every device measuring at once.
+  // inner and outer sizes, every device measuring at once; the peak is the shared probe's
+  // (kernels::measure_gemm_peak), also with every device busy.
+  const model::Bf16Mode bf16 = model::choose_bf16_mode(DType::kBF16);
+  note(log, "  bf16 training here: " + model::describe_compute(DType::kBF16, bf16));
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    // Tessera multiplies bf16 natively only on AMX; elsewhere a bf16 run rounds operands
-    // to bf16 values and multiplies in f32 (model::Bf16Mode::kEmulated): f32's rates.
-    if (dt == DType::kBF16 && !base::cpu_features().amx_bf16) {
+    // The trainer's precision decision: emulated bf16 rounds operands to bf16 values and
+    // multiplies in f32, so its rates are f32's.
+    if (dt == DType::kBF16 && model::matmul_peak_dtype(bf16) == DType::kF32) {
       h.gemm["bf16"] = h.gemm["fp32"];
       h.peak_flops["bf16"] = h.peak_flops["fp32"];
-      note(log, "  no AMX: bf16 training multiplies in f32 here, so the bf16 rates are the f32 ones");
+      note(log, "  bf16 is emulated here: its rates are the f32 ones");
       continue;
     }
-    const GemmTable t = measure_gemm_table(dt, o, devices, log);
-    double best = 0;
-    for (const auto& row : t.flops)
-      for (double f : row) best = std::max(best, f);
     const std::string key = dt == DType::kF32 ? "fp32" : "bf16";
-    h.gemm[key] = t;
-    h.peak_flops[key] = best;
+    h.gemm[key] = measure_gemm_table(dt, o, devices, log);
+    const auto peaks = on_all_devices(devices, [dt](int) {
+      return kernels::measure_gemm_peak(dt, 0.2).gflops * 1e9;
+    });
+    h.peak_flops[key] = *std::min_element(peaks.begin(), peaks.end());
+    note(log, base::strprintf("  %s GEMM peak (shared probe, every device busy): %.0f GFLOP/s per device",
+                              dtype_name(dt), h.peak_flops[key] / 1e9));
   }
 
   // Memory bandwidth per device: STREAM triad with one device's threads alone, and on

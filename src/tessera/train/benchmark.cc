@@ -1,4 +1,5 @@
-// Full training-step benchmark, with the async-checkpoint stall measured on real steps.
+// Full training-step benchmark through the trainer's own objects, with the async-checkpoint
+// stall measured on real steps.
 #include "tessera/train/benchmark.h"
 
 #include <filesystem>
@@ -6,8 +7,10 @@
 
 #include "tessera/base/memory.h"
 #include "tessera/base/timer.h"
+#include "tessera/comm/communicator.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
+#include "tessera/parallel/data_parallel.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/grad_utils.h"
 #include "tessera/train/optimizer.h"
@@ -15,11 +18,15 @@
 
 namespace tessera::train {
 
-StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
+StepBench bench_train_step(model::Model& model, const TrainConfig& config, const StepBenchOptions& o) {
   const auto& c = model.config();
-  model::Params grads = model::Params::allocate(c, DType::kF32);
-  auto refs = make_param_refs(model, grads);
-  Optimizer opt(OptimizerConfig{}, refs);
+  const int64_t accum = config.data.grad_accum;
+  model.set_recompute(model::parse_recompute(config.training.activation_checkpointing));
+  const auto self = comm::self_communicator();
+  // What `tessera train` wraps every model in (one process too), from the same config.
+  parallel::DataParallel dp(model, *self, dp_config(config));
+  const auto refs = dp_param_refs(dp, param_flags(model), config.optimizer.name);
+  Optimizer opt(config.optimizer, refs);
   std::mt19937 rng(11);
   Tensor ids = Tensor::empty({o.batch, o.seq}, DType::kI32);
   Tensor targets = Tensor::empty({o.batch, o.seq}, DType::kI32);
@@ -29,15 +36,24 @@ StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
   }
   CheckpointManager* pending = nullptr;  // a save whose copy must finish before the update
   auto step = [&] {
-    // One micro-batch per step: the backward pass writes the gradients (no zeroing pass).
-    model.forward_backward(ids, targets, grads, 1.f, model::Model::GradWrite::kAssign);
+    // As the trainer's step: the first micro-batch writes the gradients, the rest add.
+    dp.start_step(/*first_micro_batch_assigns=*/true);
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      dp.set_sync(micro + 1 == accum);
+      model.forward_backward(ids, targets, dp.grads(), 1.f / static_cast<float>(accum),
+                             micro == 0 ? model::Model::GradWrite::kAssign
+                                        : model::Model::GradWrite::kAccumulate);
+    }
+    dp.finish_gradients();
     if (!o.optimizer) return;
     if (pending) pending->wait_snapshot();
-    clip_grad_norm(refs, o.max_grad_norm);
+    clip_grad_norm(refs, config.training.max_grad_norm);
     opt.step(1e-3);  // a tiny lr keeps the weights sane over the repeats
-    model.refresh_compute_weights();
+    dp.publish_params();
   };
   StepBench r;
+  r.compute = model::describe_compute(model.compute_dtype(), model.bf16_mode());
+  r.peak_dtype = model::matmul_peak_dtype(model.bf16_mode());
   std::vector<double> secs;
   for (int i = 0; i < o.repeats + 1; ++i) {
     base::Timer t;
@@ -45,24 +61,29 @@ StepBench bench_train_step(model::Model& model, const StepBenchOptions& o) {
     if (i > 0) secs.push_back(t.seconds());
   }
   r.step_seconds = base::median(secs);
-  r.tokens_per_second = static_cast<double>(o.batch * o.seq) / r.step_seconds;
-  const double flops = 3.0 * model::forward_flops(c, o.seq, 0) * static_cast<double>(o.batch);
+  const double tokens = static_cast<double>(o.batch * o.seq * accum);
+  r.tokens_per_second = tokens / r.step_seconds;
+  const double flops = 3.0 * model::forward_flops(c, o.seq, 0) * static_cast<double>(o.batch * accum);
   r.model_gflops = flops / r.step_seconds / 1e9;
   r.peak_rss_mb = static_cast<double>(base::peak_rss_bytes()) / (1 << 20);
   // The peak right after the steps, before a checkpoint's writeback competes with it.
   if (o.measure_peak) {
-    const DType dt = model.compute_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
-    r.peak_gflops = kernels::measure_matmul_gflops(2048, 2048, 2048, dt,
-                                                   kernels::MatmulBackend::kAuto, 1.0)
-                        .gflops;
+    r.peak_gflops = kernels::measure_gemm_peak(r.peak_dtype).gflops;
     r.mfu = r.model_gflops / r.peak_gflops;
+    const auto nominal = kernels::nominal_gemm_peak(r.peak_dtype);
+    r.nominal_gflops = nominal.gflops;
+    r.nominal_how = nominal.how;
+    r.nominal_mfu = nominal.gflops > 0 ? r.model_gflops / nominal.gflops : 0;
   }
 
   if (o.checkpoint) {
-    // The state a trainer checkpoint holds: weights and optimizer moments.
+    // The state a trainer checkpoint holds: weights, separate masters, optimizer moments.
     CheckpointFiles files;
-    files.safetensors.push_back({"model.safetensors", model.weights().named(c)});
-    files.safetensors.push_back({"optimizer.safetensors", opt.state_tensors()});
+    const auto weights = model.weights().named(c);
+    auto state = master_tensors(refs, weights);
+    for (auto& t : opt.state_tensors()) state.push_back(std::move(t));
+    files.safetensors.push_back({"model.safetensors", weights});
+    files.safetensors.push_back({"optimizer-rank00000.safetensors", std::move(state)});
     for (const auto& [name, list] : files.safetensors)
       for (const auto& [n, t] : list) r.ckpt_bytes += t.nbytes();
     {

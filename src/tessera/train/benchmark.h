@@ -1,20 +1,22 @@
-// The full training step as a benchmark (`tessera bench train`): forward, backward,
-// clipping, AdamW and the compute-weight refresh, with MFU against the matmul peak
-// measured in the same run, peak memory, and the stall an async checkpoint causes.
+// The full training step as a benchmark (`tessera bench train`): the objects `tessera
+// train` builds from the same run config (the DataParallel wrapper with its precision
+// mode, the optimizer, clipping, publishing the weights), on random tokens, with MFU
+// against the GEMM peak of the precision it runs (measured in the same run) and against
+// the nominal peak, peak memory, and the stall an async checkpoint causes.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "tessera/model/model.h"
+#include "tessera/train/config.h"
 
 namespace tessera::train {
 
 struct StepBenchOptions {
-  int64_t batch = 4, seq = 64;
+  int64_t batch = 4, seq = 64;  // one micro-batch (config.data.grad_accum of them per step)
   int repeats = 5;              // timed steps (median), after one warm-up
   bool optimizer = true;        // false: forward + backward only
-  double max_grad_norm = 1.0;
   bool checkpoint = false;      // also measure an async checkpoint save during steps
   std::string checkpoint_dir;   // where (a temporary run directory; removed after)
   bool measure_peak = true;     // bf16 (or f32) matmul peak for MFU
@@ -32,8 +34,13 @@ struct StepBench {
   double step_seconds = 0;      // median full step
   double tokens_per_second = 0;
   double model_gflops = 0;      // model FLOPs (3 x forward) / step time
-  double peak_gflops = 0;       // matmul peak measured in the same run (compute dtype)
-  double mfu = 0;
+  std::string compute;          // model::describe_compute of the mode the step ran
+  DType peak_dtype = DType::kF32;  // the GEMM precision the step multiplies in
+  double peak_gflops = 0;       // kernels::measure_gemm_peak(peak_dtype), same run
+  double mfu = 0;               // model_gflops / peak_gflops
+  double nominal_gflops = 0;    // kernels::nominal_gemm_peak(peak_dtype)
+  std::string nominal_how;
+  double nominal_mfu = 0;
   double peak_rss_mb = 0;       // of the process after the steps
   // With checkpoint: the snapshot memory is reserved (faulted in) before the first save,
   // as the trainer does at start-up, then two saves run one after the other.
@@ -42,7 +49,9 @@ struct StepBench {
   std::vector<CheckpointStall> ckpt;
 };
 
-// `model` must hold f32 master weights; its compute dtype and recompute mode are used.
-StepBench bench_train_step(model::Model& model, const StepBenchOptions& o);
+// `model` must hold f32 master weights (as build_model makes them). The step is the
+// trainer's: dp_config(config) (one process), dp_param_refs, Optimizer(config.optimizer),
+// config.training's precision, bf16_mode, activation checkpointing and max_grad_norm.
+StepBench bench_train_step(model::Model& model, const TrainConfig& config, const StepBenchOptions& o);
 
 }  // namespace tessera::train

@@ -165,6 +165,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   auto& tr = c.training;
   t.get("steps", tr.steps);
   t.get("precision", tr.precision);
+  t.get("bf16_mode", tr.bf16_mode);
   t.get("activation_checkpointing", tr.activation_checkpointing);
   t.get("max_grad_norm", tr.max_grad_norm);
   t.get("eval_every", tr.eval_every);
@@ -174,6 +175,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   t.check_unknown();
   check_positive(tr.steps >= 1, t, "steps", "must be at least 1");
   check_one_of(tr.precision, {"bf16", "fp16", "fp32"}, t, "precision");
+  check_one_of(tr.bf16_mode, {"auto", "native", "emulated"}, t, "bf16_mode");
   check_one_of(tr.activation_checkpointing, {"none", "selective", "full"}, t,
                "activation_checkpointing");
   check_positive(tr.eval_every >= 0, t, "eval_every", "must not be negative");

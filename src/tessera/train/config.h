@@ -35,6 +35,7 @@ struct DataSection {
 struct TrainingSection {
   int64_t steps = 100;
   std::string precision = "bf16";                // bf16 | fp16 | fp32
+  std::string bf16_mode = "auto";                 // auto | native | emulated (model::choose_bf16_mode)
   std::string activation_checkpointing = "none";  // none | selective | full
   double max_grad_norm = 1.0;                     // <= 0: no clipping
   int64_t eval_every = 0;                         // steps; 0 = only at the end

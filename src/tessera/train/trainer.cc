@@ -56,18 +56,6 @@ std::pair<double, int64_t> loss_sums(const model::Model& m,
   return {sum, count};
 }
 
-parallel::DataParallelConfig dp_config(const TrainConfig& c) {
-  parallel::DataParallelConfig d;
-  d.zero_stage = c.parallel.zero_stage;
-  d.bucket_bytes = std::max<int64_t>(4, static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20)));
-  d.offload = c.parallel.offload;
-  d.prefetch = c.parallel.prefetch;
-  d.algorithm = comm::parse_algorithm(c.parallel.algorithm);
-  const auto& p = c.training.precision;
-  d.compute_dtype = p == "bf16" ? DType::kBF16 : p == "fp16" ? DType::kF16 : DType::kF32;
-  return d;
-}
-
 // One trace per rank: "run.json" -> "run.rank1.json" when there are several.
 std::string trace_path(const std::string& path, int rank, int world) {
   if (world == 1) return path;
@@ -106,7 +94,7 @@ class Run {
         model_(build_model(c, meta_.vocab_size, meta_.eos_id)),
         flags_(param_flags(model_)),
         dp_(model_, comm_, dp_config(c)),
-        refs_(make_refs()),
+        refs_(dp_param_refs(dp_, flags_, c.optimizer.name)),
         opt_(c.optimizer, refs_),
         scaler_(c.fp16_init_scale, 2.0, 0.5, c.fp16_growth_interval,
                 c.training.precision == "fp16"),
@@ -166,6 +154,9 @@ class Run {
                    tr.activation_checkpointing.c_str(), world_, world_ > 1 ? "s" : "",
                    c_.parallel.zero_stage, c_.parallel.offload ? ", CPU offload" : "",
                    c_.out_dir.c_str());
+    if (lead)
+      std::fprintf(stderr, "train: compute %s\n",
+                   model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str());
     std::optional<base::ProgressBar> bar;
     if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
     const int64_t local_b = B / world_;
@@ -317,25 +308,6 @@ class Run {
   }
 
  private:
-  std::vector<ParamRef> make_refs() {
-    std::vector<ParamRef> refs;
-    for (const auto& piece : dp_.pieces()) {
-      const ParamFlags f = flags_.at(piece.name);
-      TESSERA_CHECK(!(f.muon && c_.optimizer.name == "muon" && !piece.whole()),
-                    "optimizer.name = \"muon\" needs whole matrices on each rank, but "
-                    "parallel.zero_stage = ", c_.parallel.zero_stage, " splits ", piece.name,
-                    " over ", world_, " ranks; use zero_stage = 0 with Muon");
-      ParamRef r;
-      r.name = piece_key(piece.name, piece.offset, piece.whole());
-      r.param = piece.master;
-      r.grad = piece.grad;
-      r.decay = f.decay;
-      r.muon = f.muon;
-      refs.push_back(std::move(r));
-    }
-    return refs;
-  }
-
   double validation_loss() {
     dp_.gather_all();
     const auto [sum, count] = loss_sums(model_, val_);
@@ -377,12 +349,11 @@ class Run {
                  static_cast<long long>(st_.step));
   }
 
+  // The MFU denominator: the GEMM peak of the precision the matmuls really run at (bf16
+  // for native bf16; f32 for f32 and emulated 16-bit compute), by the shared probe.
   double peak_flops() const {
     if (c_.logging.peak_gflops > 0) return c_.logging.peak_gflops * 1e9;
-    const DType dt = c_.training.precision == "fp32" ? DType::kF32 : DType::kBF16;
-    const auto g = kernels::measure_matmul_gflops(1024, 1024, 1024, dt,
-                                                  kernels::MatmulBackend::kAuto, 0.3);
-    return g.gflops * 1e9;
+    return kernels::measure_gemm_peak(model::matmul_peak_dtype(model_.bf16_mode()), 0.15).gflops * 1e9;
   }
 
   void next_batch(int64_t B, Tensor& ids, Tensor& targets) {
@@ -435,17 +406,8 @@ class Run {
     CheckpointFiles f;
     const auto weights = model_.weights().named(model_.config());
     if (rank_ == 0 || dp_.sharded()) {
-      // A master that is the model's own f32 weight (no sharding) is in model.safetensors
-      // already, bit for bit; the loader reads it from there instead of a second copy.
-      std::map<const void*, const Tensor*> in_model;
-      for (const auto& [name, t] : weights) in_model[t.raw_data()] = &t;
-      std::vector<std::pair<std::string, Tensor>> shard;
-      for (const ParamRef& r : refs_) {
-        const auto it = rank_ == 0 ? in_model.find(r.param.raw_data()) : in_model.end();
-        const bool same = it != in_model.end() && it->second->dtype() == r.param.dtype() &&
-                          it->second->numel() == r.param.numel();
-        if (!same) shard.emplace_back("master." + r.name, r.param);
-      }
+      std::vector<std::pair<std::string, Tensor>> shard =
+          master_tensors(refs_, rank_ == 0 ? weights : decltype(weights){});
       for (auto& t : opt_.state_tensors()) shard.push_back(std::move(t));
       f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
     }

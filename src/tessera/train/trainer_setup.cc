@@ -2,11 +2,13 @@
 // trainer.
 #include "tessera/train/trainer_setup.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
+#include "tessera/train/sharded_state.h"
 
 namespace tessera::train {
 
@@ -140,6 +142,55 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::stri
   }
   TESSERA_CHECK(!files.empty(), "data.tokenizer: no tokenizer.json in ", dir);
   return files;
+}
+
+parallel::DataParallelConfig dp_config(const TrainConfig& c) {
+  parallel::DataParallelConfig d;
+  d.zero_stage = c.parallel.zero_stage;
+  d.bucket_bytes = std::max<int64_t>(4, static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20)));
+  d.offload = c.parallel.offload;
+  d.prefetch = c.parallel.prefetch;
+  d.algorithm = comm::parse_algorithm(c.parallel.algorithm);
+  const auto& p = c.training.precision;
+  d.compute_dtype = p == "bf16" ? DType::kBF16 : p == "fp16" ? DType::kF16 : DType::kF32;
+  d.bf16_request = model::parse_bf16_request(c.training.bf16_mode, "training.bf16_mode");
+  return d;
+}
+
+std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
+                                    const std::map<std::string, ParamFlags>& flags,
+                                    const std::string& optimizer_name) {
+  std::vector<ParamRef> refs;
+  for (const auto& piece : dp.pieces()) {
+    const ParamFlags f = flags.at(piece.name);
+    TESSERA_CHECK(!(f.muon && optimizer_name == "muon" && !piece.whole()),
+                  "optimizer.name = \"muon\" needs whole matrices on each rank, but "
+                  "parallel.zero_stage = ", dp.config().zero_stage, " splits ", piece.name,
+                  " over ", dp.world_size(),
+                  " ranks; use zero_stage = 0 with Muon");
+    ParamRef r;
+    r.name = piece_key(piece.name, piece.offset, piece.whole());
+    r.param = piece.master;
+    r.grad = piece.grad;
+    r.decay = f.decay;
+    r.muon = f.muon;
+    refs.push_back(std::move(r));
+  }
+  return refs;
+}
+
+std::vector<std::pair<std::string, Tensor>> master_tensors(
+    const std::vector<ParamRef>& refs, const std::vector<std::pair<std::string, Tensor>>& in_model) {
+  std::map<const void*, const Tensor*> by_address;
+  for (const auto& [name, t] : in_model) by_address[t.raw_data()] = &t;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const ParamRef& r : refs) {
+    const auto it = by_address.find(r.param.raw_data());
+    const bool same = it != by_address.end() && it->second->dtype() == r.param.dtype() &&
+                      it->second->numel() == r.param.numel();
+    if (!same) out.emplace_back("master." + r.name, r.param);
+  }
+  return out;
 }
 
 }  // namespace tessera::train

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/model/model.h"
+#include "tessera/parallel/data_parallel.h"
 #include "tessera/train/config.h"
 #include "tessera/train/optimizer.h"
 
@@ -32,6 +33,21 @@ struct ParamFlags {
   bool decay = false, muon = false;
 };
 std::map<std::string, ParamFlags> param_flags(const model::Model& m);
+
+// The data-parallel wrapper `tessera train` puts around every model (one process too):
+// ZeRO stage, buckets, offload, and the compute precision with its bf16 mode.
+parallel::DataParallelConfig dp_config(const TrainConfig& c);
+// The optimizer's parameter list over dp.pieces() (this rank's shard), flagged as
+// param_flags() says; Muon needs whole matrices (an error names the split tensor).
+std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
+                                    const std::map<std::string, ParamFlags>& flags,
+                                    const std::string& optimizer_name);
+
+// ("master." + ref name, master) of every ref whose master is not one of `in_model`'s
+// tensors bit for bit (an unsharded f32 master is the model's weight: model.safetensors
+// holds it already, and the loader reads it from there instead of a second copy).
+std::vector<std::pair<std::string, Tensor>> master_tensors(
+    const std::vector<ParamRef>& refs, const std::vector<std::pair<std::string, Tensor>>& in_model);
 
 // Moving mean and deviation of the last `window` losses; a loss above
 // mean + sigma * std (after min_history losses) is a spike and is not added.

@@ -6,6 +6,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
@@ -37,6 +38,18 @@ dnnl::engine& global_engine() {
     // ONEDNN_PRIMITIVE_CACHE_CAPACITY, when set, still wins.
     if (!std::getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") && !std::getenv("DNNL_PRIMITIVE_CACHE_CAPACITY"))
       dnnl::set_primitive_cache_capacity(0);
+    // TESSERA_ISA caps oneDNN too (unless its own DNNL/ONEDNN_MAX_CPU_ISA says otherwise),
+    // so a capped run on an AMX machine takes the path a CPU without AMX would.
+    const char* cap = std::getenv("TESSERA_ISA");
+    if (cap && !std::getenv("DNNL_MAX_CPU_ISA") && !std::getenv("ONEDNN_MAX_CPU_ISA")) {
+      const std::string c = cap;
+      if (c == "avx512")
+        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+      else if (c == "avx2")
+        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2);
+      else if (c == "scalar")
+        dnnl::set_max_cpu_isa(dnnl::cpu_isa::sse41);
+    }
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }();
   return engine;

@@ -1,9 +1,12 @@
 // STREAM triad and matmul timing (see peak.h).
 #include <algorithm>
+#include <fstream>
+#include <regex>
 #include <random>
 #include <vector>
 
 #include "tessera/base/aligned_alloc.h"
+#include "tessera/base/strings.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/base/timer.h"
@@ -85,16 +88,103 @@ GemmMeasurement measure_matmul_gflops(int64_t m, int64_t n, int64_t k, DType dty
   Tensor c = Tensor::empty({m, n}, DType::kF32);  // (m, n)
   GemmMeasurement r;
   r.m = m, r.n = n, r.k = k, r.dtype = dtype;
+  double fastest = 1e30;
   r.seconds = base::median_call_seconds(
       [&](int64_t i) {
+        base::Timer t;
         matmul_with(backend, a, weights[i % weights.size()], c, false, true, 1.f, 0.f);
+        if (i > 0) fastest = std::min(fastest, t.seconds());  // call 0 is the warm-up
       },
       min_seconds);
   r.gflops = 2.0 * m * n * k / r.seconds / 1e9;
+  r.best_gflops = 2.0 * m * n * k / fastest / 1e9;
   const double bytes = (static_cast<double>(m) * k + static_cast<double>(n) * k) *
                            dtype_size(dtype) + 4.0 * m * n;
   r.gbps = bytes / r.seconds / 1e9;
   return r;
+}
+
+const std::vector<GemmShape>& gemm_bench_shapes() {
+  static const std::vector<GemmShape> shapes = {{256, 256, 256},    {512, 512, 512},
+                                                {1024, 1024, 1024}, {2048, 2048, 2048},
+                                                {512, 5632, 2048},  {512, 2048, 5632},
+                                                {256, 768, 3072}};
+  return shapes;
+}
+
+GemmPeak measure_gemm_peak(DType dtype, double seconds_per_shape) {
+  TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+                "measure_gemm_peak: dtype must be f32 or bf16, got ", dtype_name(dtype));
+  // Warm-up: the first calls JIT the kernels, request AMX tile state and wait out the
+  // clock change of wide vector units; a short probe would time all of that.
+  measure_matmul_gflops(1024, 1024, 1024, dtype, MatmulBackend::kAuto, 0.1);
+  GemmPeak best;
+  best.dtype = dtype;
+  for (const GemmShape& s : gemm_bench_shapes()) {
+    const auto r = measure_matmul_gflops(s.m, s.n, s.k, dtype, MatmulBackend::kAuto, seconds_per_shape);
+    if (r.best_gflops > best.gflops) best.gflops = r.best_gflops, best.m = s.m, best.n = s.n, best.k = s.k;
+  }
+  return best;
+}
+
+namespace {
+
+// Highest clock in /proc/cpuinfo (GHz) and the vendor; 0 / "" when unreadable.
+std::pair<double, std::string> cpu_clock_and_vendor() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, vendor;
+  double mhz = 0, model_ghz = 0;
+  static const std::regex at_ghz(R"(@\s*([0-9.]+)\s*GHz)");
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const std::string value = line.substr(colon + 1);
+    if (key == "cpu MHz") {
+      try {
+        mhz = std::max(mhz, std::stod(value));
+      } catch (const std::exception&) {
+      }
+    } else if (key == "vendor_id" && vendor.empty()) {
+      vendor = value;
+    } else if (key == "model name") {
+      std::smatch m;
+      if (std::regex_search(value, m, at_ghz)) model_ghz = std::max(model_ghz, std::stod(m[1].str()));
+    }
+  }
+  return {model_ghz > 0 ? model_ghz : mhz / 1000.0, vendor};
+}
+
+}  // namespace
+
+NominalPeak nominal_gemm_peak(DType dtype) {
+  const auto& f = base::cpu_features();
+  const auto [ghz, vendor] = cpu_clock_and_vendor();
+  const bool amd = vendor.find("AMD") != std::string::npos;
+  NominalPeak p;
+  p.ghz = ghz;
+  p.cores = base::num_threads();
+  std::string unit;
+  double f32 = 0;
+  if (f.avx512f && !amd) {
+    f32 = 64, unit = "AVX-512 FMA, 2 ports x 16 lanes x 2";
+  } else if (f.avx512f) {
+    f32 = 32, unit = "AVX-512 FMA on 2 256-bit pipes x 8 lanes x 2";
+  } else if (f.avx2 && f.fma) {
+    f32 = 32, unit = "AVX2 FMA, 2 ports x 8 lanes x 2";
+  } else {
+    f32 = 8, unit = "SSE";
+  }
+  p.flops_per_cycle = f32;
+  if (dtype == DType::kBF16 && f.amx_bf16) {
+    p.flops_per_cycle = 1024, unit = "AMX-BF16, 16x16x32 tile product per 16 cycles";
+  } else if (dtype == DType::kBF16 && f.avx512_bf16) {
+    p.flops_per_cycle = 2 * f32, unit = "AVX512-BF16 dot product, twice " + unit;
+  }
+  p.gflops = p.cores * p.ghz * p.flops_per_cycle;
+  p.how = base::strprintf("%d cores x %.2f GHz x %.0f flop/cycle (%s)", p.cores, p.ghz,
+                          p.flops_per_cycle, unit.c_str());
+  return p;
 }
 
 }  // namespace tessera::kernels
