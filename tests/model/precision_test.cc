@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessera/base/cpu_features.h"
+#include "tessera/kernels/bf16_speed.h"
 #include "tessera/model/precision.h"
 
 namespace tessera::model {
@@ -36,8 +37,12 @@ class ScopedEnv {
 
 TEST(Precision, AutoFollowsTheCpuAndNon16BitDtypesHaveFixedModes) {
   ScopedEnv env("TESSERA_BF16", nullptr);
-  // Native exactly where AMX-BF16 multiplies (TESSERA_ISA=avx512 caps it away).
-  const Bf16Mode expected = base::cpu_features().amx_bf16 ? Bf16Mode::kNative : Bf16Mode::kEmulated;
+  // Native where bf16 products beat f32 (always with AMX-BF16, which TESSERA_ISA=avx512
+  // caps away; never without AVX512-BF16).
+  const Bf16Mode expected = kernels::bf16_native_gemm_faster() ? Bf16Mode::kNative : Bf16Mode::kEmulated;
+  if (base::cpu_features().amx_bf16) EXPECT_EQ(expected, Bf16Mode::kNative);
+  if (!base::cpu_features().avx512_bf16 && !base::cpu_features().amx_bf16)
+    EXPECT_EQ(expected, Bf16Mode::kEmulated);
   EXPECT_EQ(choose_bf16_mode(DType::kBF16), expected);
   EXPECT_EQ(choose_bf16_mode(DType::kF32, Bf16Request::kNative), Bf16Mode::kOff);
   EXPECT_EQ(choose_bf16_mode(DType::kF16, Bf16Request::kNative), Bf16Mode::kEmulatedF16);
@@ -61,7 +66,7 @@ TEST(Precision, EnvironmentOverridesAutoAndAnExplicitRequestOverridesBoth) {
   {
     ScopedEnv env("TESSERA_BF16", "auto");
     EXPECT_EQ(choose_bf16_mode(DType::kBF16),
-              base::cpu_features().amx_bf16 ? Bf16Mode::kNative : Bf16Mode::kEmulated);
+              kernels::bf16_native_gemm_faster() ? Bf16Mode::kNative : Bf16Mode::kEmulated);
   }
 }
 

@@ -2,10 +2,15 @@
 #include "tessera/kernels/matmul.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "tessera/base/cpu_features.h"
+#include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/matmul_cpu.h"
 #include "tessera/kernels/reference/matmul_ref.h"
 
@@ -73,11 +78,13 @@ const void* round_to_bf16(const Tensor& t, int64_t& ld) {
   return scratch.data();
 }
 
-// Without AMX, this CPU's vdpbf16ps retires half the flops of f32 FMA (~60 vs ~120
-// GFLOP/s a core), so once M is large enough for the GEMM to be compute-bound, widening
-// bf16 operands to f32 and running the f32 GEMM is faster, with identical products (a
-// bf16 x bf16 product is exact in f32). Measured crossover on 2048x2048 weights: native
-// wins at M = 32 (146 vs 137 GFLOP/s), widening from M = 48 (164 vs 152; 240 vs 164 at 128).
+// Without AMX, some CPUs' vdpbf16ps retires half the flops of f32 FMA (Intel's: ~60 vs
+// ~120 GFLOP/s a core), so once M is large enough for the GEMM to be compute-bound,
+// widening bf16 operands to f32 and running the f32 GEMM is faster, with identical
+// products (a bf16 x bf16 product is exact in f32). Measured crossover there on 2048x2048
+// weights: native wins at M = 32 (146 vs 137 GFLOP/s), widening from M = 48 (164 vs 152;
+// 240 vs 164 at 128). Others (AMD Zen 5) run it at twice the f32 rate: 2x to keep it
+// native. bf16_native_gemm_faster() measures which kind this CPU is.
 constexpr int64_t kWidenMinM = 48;
 // oneDNN needs AVX512-BF16 or AMX for bf16 products; elsewhere bf16 is widened.
 bool native_bf16() {
@@ -88,7 +95,52 @@ bool native_bf16() {
 bool widen_bf16(const cpu::GemmArgs& g) {
   if (g.a_dtype != DType::kBF16 || g.b_dtype != DType::kBF16) return false;
   if (!native_bf16()) return true;
-  return g.m >= kWidenMinM && g.n >= kWidenMinM && !base::cpu_features().amx_bf16;
+  return g.m >= kWidenMinM && g.n >= kWidenMinM && !bf16_native_gemm_faster();
+}
+
+// Median seconds of 5 calls of fn after 2 warm-up calls.
+double median_of_calls(const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    if (i >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+bool measure_native_faster() {
+  const auto& f = base::cpu_features();
+  if (f.amx_bf16) return true;
+  if (!f.avx512_bf16) return false;
+  if (const char* v = std::getenv("TESSERA_BF16_GEMM")) {
+    const std::string s = v;
+    if (s == "native") return true;
+    if (s == "widened") return false;
+    TESSERA_CHECK(s.empty(), "TESSERA_BF16_GEMM = '", s, "' is not one of native, widened");
+  }
+  constexpr int64_t n = 512;
+  std::vector<uint16_t> a16(n * n), b16(n * n);
+  std::vector<float> a32(n * n), b32(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    a32[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+    b32[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+  }
+  convert_elements(a32.data(), DType::kF32, a16.data(), DType::kBF16, n * n);
+  convert_elements(b32.data(), DType::kF32, b16.data(), DType::kBF16, n * n);
+  cpu::GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.lda = g.ldb = g.ldc = n;
+  g.trans_b = true;
+  g.c = c.data();
+  g.alpha = 1.f, g.beta = 0.f;
+  cpu::GemmArgs native = g, wide = g;
+  native.a = a16.data(), native.b = b16.data(), native.a_dtype = native.b_dtype = DType::kBF16;
+  wide.a = a32.data(), wide.b = b32.data(), wide.a_dtype = wide.b_dtype = DType::kF32;
+  const double t_native = median_of_calls([&] { cpu::gemm_onednn(native); });
+  const double t_wide = median_of_calls([&] { cpu::gemm_onednn(wide); });
+  return t_wide > 1.3 * t_native;
 }
 
 const char* backend_name(MatmulBackend b) {
@@ -102,6 +154,11 @@ const char* backend_name(MatmulBackend b) {
 }
 
 }  // namespace
+
+bool bf16_native_gemm_faster() {
+  static const bool faster = measure_native_faster();
+  return faster;
+}
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float alpha,
             float beta) {

@@ -57,16 +57,16 @@ struct GemmPeak {
 GemmPeak measure_gemm_peak(DType dtype, double seconds_per_shape = 0.15);
 
 // The datasheet-style peak from the clock and the core count: cores x GHz x flop/cycle of
-// the widest unit (AMX-BF16 1024 bf16 flop/cycle; AVX-512 2 FMA ports x 16 lanes x 2 on
-// Intel, 256-bit pipes on AMD Zen 4; AVX512-BF16 twice the f32 rate; AVX2 32). `how`
-// says what it assumed. Cores: base::num_threads(); clock: the highest "cpu MHz" in
+// the widest unit (AMX-BF16 1024 bf16 flop/cycle; AVX-512 2 FMA units x 16 lanes x 2;
+// AVX512-BF16 twice the f32 rate; AVX2 32). `how` says what it assumed; CPUs with one
+// AVX-512 FMA unit, or 256-bit halves, reach half of it. Cores: base::num_threads(); clock: the highest "cpu MHz" in
 // /proc/cpuinfo (or the model name's "@ x.xxGHz").
 struct NominalPeak {
   double gflops = 0;
   double ghz = 0;
   int cores = 0;
   double flops_per_cycle = 0;
-  std::string how;  // e.g. "2 cores x 2.60 GHz x 64 flop/cycle (AVX-512 FMA, 2 ports)"
+  std::string how;  // e.g. "2 cores x 2.60 GHz x 64 flop/cycle (AVX-512 FMA, 2 units x 16 lanes x 2; ...)"
 };
 NominalPeak nominal_gemm_peak(DType dtype);
 

@@ -5,6 +5,7 @@
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
+#include "tessera/kernels/bf16_speed.h"
 
 namespace tessera::model {
 
@@ -41,7 +42,9 @@ Bf16Mode choose_bf16_mode(DType compute, Bf16Request request) {
   if (request == Bf16Request::kAuto) request = env_request();
   if (request == Bf16Request::kNative) return Bf16Mode::kNative;
   if (request == Bf16Request::kEmulated) return Bf16Mode::kEmulated;
-  return base::cpu_features().amx_bf16 ? Bf16Mode::kNative : Bf16Mode::kEmulated;
+  // The faster of the two: native wherever bf16 products beat f32 ones (AMX; AVX512-BF16
+  // at twice the f32 rate), emulated where widening to f32 wins.
+  return kernels::bf16_native_gemm_faster() ? Bf16Mode::kNative : Bf16Mode::kEmulated;
 }
 
 const char* bf16_mode_name(Bf16Mode mode) {
@@ -65,7 +68,8 @@ std::string describe_compute(DType compute, Bf16Mode mode) {
       return "f32 (f32 operands; oneDNN " + f32_isa + ")";
     case Bf16Mode::kNative:
       return std::string(dtype_name(compute)) + " native (bf16 operands, f32 accumulation; oneDNN " +
-             (f.amx_bf16      ? "AMX-BF16"
+             (f.amx_bf16                          ? "AMX-BF16"
+              : f.avx512_bf16 && kernels::bf16_native_gemm_faster() ? "AVX512-BF16"
               : f.avx512_bf16 ? "AVX512-BF16, large products widened to f32"
                               : "widened to f32") +
              ")";

@@ -23,9 +23,10 @@ Bf16Request parse_bf16_request(const std::string& text, const std::string& what)
 const char* bf16_request_name(Bf16Request r);
 
 // f32 -> kOff, f16 -> kEmulatedF16; bf16: an explicit request wins, then TESSERA_BF16,
-// then the CPU: native where AMX-BF16 multiplies (granted by the OS, not capped by
-// TESSERA_ISA); emulated elsewhere, where AVX512-BF16's dot product retires half the
-// f32 FMA rate and widening to f32 is the faster of the two (docs/performance.md).
+// then the CPU: native where bf16 products beat f32 ones (AMX-BF16, granted by the OS
+// and not capped by TESSERA_ISA; or AVX512-BF16 at twice the f32 rate, as on AMD Zen 5:
+// kernels::bf16_native_gemm_faster); emulated where AVX512-BF16's dot product retires
+// half the f32 FMA rate (Intel without AMX) and widening to f32 is the faster.
 Bf16Mode choose_bf16_mode(DType compute, Bf16Request request = Bf16Request::kAuto);
 const char* bf16_mode_name(Bf16Mode mode);  // "off" | "native" | "emulated" | "emulated-f16"
 

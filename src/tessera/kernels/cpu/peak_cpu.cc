@@ -129,10 +129,11 @@ GemmPeak measure_gemm_peak(DType dtype, double seconds_per_shape) {
 
 namespace {
 
-// Highest clock in /proc/cpuinfo (GHz) and the vendor; 0 / "" when unreadable.
-std::pair<double, std::string> cpu_clock_and_vendor() {
+// Highest clock in /proc/cpuinfo (GHz): the model name's "@ x.xxGHz" (Intel's nominal
+// clock) or else the highest "cpu MHz"; 0 when unreadable.
+double cpu_clock_ghz() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line, vendor;
+  std::string line;
   double mhz = 0, model_ghz = 0;
   static const std::regex at_ghz(R"(@\s*([0-9.]+)\s*GHz)");
   while (std::getline(in, line)) {
@@ -140,38 +141,32 @@ std::pair<double, std::string> cpu_clock_and_vendor() {
     if (colon == std::string::npos) continue;
     const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
     const std::string value = line.substr(colon + 1);
-    if (key == "cpu MHz") {
-      try {
-        mhz = std::max(mhz, std::stod(value));
-      } catch (const std::exception&) {
-      }
-    } else if (key == "vendor_id" && vendor.empty()) {
-      vendor = value;
-    } else if (key == "model name") {
+    try {
       std::smatch m;
-      if (std::regex_search(value, m, at_ghz)) model_ghz = std::max(model_ghz, std::stod(m[1].str()));
+      if (key == "cpu MHz")
+        mhz = std::max(mhz, std::stod(value));
+      else if (key == "model name" && std::regex_search(value, m, at_ghz))
+        model_ghz = std::max(model_ghz, std::stod(m[1].str()));
+    } catch (const std::exception&) {  // an unparsable line: the other lines still count
     }
   }
-  return {model_ghz > 0 ? model_ghz : mhz / 1000.0, vendor};
+  return model_ghz > 0 ? model_ghz : mhz / 1000.0;
 }
 
 }  // namespace
 
 NominalPeak nominal_gemm_peak(DType dtype) {
   const auto& f = base::cpu_features();
-  const auto [ghz, vendor] = cpu_clock_and_vendor();
-  const bool amd = vendor.find("AMD") != std::string::npos;
+  const double ghz = cpu_clock_ghz();
   NominalPeak p;
   p.ghz = ghz;
   p.cores = base::num_threads();
   std::string unit;
   double f32 = 0;
-  if (f.avx512f && !amd) {
-    f32 = 64, unit = "AVX-512 FMA, 2 ports x 16 lanes x 2";
-  } else if (f.avx512f) {
-    f32 = 32, unit = "AVX-512 FMA on 2 256-bit pipes x 8 lanes x 2";
+  if (f.avx512f) {
+    f32 = 64, unit = "AVX-512 FMA, 2 units x 16 lanes x 2";
   } else if (f.avx2 && f.fma) {
-    f32 = 32, unit = "AVX2 FMA, 2 ports x 8 lanes x 2";
+    f32 = 32, unit = "AVX2 FMA, 2 units x 8 lanes x 2";
   } else {
     f32 = 8, unit = "SSE";
   }
@@ -182,8 +177,9 @@ NominalPeak nominal_gemm_peak(DType dtype) {
     p.flops_per_cycle = 2 * f32, unit = "AVX512-BF16 dot product, twice " + unit;
   }
   p.gflops = p.cores * p.ghz * p.flops_per_cycle;
-  p.how = base::strprintf("%d cores x %.2f GHz x %.0f flop/cycle (%s)", p.cores, p.ghz,
-                          p.flops_per_cycle, unit.c_str());
+  p.how = base::strprintf("%d cores x %.2f GHz x %.0f flop/cycle (%s; the clock /proc/cpuinfo "
+                          "reports, which turbo can exceed)",
+                          p.cores, p.ghz, p.flops_per_cycle, unit.c_str());
   return p;
 }
 
