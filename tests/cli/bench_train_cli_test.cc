@@ -46,7 +46,9 @@ TEST(BenchTrainCli, PicksTheTrainersPrecisionModeAndKernelsForTheSameConfig) {
     const std::string benched = line_after(bench.out, "compute ");
     ASSERT_FALSE(trained.empty()) << train.out;
     EXPECT_EQ(benched, trained) << "mode '" << mode << "'\n" << bench.out;
-    if (!mode.empty()) EXPECT_NE(trained.find("bf16 " + mode + " "), std::string::npos) << trained;
+    if (!mode.empty()) {
+      EXPECT_NE(trained.find("bf16 " + mode + " "), std::string::npos) << trained;
+    }
     // bench train reports the batch of the config, and the mode in its JSON line.
     EXPECT_NE(bench.out.find("batch 1 x 4 x 32"), std::string::npos) << bench.out;
     const std::string json_mode = trained.find("native") != std::string::npos ? "native" : "emulated";

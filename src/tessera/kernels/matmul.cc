@@ -1,11 +1,12 @@
 // matmul: checks shapes and dtypes, unifies mixed dtypes, picks a backend.
 #include "tessera/kernels/matmul.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <functional>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,8 +84,8 @@ const void* round_to_bf16(const Tensor& t, int64_t& ld) {
 // widening bf16 operands to f32 and running the f32 GEMM is faster, with identical
 // products (a bf16 x bf16 product is exact in f32). Measured crossover there on 2048x2048
 // weights: native wins at M = 32 (146 vs 137 GFLOP/s), widening from M = 48 (164 vs 152;
-// 240 vs 164 at 128). Others (AMD Zen 5) run it at twice the f32 rate: 2x to keep it
-// native. bf16_native_gemm_faster() measures which kind this CPU is.
+// 240 vs 164 at 128). AMD's runs it at twice the f32 rate: there it stays native
+// (bf16_native_gemm_faster()).
 constexpr int64_t kWidenMinM = 48;
 // oneDNN needs AVX512-BF16 or AMX for bf16 products; elsewhere bf16 is widened.
 bool native_bf16() {
@@ -98,19 +99,24 @@ bool widen_bf16(const cpu::GemmArgs& g) {
   return g.m >= kWidenMinM && g.n >= kWidenMinM && !bf16_native_gemm_faster();
 }
 
-// Median seconds of 5 calls of fn after 2 warm-up calls.
-double median_of_calls(const std::function<void()>& fn) {
-  std::vector<double> t;
-  for (int i = 0; i < 7; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    if (i >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+// Whether this is an AMD CPU (cpuid leaf 0 vendor "AuthenticAMD").
+bool is_amd() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  char vendor[13];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  vendor[12] = 0;
+  return std::strcmp(vendor, "AuthenticAMD") == 0;
 }
 
-bool measure_native_faster() {
+// Decided from the CPU, not timed: a timed decision flipped between two processes of one
+// machine under load (widened and native products sum in different orders, so two runs
+// of one config would differ). AMD's AVX512-BF16 (Zen 4/5) runs bf16 dot products at
+// twice the f32 FMA rate (measured 960-1004 against 480-509 GFLOP/s on 2 cores); Intel's
+// without AMX at half of it (146-152 against 164-240).
+bool native_faster_on_this_cpu() {
   const auto& f = base::cpu_features();
   if (f.amx_bf16) return true;
   if (!f.avx512_bf16) return false;
@@ -120,27 +126,7 @@ bool measure_native_faster() {
     if (s == "widened") return false;
     TESSERA_CHECK(s.empty(), "TESSERA_BF16_GEMM = '", s, "' is not one of native, widened");
   }
-  constexpr int64_t n = 512;
-  std::vector<uint16_t> a16(n * n), b16(n * n);
-  std::vector<float> a32(n * n), b32(n * n), c(n * n);
-  for (int64_t i = 0; i < n * n; ++i) {
-    a32[i] = static_cast<float>((i * 7) % 13) * 0.01f;
-    b32[i] = static_cast<float>((i * 5) % 11) * 0.01f;
-  }
-  convert_elements(a32.data(), DType::kF32, a16.data(), DType::kBF16, n * n);
-  convert_elements(b32.data(), DType::kF32, b16.data(), DType::kBF16, n * n);
-  cpu::GemmArgs g;
-  g.m = g.n = g.k = n;
-  g.lda = g.ldb = g.ldc = n;
-  g.trans_b = true;
-  g.c = c.data();
-  g.alpha = 1.f, g.beta = 0.f;
-  cpu::GemmArgs native = g, wide = g;
-  native.a = a16.data(), native.b = b16.data(), native.a_dtype = native.b_dtype = DType::kBF16;
-  wide.a = a32.data(), wide.b = b32.data(), wide.a_dtype = wide.b_dtype = DType::kF32;
-  const double t_native = median_of_calls([&] { cpu::gemm_onednn(native); });
-  const double t_wide = median_of_calls([&] { cpu::gemm_onednn(wide); });
-  return t_wide > 1.3 * t_native;
+  return is_amd();
 }
 
 const char* backend_name(MatmulBackend b) {
@@ -156,7 +142,7 @@ const char* backend_name(MatmulBackend b) {
 }  // namespace
 
 bool bf16_native_gemm_faster() {
-  static const bool faster = measure_native_faster();
+  static const bool faster = native_faster_on_this_cpu();
   return faster;
 }
 
