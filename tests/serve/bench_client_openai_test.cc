@@ -20,6 +20,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/io/tokenizer.h"
+#include "serve/bench_options.h"
 #include "tessera/serve/bench_client.h"
 
 namespace tessera::serve {
@@ -160,13 +161,7 @@ class OpenAiMock {
 };
 
 HttpBenchOptions options(const OpenAiMock& m, int64_t n, int64_t prompt, int64_t output) {
-  HttpBenchOptions o;
-  o.url = m.url();
-  o.num_requests = n;
-  o.prompt_len = {prompt, prompt};
-  o.output_len = {output, output};
-  o.progress = false;
-  o.timeout_s = 10;
+  HttpBenchOptions o = bench_options(m.url(), n, prompt, output);
   o.seed = 3;
   return o;
 }

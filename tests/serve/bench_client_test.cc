@@ -18,6 +18,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/infer/bench_serve.h"
+#include "serve/bench_options.h"
 #include "tessera/serve/bench_client.h"
 
 namespace tessera::serve {
@@ -157,14 +158,7 @@ class MockServer {
 };
 
 HttpBenchOptions options(const MockServer& m, int64_t n, int64_t prompt, int64_t output) {
-  HttpBenchOptions o;
-  o.url = m.url();
-  o.num_requests = n;
-  o.prompt_len = {prompt, prompt};
-  o.output_len = {output, output};
-  o.progress = false;
-  o.timeout_s = 10;
-  return o;
+  return bench_options(m.url(), n, prompt, output);
 }
 
 TEST(SseParser, SplitsEventsAcrossArbitraryReads) {

@@ -14,7 +14,6 @@
 
 namespace tessera::model {
 
-
 // Activation checkpointing for forward_backward: keep every activation (kNone), recompute
 // attention in the backward pass (kSelective: its output and log-sum-exp are not kept),
 // or keep only each layer's input and recompute the whole layer (kFull).
@@ -79,8 +78,9 @@ class Model {
   // Matmuls use a copy of the weights in `dtype` (bf16 mixed precision over f32
   // master weights). Call refresh_compute_weights() after the master weights change.
   // bf16 runs natively or emulated as choose_bf16_mode(dtype, request) decides (native
-  // on AMX; elsewhere the copy holds bf16-rounded values in f32 and matmul inputs are
-  // rounded the same way, which gives autocast's results without converting per call).
+  // where bf16 products beat f32 ones; emulated, the copy holds bf16-rounded values in
+  // f32 and matmul inputs are rounded the same way, which gives autocast's results
+  // without converting per call).
   // f16 is always emulated that way (fp16 rounding, overflow to inf).
   void set_compute_dtype(DType dtype, Bf16Request request = Bf16Request::kAuto);
   // For a wrapper that keeps fp32 master weights itself and stores compute-precision
@@ -147,6 +147,7 @@ class Model {
   Params compute_;  // matmul weights in compute_dtype_ (only Linear weights + lm_head set)
   bool has_compute_copy_ = false;
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
+  bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
   Recompute recompute_ = Recompute::kNone;
   TrainHooks* hooks_ = nullptr;
 };

@@ -184,15 +184,6 @@ void Model::set_compute_dtype(DType dtype, Bf16Request request) {
                                                                 : choose_bf16_mode(dtype, request);
   compute_ = Params();
   if (!has_compute_copy_) return;
-  compute_.layers.resize(weights_.layers.size());
-  for (size_t l = 0; l < weights_.layers.size(); ++l) {
-    const auto& src = weights_.layers[l];
-    auto& dst = compute_.layers[l];
-    dst.qkv.in_out = src.qkv.in_out;
-    dst.o.in_out = src.o.in_out;
-    dst.up.in_out = src.up.in_out;
-    dst.down.in_out = src.down.in_out;
-  }
   refresh_compute_weights();
 }
 
@@ -206,15 +197,6 @@ void Model::set_compute_dtype_in_place(DType dtype, Bf16Request request) {
   // Native bf16 needs bf16 operands: copies of the matmul weights, per unit.
   has_compute_copy_ = bf16_mode_ == Bf16Mode::kNative;
   if (!has_compute_copy_) return;
-  compute_.layers.resize(weights_.layers.size());
-  for (size_t l = 0; l < weights_.layers.size(); ++l) {
-    const auto& src = weights_.layers[l];
-    auto& dst = compute_.layers[l];
-    dst.qkv.in_out = src.qkv.in_out;
-    dst.o.in_out = src.o.in_out;
-    dst.up.in_out = src.up.in_out;
-    dst.down.in_out = src.down.in_out;
-  }
   refresh_compute_weights();
 }
 
@@ -228,10 +210,26 @@ Tensor convert_weight(const Tensor& w, Bf16Mode mode, DType compute) {
 
 }  // namespace
 
+bool Model::unit_holds_lm_head(int unit) const {
+  // A tied lm_head is the embedding (unit 0); an untied one belongs to the head unit.
+  return config_.tie_word_embeddings ? unit == 0 : unit == config_.num_layers + 1;
+}
+
 void Model::refresh_compute_unit(int unit) {
   if (!has_compute_copy_) return;
   const int64_t L = config_.num_layers;
   TESSERA_CHECK(unit >= 0 && unit <= L + 1, "refresh_compute_unit: unit ", unit, " out of range");
+  if (compute_.layers.size() != weights_.layers.size()) {  // the first refresh: the layouts
+    compute_.layers.resize(weights_.layers.size());
+    for (size_t l = 0; l < weights_.layers.size(); ++l) {
+      const auto& src = weights_.layers[l];
+      auto& dst = compute_.layers[l];
+      dst.qkv.in_out = src.qkv.in_out;
+      dst.o.in_out = src.o.in_out;
+      dst.up.in_out = src.up.in_out;
+      dst.down.in_out = src.down.in_out;
+    }
+  }
   auto convert = [&](const Tensor& w, Tensor& dst) {
     // A wrapper may hold only some units' weights (ZeRO-3): the others have no copy.
     dst = w.defined() ? convert_weight(w, bf16_mode_, compute_dtype_) : Tensor();
@@ -249,9 +247,7 @@ void Model::refresh_compute_unit(int unit) {
     dst.up.bias = src.up.bias;
     dst.down.bias = src.down.bias;
   }
-  // A tied lm_head is the embedding (unit 0); an untied one belongs to the head unit.
-  if ((unit == 0) == config_.tie_word_embeddings && (unit == 0 || unit == L + 1))
-    convert(weights_.lm_head, compute_.lm_head);
+  if (unit_holds_lm_head(unit)) convert(weights_.lm_head, compute_.lm_head);
 }
 
 void Model::release_compute_unit(int unit) {
@@ -262,8 +258,7 @@ void Model::release_compute_unit(int unit) {
     dst.qkv.weight = dst.o.weight = dst.up.weight = dst.down.weight = Tensor();
     dst.qkv.bias = dst.o.bias = dst.up.bias = dst.down.bias = Tensor();
   }
-  if ((unit == 0) == config_.tie_word_embeddings && (unit == 0 || unit == L + 1))
-    compute_.lm_head = Tensor();
+  if (unit_holds_lm_head(unit)) compute_.lm_head = Tensor();
 }
 
 void Model::refresh_compute_weights() {

@@ -36,15 +36,7 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
   }
   CheckpointManager* pending = nullptr;  // a save whose copy must finish before the update
   auto step = [&] {
-    // As the trainer's step: the first micro-batch writes the gradients, the rest add.
-    dp.start_step(/*first_micro_batch_assigns=*/true);
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      dp.set_sync(micro + 1 == accum);
-      model.forward_backward(ids, targets, dp.grads(), 1.f / static_cast<float>(accum),
-                             micro == 0 ? model::Model::GradWrite::kAssign
-                                        : model::Model::GradWrite::kAccumulate);
-    }
-    dp.finish_gradients();
+    accumulate_gradients(model, dp, accum, 1.f, [&](int64_t) { return std::pair{ids, targets}; });
     if (!o.optimizer) return;
     if (pending) pending->wait_snapshot();
     clip_grad_norm(refs, config.training.max_grad_norm);

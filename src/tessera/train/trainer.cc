@@ -175,25 +175,15 @@ class Run {
       base::TraceScope step_scope("step");
       base::Timer step_timer;
       const LoaderState before = loader_.state();
-      dp_.start_step(/*first_micro_batch_assigns=*/true);
-      double loss_sum = 0;
-      int64_t count = 0, activation_bytes = 0;
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
-      for (int64_t micro = 0; micro < accum; ++micro) {
+      const GradientPass gp = accumulate_gradients(model_, dp_, accum, scale, [&](int64_t) {
         next_batch(B, ids, targets);  // the global batch; this rank takes its rows
-        const Tensor my_ids = ids.slice(0, rank_ * local_b, (rank_ + 1) * local_b);
-        const Tensor my_targets = targets.slice(0, rank_ * local_b, (rank_ + 1) * local_b);
-        dp_.set_sync(micro + 1 == accum);  // no gradient traffic before the last micro-batch
-        base::TraceScope fb("forward_backward");
-        // The first micro-batch writes the gradients; the rest add to them.
-        const auto r = model_.forward_backward(my_ids, my_targets, dp_.grads(), scale / accum,
-                                               micro == 0 ? model::Model::GradWrite::kAssign
-                                                          : model::Model::GradWrite::kAccumulate);
-        loss_sum += r.loss;
-        count += r.count;
-        activation_bytes = std::max(activation_bytes, r.activation_bytes);
-      }
-      dp_.finish_gradients();
+        return std::pair{ids.slice(0, rank_ * local_b, (rank_ + 1) * local_b),
+                         targets.slice(0, rank_ * local_b, (rank_ + 1) * local_b)};
+      });
+      const double loss_sum = gp.loss_sum;
+      int64_t count = gp.count;
+      const int64_t activation_bytes = gp.activation_bytes;
       // Every rank holds the same number of targets, so the mean of the ranks' means is
       // the global batch's mean (and the gradients were averaged the same way).
       const double loss = dp_.sum_over_ranks(loss_sum) / static_cast<double>(accum * world_);

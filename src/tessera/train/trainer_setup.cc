@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "tessera/base/error.h"
+#include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
 #include "tessera/train/sharded_state.h"
 
@@ -191,6 +192,26 @@ std::vector<std::pair<std::string, Tensor>> master_tensors(
     if (!same) out.emplace_back("master." + r.name, r.param);
   }
   return out;
+}
+
+GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
+                                  float scale,
+                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
+  GradientPass r;
+  dp.start_step(/*first_micro_batch_assigns=*/true);
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const auto [ids, targets] = batch(micro);
+    dp.set_sync(micro + 1 == accum);  // no gradient traffic before the last micro-batch
+    base::TraceScope fb("forward_backward");
+    const auto fr = model.forward_backward(ids, targets, dp.grads(), scale / static_cast<float>(accum),
+                                           micro == 0 ? model::Model::GradWrite::kAssign
+                                                      : model::Model::GradWrite::kAccumulate);
+    r.loss_sum += fr.loss;
+    r.count += fr.count;
+    r.activation_bytes = std::max(r.activation_bytes, fr.activation_bytes);
+  }
+  dp.finish_gradients();
+  return r;
 }
 
 }  // namespace tessera::train

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -42,6 +43,19 @@ parallel::DataParallelConfig dp_config(const TrainConfig& c);
 std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
                                     const std::map<std::string, ParamFlags>& flags,
                                     const std::string& optimizer_name);
+
+// The gradient half of a training step, as `tessera train` and `bench train` run it:
+// dp.start_step(), `accum` micro-batches from batch(micro) (ids, targets), the first
+// writing the gradients and the rest adding to them, scaled by scale / accum, with
+// gradient traffic only in the last; then dp.finish_gradients().
+struct GradientPass {
+  double loss_sum = 0;           // of the micro-batches' mean losses (this rank)
+  int64_t count = 0;             // targets counted (this rank)
+  int64_t activation_bytes = 0;  // most saved for backward by one micro-batch
+};
+GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
+                                  float scale,
+                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch);
 
 // ("master." + ref name, master) of every ref whose master is not one of `in_model`'s
 // tensors bit for bit (an unsharded f32 master is the model's weight: model.safetensors
