@@ -169,6 +169,39 @@ TEST(Trainer, ResumeIsBitIdenticalBf16Native) { check_resume("bf16", "adamw", "n
 TEST(Trainer, ResumeIsBitIdenticalBf16Emulated) { check_resume("bf16", "adamw", "emulated"); }
 TEST(Trainer, ResumeIsBitIdenticalBf16Muon) { check_resume("bf16", "muon"); }
 
+// A checkpoint records its bf16 mode; a resume under bf16_mode = "auto" (and no
+// TESSERA_BF16) continues in it even where this CPU's default is the other mode, so the
+// curve stays bit-identical; an explicit request wins, with a warning.
+TEST(Trainer, ResumeKeepsTheSavedBf16ModeUnderAuto) {
+  const char* env = std::getenv("TESSERA_BF16");
+  const std::string saved_env = env ? env : "";
+  unsetenv("TESSERA_BF16");
+  const std::string other =
+      model::choose_bf16_mode(DType::kBF16) == model::Bf16Mode::kNative ? "emulated" : "native";
+  const std::string root = temp_dir("resume_mode");
+  const std::string data = make_data(root);
+  const std::string extra = "[checkpoint]\nevery = 3\n";
+  auto with_mode = [&](const std::string& out, const std::string& mode) {
+    auto c = parse(base_config(root + "/" + out, data, 6, extra));
+    c.training.precision = "bf16";
+    c.training.bf16_mode = mode;
+    return c;
+  };
+  const auto full = run_training(with_mode("full", other));
+  TrainOptions stop;
+  stop.stop_after = 3;
+  run_training(with_mode("split", other), stop);
+  const auto index = io::read_json_file(root + "/split/checkpoints/step_00000003/optimizer_index.json");
+  EXPECT_EQ(index.at("bf16_mode").get<std::string>(), other);
+  TrainOptions resume;
+  resume.resume = true;
+  const auto second = run_training(with_mode("split", "auto"), resume);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
+  if (!saved_env.empty()) setenv("TESSERA_BF16", saved_env.c_str(), 1);
+  fs::remove_all(root);
+}
+
 TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   const std::string root = temp_dir("overwrite");
   const auto c = parse(base_config(root + "/run", make_data(root), 2));

@@ -34,12 +34,16 @@ Bf16Request env_request() {
 
 }  // namespace
 
+Bf16Request effective_bf16_request(Bf16Request request) {
+  return request == Bf16Request::kAuto ? env_request() : request;
+}
+
 Bf16Mode choose_bf16_mode(DType compute, Bf16Request request) {
   if (compute == DType::kF32) return Bf16Mode::kOff;
   if (compute == DType::kF16) return Bf16Mode::kEmulatedF16;
   TESSERA_CHECK(compute == DType::kBF16, "compute dtype must be f32, bf16 or f16, not ",
                 dtype_name(compute));
-  if (request == Bf16Request::kAuto) request = env_request();
+  request = effective_bf16_request(request);
   if (request == Bf16Request::kNative) return Bf16Mode::kNative;
   if (request == Bf16Request::kEmulated) return Bf16Mode::kEmulated;
   // The faster of the two: native wherever bf16 products beat f32 ones (AMX; AVX512-BF16

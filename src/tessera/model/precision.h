@@ -21,6 +21,8 @@ enum class Bf16Request { kAuto, kNative, kEmulated };
 // Errors name `what` (the key or flag) and the text.
 Bf16Request parse_bf16_request(const std::string& text, const std::string& what);
 const char* bf16_request_name(Bf16Request r);
+// The request with TESSERA_BF16 applied: kAuto only when neither asked for a mode.
+Bf16Request effective_bf16_request(Bf16Request request);
 
 // f32 -> kOff, f16 -> kEmulatedF16; bf16: an explicit request wins, then TESSERA_BF16,
 // then the CPU: native where bf16 products beat f32 ones (AMX-BF16, granted by the OS

@@ -429,6 +429,7 @@ class Run {
     index["world_size"] = world_;
     index["zero_stage"] = c_.parallel.zero_stage;
     index["precision"] = c_.training.precision;
+    index["bf16_mode"] = model::bf16_mode_name(model_.bf16_mode());
     std::vector<std::string> files;
     for (int r = 0; r < (dp_.sharded() ? world_ : 1); ++r) files.push_back(shard_file_name(r));
     index["files"] = files;
@@ -453,6 +454,25 @@ class Run {
       ckpt_.save(st_.step, checkpoint_files());
   }
 
+  // A run resumes in the bf16 mode it was saved in unless the config or TESSERA_BF16 asks
+  // for one: the CPU's default may differ on another machine, and the two modes sum in
+  // different orders (a resume is bit-identical only in the same mode).
+  void resume_bf16_mode(const std::string& dir, const std::string& saved) {
+    const std::string now = model::bf16_mode_name(model_.bf16_mode());
+    if (saved == now || (saved != "native" && saved != "emulated")) return;
+    const auto request = model::effective_bf16_request(dp_config(c_).bf16_request);
+    if (request == model::Bf16Request::kAuto) {
+      model_.set_compute_dtype_in_place(model_.compute_dtype(),
+                                        model::parse_bf16_request(saved, dir + " bf16_mode"));
+      if (rank_ == 0)
+        TESSERA_LOG(kInfo, "--resume: ", dir, " was trained with ", saved,
+                    " bf16; continuing in it (this CPU's default is ", now, ")");
+    } else if (rank_ == 0) {
+      TESSERA_LOG(kWarn, "--resume: ", dir, " was trained with ", saved, " bf16, this run asks for ",
+                  now, ": the losses follow within bf16 tolerance, not bit for bit");
+    }
+  }
+
   // Any world size and stage can load any checkpoint: each rank reads the pieces of the
   // saved shards that overlap its own (resharding). Checkpoints from before sharding
   // (optimizer.safetensors, masters = the model's weights) load the same way.
@@ -464,6 +484,7 @@ class Run {
       if (fs::exists(dir + "/" + kShardIndexName)) {
         const auto index = io::read_json_file(dir + "/" + kShardIndexName);
         for (const auto& f : index.at("files")) files.push_back(dir + "/" + f.get<std::string>());
+        if (index.contains("bf16_mode")) resume_bf16_mode(dir, index.at("bf16_mode").get<std::string>());
       } else {
         files.push_back(dir + "/optimizer.safetensors");
       }
