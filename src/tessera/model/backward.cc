@@ -83,9 +83,9 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   prepare(head);
   if (tied) prepare(0);
   const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
-  // Each activation or gradient that feeds matmuls is rounded once (mode), and the
-  // matmuls are handed the rounded operands (pm): hf, h1, h2 and a come rounded from
-  // forward_train.
+  // Each activation or gradient that feeds matmuls is rounded once (mode; a bf16 copy
+  // under kNative), and the matmuls are handed the rounded operands (pm): hf, h1, h2 and
+  // a come rounded from forward_train.
   const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
   // Loss and d(loss)/d(logits), written over the logits.
@@ -154,7 +154,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     }
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-    Tensor op = matmul_input(dres, mode);
+    Tensor op = matmul_operand(dres, mode);
     linear_backward_input(compute_linear(l, 3), op, da, pm);
     linear_backward_weight(A.a, dres, op, G.down, pm, !assign);
     if (c.gated_mlp()) {
@@ -163,15 +163,15 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     } else {
       kernels::gelu_backward(da, A.u, du);
     }
-    op = matmul_input(du, mode);
+    op = matmul_operand(du, mode);
     linear_backward_input(compute_linear(l, 2), op, dh, pm);
     linear_backward_weight(A.h2, du, op, G.up, pm, !assign);
     norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
-    op = matmul_input(dres, mode);
+    op = matmul_operand(dres, mode);
     linear_backward_input(compute_linear(l, 1), op, datt, pm);
-    linear_backward_weight(matmul_input(A.att, mode), dres, op, G.o, pm, !assign);
+    linear_backward_weight(matmul_operand(A.att, mode), dres, op, G.o, pm, !assign);
     const QkvViews v = qkv_views(c, A.qkv, B, T);
     QkvViews dv = qkv_views(c, dqkv, B, T);
     kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
@@ -183,7 +183,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::rope_apply(dq, c.head_dim, acts.positions, c.rope_theta, true);
       kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
     }
-    op = matmul_input(dqkv, mode);
+    op = matmul_operand(dqkv, mode);
     linear_backward_input(compute_linear(l, 0), op, dh, pm);
     linear_backward_weight(A.h1, dqkv, op, G.qkv, pm, !assign);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);

@@ -21,6 +21,11 @@ Tensor matmul_input(const Tensor& x, Bf16Mode mode) {
 void round_matmul_input_in_place(Tensor& x, Bf16Mode mode) {
   if (mode == Bf16Mode::kEmulated) round_bf16_in_place(x);
   if (mode == Bf16Mode::kEmulatedF16) round_f16_in_place(x);
+  if (mode == Bf16Mode::kNative) x = x.to(DType::kBF16);
+}
+
+Tensor matmul_operand(const Tensor& x, Bf16Mode mode) {
+  return mode == Bf16Mode::kNative ? x.to(DType::kBF16) : matmul_input(x, mode);
 }
 
 Bf16Mode prepared_mode(Bf16Mode mode) {

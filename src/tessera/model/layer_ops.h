@@ -10,9 +10,14 @@ namespace tessera::model {
 
 // The activation operand of a matmul as the bf16 mode wants it (rounded under kEmulated).
 Tensor matmul_input(const Tensor& x, Bf16Mode mode);
-// x (contiguous f32) rounded in place as matmul_input would round it: for an operand
-// that feeds several matmuls and nothing else, so it is rounded once.
+// x (contiguous f32) made into the operand the matmuls want, once, for an operand that
+// feeds several matmuls and nothing else: rounded in place under the emulated modes;
+// under kNative, x is replaced by its bf16 copy (half the bytes to keep for backward,
+// and no matmul converts it again).
 void round_matmul_input_in_place(Tensor& x, Bf16Mode mode);
+// The same for an operand that also has other uses (an output gradient, whose f32 values
+// the bias gradient sums): a new tensor, bf16 under kNative, as matmul_input otherwise.
+Tensor matmul_operand(const Tensor& x, Bf16Mode mode);
 // The mode to hand the functions below when the activation operands are already
 // rounded (by matmul_input or round_matmul_input_in_place): under the emulated modes the
 // weights are rounded f32 too, so the product is the plain f32 one (kOff); the others
