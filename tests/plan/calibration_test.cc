@@ -16,6 +16,7 @@
 
 #include "tessera/comm/communicator.h"
 #include "tessera/kernels/peak.h"
+#include "tessera/model/precision.h"
 #include "tessera/plan/calibrate.h"
 #include "tessera/plan/search.h"
 #include "tessera/train/metrics.h"
@@ -33,9 +34,11 @@ ModelSpec spec_of(const std::string& cfg_text) {
   return model_from_hf_json(c.to_json(), "run/config.json");
 }
 
-// Tessera's CPU build: 16-bit values kept in f32, no allocator allowances.
+// Tessera's CPU build: 16-bit values kept in f32 (the matmul-only activations as bf16
+// where the trainer runs native bf16), no allocator allowances.
 Hardware tessera_cpu() {
-  return hardware_from_toml(
+  const bool native = model::choose_bf16_mode(DType::kBF16) == model::Bf16Mode::kNative;
+  return hardware_from_toml(std::string(native ? "native_bf16_activations = true\n" : "") +
       "name = \"tessera-cpu\"\nmemory_gib = 16\nmemory_bandwidth_gbps = 10\n"
       "peak_tflops_bf16 = 0.1\npeak_tflops_fp32 = 0.1\ndevices_per_node = 2\n"
       "intra_node_bandwidth_gbps = 5\nintra_node_latency_us = 5\ninter_node_bandwidth_gbps = 5\n"

@@ -153,6 +153,7 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
   h.compute_efficiency = 1;
   h.devices_per_node = devices;
   h.store_16bit_as_f32 = true;  // Tessera's CPU build (docs/distributed.md)
+  h.native_bf16_activations = bf16 == model::Bf16Mode::kNative;
   h.comm_overlap = 0;  // the cores that compute also move the bytes: nothing hides
   h.reserved_bytes = 0;
   h.fragmentation = 0;

@@ -263,6 +263,10 @@ Hardware hardware_from_toml(const std::string& text, const std::string& source) 
     TESSERA_CHECK(n->is_boolean(), source, ": 'store_16bit_as_f32' must be true or false");
     h.store_16bit_as_f32 = *n->value<bool>();
   }
+  if (const toml::node* n = r.node("native_bf16_activations")) {
+    TESSERA_CHECK(n->is_boolean(), source, ": 'native_bf16_activations' must be true or false");
+    h.native_bf16_activations = *n->value<bool>();
+  }
   if (const toml::node* g = r.node("gemm")) {
     TESSERA_CHECK(g->is_table(), source, ": 'gemm' must be a table ([gemm.fp32])");
     for (const auto& [k, v] : *g->as_table()) {
@@ -319,6 +323,7 @@ std::string hardware_to_toml(const Hardware& h, const std::string& header_commen
   os << "host_memory_gib = " << h.host_memory_bytes / kGiB << "\n";
   os << "fragmentation = " << h.fragmentation << "\n";
   os << "store_16bit_as_f32 = " << (h.store_16bit_as_f32 ? "true" : "false") << "\n";
+  if (h.native_bf16_activations) os << "native_bf16_activations = true\n";
   if (h.elementwise_bandwidth > 0)
     os << "elementwise_bandwidth_gbps = " << h.elementwise_bandwidth / 1e9 << "\n";
   if (h.optimizer_bandwidth > 0)

@@ -41,6 +41,9 @@ struct Hardware {
   double reserved_bytes = 1.0 * (1 << 30);  // runtime context, library workspaces
   double fragmentation = 0.10;   // allocator slack as a fraction of what is allocated
   bool store_16bit_as_f32 = false;  // CPU build: 16-bit weights/grads/activations kept in f32
+  // CPU build under native bf16 (model::choose_bf16_mode): the activations that feed only
+  // matmuls are kept as bf16 copies all the same.
+  bool native_bf16_activations = false;
   std::map<std::string, GemmTable> gemm;  // by dtype; empty for the GPU presets
   // Bytes/s of the memory-bound work, in the units of the time model's byte counts
   // (docs/planner.md); 0 = memory_bandwidth x memory_efficiency. Calibrated CPUs

@@ -88,7 +88,11 @@ StateBytes state_bytes(const TrainSetup& s, const Hardware& hw) {
   b.grad = sixteen ? 2 : 4;
   b.master = sixteen ? 4 : 0;
   b.activation = sixteen ? 2 : 4;
-  if (hw.store_16bit_as_f32) b.weight = b.grad = b.activation = 4;
+  b.matmul_activation = b.activation;
+  if (hw.store_16bit_as_f32) {
+    b.weight = b.grad = b.activation = 4;
+    b.matmul_activation = sixteen && hw.native_bf16_activations ? 2 : 4;
+  }
   switch (s.optimizer) {
     case Optimizer::kAdamW: b.moments = 8; break;         // m and v in fp32
     case Optimizer::kSgdMomentum: b.moments = 4; break;   // momentum in fp32

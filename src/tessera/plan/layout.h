@@ -77,6 +77,8 @@ struct StateBytes {
   double moments = 8;         // per parameter under AdamW (m and v in fp32)
   double muon_moments = 4;    // per 2-D hidden matrix element under Muon (momentum only)
   double activation = 2;      // bytes per stored activation element
+  double matmul_activation = 2;  // ... of one that feeds only matmuls (norm outputs, the
+                                 // MLP product): 2 under native bf16 on the CPU build too
 };
 StateBytes state_bytes(const TrainSetup& s, const Hardware& hw);
 const char* compute_dtype(Precision p);  // the peak_flops key its matmuls run at

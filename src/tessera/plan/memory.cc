@@ -7,13 +7,14 @@
 namespace tessera::plan {
 
 ActivationTerms layer_activation_terms(const ModelSpec& m, int64_t layer, const TrainSetup& s,
-                                       const Layout& l, double e) {
+                                       const Layout& l, double e, double em) {
+  if (em < 0) em = e;
   ActivationTerms a;
   const double T = static_cast<double>(l.micro_batch) * s.seq / l.cp;  // tokens on this device
   const double t = l.tp, sp = l.sp ? l.tp : 1;
   const double h = static_cast<double>(m.hidden);
   // Korthikanti 4.1: two norm inputs, the QKV input and the MLP input (the norm outputs).
-  a.layer_io = 4 * e * T * h / sp;
+  a.layer_io = (2 * e + 2 * em) * T * h / sp;
   if (s.dropout) a.dropout_masks = 2 * T * h / sp;
   a.norm_stats = 2 * (m.layernorm ? 8.0 : 4.0) * T / sp;  // mean + rstd, or rstd (f32)
   if (m.mla) {
@@ -42,26 +43,26 @@ ActivationTerms layer_activation_terms(const ModelSpec& m, int64_t layer, const 
     a.mlp = e * T * k * mlp_mats * m.moe_ffn / t +
             e * T * mlp_mats * m.shared_experts * m.shared_ffn / t;
     a.moe_routing = 4.0 * T * m.experts / sp + e * T * k * h;  // logits, dispatched copies
-  } else {
-    a.mlp = e * T * mlp_mats * m.ffn / t;
+  } else {  // the last of the MLP's matrices (the product or activation output) feeds only down
+    a.mlp = (e * (mlp_mats - 1) + em) * T * m.ffn / t;
   }
   return a;
 }
 
 double layer_activation_bytes(const ModelSpec& m, int64_t layer, const TrainSetup& s,
-                              const Layout& l, double e) {
+                              const Layout& l, double e, double em) {
   const double T = static_cast<double>(l.micro_batch) * s.seq / l.cp;
   switch (l.recompute) {
     case Recompute::kFull:
       return e * T * m.hidden / (l.sp ? l.tp : 1);  // only the layer input is kept
     case Recompute::kSelective: {
-      const ActivationTerms a = layer_activation_terms(m, layer, s, l, e);
+      const ActivationTerms a = layer_activation_terms(m, layer, s, l, e, em);
       return a.total() - a.attention_core -
              (s.selective_keeps_attention_output ? 0 : a.attention_out);
     }
     case Recompute::kNone: break;
   }
-  return layer_activation_terms(m, layer, s, l, e).total();
+  return layer_activation_terms(m, layer, s, l, e, em).total();
 }
 
 std::pair<int64_t, int64_t> stage_layers(int64_t layers, int pp, int stage) {
@@ -137,10 +138,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const Hardware& hw, const Tra
       experts += x;
       matrices += mats;
       layer_max = std::max(layer_max, d + x);
-      act_layers += layer_activation_bytes(m, i, s, l, e);
+      act_layers += layer_activation_bytes(m, i, s, l, e, b.matmul_activation);
       Layout none = l;
       none.recompute = Recompute::kNone;
-      act_max = std::max(act_max, layer_activation_bytes(m, i, s, none, e));
+      act_max = std::max(act_max, layer_activation_bytes(m, i, s, none, e, b.matmul_activation));
     }
     if (first) dense += m.embedding_params() / t;
     if (last) dense += m.final_norm_params() + (m.tied && l.pp == 1 ? 0 : m.vocab * h / t);
@@ -166,7 +167,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const Hardware& hw, const Tra
     sm.in_flight = in_flight_micro_batches(l, micro, st);
     double per_micro = act_layers;
     if (first) per_micro += 8.0 * T + (s.dropout ? T * h / sp : 0);
-    if (last) per_micro += (2 * e * h + (m.layernorm ? 8.0 : 4.0)) * T / sp;
+    if (last) per_micro += ((e + b.matmul_activation) * h + (m.layernorm ? 8.0 : 4.0)) * T / sp;
     sm.activations = sm.in_flight * per_micro;
     // Temporaries: gradients of one layer's activations in backward (and the recomputed
     // layer under full recomputation), f32 logits on the last stage, an all-gathered

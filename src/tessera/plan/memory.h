@@ -32,14 +32,16 @@ struct ActivationTerms {
   }
 };
 
-// `e` is bytes per stored activation element; tokens are micro_batch x seq / cp.
+// `e` is bytes per stored activation element; tokens are micro_batch x seq / cp. `em`
+// (< 0: e) is that of the activations that feed only matmuls (the norm outputs and the
+// MLP's product), which Tessera's CPU build keeps as bf16 under native bf16 (StateBytes).
 ActivationTerms layer_activation_terms(const ModelSpec& m, int64_t layer, const TrainSetup& s,
-                                       const Layout& l, double e);
+                                       const Layout& l, double e, double em = -1);
 // What layer `layer` keeps per micro-batch once recomputation is applied: everything
 // (none); all but attention_core, and attention_out unless the setup keeps it
 // (selective); only the layer input (full).
 double layer_activation_bytes(const ModelSpec& m, int64_t layer, const TrainSetup& s,
-                              const Layout& l, double e);
+                              const Layout& l, double e, double em = -1);
 
 struct StageMemory {
   int stage = 0;

@@ -65,7 +65,7 @@ std::string explain_train(const ModelSpec& m, const Hardware& hw, const TrainSet
             l.offload ? " (offloaded)" : "");
   os << strprintf("moments     = %.0f x P%s = %s%s\n", sb.moments, z(1).c_str(), b(p.moments).c_str(),
             s.optimizer == Optimizer::kMuon ? " (Muon: 4 bytes for hidden matrices)" : "");
-  const ActivationTerms a = layer_activation_terms(m, p.first_layer, s, l, e);
+  const ActivationTerms a = layer_activation_terms(m, p.first_layer, s, l, e, sb.matmul_activation);
   const double sp = l.sp ? l.tp : 1;
   os << strprintf("activations of one layer, one micro-batch (Korthikanti et al. 2022 sec. 4.1, e = %.0f bytes):\n", e);
   os << strprintf("  norm inputs + QKV input + MLP input  4 e T h / sp = 4 x %.0f x %.0f x %lld / %.0f = %s\n",
@@ -79,7 +79,7 @@ std::string explain_train(const ModelSpec& m, const Hardware& hw, const TrainSet
   os << strprintf("  attention output  e T heads d_v / tp = %s\n", b(a.attention_out).c_str());
   os << strprintf("  MLP  e T %s / tp = %s\n", m.gated_mlp ? "3 f" : "2 f", b(a.mlp).c_str());
   if (a.moe_routing > 0) os << strprintf("  MoE routing (router logits, dispatched copies) = %s\n", b(a.moe_routing).c_str());
-  const double kept = layer_activation_bytes(m, p.first_layer, s, l, e);
+  const double kept = layer_activation_bytes(m, p.first_layer, s, l, e, sb.matmul_activation);
   os << strprintf("  sum %s; with recompute=%s each layer keeps %s\n", b(a.total()).c_str(),
             recompute_name(l.recompute), b(kept).c_str());
   os << strprintf("activations = in-flight micro-batches %.3g (%s) x %lld layers x per-layer + embedding/final-norm tensors = %s\n",
