@@ -124,5 +124,47 @@ TEST(JsonFile, WriteFileAtomicDirectWritesExactBytes) {
   EXPECT_NE(msg.find("no/such/dir/f.tmp"), std::string::npos) << msg;
 }
 
+// Nesting is refused before any DOM is built, with the position of the first bracket too
+// deep; the scan knows strings, so brackets inside them do not count.
+TEST(JsonFile, NestingDeeperThanTheLimitIsRefusedWithItsPosition) {
+  const std::string deep = "{\"a\": 1,\n \"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  std::string msg = error_of([&] { parse_json_text(deep, "tok.json"); });
+  EXPECT_NE(msg.find("tok.json:2:134 (byte 142): invalid JSON: nested deeper than 128 levels"), std::string::npos)
+      << msg;
+  const std::string at_limit = std::string(127, '[') + "{}" + std::string(127, ']');
+  EXPECT_NO_THROW(parse_json_text(at_limit, "ok.json"));
+  EXPECT_NE(error_of([&] { parse_json_text("[" + at_limit + "]", "f"); }).find("deeper than 128"), std::string::npos);
+  const std::string in_string = "{\"s\": \"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"}";
+  EXPECT_EQ(parse_json_text(in_string, "s.json")["s"].get<std::string>().size(), 2001u);
+  JsonLimits tight;
+  tight.max_depth = 2;
+  EXPECT_NE(error_of([&] { parse_json_text("[[[1]]]", "f", tight); }).find("f:1:3 (byte 2)"), std::string::npos);
+}
+
+TEST(JsonFile, SizeLimitIsCheckedBeforeReading) {
+  TempDir dir;
+  write_bytes(dir.file("big.json"), "[" + std::string(5000, ' ') + "]");
+  JsonLimits small;
+  small.max_bytes = 1000;
+  const std::string msg = error_of([&] { read_json_file(dir.file("big.json"), small); });
+  EXPECT_NE(msg.find("big.json: 5002 bytes exceed the limit of 1000"), std::string::npos) << msg;
+  EXPECT_NE(error_of([&] { parse_json_text(std::string(2000, ' '), "body", small); }).find("body: 2000 bytes"),
+            std::string::npos);
+}
+
+TEST(JsonFile, BriefDescriptionsAndTypedKeysNameTheKey) {
+  EXPECT_EQ(json_brief(nlohmann::json::parse("[[1],[2],[3]]")), "an array of 3 items");
+  EXPECT_EQ(json_brief(nlohmann::json::parse("{\"a\": {}}")), "an object");
+  EXPECT_EQ(json_brief(nlohmann::json(std::string(100, 'x'))), "\"" + std::string(40, 'x') + "\"...");
+  EXPECT_EQ(json_brief(nlohmann::json(12)), "12");
+  const auto j = nlohmann::json::parse(R"({"flag": "yes", "name": 3, "ok": true})");
+  EXPECT_EQ(error_of([&] { json_bool(j, "flag", false, "f.json: pre_tokenizer"); }),
+            "f.json: pre_tokenizer.flag: expected true or false, got \"yes\"");
+  EXPECT_EQ(error_of([&] { json_string(j, "name", "", "f.json: model"); }),
+            "f.json: model.name: expected a string, got 3");
+  EXPECT_TRUE(json_bool(j, "ok", false, "f"));
+  EXPECT_EQ(json_string(j, "missing", "BPE", "f"), "BPE");
+}
+
 }  // namespace
 }  // namespace tessera::io

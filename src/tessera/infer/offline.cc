@@ -1,4 +1,4 @@
-// Request parsing and the offline run loop.
+// Offline request files and the run loop.
 #include "tessera/infer/offline.h"
 
 #include <fstream>
@@ -7,89 +7,24 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/timer.h"
+#include "tessera/infer/sampling_json.h"
+#include "tessera/io/json_file.h"
 
 namespace tessera::infer {
 namespace {
 
-template <typename T>
-std::optional<T> get(const nlohmann::json& j, const char* key, const std::string& where) {
+// An optional 32-bit integer field (priority), checked rather than narrowed.
+std::optional<int64_t> get_int(const nlohmann::json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) fail_field(key, where, ": '", key, "' must be true or false");
-  } else if constexpr (std::is_unsigned_v<T>) {
-    if (!it->is_number_unsigned()) fail_field(key, where, ": '", key, "' must be a non-negative integer");
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) fail_field(key, where, ": '", key, "' must be an integer");
-    // Out-of-range integers (beyond int64) arrive as unsigned; reject rather than wrap.
-    if (it->is_number_unsigned() && it->template get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail_field(key, where, ": '", key, "' is too large");
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) fail_field(key, where, ": '", key, "' must be a number");
-  }
-  return it->template get<T>();
+  const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                                             : it->is_number_integer() && it->get<int64_t>() >= INT32_MIN &&
+                                                   it->get<int64_t>() <= INT32_MAX;
+  if (!fits) fail_field(key, where, ": '", key, "' must be a 32-bit integer, got ", io::json_brief(*it));
+  return it->get<int64_t>();
 }
 
 }  // namespace
-
-SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
-                                         int64_t default_max_tokens) {
-  SamplingParams d;
-  d.max_tokens = default_max_tokens;
-  return sampling_params_from_json(j, where, d);
-}
-
-SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
-                                         const SamplingParams& defaults) {
-  TESSERA_CHECK(j.is_object(), where, ": a request must be a JSON object");
-  SamplingParams p = defaults;
-  if (auto v = get<int64_t>(j, "max_tokens", where)) p.max_tokens = *v;
-  if (auto v = get<int64_t>(j, "max_completion_tokens", where)) p.max_tokens = *v;
-  if (auto v = get<double>(j, "temperature", where)) p.temperature = static_cast<float>(*v);
-  if (auto v = get<double>(j, "top_p", where)) p.top_p = static_cast<float>(*v);
-  if (auto v = get<int64_t>(j, "top_k", where)) p.top_k = *v;
-  if (auto v = get<double>(j, "min_p", where)) p.min_p = static_cast<float>(*v);
-  if (auto v = get<int64_t>(j, "n", where)) p.n = *v;
-  if (auto v = get<uint64_t>(j, "seed", where)) p.seed = *v;
-  if (auto v = get<double>(j, "presence_penalty", where)) p.presence_penalty = static_cast<float>(*v);
-  if (auto v = get<double>(j, "frequency_penalty", where)) p.frequency_penalty = static_cast<float>(*v);
-  if (auto v = get<double>(j, "repetition_penalty", where)) p.repetition_penalty = static_cast<float>(*v);
-  if (auto v = get<int64_t>(j, "min_tokens", where)) p.min_tokens = *v;
-  if (auto v = get<bool>(j, "ignore_eos", where)) p.ignore_eos = *v;
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-    // OpenAI chat: logprobs true + top_logprobs N; completions: logprobs N.
-    if (it->is_boolean()) {
-      if (it->get<bool>()) p.logprobs = static_cast<int>(get<int64_t>(j, "top_logprobs", where).value_or(0));
-    } else {
-      if (!it->is_number_integer())
-        fail_field("logprobs", where, ": 'logprobs' must be an integer or a boolean");
-      if (it->get<int64_t>() < 0 || it->get<int64_t>() > 20)
-        fail_field("logprobs", where, ": 'logprobs' must be in [0, 20]");
-      p.logprobs = it->get<int>();
-    }
-  }
-  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    if (it->is_string()) {
-      p.stop = {it->get<std::string>()};
-    } else {
-      if (!it->is_array()) fail_field("stop", where, ": 'stop' must be a string or a list of strings");
-      for (const auto& s : *it) {
-        if (!s.is_string()) fail_field("stop", where, ": 'stop' must be a string or a list of strings");
-        p.stop.push_back(s.get<std::string>());
-      }
-    }
-  }
-  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
-    if (!it->is_array()) fail_field("stop_token_ids", where, ": 'stop_token_ids' must be a list of token ids");
-    for (const auto& s : *it) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > INT32_MAX)
-        fail_field("stop_token_ids", where, ": 'stop_token_ids' must be a list of token ids");
-      p.stop_token_ids.push_back(s.get<int32_t>());
-    }
-  }
-  if (const auto err = p.find_error()) fail_field(err->field, where, ": ", err->message);
-  return p;
-}
 
 std::vector<OfflineRequest> read_offline_requests(const std::string& path, const io::Tokenizer* tok,
                                                   int64_t default_max_tokens) {
@@ -102,16 +37,11 @@ std::vector<OfflineRequest> read_offline_requests(const std::string& path, const
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail(where, ": invalid JSON: ", e.what());
-    }
+    const nlohmann::json j = io::parse_json_text(line, where);  // bounded nesting
     OfflineRequest r;
     r.params = sampling_params_from_json(j, where, default_max_tokens);
     r.id = j.contains("id") ? j["id"] : nlohmann::json(lineno);
-    if (auto v = get<int64_t>(j, "priority", where)) r.priority = static_cast<int>(*v);
+    if (auto v = get_int(j, "priority", where)) r.priority = static_cast<int>(*v);
     const bool text = j.contains("prompt"), ids = j.contains("prompt_ids");
     TESSERA_CHECK(text != ids, where, ": give exactly one of 'prompt' (text) or 'prompt_ids'");
     if (text) {
@@ -122,8 +52,11 @@ std::vector<OfflineRequest> read_offline_requests(const std::string& path, const
     } else {
       TESSERA_CHECK(j["prompt_ids"].is_array(), where, ": 'prompt_ids' must be a list of token ids");
       for (const auto& t : j["prompt_ids"]) {
-        TESSERA_CHECK(t.is_number_integer(), where, ": 'prompt_ids' must be a list of token ids");
-        r.prompt.push_back(t.get<int32_t>());
+        const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() <= INT32_MAX
+                                                     : t.is_number_integer() && t.get<int64_t>() >= 0 &&
+                                                           t.get<int64_t>() <= INT32_MAX;
+        TESSERA_CHECK(in_range, where, ": 'prompt_ids' must be a list of token ids, got ", io::json_brief(t));
+        r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
     }
     TESSERA_CHECK(!r.prompt.empty(), where, ": the prompt is empty");

@@ -7,20 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/infer/engine.h"
+#include "tessera/infer/sampling_json.h"  // sampling_params_from_json
 #include "tessera/io/tokenizer.h"
 
 namespace tessera::infer {
-
-// Sampling fields of a request object with OpenAI / vLLM names: max_tokens,
-// temperature, top_p, top_k, min_p, n, stop (string or list), stop_token_ids, seed,
-// presence_penalty, frequency_penalty, repetition_penalty, logprobs, min_tokens,
-// ignore_eos. Wrong types and invalid values throw naming `where` and the field.
-// Errors are tessera::FieldError naming the field.
-SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
-                                         int64_t default_max_tokens = 16);
-// The same with `defaults` for every field the object leaves out (a server's temperature 1).
-SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
-                                         const SamplingParams& defaults);
 
 struct OfflineRequest {
   nlohmann::json id;                // the line's "id" (or its line number)

@@ -1,5 +1,5 @@
-// Sampler: parameter checks, logits processing and drawing in vLLM's order, raw
-// log-probabilities, and stop-string matching for streamed text.
+// Sampler: logits processing and drawing in vLLM's order, raw log-probabilities, and
+// stop-string matching for streamed text. The parameter checks are in sampling_params.cc.
 #include "tessera/infer/sampler.h"
 
 #include <algorithm>
@@ -12,14 +12,7 @@
 namespace tessera::infer {
 namespace {
 
-constexpr int64_t kMaxN = 128;        // OpenAI's limit on n
-constexpr int kMaxLogprobs = 20;      // OpenAI's limit on top_logprobs
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-template <typename... Args>
-ParamError param_error(const char* field, Args&&... parts) {
-  return {field, detail::concat(field, " ", std::forward<Args>(parts)...)};
-}
 
 // Seeds requests that give none: one process-wide generator, seeded once from the OS.
 uint64_t process_seed() {
@@ -92,47 +85,6 @@ double sum_weights(const float* w, int64_t n) {
 }
 
 }  // namespace
-
-std::optional<ParamError> SamplingParams::find_error(int64_t vocab_size) const {
-  // `!(a <= x && x <= b)` also rejects NaN.
-  if (!(std::isfinite(temperature) && temperature >= 0.f))
-    return param_error("temperature", "must be a finite number >= 0, got ", temperature);
-  if (top_k < -1)
-    return param_error("top_k", "must be -1 or 0 (off) or a positive count, got ", top_k);
-  if (!(top_p > 0.f && top_p <= 1.f)) return param_error("top_p", "must be in (0, 1], got ", top_p);
-  if (!(min_p >= 0.f && min_p <= 1.f)) return param_error("min_p", "must be in [0, 1], got ", min_p);
-  if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.f))
-    return param_error("repetition_penalty", "must be a finite number > 0, got ", repetition_penalty);
-  if (!(presence_penalty >= -2.f && presence_penalty <= 2.f))
-    return param_error("presence_penalty", "must be in [-2, 2], got ", presence_penalty);
-  if (!(frequency_penalty >= -2.f && frequency_penalty <= 2.f))
-    return param_error("frequency_penalty", "must be in [-2, 2], got ", frequency_penalty);
-  if (max_tokens < 1) return param_error("max_tokens", "must be >= 1, got ", max_tokens);
-  if (min_tokens < 0) return param_error("min_tokens", "must be >= 0, got ", min_tokens);
-  if (min_tokens > max_tokens)
-    return param_error("min_tokens", "must be <= max_tokens (", max_tokens, "), got ", min_tokens);
-  for (size_t i = 0; i < stop.size(); ++i)
-    if (stop[i].empty()) return param_error("stop", "entry ", i, " is an empty string");
-  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
-    const int32_t t = stop_token_ids[i];
-    if (t < 0 || (vocab_size > 0 && t >= vocab_size))
-      return param_error("stop_token_ids", "entry ", i, " is ", t, ", outside the vocabulary [0, ",
-                         vocab_size > 0 ? std::to_string(vocab_size) : std::string("V"), ")");
-  }
-  if (n < 1 || n > kMaxN) return param_error("n", "must be in [1, ", kMaxN, "], got ", n);
-  // OpenAI accepts this and returns n equal choices; we follow vLLM's earlier rule and reject
-  // it, since it is almost always a mistake that costs n times the compute for one answer.
-  if (n > 1 && is_greedy())
-    return param_error("n", "must be 1 with greedy sampling (temperature 0): all ", n,
-                       " samples would be identical");
-  if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
-    return param_error("logprobs", "must be in [0, ", kMaxLogprobs, "], got ", *logprobs);
-  return std::nullopt;
-}
-
-void SamplingParams::validate(int64_t vocab_size) const {
-  if (auto e = find_error(vocab_size)) fail_field(e->field, e->message);
-}
 
 Sampler::Sampler(const SamplingParams& params, std::vector<int32_t> eos_token_ids,
                  int64_t sample_index)

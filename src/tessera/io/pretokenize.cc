@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
 
 namespace tessera::io {
 
@@ -344,8 +345,8 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
     Step st;
     if (type == "ByteLevel") {
       byte_level = true;
-      st.add_prefix_space = s.value("add_prefix_space", false);
-      if (s.value("use_regex", true))
+      st.add_prefix_space = json_bool(s, "add_prefix_space", false, at);
+      if (json_bool(s, "use_regex", true, at))
         st.regex = std::make_shared<SplitRegex>(kGpt2SplitPattern, false, at);
     } else if (type == "Split") {
       const auto* p = s.contains("pattern") && s["pattern"].is_object() && s["pattern"].size() == 1
@@ -353,10 +354,10 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
       const bool literal = p && p->contains("String");
       TESSERA_CHECK(p && (literal || p->contains("Regex")) && p->begin().value().is_string(), at,
                     ".pattern: expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-      const std::string behavior = s.value("behavior", std::string("Isolated"));
+      const std::string behavior = json_string(s, "behavior", "Isolated", at);
       TESSERA_CHECK(behavior == "Isolated" || behavior == "Removed", at, ".behavior: '", behavior,
                     "' is not supported (supported: Isolated, Removed)");
-      TESSERA_CHECK(!s.value("invert", false), at, ".invert: true is not supported");
+      TESSERA_CHECK(!json_bool(s, "invert", false, at), at, ".invert: true is not supported");
       st.regex = std::make_shared<SplitRegex>(p->begin().value().get<std::string>(), literal,
                                               at + ".pattern");
       st.keep_matches = behavior == "Isolated";

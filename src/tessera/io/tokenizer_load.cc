@@ -3,16 +3,26 @@
 #include <algorithm>
 
 #include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer_impl.h"
 
 namespace tessera::io {
 
 namespace {
 
+constexpr int64_t kMaxTokenizerIds = int64_t{1} << 24;     // real vocabularies: <= 262144
+constexpr int64_t kMaxTokenizerIdHoles = int64_t{1} << 20;  // ids no token uses
+
 bool get_bool(const nlohmann::json& j, const char* key, bool def, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  TESSERA_CHECK(j[key].is_boolean(), where, ".", key, ": expected true or false");
-  return j[key].get<bool>();
+  return json_bool(j, key, def, where);
+}
+
+// A token id in the post-processor: an integer in [0, 2^31); never narrowed.
+int32_t post_id(const nlohmann::json& v, const std::string& where) {
+  TESSERA_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) &&
+                    v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
+                where, ": expected a token id, got ", json_brief(v));
+  return static_cast<int32_t>(v.get<int64_t>());
 }
 
 // tokenizer_config.json writes tokens as "text" or as {"content": "text", ...}.
@@ -41,14 +51,16 @@ void read_post_processor(const nlohmann::json& p, const std::string& where, std:
       TESSERA_CHECK(p.contains(key) && p[key].is_array() && p[key].size() == 2 && p[key][1].is_number_integer(),
                     where, ".", key, ": expected [\"token\", id]");
     }
-    prefix->push_back(p["cls"][1].get<int32_t>());
-    suffix->push_back(p["sep"][1].get<int32_t>());
+    prefix->push_back(post_id(p["cls"][1], where + ".cls[1]"));
+    suffix->push_back(post_id(p["sep"][1], where + ".sep[1]"));
     return;
   }
   TESSERA_CHECK(type == "TemplateProcessing", where, ".type: unsupported post-processor '", type,
                 "' (supported: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence, null)");
   TESSERA_CHECK(p.contains("single") && p["single"].is_array(), where, ".single: expected an array");
-  const nlohmann::json specials = p.value("special_tokens", nlohmann::json::object());
+  const nlohmann::json specials =
+      p.contains("special_tokens") && !p["special_tokens"].is_null() ? p["special_tokens"] : nlohmann::json::object();
+  TESSERA_CHECK(specials.is_object(), where, ".special_tokens: expected an object");
   bool seen_sequence = false;
   for (size_t i = 0; i < p["single"].size(); ++i) {
     const auto& item = p["single"][i];
@@ -57,15 +69,16 @@ void read_post_processor(const nlohmann::json& p, const std::string& where, std:
       seen_sequence = true;
       continue;
     }
-    TESSERA_CHECK(item.is_object() && item.contains("SpecialToken") && item["SpecialToken"].contains("id") &&
+    TESSERA_CHECK(item.is_object() && item.contains("SpecialToken") && item["SpecialToken"].is_object() &&
+                      item["SpecialToken"].contains("id") &&
                       item["SpecialToken"]["id"].is_string(),
                   at, ": expected {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
     const std::string name = item["SpecialToken"]["id"];
-    TESSERA_CHECK(specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array(),
+    TESSERA_CHECK(specials.contains(name) && specials[name].is_object() && specials[name].contains("ids") &&
+                      specials[name]["ids"].is_array(),
                   at, ": special token '", name, "' is not in ", where, ".special_tokens");
     for (const auto& id : specials[name]["ids"]) {
-      TESSERA_CHECK(id.is_number_integer(), where, ".special_tokens.", name, ".ids: expected integers");
-      (seen_sequence ? suffix : prefix)->push_back(id.get<int32_t>());
+      (seen_sequence ? suffix : prefix)->push_back(post_id(id, where + ".special_tokens." + name + ".ids"));
     }
   }
 }
@@ -81,7 +94,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
   TESSERA_CHECK(j.is_object(), source, ": expected a JSON object");
   TESSERA_CHECK(j.contains("model") && j["model"].is_object(), source, ": missing \"model\"");
   const auto& model = j["model"];
-  const std::string mtype = model.value("type", std::string("BPE"));
+  const std::string mtype = json_string(model, "type", "BPE", source + ": model");
   TESSERA_CHECK(mtype == "BPE", source, ": model.type is '", mtype, "'; only BPE is supported");
   TESSERA_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model.vocab: expected an object");
   TESSERA_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model.merges: expected an array");
@@ -116,6 +129,12 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
                   source, ": added_tokens[", i, "]: expected {\"id\": N, \"content\": \"...\"}");
     max_id = std::max(max_id, a["id"].get<int64_t>());
   }
+  // The id space is allocated densely (one entry per id), so it is bounded by the tokens
+  // there are: a hostile id of 2^31 - 2 would otherwise ask for ~140 GB.
+  const int64_t tokens = static_cast<int64_t>(vocab.size() + added.size());
+  TESSERA_CHECK(max_id < kMaxTokenizerIds && max_id < tokens + kMaxTokenizerIdHoles, source, ": token id ", max_id,
+                " leaves ", max_id + 1 - tokens, " of ", max_id + 1, " ids unused (at most ", kMaxTokenizerIdHoles,
+                " holes and ", kMaxTokenizerIds, " ids are supported)");
   const size_t n = static_cast<size_t>(max_id + 1);
   m->id_token.assign(n, "");
   m->id_bytes.assign(n, "");
@@ -209,8 +228,9 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
 
   m->pre_tokenizer = PreTokenizer::from_json(j.value("pre_tokenizer", nlohmann::json()), source + ": pre_tokenizer");
   const nlohmann::json decoder = j.value("decoder", nlohmann::json());
-  TESSERA_CHECK(decoder.is_null() || (decoder.is_object() && decoder.value("type", std::string()) == "ByteLevel"),
-                source, ": decoder: only ByteLevel (or null) is supported, found ", decoder.dump());
+  TESSERA_CHECK(decoder.is_null() || (decoder.is_object() && decoder.contains("type") && decoder["type"] == "ByteLevel"),
+                source, ": decoder: only ByteLevel (or null) is supported, found ",
+                decoder.is_object() && decoder.contains("type") ? json_brief(decoder["type"]) : json_brief(decoder));
   read_post_processor(j.value("post_processor", nlohmann::json()), source + ": post_processor", &m->prefix,
                       &m->suffix);
   for (const auto* ids : {&m->prefix, &m->suffix}) {

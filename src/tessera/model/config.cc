@@ -1,8 +1,11 @@
 // Parsing and validation of Hugging Face config.json files.
 #include "tessera/model/config.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
+#include "tessera/base/checked.h"
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
 
@@ -21,22 +24,39 @@ const char* arch_name(Arch a) {
 
 namespace {
 
-int64_t get_int(const json& j, const std::string& source, const char* key, int64_t dflt = -1,
-                bool required = true) {
+// Upper bounds far above every released model (Llama 3.1 405B: hidden 16384, 126 layers,
+// 128 heads; Gemma 3: vocab 262144) that keep every size computed from them in int64.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxHidden = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+
+// An integer key in [lo, hi]; the error names the key and, for a value outside int64
+// (a 20-digit literal), says so instead of wrapping.
+int64_t get_int(const json& j, const std::string& source, const char* key, int64_t lo, int64_t hi,
+                int64_t dflt = -1, bool required = true) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     TESSERA_CHECK(!required, source, ": missing key '", key, "'");
     return dflt;
   }
   TESSERA_CHECK(it->is_number_integer(), source, ": key '", key, "' must be an integer, got ",
-                it->dump());
-  return it->get<int64_t>();
+                io::json_brief(*it));
+  TESSERA_CHECK(!it->is_number_unsigned() || it->get<uint64_t>() <= static_cast<uint64_t>(hi), source, ": key '",
+                key, "' must be in [", lo, ", ", hi, "], got ", io::json_brief(*it));
+  const int64_t v = it->get<int64_t>();
+  TESSERA_CHECK(v >= lo && v <= hi, source, ": key '", key, "' must be in [", lo, ", ", hi, "], got ", v);
+  return v;
 }
 
 double get_float(const json& j, const std::string& source, const char* key, double dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
-  TESSERA_CHECK(it->is_number(), source, ": key '", key, "' must be a number, got ", it->dump());
+  TESSERA_CHECK(it->is_number(), source, ": key '", key, "' must be a number, got ",
+                io::json_brief(*it));
   return it->get<double>();
 }
 
@@ -44,17 +64,32 @@ bool get_bool(const json& j, const std::string& source, const char* key, bool df
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
   TESSERA_CHECK(it->is_boolean(), source, ": key '", key, "' must be true or false, got ",
-                it->dump());
+                io::json_brief(*it));
   return it->get<bool>();
 }
 
-// eos_token_id may be an int or a list of ints (Llama 3); keep the first.
-int64_t get_token_id(const json& j, const char* key) {
+// eos_token_id may be an int or a list of ints (Llama 3); keep the first. An id outside the
+// vocabulary is an error naming the key.
+int64_t get_token_id(const json& j, const std::string& source, const char* key, int64_t vocab) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return -1;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
-  return -1;
+  const json* v = &*it;
+  if (it->is_array() && !it->empty()) v = &(*it)[0];
+  if (!v->is_number_integer()) return -1;
+  TESSERA_CHECK(!v->is_number_unsigned() || v->get<uint64_t>() < static_cast<uint64_t>(vocab), source, ": key '",
+                key, "' is ", v->dump(), ", outside the vocabulary [0, ", vocab, ")");
+  const int64_t id = v->get<int64_t>();
+  TESSERA_CHECK(id >= -1 && id < vocab, source, ": key '", key, "' is ", id, ", outside the vocabulary [0, ",
+                vocab, ")");
+  return id;
+}
+
+// A finite float key in (0, hi] (epsilons, rope theta): nan, inf and 1e300 would turn every
+// activation into nan or inf without a word.
+double get_positive(const json& j, const std::string& source, const char* key, double dflt, double hi) {
+  const double v = get_float(j, source, key, dflt);
+  TESSERA_CHECK(std::isfinite(v) && v > 0 && v <= hi, source, ": key '", key, "' must be in (0, ", hi, "], got ", v);
+  return v;
 }
 
 }  // namespace
@@ -67,29 +102,26 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral") {
     c.arch = c.model_type == "qwen2" ? Arch::kQwen2 : Arch::kLlama;
-    c.vocab_size = get_int(j, source, "vocab_size");
-    c.hidden_size = get_int(j, source, "hidden_size");
-    c.intermediate_size = get_int(j, source, "intermediate_size");
-    c.num_layers = get_int(j, source, "num_hidden_layers");
-    c.num_heads = get_int(j, source, "num_attention_heads");
-    c.num_kv_heads = get_int(j, source, "num_key_value_heads", c.num_heads, false);
-    TESSERA_CHECK(c.num_heads > 0, source, ": 'num_attention_heads' must be positive, got ",
-                  c.num_heads);
-    c.head_dim = get_int(j, source, "head_dim", c.hidden_size / c.num_heads, false);
-    c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 2048, false);
-    c.norm_eps = static_cast<float>(get_float(j, source, "rms_norm_eps", 1e-6));
-    c.rope_theta = static_cast<float>(get_float(j, source, "rope_theta", 10000.0));
+    c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
+    c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
+    c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
+    c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
+    c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+    c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
+    c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim, c.hidden_size / c.num_heads, false);
+    c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 2048, false);
+    c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
+    c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
     c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
     c.qkv_bias = c.arch == Arch::kQwen2 || get_bool(j, source, "attention_bias", false);
     TESSERA_CHECK(!get_bool(j, source, "mlp_bias", false), source,
                   ": 'mlp_bias': true is not supported");
     auto act = j.find("hidden_act");
     TESSERA_CHECK(act == j.end() || (act->is_string() && act->get<std::string>() == "silu"),
-                  source, ": 'hidden_act' ", act == j.end() ? "" : act->dump(),
+                  source, ": 'hidden_act' ", act == j.end() ? "" : io::json_brief(*act),
                   " is not supported (only \"silu\")");
     auto rs = j.find("rope_scaling");
-    TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' ", rs->dump(),
-                  " is not supported yet");
+    TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
     if (c.model_type == "mistral") {
       auto sw = j.find("sliding_window");
       TESSERA_CHECK(sw == j.end() || sw->is_null(), source,
@@ -97,22 +129,23 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     }
   } else if (c.model_type == "gpt2") {
     c.arch = Arch::kGpt2;
-    c.vocab_size = get_int(j, source, "vocab_size");
-    c.hidden_size = get_int(j, source, "n_embd");
-    c.num_layers = get_int(j, source, "n_layer");
-    c.num_heads = get_int(j, source, "n_head");
+    c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
+    c.hidden_size = get_int(j, source, "n_embd", 1, kMaxHidden);
+    c.num_layers = get_int(j, source, "n_layer", 1, kMaxLayers);
+    c.num_heads = get_int(j, source, "n_head", 1, kMaxHeads);
     c.num_kv_heads = c.num_heads;
-    TESSERA_CHECK(c.num_heads > 0, source, ": 'n_head' must be positive, got ", c.num_heads);
     c.head_dim = c.hidden_size / c.num_heads;
-    c.intermediate_size = get_int(j, source, "n_inner", 4 * c.hidden_size, false);
-    c.max_position_embeddings = get_int(j, source, "n_positions", 1024, false);
-    c.norm_eps = static_cast<float>(get_float(j, source, "layer_norm_epsilon", 1e-5));
+    TESSERA_CHECK(c.head_dim <= kMaxHeadDim, source, ": 'n_embd' / 'n_head' = ", c.head_dim,
+                  " is more than the largest supported head dimension ", kMaxHeadDim);
+    c.intermediate_size = get_int(j, source, "n_inner", 1, kMaxIntermediate, 4 * c.hidden_size, false);
+    c.max_position_embeddings = get_int(j, source, "n_positions", 1, kMaxPositions, 1024, false);
+    c.norm_eps = static_cast<float>(get_positive(j, source, "layer_norm_epsilon", 1e-5, 0.1));
     c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", true);
     TESSERA_CHECK(c.tie_word_embeddings, source,
                   ": gpt2 with 'tie_word_embeddings': false is not supported");
     auto act = j.find("activation_function");
     if (act != j.end() && !act->is_null()) {
-      const std::string a = act->is_string() ? act->get<std::string>() : act->dump();
+      const std::string a = act->is_string() ? act->get<std::string>() : io::json_brief(*act);
       TESSERA_CHECK(a == "gelu_new" || a == "gelu_pytorch_tanh", source,
                     ": 'activation_function' \"", a,
                     "\" is not supported (gelu_new or gelu_pytorch_tanh)");
@@ -125,49 +158,62 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     fail(source, ": unknown model_type '", c.model_type,
          "' (supported: llama, qwen2, mistral, gpt2)");
   }
-  c.bos_token_id = get_token_id(j, "bos_token_id");
-  c.eos_token_id = get_token_id(j, "eos_token_id");
+  c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
+  c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
   c.validate(source);
   return c;
 }
 
 void ModelConfig::validate(const std::string& source) const {
-  auto positive = [&](int64_t v, const char* what) {
-    TESSERA_CHECK(v > 0, source, ": ", what, " must be positive, got ", v);
+  auto bounded = [&](int64_t v, const char* what, int64_t hi) {
+    TESSERA_CHECK(v > 0 && v <= hi, source, ": ", what, " must be in [1, ", hi, "], got ", v);
   };
-  positive(vocab_size, "vocab_size");
-  positive(hidden_size, "hidden size");
-  positive(intermediate_size, "intermediate size");
-  positive(num_layers, "number of layers");
-  positive(num_heads, "number of attention heads");
-  positive(num_kv_heads, "number of key/value heads");
-  positive(head_dim, "head_dim");
-  positive(max_position_embeddings, "max_position_embeddings");
+  bounded(vocab_size, "vocab_size", kMaxVocab);
+  bounded(hidden_size, "hidden size", kMaxHidden);
+  bounded(intermediate_size, "intermediate size", kMaxIntermediate);
+  bounded(num_layers, "number of layers", kMaxLayers);
+  bounded(num_heads, "number of attention heads", kMaxHeads);
+  bounded(num_kv_heads, "number of key/value heads", kMaxHeads);
+  bounded(head_dim, "head_dim", kMaxHeadDim);
+  bounded(max_position_embeddings, "max_position_embeddings", kMaxPositions);
   TESSERA_CHECK(hidden_size % num_heads == 0, source, ": hidden size ", hidden_size,
                 " is not divisible by the number of attention heads ", num_heads);
   TESSERA_CHECK(num_heads % num_kv_heads == 0, source, ": number of key/value heads ",
                 num_kv_heads, " does not divide the number of attention heads ", num_heads);
   TESSERA_CHECK(!uses_rope() || head_dim % 2 == 0, source, ": head_dim ", head_dim,
                 " must be even for rotary embeddings");
-  TESSERA_CHECK(norm_eps > 0, source, ": norm epsilon must be positive");
-  TESSERA_CHECK(rope_theta > 0, source, ": rope_theta must be positive");
+  TESSERA_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps <= 0.1f, source,
+                ": norm epsilon must be in (0, 0.1], got ", norm_eps);
+  TESSERA_CHECK(std::isfinite(rope_theta) && rope_theta > 0, source, ": rope_theta must be positive and finite");
+  (void)num_parameters();  // every size below fits in int64 (checked; throws naming the config)
 }
 
+// The sizes use checked arithmetic: the bounds above keep them far inside int64, but a
+// struct filled by hand (tests, TOML [model] tables) is not guaranteed to be validated.
 int64_t ModelConfig::matmul_weight_elements() const {
-  const int64_t per_layer = hidden_size * qkv_dim() + q_dim() * hidden_size +
-                            (gated_mlp() ? 3 : 2) * hidden_size * intermediate_size;
-  return num_layers * per_layer + vocab_size * hidden_size;  // + lm_head
+  const std::string what = "model size (" + std::to_string(hidden_size) + " hidden, " +
+                           std::to_string(num_layers) + " layers, " + std::to_string(vocab_size) + " vocab)";
+  const int64_t attn = checked_add(checked_mul(hidden_size, checked_add(q_dim(), 2 * kv_dim(), what), what),
+                                   checked_mul(q_dim(), hidden_size, what), what);
+  const int64_t mlp = checked_product({gated_mlp() ? 3 : 2, hidden_size, intermediate_size}, what);
+  return checked_add(checked_mul(num_layers, checked_add(attn, mlp, what), what),
+                     checked_mul(vocab_size, hidden_size, what), what);  // + lm_head
 }
 
 int64_t ModelConfig::num_parameters() const {
+  const std::string what = "parameter count";
   int64_t n = matmul_weight_elements();
-  if (!tie_word_embeddings) n += vocab_size * hidden_size;  // embedding separate from lm_head
+  const int64_t table = checked_mul(vocab_size, hidden_size, what);
+  if (!tie_word_embeddings) n = checked_add(n, table, what);  // embedding separate from lm_head
   const int64_t norms = uses_layernorm() ? 2 : 1;
-  n += num_layers * 2 * hidden_size * norms + hidden_size * norms;
-  if (qkv_bias || linear_biases()) n += num_layers * qkv_dim();
+  n = checked_add(n, checked_product({num_layers, 2, hidden_size, norms}, what) + hidden_size * norms, what);
+  const int64_t qkv = checked_mul(num_heads + 2 * num_kv_heads, head_dim, what);
+  if (qkv_bias || linear_biases()) n = checked_add(n, checked_mul(num_layers, qkv, what), what);
   if (linear_biases())
-    n += num_layers * (hidden_size + intermediate_size + hidden_size) +
-         max_position_embeddings * hidden_size;
+    n = checked_add(n,
+                    checked_add(checked_mul(num_layers, 2 * hidden_size + intermediate_size, what),
+                                checked_mul(max_position_embeddings, hidden_size, what), what),
+                    what);
   return n;
 }
 

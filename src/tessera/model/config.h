@@ -6,6 +6,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "tessera/base/checked.h"
+
 namespace tessera::model {
 
 enum class Arch { kLlama, kQwen2, kGpt2 };
@@ -32,9 +34,9 @@ struct ModelConfig {
   bool uses_rope() const { return arch != Arch::kGpt2; }
   bool gated_mlp() const { return arch != Arch::kGpt2; }       // SwiGLU vs GELU MLP
   bool linear_biases() const { return arch == Arch::kGpt2; }   // biases on every linear
-  int64_t q_dim() const { return num_heads * head_dim; }
-  int64_t kv_dim() const { return num_kv_heads * head_dim; }
-  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  int64_t q_dim() const { return checked_mul(num_heads, head_dim, "num_heads * head_dim"); }
+  int64_t kv_dim() const { return checked_mul(num_kv_heads, head_dim, "num_kv_heads * head_dim"); }
+  int64_t qkv_dim() const { return checked_add(q_dim(), checked_mul(2, kv_dim(), "kv_dim"), "qkv_dim"); }
   int64_t num_parameters() const;
   // Bytes of matmul weights read per decoded token (embedding row lookups excluded).
   int64_t matmul_weight_elements() const;

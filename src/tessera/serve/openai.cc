@@ -2,9 +2,11 @@
 #include "tessera/serve/openai.h"
 
 #include <cmath>
-#include <regex>
+#include <algorithm>
+#include <cctype>
 
 #include "tessera/infer/offline.h"
+#include "tessera/io/json_file.h"
 #include "tessera/io/pretokenize.h"
 
 namespace tessera::serve {
@@ -12,8 +14,23 @@ namespace {
 
 using nlohmann::json;
 
+constexpr int kMaxBodyDepth = 64;  // OpenAI bodies nest < 10 deep (tools' JSON schemas a few more)
+
 // Fields that change what a request means but that the engine cannot honour: refused
 // rather than silently ignored. (Unknown fields are ignored, as OpenAI-compatible servers do.)
+constexpr int64_t kMaxChoices = 512;  // prompts x n per request
+
+// An integer field in [lo, hi], else a 400 naming it (integers beyond int64 included).
+int64_t int_field(const json& b, const char* key, int64_t lo, int64_t hi) {
+  const json& v = b[key];
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                           : v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!fits)
+    bad_request(key, std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "], got " + io::json_brief(v));
+  return v.get<int64_t>();
+}
+
 void refuse_unsupported(const json& b) {
   auto truthy = [&](const char* k) {
     auto it = b.find(k);
@@ -27,11 +44,13 @@ void refuse_unsupported(const json& b) {
   if (truthy("tools")) bad_request("tools", "tools are not supported by this server");
   if (truthy("logit_bias")) bad_request("logit_bias", "logit_bias is not supported");
   if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() < 1) bad_request("best_of", "best_of must be an integer >= 1");
-    if (it->get<int64_t>() > b.value("n", int64_t{1})) bad_request("best_of", "best_of > n is not supported");
+    const int64_t best_of = int_field(b, "best_of", 1, kMaxChoices);
+    const auto n = b.find("n");
+    const int64_t n_value = n != b.end() && n->is_number_integer() ? int_field(b, "n", 1, kMaxChoices) : 1;
+    if (best_of > n_value) bad_request("best_of", "best_of > n is not supported");
   }
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", "") != "text")
+    if (!it->is_object() || !it->contains("type") || (*it)["type"] != "text")
       bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
   }
 }
@@ -40,10 +59,12 @@ std::vector<int32_t> token_list(const json& a, const std::string& param, int64_t
   std::vector<int32_t> ids;
   for (const auto& t : a) {
     if (!t.is_number_integer()) bad_request(param, param + " must be a string or a list of token ids");
-    const int64_t v = t.get<int64_t>();
-    if (v < 0 || v >= vocab)
-      bad_request(param, param + " has token id " + std::to_string(v) + " outside the vocabulary [0, " +
+    const bool in_vocab = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                                 : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
+    if (!in_vocab)
+      bad_request(param, param + " has token id " + t.dump() + " outside the vocabulary [0, " +
                              std::to_string(vocab) + ")");
+    const int64_t v = t.get<int64_t>();
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
@@ -110,7 +131,8 @@ json chat_messages(const json& b) {
       for (size_t k = 0; k < content->size(); ++k) {
         const json& part = (*content)[k];
         const std::string pw = where + ".content[" + std::to_string(k) + "]";
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           bad_request(pw, pw + " must be {\"type\": \"text\", \"text\": ...}; other content parts are not supported");
         text += part["text"].get<std::string>();
       }
@@ -122,6 +144,35 @@ json chat_messages(const json& b) {
     out.push_back(std::move(msg));
   }
   return out;
+}
+
+// The last object key ("name" followed by ':') in text[0, end), when it is a plain
+// identifier of at most 64 bytes. A linear scan (std::regex recurses per character and a
+// megabyte key would overflow the stack).
+std::string last_key_before(const std::string& text, size_t end) {
+  std::string key;
+  size_t i = 0;
+  while (i < end) {
+    if (text[i] != '"') {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < end && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+    if (j >= end) break;
+    size_t k = j + 1;
+    while (k < end && (text[k] == ' ' || text[k] == '\t' || text[k] == '\n' || text[k] == '\r')) ++k;
+    if (k < end && text[k] == ':') {
+      const std::string name = text.substr(i + 1, j - i - 1);
+      const bool ident = !name.empty() && name.size() <= 64 && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                         std::all_of(name.begin(), name.end(), [](char c) {
+                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                         });
+      if (ident) key = name;
+    }
+    i = j + 1;
+  }
+  return key;
 }
 
 bool get_bool(const json& b, const char* key, bool dflt) {
@@ -147,6 +198,12 @@ json error_body(const std::string& message, const std::string& type, const std::
 }
 
 json parse_body(const std::string& text) {
+  // Nesting is bounded before the DOM exists: a body nested 10^6 deep would parse (nlohmann
+  // is iterative) and then overflow the stack when copied, compared or dumped.
+  if (const size_t at = io::find_json_nesting_over(text, kMaxBodyDepth); at != std::string::npos)
+    throw ApiError(400, "invalid_request_error", "", "invalid_json",
+                   "the request body nests arrays/objects deeper than " + std::to_string(kMaxBodyDepth) +
+                       " levels (at byte " + std::to_string(at) + ")");
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
@@ -154,19 +211,19 @@ json parse_body(const std::string& text) {
     const std::string what = e.what();
     if (what.find("UTF-8") != std::string::npos) {
       // Name the field whose value holds the bad bytes: the last "key": before the error.
-      const std::string head = text.substr(0, std::min<size_t>(e.byte, text.size()));
-      static const std::regex key_re("\"([A-Za-z_][A-Za-z0-9_]*)\"\\s*:");
-      for (auto m = std::sregex_iterator(head.begin(), head.end(), key_re); m != std::sregex_iterator(); ++m)
-        param = (*m)[1];
+      param = last_key_before(text, std::min<size_t>(e.byte, text.size()));
       throw ApiError(400, "invalid_request_error", param, "invalid_utf8",
                      "the request body is not valid UTF-8" + (param.empty() ? "" : " (in '" + param + "')"));
     }
     throw ApiError(400, "invalid_request_error", "", "invalid_json",
-                   "the request body is not valid JSON: " + what.substr(what.find(']') + 2));
+                   "the request body is not valid JSON: " + io::json_error_text(e));
+  } catch (const json::exception& e) {  // out_of_range.406: a number such as 1e999
+    throw ApiError(400, "invalid_request_error", "", "invalid_json",
+                   "the request body is not valid JSON: " + io::json_error_text(e));
   }
 }
 
-ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
+static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const ModelInfo& m) {
   if (!b.is_object()) bad_request("", "the request body must be a JSON object");
   ApiRequest r;
   r.endpoint = endpoint;
@@ -197,9 +254,17 @@ ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
   defaults.temperature = 1.f;
   // Chat without max_tokens gets the rest of the context, set once the prompt length is known.
   defaults.max_tokens = endpoint == Endpoint::kCompletions ? m.default_max_tokens : 1;
-  for (const char* k : {"max_tokens", "max_completion_tokens"})
-    if (auto it = b.find(k); it != b.end() && it->is_number_integer() && it->get<int64_t>() < 1)
-      bad_request(k, std::string(k) + " must be >= 1");
+  // max_tokens beyond the context can never be honoured: refused here by name, so nothing
+  // downstream adds it to a length (2^63 - 1 would overflow the context check).
+  for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+    auto it = b.find(k);
+    if (it == b.end() || !it->is_number_integer()) continue;
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > static_cast<uint64_t>(m.max_model_len)
+                                 : it->get<int64_t>() > m.max_model_len)
+      bad_request(k, std::string(k) + " " + it->dump() + " exceeds this model's context length of " +
+                         std::to_string(m.max_model_len) + " tokens", "context_length_exceeded");
+    if (it->get<int64_t>() < 1) bad_request(k, std::string(k) + " must be >= 1");
+  }
   if (endpoint == Endpoint::kChat) {
     // Chat: logprobs is a boolean and top_logprobs the count.
     if (auto it = b.find("logprobs"); it != b.end() && !it->is_null() && !it->is_boolean())
@@ -256,15 +321,25 @@ ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
                                     std::to_string(m.max_model_len), "context_length_exceeded");
     if (!max_given && endpoint == Endpoint::kChat) {
       r.params.max_tokens = m.max_model_len - len;
-    } else if (len + r.params.max_tokens > m.max_model_len) {
+    } else if (r.params.max_tokens > m.max_model_len - len) {
       bad_request(b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
                   "this model's context length is " + std::to_string(m.max_model_len) + " tokens, but " +
                       std::to_string(len) + " prompt tokens plus max_tokens " + std::to_string(r.params.max_tokens) +
                       " exceed it", "context_length_exceeded");
     }
   }
-  if (r.choices() > 512) bad_request("n", "prompts times n must be at most 512");
+  if (r.choices() > kMaxChoices) bad_request("n", "prompts times n must be at most " + std::to_string(kMaxChoices));
   return r;
+}
+
+ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
+  // Every field is type-checked above; this is the backstop that keeps a JSON-library type
+  // error about the client's body a 400, never a 500.
+  try {
+    return parse_request_checked(b, endpoint, m);
+  } catch (const json::exception& e) {
+    bad_request("", "invalid request: " + io::json_error_text(e));
+  }
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {

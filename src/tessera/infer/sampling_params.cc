@@ -1,0 +1,63 @@
+// SamplingParams' checks (find_error, validate), apart from the sampler's tensor code so
+// that request parsers (serve/openai.cc, the fuzz targets) link without the engine.
+#include "tessera/infer/sampler.h"
+
+#include <cmath>
+
+#include "tessera/base/error.h"
+
+namespace tessera::infer {
+namespace {
+
+constexpr int64_t kMaxN = 128;        // OpenAI's limit on n
+constexpr int kMaxLogprobs = 20;      // OpenAI's limit on top_logprobs
+
+template <typename... Args>
+ParamError param_error(const char* field, Args&&... parts) {
+  return {field, detail::concat(field, " ", std::forward<Args>(parts)...)};
+}
+
+}  // namespace
+
+std::optional<ParamError> SamplingParams::find_error(int64_t vocab_size) const {
+  // `!(a <= x && x <= b)` also rejects NaN.
+  if (!(std::isfinite(temperature) && temperature >= 0.f))
+    return param_error("temperature", "must be a finite number >= 0, got ", temperature);
+  if (top_k < -1)
+    return param_error("top_k", "must be -1 or 0 (off) or a positive count, got ", top_k);
+  if (!(top_p > 0.f && top_p <= 1.f)) return param_error("top_p", "must be in (0, 1], got ", top_p);
+  if (!(min_p >= 0.f && min_p <= 1.f)) return param_error("min_p", "must be in [0, 1], got ", min_p);
+  if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.f))
+    return param_error("repetition_penalty", "must be a finite number > 0, got ", repetition_penalty);
+  if (!(presence_penalty >= -2.f && presence_penalty <= 2.f))
+    return param_error("presence_penalty", "must be in [-2, 2], got ", presence_penalty);
+  if (!(frequency_penalty >= -2.f && frequency_penalty <= 2.f))
+    return param_error("frequency_penalty", "must be in [-2, 2], got ", frequency_penalty);
+  if (max_tokens < 1) return param_error("max_tokens", "must be >= 1, got ", max_tokens);
+  if (min_tokens < 0) return param_error("min_tokens", "must be >= 0, got ", min_tokens);
+  if (min_tokens > max_tokens)
+    return param_error("min_tokens", "must be <= max_tokens (", max_tokens, "), got ", min_tokens);
+  for (size_t i = 0; i < stop.size(); ++i)
+    if (stop[i].empty()) return param_error("stop", "entry ", i, " is an empty string");
+  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
+    const int32_t t = stop_token_ids[i];
+    if (t < 0 || (vocab_size > 0 && t >= vocab_size))
+      return param_error("stop_token_ids", "entry ", i, " is ", t, ", outside the vocabulary [0, ",
+                         vocab_size > 0 ? std::to_string(vocab_size) : std::string("V"), ")");
+  }
+  if (n < 1 || n > kMaxN) return param_error("n", "must be in [1, ", kMaxN, "], got ", n);
+  // OpenAI accepts this and returns n equal choices; we follow vLLM's earlier rule and reject
+  // it, since it is almost always a mistake that costs n times the compute for one answer.
+  if (n > 1 && is_greedy())
+    return param_error("n", "must be 1 with greedy sampling (temperature 0): all ", n,
+                       " samples would be identical");
+  if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
+    return param_error("logprobs", "must be in [0, ", kMaxLogprobs, "], got ", *logprobs);
+  return std::nullopt;
+}
+
+void SamplingParams::validate(int64_t vocab_size) const {
+  if (auto e = find_error(vocab_size)) fail_field(e->field, e->message);
+}
+
+}  // namespace tessera::infer
