@@ -189,5 +189,22 @@ TEST_F(HostileFiles, NonsenseConfigFloatsAndIdsNameTheKey) {
   expect_one_line_error(generate_with(eos.dump()), {"config.json", "'eos_token_id'", "outside the vocabulary"});
 }
 
+// The planner reads the same config.json (MoE and MLA keys too) with the same bounds.
+TEST_F(HostileFiles, PlannerRefusesHugeConfigSizesNamingTheKey) {
+  json moe = llama_config();
+  moe["num_local_experts"] = 1099511627776LL;
+  moe["num_experts_per_tok"] = 2;
+  write("moe/config.json", moe.dump());
+  expect_one_line_error(run("plan train --model " + dir_ + "/moe --gpu h100-80g --gpus 8 --seq 128"),
+                        {"config.json", "'num_local_experts'", "must be in [0, 4096]"});
+  json deep = llama_config();
+  deep["moe_intermediate_size"] = json::array({json::array({1})});
+  deep["num_local_experts"] = 8;
+  deep["num_experts_per_tok"] = 2;
+  write("deep/config.json", deep.dump());
+  expect_one_line_error(run("plan train --model " + dir_ + "/deep --gpu h100-80g --gpus 8 --seq 128"),
+                        {"config.json", "'moe_intermediate_size' must be an integer, got an array of 1 items"});
+}
+
 }  // namespace
 }  // namespace tessera

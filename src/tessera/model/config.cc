@@ -24,15 +24,7 @@ const char* arch_name(Arch a) {
 
 namespace {
 
-// Upper bounds far above every released model (Llama 3.1 405B: hidden 16384, 126 layers,
-// 128 heads; Gemma 3: vocab 262144) that keep every size computed from them in int64.
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-constexpr int64_t kMaxHidden = int64_t{1} << 17;
-constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
-constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxHeads = 4096;
-constexpr int64_t kMaxHeadDim = 1024;
-constexpr int64_t kMaxPositions = int64_t{1} << 24;
+using namespace limits;  // kMaxVocab, kMaxHidden, ...
 
 // An integer key in [lo, hi]; the error names the key and, for a value outside int64
 // (a 20-digit literal), says so instead of wrapping.

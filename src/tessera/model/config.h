@@ -12,6 +12,20 @@ namespace tessera::model {
 
 enum class Arch { kLlama, kQwen2, kGpt2 };
 
+// Upper bounds on config.json sizes, far above every released model (Llama 3.1 405B: hidden
+// 16384, 126 layers, 128 heads; Gemma 3: vocab 262144; DeepSeek-V3: 256 experts), that keep
+// every size computed from them inside int64. Shared with the planner's config reader.
+namespace limits {
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxHidden = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr int64_t kMaxExperts = 4096;
+}  // namespace limits
+
 struct ModelConfig {
   Arch arch = Arch::kLlama;
   std::string model_type = "llama";  // as written in config.json

@@ -13,6 +13,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
+#include "tessera/model/config.h"
 
 namespace tessera::plan {
 
@@ -213,13 +214,18 @@ ModelSpec model_preset(const std::string& name) {
 
 namespace {
 
+// An integer key in [0, hi] (the first of `keys` present); the bounds are model::limits', so
+// every size the planner multiplies out of them stays inside int64.
 int64_t get_int(const json& j, const std::string& source, std::initializer_list<const char*> keys,
-                int64_t dflt, bool required) {
+                int64_t dflt, bool required, int64_t hi) {
   for (const char* key : keys) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
     TESSERA_CHECK(it->is_number_integer(), source, ": key '", key, "' must be an integer, got ",
-                  it->dump());
+                  io::json_brief(*it));
+    const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                               : it->get<int64_t>() >= 0 && it->get<int64_t>() <= hi;
+    TESSERA_CHECK(fits, source, ": key '", key, "' must be in [0, ", hi, "], got ", io::json_brief(*it));
     return it->get<int64_t>();
   }
   TESSERA_CHECK(!required, source, ": missing key '", *keys.begin(), "'");
@@ -230,7 +236,7 @@ bool get_bool(const json& j, const std::string& source, const char* key, bool df
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
   TESSERA_CHECK(it->is_boolean(), source, ": key '", key, "' must be true or false, got ",
-                it->dump());
+                io::json_brief(*it));
   return it->get<bool>();
 }
 
@@ -245,12 +251,12 @@ ModelSpec model_from_hf_json(const json& j, const std::string& source) {
   m.name = std::filesystem::path(source).parent_path().filename().string();
   if (m.name.empty()) m.name = type;
   if (type == "gpt2") {
-    m.hidden = get_int(j, source, {"n_embd"}, 0, true);
-    m.layers = get_int(j, source, {"n_layer"}, 0, true);
-    m.heads = get_int(j, source, {"n_head"}, 0, true);
-    m.vocab = get_int(j, source, {"vocab_size"}, 0, true);
-    m.ffn = get_int(j, source, {"n_inner"}, 4 * m.hidden, false);
-    m.learned_positions = get_int(j, source, {"n_positions"}, 1024, false);
+    m.hidden = get_int(j, source, {"n_embd"}, 0, true, model::limits::kMaxHidden);
+    m.layers = get_int(j, source, {"n_layer"}, 0, true, model::limits::kMaxLayers);
+    m.heads = get_int(j, source, {"n_head"}, 0, true, model::limits::kMaxHeads);
+    m.vocab = get_int(j, source, {"vocab_size"}, 0, true, model::limits::kMaxVocab);
+    m.ffn = get_int(j, source, {"n_inner"}, 4 * m.hidden, false, model::limits::kMaxIntermediate);
+    m.learned_positions = get_int(j, source, {"n_positions"}, 1024, false, model::limits::kMaxPositions);
     m.kv_heads = m.heads;
     TESSERA_CHECK(m.heads > 0, source, ": 'n_head' must be positive, got ", m.heads);
     m.head_dim = m.hidden / m.heads;
@@ -259,44 +265,47 @@ ModelSpec model_from_hf_json(const json& j, const std::string& source) {
     m.validate(source);
     return m;
   }
-  m.hidden = get_int(j, source, {"hidden_size"}, 0, true);
-  m.layers = get_int(j, source, {"num_hidden_layers"}, 0, true);
-  m.heads = get_int(j, source, {"num_attention_heads"}, 0, true);
-  m.vocab = get_int(j, source, {"vocab_size"}, 0, true);
+  m.hidden = get_int(j, source, {"hidden_size"}, 0, true, model::limits::kMaxHidden);
+  m.layers = get_int(j, source, {"num_hidden_layers"}, 0, true, model::limits::kMaxLayers);
+  m.heads = get_int(j, source, {"num_attention_heads"}, 0, true, model::limits::kMaxHeads);
+  m.vocab = get_int(j, source, {"vocab_size"}, 0, true, model::limits::kMaxVocab);
   TESSERA_CHECK(m.heads > 0, source, ": 'num_attention_heads' must be positive, got ", m.heads);
-  m.kv_heads = get_int(j, source, {"num_key_value_heads"}, m.heads, false);
-  m.head_dim = get_int(j, source, {"head_dim"}, m.hidden / m.heads, false);
+  m.kv_heads = get_int(j, source, {"num_key_value_heads"}, m.heads, false, model::limits::kMaxHeads);
+  m.head_dim = get_int(j, source, {"head_dim"}, m.hidden / m.heads, false, model::limits::kMaxHeadDim);
   m.tied = get_bool(j, source, "tie_word_embeddings", false);
   m.qkv_bias = type == "qwen2" || type == "qwen2_moe" || get_bool(j, source, "attention_bias", false);
   if (type == "gpt_neox") {
     m.gated_mlp = false, m.layernorm = true, m.linear_biases = true;
   }
   // MoE: Mixtral names experts num_local_experts, DeepSeek n_routed_experts, Qwen-MoE num_experts.
-  m.experts = get_int(j, source, {"num_local_experts", "n_routed_experts", "num_experts"}, 0, false);
+  m.experts = get_int(j, source, {"num_local_experts", "n_routed_experts", "num_experts"}, 0, false,
+                      model::limits::kMaxExperts);
   const bool has_dense_mlp =
-      m.experts == 0 || get_int(j, source, {"first_k_dense_replace"}, 0, false) > 0;
-  m.ffn = get_int(j, source, {"intermediate_size"}, 0, has_dense_mlp);
+      m.experts == 0 || get_int(j, source, {"first_k_dense_replace"}, 0, false, model::limits::kMaxLayers) > 0;
+  m.ffn = get_int(j, source, {"intermediate_size"}, 0, has_dense_mlp, model::limits::kMaxIntermediate);
   if (m.experts > 0) {
-    m.top_k = get_int(j, source, {"num_experts_per_tok"}, 0, true);
-    m.moe_ffn = get_int(j, source, {"moe_intermediate_size"}, m.ffn, false);
-    m.shared_experts = get_int(j, source, {"n_shared_experts"}, 0, false);
+    m.top_k = get_int(j, source, {"num_experts_per_tok"}, 0, true, model::limits::kMaxExperts);
+    m.moe_ffn = get_int(j, source, {"moe_intermediate_size"}, m.ffn, false, model::limits::kMaxIntermediate);
+    m.shared_experts = get_int(j, source, {"n_shared_experts"}, 0, false, model::limits::kMaxExperts);
     m.shared_ffn = m.moe_ffn;
-    const int64_t qwen_shared = get_int(j, source, {"shared_expert_intermediate_size"}, 0, false);
+    const int64_t qwen_shared =
+        get_int(j, source, {"shared_expert_intermediate_size"}, 0, false, model::limits::kMaxIntermediate);
     if (qwen_shared > 0) m.shared_experts = 1, m.shared_ffn = qwen_shared;
-    m.dense_layers = get_int(j, source, {"first_k_dense_replace"}, 0, false);
-    m.moe_every = get_int(j, source, {"moe_layer_freq", "decoder_sparse_step"}, 1, false);
+    m.dense_layers = get_int(j, source, {"first_k_dense_replace"}, 0, false, model::limits::kMaxLayers);
+    m.moe_every =
+        get_int(j, source, {"moe_layer_freq", "decoder_sparse_step"}, 1, false, model::limits::kMaxLayers);
     TESSERA_CHECK(m.moe_every >= 1, source, ": 'moe_layer_freq' must be at least 1, got ",
                   m.moe_every);
   }
   // DeepSeek's multi-head latent attention.
-  const int64_t kv_lora = get_int(j, source, {"kv_lora_rank"}, 0, false);
+  const int64_t kv_lora = get_int(j, source, {"kv_lora_rank"}, 0, false, model::limits::kMaxHidden);
   if (kv_lora > 0) {
     m.mla = true;
     m.kv_lora_rank = kv_lora;
-    m.q_lora_rank = get_int(j, source, {"q_lora_rank"}, 0, false);
-    m.rope_head_dim = get_int(j, source, {"qk_rope_head_dim"}, 0, true);
-    m.nope_head_dim = get_int(j, source, {"qk_nope_head_dim"}, 0, true);
-    m.v_head_dim = get_int(j, source, {"v_head_dim"}, 0, true);
+    m.q_lora_rank = get_int(j, source, {"q_lora_rank"}, 0, false, model::limits::kMaxHidden);
+    m.rope_head_dim = get_int(j, source, {"qk_rope_head_dim"}, 0, true, model::limits::kMaxHeadDim);
+    m.nope_head_dim = get_int(j, source, {"qk_nope_head_dim"}, 0, true, model::limits::kMaxHeadDim);
+    m.v_head_dim = get_int(j, source, {"v_head_dim"}, 0, true, model::limits::kMaxHeadDim);
     m.kv_heads = m.heads;
   }
   m.validate(source);
