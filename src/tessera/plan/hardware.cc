@@ -169,6 +169,10 @@ Hardware load_hardware(const std::string& name_or_path) {
 
 namespace {
 
+// The TOML reader's bound on devices_per_node (an int; an NVL72 rack is 72).
+constexpr int kMaxDevicesPerNode = 1 << 16;
+
+// Reads top-level keys; every number must be finite (nan / inf are errors naming the key).
 struct Reader {
   const toml::table& t;
   std::string source;
@@ -182,7 +186,9 @@ struct Reader {
     const toml::node* n = node(key);
     if (!n) return false;
     TESSERA_CHECK(n->is_number(), source, ": '", key, "' must be a number");
-    out = *n->value<double>() * scale;
+    const double v = *n->value<double>();
+    TESSERA_CHECK(std::isfinite(v), source, ": '", key, "' must be a finite number, got ", v);
+    out = v * scale;
     return true;
   }
   void check_unknown() const {
@@ -201,6 +207,8 @@ std::vector<double> number_list(const toml::table& t, const std::string& key,
   for (const auto& e : *a) {
     TESSERA_CHECK(e.is_number(), where, ".", key, " must be a list of numbers");
     v.push_back(*e.value<double>());
+    TESSERA_CHECK(std::isfinite(v.back()), where, ".", key, " must be a list of finite numbers, got ",
+                  v.back());
   }
   return v;
 }
@@ -240,8 +248,8 @@ Hardware hardware_from_toml(const std::string& text, const std::string& source) 
                 "peak_tflops_fp32 / fp16 / fp8 / int8)");
   double dpn = h.devices_per_node;
   required("devices_per_node", dpn, 1);
-  TESSERA_CHECK(dpn >= 1 && dpn == std::floor(dpn), source,
-                ": 'devices_per_node' must be a positive integer, got ", dpn);
+  TESSERA_CHECK(dpn >= 1 && dpn <= kMaxDevicesPerNode && dpn == std::floor(dpn), source,
+                ": 'devices_per_node' must be an integer in [1, ", kMaxDevicesPerNode, "], got ", dpn);
   h.devices_per_node = static_cast<int>(dpn);
   required("intra_node_bandwidth_gbps", h.intra_bandwidth, 1e9);
   required("intra_node_latency_us", h.intra_latency, 1e-6);
@@ -288,7 +296,9 @@ Hardware hardware_from_toml(const std::string& text, const std::string& source) 
         std::vector<double> r2;
         for (const auto& e : *row.as_array()) {
           TESSERA_CHECK(e.is_number(), where, ".gflops must be a list of lists of numbers");
-          r2.push_back(*e.value<double>() * 1e9);
+          const double f = *e.value<double>();
+          TESSERA_CHECK(std::isfinite(f), where, ".gflops must be a list of lists of finite numbers, got ", f);
+          r2.push_back(f * 1e9);
         }
         c.flops.push_back(r2);
       }

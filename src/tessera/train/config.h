@@ -1,6 +1,7 @@
 // A training run's configuration, read from one TOML file (configs/*.toml). Every
-// table and key is listed in docs/training.md; unknown keys and out-of-range values
-// are errors that name the key.
+// table and key is listed in docs/training.md; unknown keys, wrong types, integers out
+// of range (never truncated to the field's type), nan / inf and out-of-range values are
+// errors that name the file and "table.key".
 #pragma once
 #include <cstdint>
 #include <string>
@@ -88,6 +89,7 @@ struct TrainConfig {
   double fp16_init_scale = 65536.0;  // [training] fp16_init_scale
   int64_t fp16_growth_interval = 2000;
   std::string source_text;  // the TOML as read (saved into checkpoints)
+  std::string source;       // the file it was read from, for errors found later (build_model)
 
   // Relative paths in the file are taken relative to the current directory.
   static TrainConfig load(const std::string& path);

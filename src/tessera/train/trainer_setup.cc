@@ -13,6 +13,20 @@
 
 namespace tessera::train {
 
+namespace {
+
+// Sequences may not be longer than the model's max_position_embeddings: learned position
+// embeddings end there, and generate / serve refuse positions past it in the model this
+// run saves, RoPE or not.
+void check_seq_len(const TrainConfig& c, const model::ModelConfig& cfg, const char* fix) {
+  TESSERA_CHECK(c.data.seq_len <= cfg.max_position_embeddings,
+                c.source.empty() ? std::string("training config") : c.source, ": data.seq_len ",
+                c.data.seq_len, " exceeds the model's max_position_embeddings ",
+                cfg.max_position_embeddings, " (", fix, ")");
+}
+
+}  // namespace
+
 model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   const auto& m = c.model;
   if (!m.init_from.empty()) {
@@ -20,6 +34,7 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_
     TESSERA_CHECK(model.config().vocab_size >= data_vocab, "model.init_from: ", m.init_from,
                   " has vocab_size ", model.config().vocab_size,
                   ", smaller than the data's vocabulary of ", data_vocab);
+    check_seq_len(c, model.config(), "the limit of model.init_from's config.json; lower data.seq_len");
     return model;
   }
   model::ModelConfig cfg = m.config.empty()
@@ -54,9 +69,7 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_
   cfg.vocab_size = m.vocab_size ? m.vocab_size : data_vocab;
   TESSERA_CHECK(cfg.vocab_size >= data_vocab, "model.vocab_size ", cfg.vocab_size,
                 " is smaller than the data's vocabulary of ", data_vocab);
-  TESSERA_CHECK(cfg.uses_rope() || c.data.seq_len <= cfg.max_position_embeddings,
-                "data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ",
-                cfg.max_position_embeddings);
+  check_seq_len(c, cfg, "raise model.max_position_embeddings or lower data.seq_len");
   if (m.config.empty()) {  // a named shape's bos/eos ids mean nothing for this data
     cfg.bos_token_id = -1;
     cfg.eos_token_id = data_eos;
