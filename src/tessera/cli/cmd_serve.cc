@@ -6,13 +6,14 @@
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
 #include "tessera/model/config.h"
+#include "tessera/serve/jinja.h"
 #include "tessera/serve/server.h"
 
 namespace tessera::cli {
 namespace {
 
 struct ServeFlags {
-  std::string model, shape, dtype = "f32";
+  std::string model, shape, dtype = "f32", chat_template_limits;
   uint64_t seed = 1234;
   serve::ServerConfig server;
   infer::EngineConfig engine;
@@ -29,6 +30,13 @@ int run_serve(ServeFlags f) {
   f.server.validate();
   f.engine.prefix_caching = !f.no_prefix_caching;
   f.engine.validate();
+  // Checked before the model loads: a bad spec is a one-line error at once.
+  serve::jinja::Limits template_limits;
+  try {
+    if (!f.chat_template_limits.empty()) template_limits = serve::jinja::parse_template_limits(f.chat_template_limits);
+  } catch (const Error& e) {
+    fail("--chat-template-limits: ", e.what());
+  }
   std::optional<model::Model> model;
   std::optional<io::Tokenizer> tok;
   std::optional<serve::ChatTemplate> tmpl;
@@ -45,8 +53,9 @@ int run_serve(ServeFlags f) {
     model = model::Model::random(model::ModelConfig::named_shape(f.shape), parse_dtype(f.dtype), f.seed);
     if (f.server.model_name.empty()) f.server.model_name = f.shape;
   }
-  serve::Server server(*model, f.engine, tok ? &*tok : nullptr, tmpl ? *tmpl : serve::ChatTemplate::chatml(),
-                       f.server);
+  if (!tmpl) tmpl = serve::ChatTemplate::chatml();
+  tmpl->set_limits(template_limits);
+  serve::Server server(*model, f.engine, tok ? &*tok : nullptr, *tmpl, f.server);
   return server.run(true);
 }
 
@@ -78,6 +87,9 @@ void add_serve(CLI::App& app, Action& action) {
                   "/health turns 503 when the engine loop stalls this long (or 5x its last step)")
       ->capture_default_str();
   cmd->add_flag("--log-requests", s.log_requests, "One line per request on stderr");
+  cmd->add_option("--chat-template-limits", f->chat_template_limits,
+                  "Budget of one chat-template render, e.g. depth=512,iterations=1000000,output=16M,"
+                  "string=16M,list=1000000,time=2s (defaults: those)");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->callback([&action, f] { action = [f] { return run_serve(*f); }; });
 }

@@ -1,7 +1,9 @@
 // Loads chat templates from Hugging Face model directories and renders them.
 #include "tessera/serve/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
@@ -9,6 +11,8 @@
 
 namespace tessera::serve {
 namespace {
+
+constexpr size_t kMaxTemplateBytes = size_t{4} << 20;  // real templates: < 20 kB
 
 const char* kChatML =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -24,12 +28,27 @@ std::string token_string(const nlohmann::json& cfg, const char* key, const std::
   fail(path, ": key '", key, "' must be a string or an object with \"content\"");
 }
 
+// Nesting depth of a request value, iteratively, stopping once past `cap`.
+int json_depth(const nlohmann::json& v, int cap) {
+  int depth = 0;
+  std::vector<std::pair<const nlohmann::json*, int>> stack{{&v, 1}};
+  while (!stack.empty() && depth <= cap) {
+    const auto [x, d] = stack.back();
+    stack.pop_back();
+    if (!x->is_structured()) continue;
+    depth = std::max(depth, d);
+    for (const auto& y : *x) stack.emplace_back(&y, d + 1);
+  }
+  return depth;
+}
+
 }  // namespace
 
-ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token)
+ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token, jinja::Limits limits)
     : source_(std::move(source)),
       bos_token_(std::move(bos_token)),
       eos_token_(std::move(eos_token)),
+      limits_(limits),
       template_(std::make_shared<const jinja::Template>(source_)) {}
 
 ChatTemplate ChatTemplate::chatml() { return ChatTemplate(kChatML); }
@@ -42,26 +61,28 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
   if (fs::exists(path)) cfg = io::read_json_file(path);
   TESSERA_CHECK(cfg.is_object(), path, ": expected a JSON object");
   const std::string bos = token_string(cfg, "bos_token", path), eos = token_string(cfg, "eos_token", path);
-  std::string source;
+  std::string source, source_file = path;
   auto it = cfg.find("chat_template");
   if (it != cfg.end() && it->is_string()) {
     source = it->get<std::string>();
   } else if (it != cfg.end() && it->is_array()) {
     for (const auto& t : *it)
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+      if (t.is_object() && t.contains("name") && t["name"] == "default" && t.contains("template") &&
+          t["template"].is_string())
         source = t["template"].get<std::string>();
     TESSERA_CHECK(!source.empty(), path, ": key 'chat_template' is a list without a \"default\" template");
   } else if (it != cfg.end() && !it->is_null()) {
     fail(path, ": key 'chat_template' must be a string or a list of {\"name\", \"template\"}");
   } else if (fs::exists(jinja_path)) {
-    source = io::read_file_bytes(jinja_path);
+    source = io::read_file_bytes(jinja_path, kMaxTemplateBytes);
+    source_file = jinja_path;
   } else {
     source = kChatML;
   }
   try {
     return ChatTemplate(source, bos, eos);
   } catch (const Error& e) {
-    fail(path, ": ", e.what());
+    fail(source_file, ": ", e.what());
   }
 }
 
@@ -69,6 +90,11 @@ std::string ChatTemplate::render(const nlohmann::json& messages, bool add_genera
                                  const nlohmann::json& extra) const {
   TESSERA_CHECK(messages.is_array(), "chat template: messages must be a JSON array");
   TESSERA_CHECK(extra.is_null() || extra.is_object(), "chat template: extra variables must be a JSON object");
+  // dump() below recurses through the request's nesting; bound it first (no recursion here).
+  for (const nlohmann::json* v : {&messages, &extra})
+    TESSERA_CHECK(json_depth(*v, limits_.max_depth) <= limits_.max_depth,
+                  "chat template: messages or variables nested deeper than ", limits_.max_depth,
+                  " levels (--chat-template-limits depth=...)");
   jinja::Value globals = jinja::Value::object();
   globals["bos_token"] = bos_token_;
   globals["eos_token"] = eos_token_;
@@ -76,7 +102,7 @@ std::string ChatTemplate::render(const nlohmann::json& messages, bool add_genera
     for (auto e = extra.begin(); e != extra.end(); ++e) globals[e.key()] = jinja::Value::parse(e.value().dump());
   globals["messages"] = jinja::Value::parse(messages.dump());
   globals["add_generation_prompt"] = add_generation_prompt;
-  return template_->render(globals);
+  return template_->render(globals, limits_);
 }
 
 }  // namespace tessera::serve

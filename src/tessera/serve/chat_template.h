@@ -6,11 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tessera::serve {
+#include "tessera/serve/jinja.h"
 
-namespace jinja {
-class Template;
-}
+namespace tessera::serve {
 
 class ChatTemplate {
  public:
@@ -20,20 +18,26 @@ class ChatTemplate {
   static ChatTemplate from_tokenizer_config(const std::string& model_dir);
   // The ChatML template transformers used as its default.
   static ChatTemplate chatml();
-  // Throws tessera::Error on a template syntax error.
-  explicit ChatTemplate(std::string source, std::string bos_token = "", std::string eos_token = "");
+  // Throws tessera::Error on a template syntax error. `limits` bound every render (the
+  // templates are untrusted); see jinja::Limits for the defaults and parse_template_limits.
+  explicit ChatTemplate(std::string source, std::string bos_token = "", std::string eos_token = "",
+                        jinja::Limits limits = {});
 
   // messages: [{"role": ..., "content": ...}, ...]; `extra` adds template variables (tools,
-  // documents, ...). Errors (bad template, raise_exception) throw tessera::Error, one line.
+  // documents, ...). Errors (bad template, raise_exception, a broken limit) throw tessera::Error,
+  // one line.
   std::string render(const nlohmann::json& messages, bool add_generation_prompt,
                      const nlohmann::json& extra = {}) const;
 
   const std::string& source() const { return source_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  const jinja::Limits& limits() const { return limits_; }
+  void set_limits(const jinja::Limits& limits) { limits_ = limits; }
 
  private:
   std::string source_, bos_token_, eos_token_;
+  jinja::Limits limits_;
   std::shared_ptr<const jinja::Template> template_;  // parsed once, shared by copies
 };
 

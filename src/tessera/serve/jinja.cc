@@ -1,16 +1,42 @@
 // Jinja evaluator: walks the tree from jinja_parse.cc with jinja2's scoping (a for-loop body
-// is a fresh scope each iteration; `set` inside it does not leak, namespace() attributes do).
+// is a fresh scope each iteration; `set` inside it does not leak, namespace() attributes do),
+// under the render's Budget (every nesting level, loop iteration, output byte and built value).
 #include "tessera/serve/jinja.h"
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <new>
 
 #include "tessera/base/error.h"
+#include "tessera/serve/jinja_budget.h"
 #include "tessera/serve/jinja_builtins.h"
 
 namespace tessera::serve::jinja {
+namespace {
 
-Template::Template(const std::string& source) : root_(parse_template(source)) {}
+// The last line of defence at the Template boundary: sizes are bounded before allocating, so
+// these should not happen, but a library exception must still reach the caller as one line.
+template <typename Fn>
+auto guarded(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail("chat template: out of memory while ", what);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n' || c == '\r') c = ' ';
+    fail("chat template: ", what, " failed: ", msg.substr(0, 200));
+  }
+}
+
+}  // namespace
+
+Template::Template(const std::string& source)
+    : root_(guarded("parsing", [&] { return parse_template(source); })) {}
 
 namespace {
 
@@ -18,7 +44,7 @@ enum class Flow { Normal, Break, Continue };
 
 class Renderer {
  public:
-  explicit Renderer(const Value& globals) {
+  Renderer(const Value& globals, Budget& budget) : b_(budget) {
     frames_.emplace_back();
     if (globals.is_object())
       for (auto it = globals.begin(); it != globals.end(); ++it) frames_[0][it.key()] = it.value();
@@ -39,10 +65,24 @@ class Renderer {
     fail("chat template line ", n.line, ": ", msg);
   }
 
+  // A copy of an existing value, as work: its length (bytes / 64 for strings), not its full size.
+  void charge_copy(const Value& v) {
+    b_.charge(v.is_string() ? static_cast<int64_t>(v.get_ref<const std::string&>().size() >> 6)
+                            : static_cast<int64_t>(v.size()));
+  }
+
+  void emit(const Node& n, std::string& out, const std::string& s) {
+    b_.check_output(n.line, out.size() + s.size());
+    b_.charge_bytes(s.size());
+    out += s;
+  }
+
   Flow exec_one(const Node& n, std::string& out) {
+    DepthGuard depth(b_, n.line);
+    b_.set_line(n.line);
     switch (n.kind) {
-      case NodeKind::Text: out += n.str; return Flow::Normal;
-      case NodeKind::Output: out += to_str(eval(*n.kids[0])); return Flow::Normal;
+      case NodeKind::Text: emit(n, out, n.str); return Flow::Normal;
+      case NodeKind::Output: emit(n, out, to_str(eval(*n.kids[0]))); return Flow::Normal;
       case NodeKind::If: return exec(truthy(eval(*n.kids[0])) ? n.body : n.else_body, out);
       case NodeKind::For: return exec_for(n, out);
       case NodeKind::Set: assign(n, eval(*n.kids[0])); return Flow::Normal;
@@ -74,22 +114,30 @@ class Renderer {
     }
     Value* obj = find_var(target.substr(0, dot));
     if (!obj || !obj->is_object()) fail_at(n, "cannot assign attribute on non-namespace object '" + target.substr(0, dot) + "'");
+    // The namespace gains one level over `v` (`set ns.a = ns` nests it); its other attributes
+    // are bounded already, and their names are fixed by the template.
+    b_.check_value(n.line, v, 1);
     (*obj)[target.substr(dot + 1)] = v;
   }
 
+  // Local frames from the top down to floor_ (a macro call sees only its own), then the
+  // template's globals and top-level sets in frames_[0].
   Value* find_var(const std::string& name) {
-    for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
-      auto it = f->find(name);
-      if (it != f->end()) return &it->second;
+    for (size_t i = frames_.size(); i-- > floor_;) {
+      auto it = frames_[i].find(name);
+      if (it != frames_[i].end()) return &it->second;
     }
-    return nullptr;
+    auto it = frames_[0].find(name);
+    return it != frames_[0].end() ? &it->second : nullptr;
   }
 
   Flow exec_for(const Node& n, std::string& out) {
     const Value seq = iterate(*n.kids[0], eval(*n.kids[0]));
+    const bool filtered = n.kids.size() > 1;
     std::vector<const Value*> items;
     for (const auto& item : seq) {
-      if (n.kids.size() > 1) {  // `for x in xs if cond`: filtered before loop.* is computed
+      if (filtered) {  // `for x in xs if cond`: filtered before loop.* is computed
+        b_.count_iteration(n.line);  // each item the filter looks at is an iteration
         frames_.emplace_back();
         bind(n, item);
         const bool keep = truthy(eval(*n.kids[1]));
@@ -100,10 +148,24 @@ class Renderer {
     }
     if (items.empty()) return exec(n.else_body, out);
     const auto len = static_cast<int64_t>(items.size());
+    // One frame for the whole loop, emptied each iteration (a fresh scope), keeping the `loop`
+    // object's storage: the per-iteration cost is what the iteration limit is measured in.
+    const size_t fi = frames_.size();
+    frames_.emplace_back();
+    Frame::node_type loop_node;
     for (int64_t i = 0; i < len; ++i) {
-      frames_.emplace_back();
+      if (!filtered) b_.count_iteration(n.line);
+      b_.set_line(n.line);
+      Frame& frame = frames_[fi];
+      if (i > 0) loop_node = frame.extract("loop");
+      frame.clear();
       bind(n, *items[i]);
-      Value loop = Value::object();
+      if (loop_node.empty() || !loop_node.mapped().is_object()) {
+        Frame tmp;
+        tmp["loop"] = Value::object();
+        loop_node = tmp.extract("loop");
+      }
+      Value& loop = loop_node.mapped();
       loop["index"] = i + 1;
       loop["index0"] = i;
       loop["revindex"] = len - i;
@@ -113,11 +175,13 @@ class Renderer {
       loop["length"] = len;
       loop["previtem"] = i > 0 ? *items[i - 1] : undefined();
       loop["nextitem"] = i + 1 < len ? *items[i + 1] : undefined();
-      frames_.back()["loop"] = std::move(loop);
+      for (int64_t k = std::max<int64_t>(i - 1, 0); k <= i + 1 && k < len; ++k) charge_copy(*items[k]);
+      frame.insert(std::move(loop_node));
       const Flow f = exec(n.body, out);
-      frames_.pop_back();
+      frames_.resize(fi + 1);
       if (f == Flow::Break) break;
     }
+    frames_.pop_back();
     return Flow::Normal;
   }
 
@@ -132,19 +196,8 @@ class Renderer {
   }
 
   static Value iterate(const Node& n, const Value& v) {
-    if (is_undefined(v)) return Value::array();
     if (v.is_array()) return v;
-    if (v.is_object()) {
-      Value keys = Value::array();
-      for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(it.key());
-      return keys;
-    }
-    if (v.is_string()) {
-      Value chars = Value::array();
-      for (const char32_t c : utf8_decode(v.get<std::string>())) chars.push_back(utf8_encode(std::u32string(1, c)));
-      return chars;
-    }
-    fail_at(n, "'" + py_repr(v) + "' is not iterable");
+    return as_list(n, v);
   }
 
   // A pointer into existing data for names and plain subscripts, so `messages[0]['role']`
@@ -175,18 +228,25 @@ class Renderer {
 
  public:
   Value eval(const Node& n) {
-    if (const Value* r = ref(n)) return *r;
+    DepthGuard depth(b_, n.line);
+    b_.set_line(n.line);
+    if (const Value* r = ref(n)) {
+      charge_copy(*r);
+      return *r;
+    }
     switch (n.kind) {
       case NodeKind::Literal: return n.value;
       case NodeKind::Name: return undefined();
       case NodeKind::List: {
         Value a = Value::array();
         for (const auto& k : n.kids) a.push_back(eval(*k));
+        b_.check_value(n.line, a);
         return a;
       }
       case NodeKind::Dict: {
         Value d = Value::object();
         for (size_t i = 0; i + 1 < n.kids.size(); i += 2) d[to_str(eval(*n.kids[i]))] = eval(*n.kids[i + 1]);
+        b_.check_value(n.line, d);
         return d;
       }
       case NodeKind::Attr: return get_attr(n, eval(*n.kids[0]), n.str);
@@ -208,10 +268,7 @@ class Renderer {
       }
       case NodeKind::Unary: {
         if (n.str == "not") return !truthy(eval(*n.kids[0]));
-        const Value v = eval(*n.kids[0]);
-        if (!v.is_number()) fail_at(n, "bad operand type for unary " + n.str + ": " + py_repr(v));
-        if (n.str == "+") return v;
-        return v.is_number_float() ? Value(-v.get<double>()) : Value(-v.get<int64_t>());
+        return unary_op(n, n.str, eval(*n.kids[0]));
       }
       case NodeKind::Binary: {
         if (n.str == "and") {
@@ -233,6 +290,7 @@ class Renderer {
 
   // Renders a macro body with its own scope above the template globals.
   Value call_macro(const Node& call_node, const Node& m, const Args& args) {
+    DepthGuard depth(b_, call_node.line);
     Frame frame;
     size_t pos = 0;
     for (size_t i = 0; i < m.names.size(); ++i) frame[m.names[i]] = undefined();
@@ -244,15 +302,17 @@ class Renderer {
         frame[args.names[i]] = args.values[i];
       }
     }
-    std::vector<Frame> saved;
-    saved.swap(frames_);
-    frames_.push_back(saved[0]);
+    // Defaults see only the globals; then the body sees them and its own frame. (An exception
+    // abandons the whole render, so the frames need no restoring on that path.)
+    const size_t saved_floor = floor_, saved_size = frames_.size();
+    floor_ = saved_size;
     for (size_t i = 0; i < m.names.size(); ++i)
       if (is_undefined(frame[m.names[i]]) && m.kids[i]) frame[m.names[i]] = eval(*m.kids[i]);
     frames_.push_back(std::move(frame));
     std::string out;
     exec(m.body, out);
-    frames_.swap(saved);
+    frames_.resize(saved_size);
+    floor_ = saved_floor;
     return out;
   }
 
@@ -288,17 +348,30 @@ class Renderer {
     fail_at(n, "object is not callable");
   }
 
+  Budget& b_;
   std::vector<Frame> frames_;
+  size_t floor_ = 1;  // lowest local frame find_var searches (frames_[0] is always searched)
   std::map<std::string, const Node*> macros_;
 };
 
 }  // namespace
 
-std::string Template::render(const Value& globals) const {
-  Renderer r(globals);
-  std::string out;
-  r.exec(root_, out);
-  return out;
+std::string Template::render(const Value& globals) const { return render(globals, Limits{}); }
+
+std::string Template::render(const Value& globals, const Limits& limits) const {
+  return guarded("rendering", [&] {
+    Budget budget(limits);
+    BudgetScope scope(budget);
+    // Values nest no deeper than the depth limit, so the recursive value code below (repr, tojson,
+    // nlohmann's own copy and compare) stays within the stack; built values are checked as built.
+    if (measure_value(globals, SIZE_MAX, limits.max_depth).depth > limits.max_depth)
+      fail("chat template: variables nested deeper than the depth limit ", limits.max_depth,
+           " (--chat-template-limits depth=...)");
+    Renderer r(globals, budget);
+    std::string out;
+    r.exec(root_, out);
+    return out;
+  });
 }
 
 }  // namespace tessera::serve::jinja

@@ -2,10 +2,13 @@
 #include "tessera/serve/jinja_builtins.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <ctime>
+#include <limits>
 
 #include "tessera/base/error.h"
+#include "tessera/serve/jinja_budget.h"
 
 namespace tessera::serve::jinja {
 namespace {
@@ -29,8 +32,16 @@ const Value* arg(const Args& a, size_t pos, const char* name, size_t first = 1) 
 
 std::string str_arg(const Node& n, const Value* v, const std::string& dflt) {
   if (!v || v->is_null()) return dflt;
-  if (!v->is_string()) fail_at(n, "expected a string argument, got " + py_repr(*v));
+  if (!v->is_string()) fail_at(n, "expected a string argument, got " + brief_repr(*v));
   return v->get<std::string>();
+}
+
+// out += add, within the render's string limit.
+void append(const Node& n, std::string& out, const std::string& add) {
+  Budget& b = current_budget();
+  b.check_string(n.line, out.size() + add.size());
+  b.charge_bytes(add.size());
+  out += add;
 }
 
 std::string strip(const std::string& s, const std::string& chars, bool left, bool right) {
@@ -47,37 +58,62 @@ std::string map_chars(std::string s, int (*f)(int)) {
   return s;
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to, int64_t count = -1) {
-  if (from.empty()) return s;
-  size_t pos = 0;
-  while (count != 0 && (pos = s.find(from, pos)) != std::string::npos) {
-    s.replace(pos, from.size(), to);
-    pos += to.size();
-    --count;
+// Python's str.replace (an empty `from` inserts `to` around every character), built within the
+// string limit; a negative count means all.
+std::string replace_all(const Node& n, const std::string& s, const std::string& from, const std::string& to,
+                        int64_t count = -1) {
+  std::string out;
+  if (from.empty()) {
+    const std::u32string chars = utf8_decode(s);
+    for (size_t i = 0; i <= chars.size(); ++i) {
+      if (count != 0) append(n, out, to), count -= count > 0;
+      if (i < chars.size()) append(n, out, utf8_encode(chars.substr(i, 1)));
+    }
+    return out;
   }
-  return s;
+  size_t pos = 0, hit;
+  while (count != 0 && (hit = s.find(from, pos)) != std::string::npos) {
+    append(n, out, s.substr(pos, hit - pos));
+    append(n, out, to);
+    pos = hit + from.size();
+    count -= count > 0;
+  }
+  append(n, out, s.substr(pos));
+  return out;
 }
 
-Value split(const std::string& s, const Value* sep, int64_t maxsplit) {
+Value split(const Node& n, const std::string& s, const Value* sep, int64_t maxsplit) {
   Value out = Value::array();
+  Budget& b = current_budget();
+  b.charge_bytes(s.size());
+  auto push = [&](std::string part) {
+    b.check_list(n.line, out.size() + 1);
+    out.push_back(std::move(part));
+  };
+  auto may_split = [&] {  // a negative maxsplit means no limit
+    if (maxsplit == 0) return false;
+    maxsplit -= maxsplit > 0;
+    return true;
+  };
   if (!sep || sep->is_null()) {  // runs of whitespace, no empty parts
     size_t i = s.find_first_not_of(kSpaces);
     while (i != std::string::npos) {
       size_t e = s.find_first_of(kSpaces, i);
-      if (maxsplit-- == 0) e = std::string::npos, out.push_back(strip(s.substr(i), kSpaces, false, true));
-      else out.push_back(s.substr(i, e == std::string::npos ? e : e - i));
+      if (!may_split()) e = std::string::npos, push(strip(s.substr(i), kSpaces, false, true));
+      else push(s.substr(i, e == std::string::npos ? e : e - i));
       if (e == std::string::npos) break;
       i = s.find_first_not_of(kSpaces, e);
     }
     return out;
   }
-  const std::string d = sep->get<std::string>();
+  const std::string d = str_arg(n, sep, "");
+  if (d.empty()) fail_at(n, "empty separator");
   size_t i = 0, e;
-  while (maxsplit-- != 0 && !d.empty() && (e = s.find(d, i)) != std::string::npos) {
-    out.push_back(s.substr(i, e - i));
+  while (may_split() && (e = s.find(d, i)) != std::string::npos) {
+    push(s.substr(i, e - i));
     i = e + d.size();
   }
-  out.push_back(s.substr(i));
+  push(s.substr(i));
   return out;
 }
 
@@ -92,51 +128,11 @@ bool prefix_test(const Node& n, const std::string& s, const Value& p, bool start
   return starts ? s.compare(0, q.size(), q) == 0 : s.compare(s.size() - q.size(), q.size(), q) == 0;
 }
 
-double num(const Node& n, const Value& v) {
-  if (v.is_number() || v.is_boolean()) return v.is_boolean() ? v.get<bool>() : v.get<double>();
-  fail_at(n, "expected a number, got " + py_repr(v));
-}
-
-bool is_int(const Value& v) { return v.is_number_integer() || v.is_boolean(); }
-int64_t to_int(const Value& v) { return v.is_boolean() ? v.get<bool>() : v.get<int64_t>(); }
-
-bool equal(const Value& a, const Value& b) {
-  if (is_undefined(a) || is_undefined(b)) return is_undefined(a) && is_undefined(b);
-  if ((a.is_number() || a.is_boolean()) && (b.is_number() || b.is_boolean()) && (a.is_number() || b.is_number())) {
-    if (is_int(a) && is_int(b)) return to_int(a) == to_int(b);
-    return (a.is_boolean() ? a.get<bool>() : a.get<double>()) == (b.is_boolean() ? b.get<bool>() : b.get<double>());
-  }
-  return a == b;
-}
-
-int compare(const Node& n, const Value& a, const Value& b) {
-  if (a.is_string() && b.is_string()) return a.get<std::string>().compare(b.get<std::string>());
-  if ((a.is_number() || a.is_boolean()) && (b.is_number() || b.is_boolean())) {
-    const double x = num(n, a), y = num(n, b);
-    return x < y ? -1 : x > y ? 1 : 0;
-  }
-  fail_at(n, "cannot compare " + py_repr(a) + " with " + py_repr(b));
-}
-
-int64_t length(const Value& v) {
+int64_t length(const Node& n, const Value& v) {
   if (is_undefined(v)) return 0;
   if (v.is_string()) return static_cast<int64_t>(utf8_decode(v.get<std::string>()).size());
   if (v.is_array() || v.is_object()) return static_cast<int64_t>(v.size());
-  fail("chat template: object of type ", v.type_name(), " has no len()");
-}
-
-Value as_list(const Node& n, const Value& v) {
-  if (is_undefined(v)) return Value::array();
-  if (v.is_array()) return v;
-  Value out = Value::array();
-  if (v.is_object()) {
-    for (auto it = v.begin(); it != v.end(); ++it) out.push_back(it.key());
-  } else if (v.is_string()) {
-    for (const char32_t c : utf8_decode(v.get<std::string>())) out.push_back(utf8_encode(std::u32string(1, c)));
-  } else {
-    fail_at(n, "'" + py_repr(v) + "' is not iterable");
-  }
-  return out;
+  fail_at(n, std::string("object of type ") + v.type_name() + " has no len()");
 }
 
 // `a.b.c` attribute lookup used by selectattr / map / join(attribute=).
@@ -157,8 +153,13 @@ Value items_of(const Value& v) {
   return out;
 }
 
-std::string html_escape(const std::string& s) {
+std::string html_escape(const Node& n, const std::string& s) {
+  size_t size = s.size();
+  for (const char c : s) size += c == '&' ? 4 : c == '<' || c == '>' ? 3 : c == '"' || c == '\'' ? 4 : 0;
+  current_budget().check_string(n.line, size);
+  current_budget().charge_bytes(size);
   std::string out;
+  out.reserve(size);
   for (const char c : s) {
     switch (c) {
       case '&': out += "&amp;"; break;
@@ -172,135 +173,42 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+// Python's str.center(width): the extra space goes left when the margin and width are both odd.
+std::string center(const Node& n, const std::string& s, int64_t width) {
+  const auto len = static_cast<int64_t>(utf8_decode(s).size());
+  if (width <= len) return s;
+  current_budget().check_string(n.line, s.size() + static_cast<size_t>(width - len));
+  const int64_t marg = width - len, left = marg / 2 + (marg & width & 1);
+  return std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(marg - left), ' ');
+}
+
+// jinja2's indent filter: `pad` before every line but the first (and blank ones unless `blank`).
+// Its lines are (s + "\n").splitlines(), i.e. the pieces of s between newlines.
+std::string indent(const Node& n, const std::string& s, const std::string& pad, bool first, bool blank) {
+  const auto lines = static_cast<int64_t>(std::count(s.begin(), s.end(), '\n')) + 1;
+  current_budget().check_string(n.line, s.size() + Budget::saturating_mul(pad.size(), lines + 1));
+  std::string out = first ? pad : "";
+  for (size_t b = 0, i = 0;; ++i) {
+    const size_t e = std::min(s.find('\n', b), s.size());
+    if (i > 0) {
+      out += '\n';
+      if (e > b || blank) out += pad;
+    }
+    out.append(s, b, e - b);
+    if (e == s.size()) break;
+    b = e + 1;
+  }
+  current_budget().charge_bytes(out.size());
+  return out;
+}
+
+// Items of a sequence, each charged as work (sort, unique, map, select... visit them all).
+Value charged(Value v) {
+  current_budget().charge(static_cast<int64_t>(v.size()));
+  return v;
+}
+
 }  // namespace
-
-Value get_attr(const Node& n, const Value& obj, const std::string& name) {
-  if (is_undefined(obj)) fail_at(n, "cannot read attribute '" + name + "' of an undefined value");
-  if (obj.is_object()) {
-    auto it = obj.find(name);
-    return it == obj.end() ? undefined() : *it;
-  }
-  if (obj.is_array() && !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit))
-    return get_item(n, obj, Value(std::stoll(name)));
-  return undefined();
-}
-
-Value get_item(const Node& n, const Value& obj, const Value& key) {
-  if (is_undefined(obj)) fail_at(n, "cannot subscript an undefined value with " + py_repr(key));
-  if (obj.is_object()) {
-    if (!key.is_string()) return undefined();
-    auto it = obj.find(key.get<std::string>());
-    return it == obj.end() ? undefined() : *it;
-  }
-  if ((obj.is_array() || obj.is_string()) && is_int(key)) {
-    if (obj.is_string()) {
-      const std::u32string s = utf8_decode(obj.get<std::string>());
-      int64_t i = to_int(key);
-      if (i < 0) i += static_cast<int64_t>(s.size());
-      return i >= 0 && i < static_cast<int64_t>(s.size()) ? Value(utf8_encode(s.substr(i, 1))) : undefined();
-    }
-    int64_t i = to_int(key);
-    if (i < 0) i += static_cast<int64_t>(obj.size());
-    return i >= 0 && i < static_cast<int64_t>(obj.size()) ? obj[i] : undefined();
-  }
-  return undefined();
-}
-
-Value slice_value(const Node& n, const Value& obj, const Value& start, const Value& stop, const Value& step_v) {
-  if (!obj.is_array() && !obj.is_string()) fail_at(n, "cannot slice " + py_repr(obj));
-  const std::u32string s = obj.is_string() ? utf8_decode(obj.get<std::string>()) : std::u32string();
-  const int64_t len = obj.is_string() ? static_cast<int64_t>(s.size()) : static_cast<int64_t>(obj.size());
-  const int64_t step = step_v.is_null() ? 1 : to_int(step_v);
-  if (step == 0) fail_at(n, "slice step cannot be zero");
-  auto clamp = [&](const Value& v, int64_t dflt) {
-    if (v.is_null()) return dflt;
-    int64_t i = to_int(v);
-    if (i < 0) i += len;
-    if (i < 0) return step < 0 ? int64_t{-1} : int64_t{0};
-    if (i >= len) return step < 0 ? len - 1 : len;
-    return i;
-  };
-  const int64_t b = clamp(start, step > 0 ? 0 : len - 1), e = clamp(stop, step > 0 ? len : -1);
-  Value out = Value::array();
-  std::u32string str;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) {
-    if (obj.is_string()) str += s[i];
-    else out.push_back(obj[i]);
-  }
-  return obj.is_string() ? Value(utf8_encode(str)) : out;
-}
-
-Value binary_op(const Node& n, const std::string& op, const Value& a, const Value& b) {
-  if (op == "==") return equal(a, b);
-  if (op == "!=") return !equal(a, b);
-  if (op == "~") return to_str(a) + to_str(b);
-  if (op == "in" || op == "not in") {
-    bool found = false;
-    if (b.is_string()) {
-      if (!a.is_string()) fail_at(n, "'in <string>' requires a string as left operand, not " + py_repr(a));
-      found = b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
-    } else if (b.is_array()) {
-      for (const auto& x : b) found = found || equal(a, x);
-    } else if (b.is_object()) {
-      found = a.is_string() && b.contains(a.get<std::string>());
-    } else {
-      fail_at(n, "argument of type " + std::string(b.type_name()) + " is not iterable");
-    }
-    return found == (op == "in");
-  }
-  if (op == "<") return compare(n, a, b) < 0;
-  if (op == "<=") return compare(n, a, b) <= 0;
-  if (op == ">") return compare(n, a, b) > 0;
-  if (op == ">=") return compare(n, a, b) >= 0;
-  if (is_undefined(a) || is_undefined(b)) fail_at(n, "undefined value used with operator " + op);
-  if (op == "+") {
-    if (a.is_string() && b.is_string()) return a.get<std::string>() + b.get<std::string>();
-    if (a.is_array() && b.is_array()) {
-      Value out = a;
-      for (const auto& x : b) out.push_back(x);
-      return out;
-    }
-  }
-  if (op == "*" && (a.is_string() || a.is_array() || b.is_string() || b.is_array())) {
-    const Value& seq = a.is_string() || a.is_array() ? a : b;
-    const Value& times = &seq == &a ? b : a;
-    if (!is_int(times)) fail_at(n, "can't multiply sequence by " + py_repr(times));
-    Value out = seq.is_string() ? Value("") : Value::array();
-    for (int64_t i = 0; i < to_int(times); ++i) {
-      if (seq.is_string()) out = out.get<std::string>() + seq.get<std::string>();
-      else for (const auto& x : seq) out.push_back(x);
-    }
-    return out;
-  }
-  const bool num_ok = (a.is_number() || a.is_boolean()) && (b.is_number() || b.is_boolean());
-  if (!num_ok) fail_at(n, "unsupported operand types for " + op + ": " + py_repr(a) + " and " + py_repr(b));
-  const bool ints = is_int(a) && is_int(b);
-  if (ints && op != "/" && op != "**") {
-    const int64_t x = to_int(a), y = to_int(b);
-    if (op == "+") return x + y;
-    if (op == "-") return x - y;
-    if (op == "*") return x * y;
-    if (y == 0) fail_at(n, "integer division or modulo by zero");
-    int64_t q = x / y, r = x % y;
-    if (r != 0 && ((r < 0) != (y < 0))) {
-      --q;
-      r += y;
-    }
-    return op == "//" ? q : r;
-  }
-  const double x = num(n, a), y = num(n, b);
-  if (op == "+") return x + y;
-  if (op == "-") return x - y;
-  if (op == "*") return x * y;
-  if (op == "**") {
-    if (ints && to_int(b) >= 0) return static_cast<int64_t>(std::llround(std::pow(x, y)));
-    return std::pow(x, y);
-  }
-  if (y == 0) fail_at(n, "division by zero");
-  if (op == "/") return x / y;
-  if (op == "//") return std::floor(x / y);
-  return x - y * std::floor(x / y);
-}
 
 bool apply_test(const Node& n, const std::string& name, const Args& args) {
   const Value& v = args.values[0];
@@ -332,9 +240,9 @@ bool apply_test(const Node& n, const std::string& name, const Args& args) {
   if (name == "in") return binary_op(n, "in", v, need()).get<bool>();
   if (name == "odd" || name == "even") {
     if (!is_int(v)) fail_at(n, "test '" + name + "' needs an integer");
-    return (to_int(v) % 2 != 0) == (name == "odd");
+    return (to_int(n, v) % 2 != 0) == (name == "odd");
   }
-  if (name == "divisibleby") return is_int(v) && is_int(need()) && to_int(need()) != 0 && to_int(v) % to_int(need()) == 0;
+  if (name == "divisibleby") return equal(binary_op(n, "%", v, need()), Value(0));  // jinja2: value % num == 0
   if (name == "lower" || name == "upper") {
     if (!v.is_string()) return false;
     const std::string s = v.get<std::string>();
@@ -353,7 +261,7 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
     return d ? *d : Value("");
   }
   if (name == "safe") return v;
-  if (name == "length" || name == "count") return length(v);
+  if (name == "length" || name == "count") return length(n, v);
   if (name == "string") return to_str(v);
   if (name == "trim") return strip(to_str(v), str_arg(n, arg(args, 0, "chars"), kSpaces), true, true);
   if (name == "upper") return map_chars(to_str(v), ::toupper);
@@ -375,42 +283,50 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
   }
   if (name == "replace") {
     const Value* count = arg(args, 2, "count");
-    return replace_all(to_str(v), str_arg(n, arg(args, 0, "old"), ""), str_arg(n, arg(args, 1, "new"), ""),
-                       count ? to_int(*count) : -1);
+    const int64_t c = count && !count->is_null() ? to_int(n, *count) : -1;
+    return replace_all(n, to_str(v), str_arg(n, arg(args, 0, "old"), ""), str_arg(n, arg(args, 1, "new"), ""), c);
   }
-  if (name == "e" || name == "escape") return html_escape(to_str(v));
+  if (name == "e" || name == "escape") return html_escape(n, to_str(v));
   if (name == "tojson") {
-    const Value* indent = arg(args, 0, "indent");
-    return to_json_py(v, indent && !indent->is_null() ? static_cast<int>(to_int(*indent)) : 0, 0);
+    const Value* ind = arg(args, 0, "indent");
+    const int64_t width = ind && !ind->is_null() ? std::max<int64_t>(0, to_int(n, *ind)) : -1;
+    current_budget().check_string(n.line, static_cast<size_t>(std::max<int64_t>(width, 0)));
+    return to_json_py(v, width, 0);
   }
   if (name == "indent") {
     const Value* w = arg(args, 0, "width");
-    const std::string pad = w && w->is_string() ? w->get<std::string>() : std::string(w ? to_int(*w) : 4, ' ');
+    std::string pad = "    ";
+    if (w && w->is_string()) {
+      pad = w->get<std::string>();
+    } else if (w) {  // " " * width: empty for width <= 0
+      const int64_t width = std::max<int64_t>(0, to_int(n, *w));
+      current_budget().check_string(n.line, static_cast<size_t>(width));
+      pad.assign(static_cast<size_t>(width), ' ');
+    }
     const Value* first = arg(args, 1, "first");
     const Value* blank = arg(args, 2, "blank");
-    const Value newline("\n");
-    Value lines = split(to_str(v) + "\n", &newline, -1);
-    lines.erase(lines.size() - 1);  // splitlines() drops the part after the final newline
-    std::string out;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const std::string line = lines[i].get<std::string>();
-      if (i > 0) out += "\n";
-      out += (i > 0 && (!line.empty() || (blank && truthy(*blank)))) ? pad + line : line;
-    }
-    return (first && truthy(*first) ? pad : "") + out;
+    return indent(n, to_str(v), pad, first && truthy(*first), blank && truthy(*blank));
+  }
+  if (name == "center") {
+    const Value* w = arg(args, 0, "width");
+    return center(n, to_str(v), w ? to_int(n, *w) : 80);
   }
   if (name == "int") {
-    if (v.is_string()) {
-      try {
-        return std::stoll(strip(v.get<std::string>(), kSpaces, true, true));
-      } catch (...) {
-        return int64_t{0};
-      }
-    }
-    return v.is_number() || v.is_boolean() ? Value(static_cast<int64_t>(num(n, v))) : Value(0);
+    const Value* base = arg(args, 1, "base");
+    if (base && !(is_int(*base) && to_int(n, *base) == 10)) fail_at(n, "int filter: only base 10 is supported");
+    const Value* d = arg(args, 0, "default");
+    return int_filter(n, v, d ? *d : Value(0));
   }
-  if (name == "float") return v.is_number() || v.is_boolean() ? num(n, v) : 0.0;
-  if (name == "abs") return is_int(v) ? Value(std::llabs(to_int(v))) : Value(std::fabs(num(n, v)));
+  if (name == "float") {
+    const Value* d = arg(args, 0, "default");
+    return float_filter(v, d ? *d : Value(0.0));
+  }
+  if (name == "abs") {
+    if (!is_int(v)) return std::fabs(num(n, v));
+    const int64_t x = to_int(n, v);
+    if (x == std::numeric_limits<int64_t>::min()) fail_at(n, "integer overflow in abs(" + std::to_string(x) + ")");
+    return x < 0 ? -x : x;
+  }
   if (name == "items") return items_of(v);
   if (name == "list") return as_list(n, v);
   if (name == "first" || name == "last") {
@@ -430,7 +346,8 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
     std::string out;
     bool first = true;
     for (const auto& x : as_list(n, v)) {
-      out += (first ? "" : sep) + to_str(attr ? dotted(n, x, to_str(*attr)) : x);
+      if (!first) append(n, out, sep);
+      append(n, out, to_str(attr ? dotted(n, x, to_str(*attr)) : x));
       first = false;
     }
     return out;
@@ -442,7 +359,7 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
     if (by_attr && !attr) fail_at(n, name + " needs an attribute name");
     const Value* test = arg(args, by_attr ? 1 : 0, nullptr);
     Value out = Value::array();
-    for (const auto& x : as_list(n, v)) {
+    for (const auto& x : charged(as_list(n, v))) {
       const Value val = attr ? dotted(n, x, to_str(*attr)) : x;
       bool ok;
       if (test) {
@@ -463,7 +380,7 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
   if (name == "map") {
     const Value* attr = arg(args, 99, "attribute");
     Value out = Value::array();
-    for (const auto& x : as_list(n, v)) {
+    for (const auto& x : charged(as_list(n, v))) {
       if (attr) {
         Value r = dotted(n, x, to_str(*attr));
         const Value* d = arg(args, 99, "default");
@@ -484,7 +401,11 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
     Value out = Value::array();
     for (const auto& x : as_list(n, v)) {
       bool seen = false;
-      for (const auto& y : out) seen = seen || equal(x, y);
+      current_budget().charge(static_cast<int64_t>(out.size()));
+      for (const auto& y : out) {
+        seen = equal(x, y);
+        if (seen) break;
+      }
       if (!seen) out.push_back(x);
     }
     return out;
@@ -494,6 +415,7 @@ Value apply_filter(const Node& n, const std::string& name, const Args& args) {
     const Value* rev = arg(args, 0, "reverse");
     const Value* attr = arg(args, 2, "attribute");
     std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+      current_budget().charge(1);
       return compare(n, attr ? dotted(n, x, to_str(*attr)) : x, attr ? dotted(n, y, to_str(*attr)) : y) < 0;
     });
     if (rev && truthy(*rev)) std::reverse(l.begin(), l.end());
@@ -514,7 +436,7 @@ Value call_method(const Node& n, const Value& obj, const std::string& name, cons
     }
     if (name == "split") {
       const Value* m = a(1, "maxsplit");
-      return split(s, a(0, "sep"), m ? to_int(*m) : -1);
+      return split(n, s, a(0, "sep"), m ? to_int(n, *m) : -1);
     }
     if (name == "lower") return map_chars(s, ::tolower);
     if (name == "upper") return map_chars(s, ::toupper);
@@ -524,7 +446,8 @@ Value call_method(const Node& n, const Value& obj, const std::string& name, cons
     }
     if (name == "replace") {
       const Value* c = a(2, "count");
-      return replace_all(s, str_arg(n, a(0, nullptr), ""), str_arg(n, a(1, nullptr), ""), c ? to_int(*c) : -1);
+      if (!a(0, nullptr) || !a(1, nullptr)) fail_at(n, "replace() needs two arguments");
+      return replace_all(n, s, str_arg(n, a(0, nullptr), ""), str_arg(n, a(1, nullptr), ""), c ? to_int(n, *c) : -1);
     }
     if (name == "find") {
       const size_t p = s.find(str_arg(n, a(0, nullptr), ""));
@@ -534,7 +457,8 @@ Value call_method(const Node& n, const Value& obj, const std::string& name, cons
       std::string out;
       bool first = true;
       for (const auto& x : as_list(n, a(0, nullptr) ? *a(0, nullptr) : Value::array())) {
-        out += (first ? "" : s) + to_str(x);
+        if (!first) append(n, out, s);
+        append(n, out, to_str(x));
         first = false;
       }
       return out;
@@ -571,19 +495,27 @@ Value call_global(const Node& n, const std::string& name, const Args& args) {
       if (args.names[i].empty() && args.values[i].is_object()) ns.update(args.values[i]);
       else if (!args.names[i].empty()) ns[args.names[i]] = args.values[i];
     }
+    current_budget().check_value(n.line, ns);
     return ns;
   }
   if (name == "range") {
     std::vector<int64_t> p;
     for (size_t i = 0; i < args.values.size(); ++i) {
       if (!is_int(args.values[i])) fail_at(n, "range() needs integers");
-      p.push_back(to_int(args.values[i]));
+      p.push_back(to_int(n, args.values[i]));
     }
     if (p.empty() || p.size() > 3) fail_at(n, "range() takes 1 to 3 arguments");
     const int64_t start = p.size() > 1 ? p[0] : 0, stop = p.size() > 1 ? p[1] : p[0], step = p.size() > 2 ? p[2] : 1;
     if (step == 0) fail_at(n, "range() step must not be zero");
+    // The length first, in 128 bits (stop - start and start + k * step can pass int64).
+    const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
+    const __int128 mag = step > 0 ? __int128{step} : -__int128{step};
+    const __int128 count = span <= 0 ? 0 : (span + mag - 1) / mag;
+    current_budget().check_list(n.line, count > INT64_MAX ? SIZE_MAX : static_cast<size_t>(count));
+    current_budget().charge(static_cast<int64_t>(count));
     Value out = Value::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+    out.get_ref<Value::array_t&>().reserve(static_cast<size_t>(count));
+    for (__int128 k = 0; k < count; ++k) out.push_back(static_cast<int64_t>(start + k * step));
     return out;
   }
   if (name == "strftime_now") {

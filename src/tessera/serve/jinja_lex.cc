@@ -10,37 +10,11 @@ namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-// Python's unicode-escape for the escapes templates use.
-std::string unescape(const std::string& s, int line) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
-      out += s[i];
-      continue;
-    }
-    const char c = s[++i];
-    switch (c) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case '\n': break;
-      case 'u':
-      case 'x': {
-        const size_t len = c == 'u' ? 4 : 2;
-        TESSERA_CHECK(i + len < s.size(), "chat template line ", line,
-                      ": bad \\", c, " escape");
-        const uint32_t cp = static_cast<uint32_t>(std::stoul(s.substr(i + 1, len), nullptr, 16));
-        out += utf8_encode(std::u32string(1, static_cast<char32_t>(cp)));
-        i += len;
-        break;
-      }
-      default: out += '\\'; out += c;
-    }
-  }
-  return out;
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 class Lexer {
@@ -56,7 +30,7 @@ class Lexer {
         ++idx;
       }
       if (idx == std::string::npos) {
-        emit(Tok::Text, src_.substr(pos_));
+        emit(Tok::Text, src_.substr(pos_), pos_);
         break;
       }
       std::string text = src_.substr(pos_, idx - pos_);
@@ -74,56 +48,129 @@ class Lexer {
           if (all_ws) text.resize(l_pos);
         }
       }
-      if (!text.empty()) emit(Tok::Text, text);
-      line_ += count_newlines(pos_, idx);
+      if (!text.empty()) emit(Tok::Text, text, pos_);
       pos_ = idx + 2 + (sign ? 1 : 0);
       if (kind == '#') {
         const size_t e = src_.find("#}", pos_);
-        TESSERA_CHECK(e != std::string::npos, "chat template line ", line_, ": missing end of comment tag");
+        if (e == std::string::npos) error_at(idx, "missing end of comment tag");
         const char end_sign = e > pos_ ? src_[e - 1] : 0;
-        line_ += count_newlines(pos_, e);
         pos_ = e + 2;
         finish_tag(end_sign, true);
       } else {
-        emit(kind == '{' ? Tok::VarBegin : Tok::BlockBegin, "");
-        lex_tag(kind == '{');
+        emit(kind == '{' ? Tok::VarBegin : Tok::BlockBegin, "", idx);
+        lex_tag(kind == '{', idx);
       }
       line_starting = pos_ > 0 && src_[pos_ - 1] == '\n';
     }
-    emit(Tok::End, "");
+    emit(Tok::End, "", src_.size());
     return std::move(toks_);
   }
 
  private:
-  void emit(Tok k, std::string text) { toks_.push_back({k, std::move(text), line_}); }
-  int count_newlines(size_t a, size_t b) {
-    int n = 0;
-    for (size_t i = a; i < b && i < src_.size(); ++i) n += src_[i] == '\n';
-    return n;
+  struct Loc {
+    int line, col;
+  };
+  // Line and column of a byte offset. Tokens come in source order, so the scan only moves
+  // forward (linear in the template); an earlier offset (errors only) rescans from the start.
+  Loc loc(size_t pos) {
+    if (pos < scanned_) scanned_ = 0, scan_line_ = 1, line_start_ = 0;
+    for (; scanned_ < pos && scanned_ < src_.size(); ++scanned_)
+      if (src_[scanned_] == '\n') ++scan_line_, line_start_ = scanned_ + 1;
+    return {scan_line_, static_cast<int>(pos - line_start_) + 1};
+  }
+  [[noreturn]] void error_at(size_t pos, const std::string& msg) {
+    const Loc l = loc(pos);
+    fail("chat template line ", l.line, ", column ", l.col, ": ", msg);
+  }
+  void emit(Tok k, std::string text, size_t pos) {
+    const Loc l = loc(pos);
+    toks_.push_back({k, std::move(text), l.line, l.col});
   }
   // After a tag's closing delimiter: `-` eats all whitespace, trim_blocks one newline.
   void finish_tag(char end_sign, bool is_block) {
     if (end_sign == '-') {
-      while (pos_ < src_.size() && is_space(src_[pos_])) line_ += src_[pos_++] == '\n';
+      while (pos_ < src_.size() && is_space(src_[pos_])) ++pos_;
     } else if (end_sign != '+' && is_block && pos_ < src_.size() && src_[pos_] == '\n') {
       ++pos_;
-      ++line_;
     }
   }
 
-  void lex_tag(bool is_var) {
+  // `n` hex digits at src_[i..]; -1 when one is missing or not hex.
+  int64_t hex_at(size_t i, size_t n, size_t end) const {
+    int64_t v = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (i + k >= end) return -1;
+      const int d = hex_digit(src_[i + k]);
+      if (d < 0) return -1;
+      v = v * 16 + d;
+    }
+    return v;
+  }
+
+  // Python's unicode-escape decoding (what jinja2 applies to string literals) of src_[b, e).
+  std::string unescape(size_t b, size_t e) {
+    std::string out;
+    for (size_t i = b; i < e; ++i) {
+      if (src_[i] != '\\' || i + 1 == e) {
+        out += src_[i];
+        continue;
+      }
+      const size_t at = i;
+      const char c = src_[++i];
+      switch (c) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'a': out += '\a'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case '\\': out += '\\'; break;
+        case '\'': out += '\''; break;
+        case '"': out += '"'; break;
+        case '\n': break;
+        case 'x':
+        case 'u':
+        case 'U': {
+          const size_t len = c == 'x' ? 2 : c == 'u' ? 4 : 8;
+          const int64_t cp = hex_at(i + 1, len, e);
+          if (cp < 0) error_at(at, std::string("bad \\") + c + " escape: expected " + std::to_string(len) + " hex digits");
+          if (cp > 0x10ffff) error_at(at, "bad \\U escape: code point above U+10FFFF");
+          if (cp >= 0xd800 && cp <= 0xdfff) error_at(at, "bad escape: lone surrogate code points are not supported");
+          out += utf8_encode(std::u32string(1, static_cast<char32_t>(cp)));
+          i += len;
+          break;
+        }
+        case 'N': error_at(at, "\\N{...} escapes are not supported");
+        default:
+          if (c >= '0' && c <= '7') {  // up to three octal digits
+            uint32_t cp = 0;
+            size_t k = 0;
+            for (; k < 3 && i + k < e && src_[i + k] >= '0' && src_[i + k] <= '7'; ++k) cp = cp * 8 + (src_[i + k] - '0');
+            out += utf8_encode(std::u32string(1, static_cast<char32_t>(cp)));
+            i += k - 1;
+          } else {
+            out += '\\';
+            out += c;
+          }
+      }
+    }
+    return out;
+  }
+
+  void lex_tag(bool is_var, size_t tag_start) {
     const std::string close = is_var ? "}}" : "%}";
     std::vector<char> balance;
     for (;;) {
-      while (pos_ < src_.size() && is_space(src_[pos_])) line_ += src_[pos_++] == '\n';
-      TESSERA_CHECK(pos_ < src_.size(), "chat template line ", line_, ": unexpected end of template inside a tag");
+      while (pos_ < src_.size() && is_space(src_[pos_])) ++pos_;
+      if (pos_ >= src_.size()) error_at(tag_start, "unexpected end of template inside this tag");
       if (balance.empty()) {
         for (const char s : {'-', '+', '\0'}) {
           if (s == '+' && is_var) continue;
           const std::string end = s ? std::string(1, s) + close : close;
           if (src_.compare(pos_, end.size(), end) == 0) {
+            emit(is_var ? Tok::VarEnd : Tok::BlockEnd, "", pos_);
             pos_ += end.size();
-            emit(is_var ? Tok::VarEnd : Tok::BlockEnd, "");
             finish_tag(s, !is_var);
             return;
           }
@@ -133,7 +180,7 @@ class Lexer {
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = pos_;
         while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
-        emit(Tok::Name, src_.substr(pos_, e - pos_));
+        emit(Tok::Name, src_.substr(pos_, e - pos_), pos_);
         pos_ = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t e = pos_;
@@ -156,14 +203,13 @@ class Lexer {
         std::string num;
         for (size_t i = pos_; i < e; ++i)
           if (src_[i] != '_') num += src_[i];
-        emit(is_float ? Tok::Float : Tok::Int, num);
+        emit(is_float ? Tok::Float : Tok::Int, num, pos_);
         pos_ = e;
       } else if (c == '\'' || c == '"') {
         size_t e = pos_ + 1;
         while (e < src_.size() && src_[e] != c) e += src_[e] == '\\' ? 2 : 1;
-        TESSERA_CHECK(e < src_.size(), "chat template line ", line_, ": unterminated string literal");
-        emit(Tok::String, unescape(src_.substr(pos_ + 1, e - pos_ - 1), line_));
-        line_ += count_newlines(pos_, e);
+        if (e >= src_.size()) error_at(pos_, "unterminated string literal");
+        emit(Tok::String, unescape(pos_ + 1, e), pos_);
         pos_ = e + 1;
       } else {
         static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
@@ -174,14 +220,17 @@ class Lexer {
             op = o;
             break;
           }
-        TESSERA_CHECK(!op.empty(), "chat template line ", line_, ": unexpected character '", c, "'");
+        if (op.empty()) {
+          if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+            error_at(pos_, "unexpected byte " + std::to_string(static_cast<unsigned char>(c)));
+          error_at(pos_, std::string("unexpected character '") + c + "'");
+        }
         if (op == "(" || op == "[" || op == "{") balance.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
         if (op == ")" || op == "]" || op == "}") {
-          TESSERA_CHECK(!balance.empty() && balance.back() == op[0], "chat template line ", line_,
-                        ": unexpected '", op, "'");
+          if (balance.empty() || balance.back() != op[0]) error_at(pos_, "unexpected '" + op + "'");
           balance.pop_back();
         }
-        emit(Tok::Op, op);
+        emit(Tok::Op, op, pos_);
         pos_ += op.size();
       }
     }
@@ -189,7 +238,8 @@ class Lexer {
 
   std::string src_;
   size_t pos_ = 0;
-  int line_ = 1;
+  size_t scanned_ = 0, line_start_ = 0;
+  int scan_line_ = 1;
   std::vector<Token> toks_;
 };
 

@@ -1,5 +1,8 @@
 // Jinja parser: tokens from jinja_lex.cc -> statement / expression tree, with jinja2's
 // operator precedence (filters bind tighter than arithmetic, `is` tests after filters).
+#include <algorithm>
+#include <charconv>
+#include <limits>
 #include <set>
 
 #include "tessera/base/error.h"
@@ -13,6 +16,25 @@ NodePtr make(NodeKind k, int line) {
   n->kind = k;
   n->line = line;
   return n;
+}
+
+// A float literal too large or too small for a double: its first significant digit's
+// decimal exponent decides between inf and 0.0 (what Python's float() gives).
+bool float_literal_overflows(const std::string& t) {
+  const size_t e = std::min(t.find_first_of("eE"), t.size());
+  int64_t exp = 0;
+  bool neg = false;
+  for (size_t i = e + 1; i < t.size(); ++i) {
+    if (t[i] == '-') neg = true;
+    else if (t[i] >= '0' && t[i] <= '9') exp = std::min<int64_t>(exp * 10 + (t[i] - '0'), 1000000);
+  }
+  if (neg) exp = -exp;
+  const std::string mant = t.substr(0, e);
+  const size_t dot = std::min(mant.find('.'), mant.size());
+  const size_t first = mant.find_first_not_of("0.");
+  if (first == std::string::npos) return false;
+  const int64_t lead = first < dot ? static_cast<int64_t>(dot - first) - 1 : -static_cast<int64_t>(first - dot);
+  return lead + exp > 0;
 }
 
 class Parser {
@@ -30,7 +52,39 @@ class Parser {
   const Token& peek(int k = 1) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
   bool is_op(const char* op) const { return cur().kind == Tok::Op && cur().text == op; }
   bool is_name(const char* name) const { return cur().kind == Tok::Name && cur().text == name; }
-  [[noreturn]] void error(const std::string& msg) const { fail("chat template line ", cur().line, ": ", msg); }
+  [[noreturn]] void error(const std::string& msg) const { error_at(cur(), msg); }
+  [[noreturn]] static void error_at(const Token& t, const std::string& msg) {
+    fail("chat template line ", t.line, ", column ", t.col, ": ", msg);
+  }
+
+  // Bounds the parser's recursion (nested parentheses, unary operators, blocks).
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.nesting_ > kMaxParseNesting) {
+        --p_.nesting_;
+        p_.error("nesting deeper than " + std::to_string(kMaxParseNesting) + " levels");
+      }
+    }
+    ~Nest() { --p_.nesting_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+  // Records a finished node's height and bounds it: operator and filter chains build deep trees
+  // without deep recursion here, but evaluating and destroying them recurses.
+  NodePtr seal(NodePtr n) const {
+    int h = 0;
+    for (const NodeList* l : {&n->kids, &n->body, &n->else_body})
+      for (const auto& k : *l)
+        if (k) h = std::max(h, k->height);
+    n->height = h + 1;
+    if (n->height > kMaxParseNesting)
+      error("expression or blocks nested deeper than " + std::to_string(kMaxParseNesting) + " levels");
+    return n;
+  }
   void expect_op(const char* op) {
     if (!is_op(op)) error(std::string("expected '") + op + "', got '" + describe() + "'");
     ++p_;
@@ -77,7 +131,7 @@ class Parser {
         n->kids.push_back(parse_expr());
         if (cur().kind != Tok::VarEnd) error("expected '}}', got '" + describe() + "'");
         ++p_;
-        out.push_back(n);
+        out.push_back(seal(n));
       } else if (tk.kind == Tok::BlockBegin) {
         ++p_;
         const std::string name = take_name();
@@ -85,7 +139,7 @@ class Parser {
           *found = name;
           return out;
         }
-        out.push_back(parse_statement(name, tk.line));
+        out.push_back(seal(parse_statement(name, tk.line)));
       } else {
         error("unexpected '" + describe() + "'");
       }
@@ -93,6 +147,7 @@ class Parser {
   }
 
   NodePtr parse_statement(const std::string& name, int line) {
+    Nest nest(*this);
     std::string found;
     if (name == "if" || name == "elif") {
       auto n = make(NodeKind::If, line);
@@ -100,7 +155,7 @@ class Parser {
       expect_block_end();
       n->body = parse_until({"elif", "else", "endif"}, &found);
       if (found == "elif") {
-        n->else_body.push_back(parse_statement("elif", cur().line));
+        n->else_body.push_back(seal(parse_statement("elif", cur().line)));
         return n;  // the nested elif consumed endif
       }
       if (found == "else") {
@@ -206,10 +261,11 @@ class Parser {
       ++p_;
       n->kids.push_back(parse_expr());
     }
-    return n;
+    return seal(n);
   }
 
   NodePtr parse_expr() {
+    Nest nest(*this);
     NodePtr n = parse_or();
     if (is_name("if")) {
       ++p_;
@@ -220,7 +276,7 @@ class Parser {
         ++p_;
         c->kids.push_back(parse_expr());
       }
-      return c;
+      return seal(c);
     }
     return n;
   }
@@ -228,7 +284,7 @@ class Parser {
     auto n = make(NodeKind::Binary, a->line);
     n->str = op;
     n->kids = {std::move(a), std::move(b)};
-    return n;
+    return seal(n);
   }
   NodePtr parse_or() {
     NodePtr n = parse_and();
@@ -248,11 +304,12 @@ class Parser {
   }
   NodePtr parse_not() {
     if (is_name("not")) {
+      Nest nest(*this);
       auto n = make(NodeKind::Unary, cur().line);
       ++p_;
       n->str = "not";
       n->kids.push_back(parse_not());
-      return n;
+      return seal(n);
     }
     return parse_compare();
   }
@@ -309,9 +366,11 @@ class Parser {
   NodePtr parse_unary(bool with_filter) {
     NodePtr n;
     if (is_op("-") || is_op("+")) {
+      Nest nest(*this);
       n = make(NodeKind::Unary, cur().line);
       n->str = t_[p_++].text;
       n->kids.push_back(parse_unary(false));
+      n = seal(n);
     } else {
       n = parse_postfix(parse_primary());
     }
@@ -341,8 +400,7 @@ class Parser {
     }
     if (tk.kind == Tok::Int || tk.kind == Tok::Float) {
       auto n = make(NodeKind::Literal, tk.line);
-      if (tk.kind == Tok::Int) n->value = std::stoll(tk.text);
-      else n->value = std::stod(tk.text);
+      n->value = number_literal(tk);
       return n;
     }
     if (tk.kind == Tok::Op && tk.text == "(") {
@@ -361,7 +419,7 @@ class Parser {
         if (!is_op("]")) expect_op(",");
       }
       ++p_;
-      return n;
+      return seal(n);
     }
     if (tk.kind == Tok::Op && tk.text == "{") {
       auto n = make(NodeKind::Dict, tk.line);
@@ -372,10 +430,31 @@ class Parser {
         if (!is_op("}")) expect_op(",");
       }
       ++p_;
-      return n;
+      return seal(n);
     }
     --p_;
     error("unexpected '" + describe() + "'");
+  }
+
+  // Integers are 64-bit: a literal beyond that is an error (Python's would be exact, and a
+  // float stand-in would print differently). Floats follow Python: too large is inf.
+  static Value number_literal(const Token& tk) {
+    const char* b = tk.text.data();
+    const char* e = b + tk.text.size();
+    if (tk.kind == Tok::Int) {
+      int64_t v = 0;
+      const auto r = std::from_chars(b, e, v);
+      if (r.ec != std::errc() || r.ptr != e)
+        error_at(tk, "integer literal " + tk.text.substr(0, 40) + (tk.text.size() > 40 ? "..." : "") +
+                         " is out of range (integers are 64-bit)");
+      return v;
+    }
+    double v = 0;
+    const auto r = std::from_chars(b, e, v);
+    if (r.ec == std::errc::result_out_of_range)
+      return float_literal_overflows(tk.text) ? std::numeric_limits<double>::infinity() : 0.0;
+    if (r.ec != std::errc() || r.ptr != e) error_at(tk, "bad float literal " + tk.text.substr(0, 40));
+    return v;
   }
 
   // Call arguments after '(' up to and including ')': positional then name=value.
@@ -402,7 +481,7 @@ class Parser {
         if (cur().kind == Tok::Int) a->str = t_[p_++].text;
         else a->str = take_name();
         a->kids.push_back(n);
-        n = a;
+        n = seal(a);
       } else if (is_op("[")) {
         ++p_;
         n = parse_subscript(n);
@@ -411,7 +490,7 @@ class Parser {
         c->kids.push_back(n);
         c->names.emplace_back();
         parse_args(c);
-        n = c;
+        n = seal(c);
       } else {
         return n;
       }
@@ -431,12 +510,13 @@ class Parser {
         break;
       }
     }
+    if (!is_slice && !parts[0]) error("expected a subscript expression, got '" + describe() + "'");
     expect_op("]");
     auto n = make(is_slice ? NodeKind::Slice : NodeKind::Item, line);
     n->kids.push_back(target);
     if (is_slice) n->kids.insert(n->kids.end(), parts.begin(), parts.end());
     else n->kids.push_back(parts[0]);
-    return n;
+    return seal(n);
   }
 
   NodePtr parse_filters(NodePtr n) {
@@ -448,7 +528,7 @@ class Parser {
         f->kids.push_back(n);
         f->names.emplace_back();
         if (is_op("(")) parse_args(f);
-        n = f;
+        n = seal(f);
       } else if (is_name("is")) {
         ++p_;
         auto t = make(NodeKind::Test, cur().line);
@@ -467,7 +547,7 @@ class Parser {
           t->kids.push_back(parse_postfix(parse_primary()));
           t->names.emplace_back();
         }
-        n = t;
+        n = seal(t);
       } else if (is_op("(")) {
         n = parse_postfix(n);
       } else {
@@ -478,6 +558,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/serve/jinja.h"
+#include "tessera/serve/jinja_budget.h"
 
 namespace tessera::serve::jinja {
 
@@ -12,6 +13,7 @@ Value undefined() { return Value(Value::value_t::discarded); }
 bool is_undefined(const Value& v) { return v.is_discarded(); }
 
 std::u32string utf8_decode(const std::string& s) {
+  current_budget().charge_bytes(s.size());
   std::u32string out;
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
@@ -26,6 +28,7 @@ std::u32string utf8_decode(const std::string& s) {
 }
 
 std::string utf8_encode(const std::u32string& s) {
+  current_budget().charge_bytes(s.size());
   std::string out;
   for (const char32_t cp : s) {
     if (cp < 0x80) {
@@ -140,6 +143,89 @@ std::string number_str(const Value& v) {
 
 }  // namespace
 
+namespace {
+
+// Builds repr() / json.dumps() text within the render's string limit, or (brief) cut at `cap`.
+// Recursion follows the value's nesting, which the budget bounds for built values and
+// Template::render bounds for the globals; the depth check here is a backstop.
+class TextOut {
+ public:
+  explicit TextOut(size_t cap = 0) : b_(current_budget()), cap_(cap) {}
+  bool full() const { return cap_ && s_.size() >= cap_; }
+  void add(const std::string& x) {
+    if (cap_) {
+      if (!full()) s_ += x;
+      return;
+    }
+    b_.check_string(b_.line(), s_.size() + x.size());
+    b_.charge_bytes(x.size());
+    s_ += x;
+  }
+  void enter(int depth) const {
+    if (depth > b_.limits().max_depth)
+      fail("chat template line ", b_.line(), ": value nesting depth limit ", b_.limits().max_depth,
+           " exceeded (--chat-template-limits depth=...)");
+  }
+  std::string take() {
+    if (cap_ && s_.size() > cap_) s_ = s_.substr(0, cap_) + "...";
+    return std::move(s_);
+  }
+
+ private:
+  Budget& b_;
+  size_t cap_;
+  std::string s_;
+};
+
+void repr_into(TextOut& out, const Value& v, int depth) {
+  if (v.is_discarded()) return;
+  if (v.is_null()) return out.add("None");
+  if (v.is_boolean()) return out.add(v.get<bool>() ? "True" : "False");
+  if (v.is_number()) return out.add(number_str(v));
+  if (v.is_string()) return out.add(string_repr(v.get_ref<const std::string&>()));
+  out.enter(depth);
+  const bool arr = v.is_array();
+  out.add(arr ? "[" : "{");
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && !out.full(); ++it) {
+    if (!first) out.add(", ");
+    if (!arr) out.add(string_repr(it.key()) + ": ");
+    repr_into(out, it.value(), depth + 1);
+    first = false;
+  }
+  out.add(arr ? "]" : "}");
+}
+
+void json_into(TextOut& out, const Value& v, int64_t indent, int depth) {
+  if (v.is_discarded()) fail("chat template: tojson of an undefined value");
+  if (v.is_null()) return out.add("null");
+  if (v.is_boolean()) return out.add(v.get<bool>() ? "true" : "false");
+  if (v.is_number()) return out.add(number_str(v));
+  if (v.is_string()) return out.add(json_string(v.get_ref<const std::string&>()));
+  out.enter(depth);
+  const bool arr = v.is_array();
+  if (v.empty()) return out.add(arr ? "[]" : "{}");
+  std::string pad_in, pad_out;  // newline + indentation when pretty-printing
+  if (indent >= 0) {
+    Budget& b = current_budget();
+    b.check_string(b.line(), Budget::saturating_mul(static_cast<size_t>(indent), depth + 1));
+    pad_in.assign(1, '\n').append(static_cast<size_t>(indent) * (depth + 1), ' ');
+    pad_out.assign(1, '\n').append(static_cast<size_t>(indent) * depth, ' ');
+  }
+  const std::string sep = indent >= 0 ? "," : ", ";
+  out.add(arr ? "[" : "{");
+  bool first = true;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    out.add(first ? pad_in : sep + pad_in);
+    if (!arr) out.add(json_string(it.key()) + ": ");
+    json_into(out, it.value(), indent, depth + 1);
+    first = false;
+  }
+  out.add(pad_out + (arr ? "]" : "}"));
+}
+
+}  // namespace
+
 std::string to_str(const Value& v) {
   if (v.is_discarded()) return "";
   if (v.is_string()) return v.get<std::string>();
@@ -147,49 +233,21 @@ std::string to_str(const Value& v) {
 }
 
 std::string py_repr(const Value& v) {
-  if (v.is_discarded()) return "";
-  if (v.is_null()) return "None";
-  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
-  if (v.is_number()) return number_str(v);
-  if (v.is_string()) return string_repr(v.get<std::string>());
-  std::string out;
-  if (v.is_array()) {
-    out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + py_repr(v[i]);
-    return out + "]";
-  }
-  out = "{";
-  bool first = true;
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    out += (first ? "" : ", ") + string_repr(it.key()) + ": " + py_repr(it.value());
-    first = false;
-  }
-  return out + "}";
+  TextOut out;
+  repr_into(out, v, 1);
+  return out.take();
 }
 
-std::string to_json_py(const Value& v, int indent, int depth) {
-  if (v.is_discarded()) fail("chat template: tojson of an undefined value");
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  if (v.is_number()) return number_str(v);
-  if (v.is_string()) return json_string(v.get<std::string>());
-  const bool arr = v.is_array();
-  if (v.empty()) return arr ? "[]" : "{}";
-  std::string pad_in, pad_out;  // newline + indentation when pretty-printing
-  if (indent > 0) {
-    pad_in.assign(1, '\n').append(static_cast<size_t>(indent) * (depth + 1), ' ');
-    pad_out.assign(1, '\n').append(static_cast<size_t>(indent) * depth, ' ');
-  }
-  const std::string sep = indent > 0 ? "," : ", ";
-  std::string out = arr ? "[" : "{";
-  bool first = true;
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    out += (first ? "" : sep) + pad_in;
-    if (!arr) out += json_string(it.key()) + ": ";
-    out += to_json_py(it.value(), indent, depth + 1);
-    first = false;
-  }
-  return out + pad_out + (arr ? "]" : "}");
+std::string brief_repr(const Value& v) {
+  TextOut out(80);
+  repr_into(out, v, 1);
+  return out.take();
+}
+
+std::string to_json_py(const Value& v, int64_t indent, int depth) {
+  TextOut out;
+  json_into(out, v, indent, depth);
+  return out.take();
 }
 
 bool truthy(const Value& v) {

@@ -1,0 +1,61 @@
+// libFuzzer target: an OpenAI API request body through parse_body and parse_request, as the
+// server runs them. The first byte picks the endpoint (odd: chat completions, even:
+// completions); the rest is the body. ApiError (a tessera::Error) is the expected failure;
+// any other exception, a sanitizer report or a broken invariant of an accepted request is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fuzz_util.h"
+#include "tessera/serve/chat_template.h"
+#include "tessera/serve/openai.h"
+
+namespace {
+
+using namespace tessera;
+
+const serve::ModelInfo& model_info() {
+  static const serve::ChatTemplate chat = serve::ChatTemplate::chatml();
+  static const serve::ModelInfo info = [] {
+    serve::ModelInfo m;
+    m.name = "fuzz-model";
+    m.tokenizer = &fuzz::tiny_tokenizer();
+    m.chat_template = &chat;
+    m.max_model_len = 512;
+    m.vocab_size = m.tokenizer->vocab_size();
+    m.default_max_tokens = 16;
+    return m;
+  }();
+  return info;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const serve::ModelInfo& m = model_info();
+  const serve::Endpoint endpoint = (data[0] & 1) ? serve::Endpoint::kChat : serve::Endpoint::kCompletions;
+  const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  serve::ApiRequest r;
+  try {
+    const nlohmann::json body = serve::parse_body(text);
+    r = serve::parse_request(body, endpoint, m);
+  } catch (const Error&) {
+    return 0;
+  } catch (...) {
+    fuzz::unexpected_exception();
+  }
+  // Accepted: what the engine is promised.
+  if (r.prompts.empty()) fuzz::invariant_failed("no prompts");
+  if (endpoint == serve::Endpoint::kChat && r.prompts.size() != 1) fuzz::invariant_failed("chat with != 1 prompt");
+  for (const auto& p : r.prompts) {
+    if (p.empty()) fuzz::invariant_failed("empty prompt");
+    for (int32_t id : p)
+      if (id < 0 || id >= m.vocab_size) fuzz::invariant_failed("token id " + std::to_string(id) + " outside the vocabulary");
+    if (static_cast<int64_t>(p.size()) + r.params.max_tokens > m.max_model_len)
+      fuzz::invariant_failed("prompt + max_tokens exceeds max_model_len");
+  }
+  if (const auto e = r.params.find_error(m.vocab_size)) fuzz::invariant_failed("params accepted but " + e->message);
+  if (r.choices() < 1 || r.choices() > 512) fuzz::invariant_failed("choices out of [1, 512]");
+  return 0;
+}
