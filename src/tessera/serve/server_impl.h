@@ -120,6 +120,10 @@ struct Server::Impl {
   std::atomic<int64_t> heartbeat_ns_{0}, last_step_ns_{0};
   bool busy_since_trim_ = false;
   Clock::time_point last_busy_;
+  // now_ns() when an HTTP handler last finished (any route, any status): requests refused
+  // before reaching the engine (a 2 MB hostile body) also leave freed heap to trim.
+  std::atomic<int64_t> http_done_ns_{0};
+  int64_t http_seen_ns_ = 0;  // engine thread: the last http_done_ns_ it counted as busy
 
   std::mutex snap_m_;
   Snapshot snapshot_;

@@ -227,6 +227,10 @@ void Server::Impl::stream_response(const std::shared_ptr<Job>& job, httplib::Res
 void Server::Impl::setup_routes() {
   auto guarded = [this](auto&& fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      struct MarkDone {  // on every exit, exceptions included
+        std::atomic<int64_t>& at;
+        ~MarkDone() { at.store(now_ns(), std::memory_order_relaxed); }
+      } mark{http_done_ns_};
       try {
         fn(req, res);
       } catch (const ApiError& e) {
