@@ -145,6 +145,12 @@ TEST(ConfigValidation, FloatKeysHaveRanges) {
   EXPECT_EQ(c.training.max_grad_norm, -1.0);
   EXPECT_EQ(c.optimizer.lr, 1.0);
   EXPECT_EQ(c.optimizer.eps, 1e-30);
+  // An integer a double cannot hold exactly (the fuzzer's find: toml++'s value<double>() is
+  // empty for it) is converted, then range-checked like any other number.
+  expect_error(with("optimizer", "lr", "655777777777777777"), "bad.toml: optimizer.lr must be in (0, 10), got 6.55");
+  EXPECT_EQ(TrainConfig::parse(with("training", "fp16_init_scale", "655777777777777777"), "ok.toml")
+                .fp16_init_scale,
+            655777777777777777.0);
 }
 
 TEST(ConfigValidation, SeqLenIsCheckedAgainstTheModelsMaxPositionEmbeddings) {

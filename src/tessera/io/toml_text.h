@@ -27,4 +27,12 @@ toml::table parse_toml_text(const std::string& text, const std::string& source);
 // Throws tessera::Error "source:line:col: invalid TOML: ..." on the first violation.
 void check_toml_text(const std::string& text, const std::string& source);
 
+// A number node (integer or float) as double. toml++'s value<double>() is empty for an
+// integer that a double cannot hold exactly (655777777777777777), so dereferencing it is
+// undefined; this converts such integers to the nearest double instead.
+inline double toml_number(const toml::node& n) {
+  if (const auto* i = n.as_integer()) return static_cast<double>(i->get());
+  return n.as_floating_point() ? n.as_floating_point()->get() : 0.0;
+}
+
 }  // namespace tessera::io

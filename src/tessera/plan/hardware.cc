@@ -186,7 +186,7 @@ struct Reader {
     const toml::node* n = node(key);
     if (!n) return false;
     TESSERA_CHECK(n->is_number(), source, ": '", key, "' must be a number");
-    const double v = *n->value<double>();
+    const double v = io::toml_number(*n);
     TESSERA_CHECK(std::isfinite(v), source, ": '", key, "' must be a finite number, got ", v);
     out = v * scale;
     return true;
@@ -206,7 +206,7 @@ std::vector<double> number_list(const toml::table& t, const std::string& key,
   std::vector<double> v;
   for (const auto& e : *a) {
     TESSERA_CHECK(e.is_number(), where, ".", key, " must be a list of numbers");
-    v.push_back(*e.value<double>());
+    v.push_back(io::toml_number(e));
     TESSERA_CHECK(std::isfinite(v.back()), where, ".", key, " must be a list of finite numbers, got ",
                   v.back());
   }
@@ -296,7 +296,7 @@ Hardware hardware_from_toml(const std::string& text, const std::string& source) 
         std::vector<double> r2;
         for (const auto& e : *row.as_array()) {
           TESSERA_CHECK(e.is_number(), where, ".gflops must be a list of lists of numbers");
-          const double f = *e.value<double>();
+          const double f = io::toml_number(e);
           TESSERA_CHECK(std::isfinite(f), where, ".gflops must be a list of lists of finite numbers, got ", f);
           r2.push_back(f * 1e9);
         }

@@ -88,7 +88,7 @@ class Section {
   void get(const char* key, double& out, Bounds bounds = {}) {
     if (const toml::node* node = find(key)) {
       TESSERA_CHECK(node->is_number(), where(key), " must be a number");
-      const double v = *node->value<double>();
+      const double v = io::toml_number(*node);
       TESSERA_CHECK(std::isfinite(v), where(key), " must be a finite number, got ", v);
       TESSERA_CHECK(bounds.contains(v), where(key), " must be ", bounds.describe(), ", got ", v);
       out = v;
