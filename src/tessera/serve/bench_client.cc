@@ -23,6 +23,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
+#include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/serve/bench_prompts.h"
 
@@ -115,9 +116,9 @@ ModelInfo fetch_model(const Target& t, const std::string& url, const std::string
                 truncated(res->body));
   json j;
   try {
-    j = json::parse(res->body);
-  } catch (const json::exception& e) {
-    fail("bench serve: ", where, " is not JSON: ", e.what());
+    j = io::parse_json_text(res->body, "bench serve: " + where);  // bounded: the server is not ours
+  } catch (const Error& e) {
+    fail(e.what());
   }
   TESSERA_CHECK(j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty(),
                 "bench serve: ", where, " lists no models: ", truncated(res->body));
@@ -177,8 +178,8 @@ HttpRequestRecord send_request(httplib::Client& cli, const Target& t, const std:
     }
     json j;
     try {
-      j = json::parse(data);
-    } catch (const json::exception&) {
+      j = io::parse_json_text(data, "chunk");
+    } catch (const Error&) {
       stream_error = "a chunk is not JSON: " + truncated(data);
       return;
     }
