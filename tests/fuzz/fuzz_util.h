@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 
 namespace tessera::fuzz {
@@ -36,23 +37,8 @@ inline std::vector<std::string> split_input(const uint8_t* data, size_t size, si
 
 // Brackets nested deeper than `limit` outside strings: the harness's own JSON parses skip
 // such inputs (deep nesting of the harness's data is not what is being tested).
-inline bool nested_deeper_than(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
+inline bool nested_deeper_than(const std::string& text, int limit) {
+  return tessera::io::find_json_nesting_over(text, limit) != std::string::npos;
 }
 
 // Any exception that is not a tessera::Error escaping the code under test is a bug: print
