@@ -303,6 +303,11 @@ TEST(ConfigValidation, TrainCliReportsBadConfigsAsOneLine) {
       {with("data", "seq_len", "257", ok), "data.seq_len 257 exceeds the model's max_position_embeddings 256"},
       {"[&\n", "invalid TOML: expected a table name after '['"},
       {"s = \"\"\"\\\n\xc2\xa7\"\"\"\n", "U+00A7"},
+      // The device mesh: checked against the world (1 rank here) before anything loads.
+      {with("parallel", "tp", "2", ok), "[parallel] pp 1 x tp 2 = 2 does not divide the 1 ranks"},
+      {with("parallel", "dp", "2", ok), "[parallel] dp 2 x pp 1 x tp 1 = 2 ranks, but the job has 1"},
+      {with("parallel", "cp", "2", with("parallel", "dp", "1", ok)), "[parallel] cp = 2: context parallelism"},
+      {with("parallel", "tp", "0", ok), "parallel.tp must be in [1, 65536], got 0"},
   };
   int i = 0;
   for (const auto& c : cases) {

@@ -281,6 +281,11 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   p.get("prefetch", pa.prefetch);
   p.get("algorithm", pa.algorithm);
   p.get("timeout_s", pa.timeout_s, kPositive);
+  // Mesh axes; their product against the world size is checked when the job starts.
+  p.get("dp", pa.dp, 0, 65536);
+  for (auto [key, v] : {std::pair<const char*, int64_t*>{"tp", &pa.tp}, {"pp", &pa.pp}, {"cp", &pa.cp},
+                        {"ep", &pa.ep}})
+    p.get(key, *v, 1, 65536);
   p.check_unknown();
   check_one_of(pa.algorithm, {"auto", "backend", "ring", "hd", "hierarchical"}, p, "algorithm");
   return c;

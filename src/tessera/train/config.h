@@ -73,6 +73,8 @@ struct ParallelSection {
   bool prefetch = true;        // stage 3: gather the next layer's weights ahead of use
   std::string algorithm = "auto";  // collectives: auto | backend | ring | hd | hierarchical
   double timeout_s = 300;      // watchdog: a collective slower than this aborts the job
+  // The device mesh (parallel/device_mesh.h): dp 0 = the ranks left after pp x tp.
+  int64_t dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
 };
 
 struct TrainConfig {

@@ -24,6 +24,7 @@
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
 #include "tessera/parallel/data_parallel.h"
+#include "tessera/parallel/device_mesh.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
 #include "tessera/train/grad_utils.h"
@@ -85,13 +86,41 @@ struct RunState {
   uint64_t tokens_seen = 0;
 };
 
+std::string config_source(const TrainConfig& c) { return c.source.empty() ? "training config" : c.source; }
+
+// The [parallel] mesh resolved against the world, before anything is loaded. Only dp runs
+// today: tensor and pipeline parallelism are refused by name until they land.
+parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
+  parallel::MeshShape s;
+  s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
+  s = parallel::resolve_mesh_shape(s, world, config_source(c));
+  TESSERA_CHECK(s.tp == 1, config_source(c), ": [parallel] tp = ", s.tp,
+                ": tensor parallelism is not available yet in the trainer (tp must be 1)");
+  TESSERA_CHECK(s.pp == 1, config_source(c), ": [parallel] pp = ", s.pp,
+                ": pipeline parallelism is not available yet in the trainer (pp must be 1)");
+  return s;
+}
+
+// The layout checked against the model and the batch, then the mesh (collective: every rank).
+std::unique_ptr<parallel::DeviceMesh> make_mesh(const TrainConfig& c, const parallel::MeshShape& s,
+                                                const model::ModelConfig& m, comm::Communicator& comm) {
+  parallel::check_layout(s, m, c.data.grad_accum, config_source(c));
+  TESSERA_CHECK(c.data.batch_size % s.dp == 0, config_source(c), ": data.batch_size = ", c.data.batch_size,
+                " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
+  auto mesh = std::make_unique<parallel::DeviceMesh>(comm, s);
+  if (comm.size() > 1) std::fprintf(stderr, "train: mesh %s, %s\n", s.describe().c_str(), mesh->describe().c_str());
+  return mesh;
+}
+
 class Run {
  public:
   Run(const TrainConfig& c, const TrainOptions& o, comm::Communicator& comm)
       : c_(c), o_(o), comm_(with_timeout(comm, c.parallel.timeout_s)), rank_(comm.rank()),
         world_(comm.size()),
+        mesh_shape_(run_mesh_shape(c, world_)),
         meta_(read_data_meta(c.data.dir)),
         model_(build_model(c, meta_.vocab_size, meta_.eos_id)),
+        mesh_(make_mesh(c, mesh_shape_, model_.config(), comm_)),
         flags_(param_flags(model_)),
         dp_(model_, comm_, dp_config(c)),
         refs_(dp_param_refs(dp_, flags_, c.optimizer.name)),
@@ -101,8 +130,6 @@ class Run {
         loader_(c.data.dir, "train", c.data.seq_len, c.data.seed),
         spikes_(c.spike_guard),
         ckpt_(c.out_dir, c.checkpoint.keep) {
-    TESSERA_CHECK(c.data.batch_size % world_ == 0, "data.batch_size = ", c.data.batch_size,
-                  " does not split evenly over ", world_, " data-parallel ranks");
     ckpt_.set_ranks(rank_, world_, [this] { comm_.barrier(); }, c.parallel.timeout_s);
     tokenizer_dir_ = c.data.tokenizer.empty() ? meta_.tokenizer : c.data.tokenizer;
     if (!tokenizer_dir_.empty() && !fs::exists(tokenizer_dir_ + "/tokenizer.json")) {
@@ -539,8 +566,10 @@ class Run {
   TrainOptions o_;
   comm::Communicator& comm_;
   int rank_, world_;
+  parallel::MeshShape mesh_shape_;
   DataMeta meta_;
   model::Model model_;
+  std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
   std::vector<ParamRef> refs_;
