@@ -17,10 +17,7 @@ namespace {
 std::optional<int64_t> get_int(const nlohmann::json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
-                                             : it->is_number_integer() && it->get<int64_t>() >= INT32_MIN &&
-                                                   it->get<int64_t>() <= INT32_MAX;
-  if (!fits) fail_field(key, where, ": '", key, "' must be a 32-bit integer, got ", io::json_brief(*it));
+  if (!io::json_int_in(*it, INT32_MIN, INT32_MAX)) fail_field(key, where, ": '", key, "' must be a 32-bit integer, got ", io::json_brief(*it));
   return it->get<int64_t>();
 }
 
@@ -52,10 +49,7 @@ std::vector<OfflineRequest> read_offline_requests(const std::string& path, const
     } else {
       TESSERA_CHECK(j["prompt_ids"].is_array(), where, ": 'prompt_ids' must be a list of token ids");
       for (const auto& t : j["prompt_ids"]) {
-        const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() <= INT32_MAX
-                                                     : t.is_number_integer() && t.get<int64_t>() >= 0 &&
-                                                           t.get<int64_t>() <= INT32_MAX;
-        TESSERA_CHECK(in_range, where, ": 'prompt_ids' must be a list of token ids, got ", io::json_brief(t));
+        TESSERA_CHECK(io::json_int_in(t, 0, INT32_MAX), where, ": 'prompt_ids' must be a list of token ids, got ", io::json_brief(t));
         r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
     }

@@ -40,6 +40,14 @@ std::string json_error_text(const nlohmann::json::exception& e);
 // so a hostile value cannot make the error message itself the problem.
 std::string json_brief(const nlohmann::json& v);
 
+// True when `v` is an integer in [lo, hi]. nlohmann keeps integers above INT64_MAX as
+// unsigned, and get<int64_t>() would wrap them to negatives: this compares them unwrapped,
+// so one check serves token ids, counts and sizes from files and requests alike.
+inline bool json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+}
+
 // Typed optional keys of an untrusted object: `dflt` when missing or null; a value of the
 // wrong type fails "where.key: expected true or false, got 3" (never the library's message).
 bool json_bool(const nlohmann::json& j, const char* key, bool dflt, const std::string& where);

@@ -13,15 +13,9 @@ namespace {
 constexpr int64_t kMaxTokenizerIds = int64_t{1} << 24;     // real vocabularies: <= 262144
 constexpr int64_t kMaxTokenizerIdHoles = int64_t{1} << 20;  // ids no token uses
 
-bool get_bool(const nlohmann::json& j, const char* key, bool def, const std::string& where) {
-  return json_bool(j, key, def, where);
-}
-
 // A token id in the post-processor: an integer in [0, 2^31); never narrowed.
 int32_t post_id(const nlohmann::json& v, const std::string& where) {
-  TESSERA_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) &&
-                    v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
-                where, ": expected a token id, got ", json_brief(v));
+  TESSERA_CHECK(json_int_in(v, 0, INT32_MAX), where, ": expected a token id, got ", json_brief(v));
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
@@ -98,7 +92,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
   TESSERA_CHECK(mtype == "BPE", source, ": model.type is '", mtype, "'; only BPE is supported");
   TESSERA_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model.vocab: expected an object");
   TESSERA_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model.merges: expected an array");
-  TESSERA_CHECK(!get_bool(model, "byte_fallback", false, source + ": model"), source,
+  TESSERA_CHECK(!json_bool(model, "byte_fallback", false, source + ": model"), source,
                 ": model.byte_fallback is true; that is SentencePiece-style BPE, not byte-level BPE");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     TESSERA_CHECK(!model.contains(key) || model[key].is_null() || model[key] == "", source, ": model.", key,
@@ -107,15 +101,14 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
   TESSERA_CHECK(!model.contains("dropout") || model["dropout"].is_null() ||
                     (model["dropout"].is_number() && model["dropout"].get<double>() == 0.0),
                 source, ": model.dropout is not supported (use null)");
-  m->ignore_merges = get_bool(model, "ignore_merges", false, source + ": model");
-  m->fuse_unk = get_bool(model, "fuse_unk", false, source + ": model");
+  m->ignore_merges = json_bool(model, "ignore_merges", false, source + ": model");
+  m->fuse_unk = json_bool(model, "fuse_unk", false, source + ": model");
 
   // Vocabulary and added tokens decide the id space.
   int64_t max_id = -1;
   const auto& vocab = model["vocab"];
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    TESSERA_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
-                      it.value().get<int64_t>() < INT32_MAX,
+    TESSERA_CHECK(json_int_in(it.value(), 0, INT32_MAX - 1),
                   source, ": model.vocab['", it.key(), "']: expected a non-negative integer id");
     max_id = std::max(max_id, it.value().get<int64_t>());
   }
@@ -124,8 +117,8 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
   TESSERA_CHECK(added.is_array(), source, ": added_tokens: expected an array");
   for (size_t i = 0; i < added.size(); ++i) {
     const auto& a = added[i];
-    TESSERA_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-                      a["id"].get<int64_t>() < INT32_MAX && a.contains("content") && a["content"].is_string(),
+    TESSERA_CHECK(a.is_object() && a.contains("id") && json_int_in(a["id"], 0, INT32_MAX - 1) &&
+                      a.contains("content") && a["content"].is_string(),
                   source, ": added_tokens[", i, "]: expected {\"id\": N, \"content\": \"...\"}");
     max_id = std::max(max_id, a["id"].get<int64_t>());
   }
@@ -203,13 +196,13 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
     const std::string at = source + ": added_tokens[" + std::to_string(i) + "]";
     const int32_t id = a["id"].get<int32_t>();
     const std::string content = a["content"];
-    const bool special = get_bool(a, "special", false, at);
-    TESSERA_CHECK(!get_bool(a, "single_word", false, at), at, " ('", content, "'): single_word is not supported");
+    const bool special = json_bool(a, "special", false, at);
+    TESSERA_CHECK(!json_bool(a, "single_word", false, at), at, " ('", content, "'): single_word is not supported");
     detail::AddedToken t;
     t.id = id;
-    t.lstrip = get_bool(a, "lstrip", false, at);
-    t.rstrip = get_bool(a, "rstrip", false, at);
-    const bool normalized = get_bool(a, "normalized", !special, at);
+    t.lstrip = json_bool(a, "lstrip", false, at);
+    t.rstrip = json_bool(a, "rstrip", false, at);
+    const bool normalized = json_bool(a, "normalized", !special, at);
     if (normalized) {
       t.content = m->normalizer.apply(content);
       m->normalized_added.add(t);
@@ -260,10 +253,10 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& sourc
   m->eos = config_id("eos_token", eos_guess);
   // add_bos_token / add_eos_token: true adds the token when the template does not already.
   if (config.is_object()) {
-    if (get_bool(config, "add_bos_token", false, cfg_source) && m->bos >= 0 &&
+    if (json_bool(config, "add_bos_token", false, cfg_source) && m->bos >= 0 &&
         (m->prefix.empty() || m->prefix.front() != m->bos))
       m->prefix.insert(m->prefix.begin(), m->bos);
-    if (get_bool(config, "add_eos_token", false, cfg_source) && m->eos >= 0 &&
+    if (json_bool(config, "add_eos_token", false, cfg_source) && m->eos >= 0 &&
         (m->suffix.empty() || m->suffix.back() != m->eos))
       m->suffix.push_back(m->eos);
   }

@@ -37,11 +37,9 @@ int64_t get_int(const json& j, const std::string& source, const char* key, int64
   }
   TESSERA_CHECK(it->is_number_integer(), source, ": key '", key, "' must be an integer, got ",
                 io::json_brief(*it));
-  TESSERA_CHECK(!it->is_number_unsigned() || it->get<uint64_t>() <= static_cast<uint64_t>(hi), source, ": key '",
-                key, "' must be in [", lo, ", ", hi, "], got ", io::json_brief(*it));
-  const int64_t v = it->get<int64_t>();
-  TESSERA_CHECK(v >= lo && v <= hi, source, ": key '", key, "' must be in [", lo, ", ", hi, "], got ", v);
-  return v;
+  TESSERA_CHECK(io::json_int_in(*it, lo, hi), source, ": key '", key, "' must be in [", lo, ", ", hi, "], got ",
+                io::json_brief(*it));
+  return it->get<int64_t>();
 }
 
 double get_float(const json& j, const std::string& source, const char* key, double dflt) {
@@ -68,12 +66,9 @@ int64_t get_token_id(const json& j, const std::string& source, const char* key, 
   const json* v = &*it;
   if (it->is_array() && !it->empty()) v = &(*it)[0];
   if (!v->is_number_integer()) return -1;
-  TESSERA_CHECK(!v->is_number_unsigned() || v->get<uint64_t>() < static_cast<uint64_t>(vocab), source, ": key '",
-                key, "' is ", v->dump(), ", outside the vocabulary [0, ", vocab, ")");
-  const int64_t id = v->get<int64_t>();
-  TESSERA_CHECK(id >= -1 && id < vocab, source, ": key '", key, "' is ", id, ", outside the vocabulary [0, ",
-                vocab, ")");
-  return id;
+  TESSERA_CHECK(io::json_int_in(*v, -1, vocab - 1), source, ": key '", key, "' is ", v->dump(),
+                ", outside the vocabulary [0, ", vocab, ")");
+  return v->get<int64_t>();
 }
 
 // A finite float key in (0, hi] (epsilons, rope theta): nan, inf and 1e300 would turn every

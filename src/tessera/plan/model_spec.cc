@@ -223,9 +223,8 @@ int64_t get_int(const json& j, const std::string& source, std::initializer_list<
     if (it == j.end() || it->is_null()) continue;
     TESSERA_CHECK(it->is_number_integer(), source, ": key '", key, "' must be an integer, got ",
                   io::json_brief(*it));
-    const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                               : it->get<int64_t>() >= 0 && it->get<int64_t>() <= hi;
-    TESSERA_CHECK(fits, source, ": key '", key, "' must be in [0, ", hi, "], got ", io::json_brief(*it));
+    TESSERA_CHECK(io::json_int_in(*it, 0, hi), source, ": key '", key, "' must be in [0, ", hi, "], got ",
+                  io::json_brief(*it));
     return it->get<int64_t>();
   }
   TESSERA_CHECK(!required, source, ": missing key '", *keys.begin(), "'");

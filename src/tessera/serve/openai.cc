@@ -23,9 +23,7 @@ constexpr int64_t kMaxChoices = 512;  // prompts x n per request
 // An integer field in [lo, hi], else a 400 naming it (integers beyond int64 included).
 int64_t int_field(const json& b, const char* key, int64_t lo, int64_t hi) {
   const json& v = b[key];
-  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                           : v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
-  if (!fits)
+  if (!io::json_int_in(v, lo, hi))
     bad_request(key, std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                          "], got " + io::json_brief(v));
   return v.get<int64_t>();
@@ -59,9 +57,7 @@ std::vector<int32_t> token_list(const json& a, const std::string& param, int64_t
   std::vector<int32_t> ids;
   for (const auto& t : a) {
     if (!t.is_number_integer()) bad_request(param, param + " must be a string or a list of token ids");
-    const bool in_vocab = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
-                                                 : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
-    if (!in_vocab)
+    if (!io::json_int_in(t, 0, vocab - 1))
       bad_request(param, param + " has token id " + t.dump() + " outside the vocabulary [0, " +
                              std::to_string(vocab) + ")");
     const int64_t v = t.get<int64_t>();
@@ -259,8 +255,7 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   for (const char* k : {"max_tokens", "max_completion_tokens"}) {
     auto it = b.find(k);
     if (it == b.end() || !it->is_number_integer()) continue;
-    if (it->is_number_unsigned() ? it->get<uint64_t>() > static_cast<uint64_t>(m.max_model_len)
-                                 : it->get<int64_t>() > m.max_model_len)
+    if (!io::json_int_in(*it, INT64_MIN, m.max_model_len))
       bad_request(k, std::string(k) + " " + it->dump() + " exceeds this model's context length of " +
                          std::to_string(m.max_model_len) + " tokens", "context_length_exceeded");
     if (it->get<int64_t>() < 1) bad_request(k, std::string(k) + " must be >= 1");

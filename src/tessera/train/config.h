@@ -92,6 +92,8 @@ struct TrainConfig {
   int64_t fp16_growth_interval = 2000;
   std::string source_text;  // the TOML as read (saved into checkpoints)
   std::string source;       // the file it was read from, for errors found later (build_model)
+  // `source`, or "training config" for a config built in code: the prefix of later errors.
+  std::string source_name() const { return source.empty() ? "training config" : source; }
 
   // Relative paths in the file are taken relative to the current directory.
   static TrainConfig load(const std::string& path);

@@ -86,17 +86,15 @@ struct RunState {
   uint64_t tokens_seen = 0;
 };
 
-std::string config_source(const TrainConfig& c) { return c.source.empty() ? "training config" : c.source; }
-
 // The [parallel] mesh resolved against the world, before anything is loaded. Only dp runs
 // today: tensor and pipeline parallelism are refused by name until they land.
 parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
   parallel::MeshShape s;
   s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
-  s = parallel::resolve_mesh_shape(s, world, config_source(c));
-  TESSERA_CHECK(s.tp == 1, config_source(c), ": [parallel] tp = ", s.tp,
+  s = parallel::resolve_mesh_shape(s, world, c.source_name());
+  TESSERA_CHECK(s.tp == 1, c.source_name(), ": [parallel] tp = ", s.tp,
                 ": tensor parallelism is not available yet in the trainer (tp must be 1)");
-  TESSERA_CHECK(s.pp == 1, config_source(c), ": [parallel] pp = ", s.pp,
+  TESSERA_CHECK(s.pp == 1, c.source_name(), ": [parallel] pp = ", s.pp,
                 ": pipeline parallelism is not available yet in the trainer (pp must be 1)");
   return s;
 }
@@ -104,8 +102,8 @@ parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
 // The layout checked against the model and the batch, then the mesh (collective: every rank).
 std::unique_ptr<parallel::DeviceMesh> make_mesh(const TrainConfig& c, const parallel::MeshShape& s,
                                                 const model::ModelConfig& m, comm::Communicator& comm) {
-  parallel::check_layout(s, m, c.data.grad_accum, config_source(c));
-  TESSERA_CHECK(c.data.batch_size % s.dp == 0, config_source(c), ": data.batch_size = ", c.data.batch_size,
+  parallel::check_layout(s, m, c.data.grad_accum, c.source_name());
+  TESSERA_CHECK(c.data.batch_size % s.dp == 0, c.source_name(), ": data.batch_size = ", c.data.batch_size,
                 " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
   auto mesh = std::make_unique<parallel::DeviceMesh>(comm, s);
   if (comm.size() > 1) std::fprintf(stderr, "train: mesh %s, %s\n", s.describe().c_str(), mesh->describe().c_str());

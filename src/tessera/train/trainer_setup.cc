@@ -20,7 +20,7 @@ namespace {
 // run saves, RoPE or not.
 void check_seq_len(const TrainConfig& c, const model::ModelConfig& cfg, const char* fix) {
   TESSERA_CHECK(c.data.seq_len <= cfg.max_position_embeddings,
-                c.source.empty() ? std::string("training config") : c.source, ": data.seq_len ",
+                c.source_name(), ": data.seq_len ",
                 c.data.seq_len, " exceeds the model's max_position_embeddings ",
                 cfg.max_position_embeddings, " (", fix, ")");
 }
