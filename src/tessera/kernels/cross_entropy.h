@@ -21,3 +21,24 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Te
                                  Tensor* dlogits, float grad_scale);
 
 }  // namespace tessera::kernels
+
+namespace tessera::kernels {
+
+// Cross-entropy over a vocabulary split by columns across ranks (vocab-parallel,
+// Megatron-LM): this rank's logits (N, Vr) are the columns [begin, begin + Vr) of the whole
+// (N, V). The caller combines the per-rank statistics between the steps (max, then sum),
+// so the whole logits are never gathered.
+// 1. max (N) = each row's maximum over this shard.
+void shard_row_max(const Tensor& logits, Tensor& max);
+// 2. With max the group's row maxima: sums (2N) = [sum_j exp(logit_j - max) over this
+//    shard's columns | the target's logit where this shard holds it, else 0].
+void shard_softmax_sums(const Tensor& logits, const Tensor& max, const Tensor& targets,
+                        int64_t begin, Tensor& sums);
+// 3. With sums the group's totals: the loss (as cross_entropy), and dlogits (N, Vr)
+//    written with grad_scale * (softmax - onehot) over this shard's columns (may alias
+//    logits). Targets must already be checked against the whole vocabulary.
+CrossEntropyResult shard_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                       int64_t begin, const Tensor& max, const Tensor& sums,
+                                       Tensor* dlogits, float grad_scale);
+
+}  // namespace tessera::kernels

@@ -35,11 +35,13 @@ struct Activations {
 // attention output and log-sum-exp (kSelective), or only x_in (kFull).
 Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts);
 
-// One layer of the training forward: reads A.x_in, fills the rest of A, and returns the
-// layer's output (N, H). With keep_attention false, A.att and A.lse are scratch the
-// caller may not rely on afterwards (they are recomputed by recompute_attention).
-Tensor layer_forward_train(const Model& m, int64_t l, const Activations& acts,
-                           LayerActivations& A, bool keep_attention);
+struct BlockState;
+// One layer of the training forward (block_forward with `save`): runs the block over s
+// and fills A (an x_in already defined is kept: a recompute from the saved input). With
+// keep_attention false, A.att and A.lse are dropped afterwards (selective checkpointing:
+// recompute_attention rebuilds them).
+void layer_forward_train(const Model& m, int64_t l, const Activations& acts, BlockState& s,
+                         LayerActivations& A, bool keep_attention);
 // A.att and A.lse from A.qkv (the selective recompute of the backward pass).
 void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A);
 

@@ -12,6 +12,7 @@
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/rope.h"
 #include "tessera/model/activations.h"
+#include "tessera/model/block.h"
 #include "tessera/model/layer_ops.h"
 
 namespace tessera::model {
@@ -49,6 +50,15 @@ void clear_assigned_grads(const ModelConfig& c, Params& g, int unit,
   }
 }
 
+// dx = dy_op @ W for the block linear `spec` of layer l (dy_op prepared for pm), then the
+// tp sum of a column-parallel linear's input gradient (each rank holds the part from
+// its output features).
+void input_grad(const Model& m, const BlockLinear& spec, int64_t l, const Tensor& dy_op,
+                Tensor& dx, Bf16Mode pm) {
+  linear_backward_input(m.compute_linear(l, spec.which), dy_op, dx, pm);
+  if (spec.style == LinearStyle::kColumn) tp_reduce(m, dx);
+}
+
 }  // namespace
 
 Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
@@ -82,14 +92,15 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   if (hooks && tied) hooks->acquire(0);  // lm_head is embed
   prepare(head);
   if (tied) prepare(0);
-  const int64_t H = c.hidden_size, Q = c.q_dim(), F = c.intermediate_size;
+  const LocalDims& d = dims_;
+  const int64_t H = c.hidden_size, Q = d.q, F = d.ffn;
   // Each activation or gradient that feeds matmuls is rounded once (mode; a bf16 copy
   // under kNative), and the matmuls are handed the rounded operands (pm): hf, h1, h2 and
   // a come rounded from forward_train.
   const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
   // Loss and d(loss)/d(logits), written over the logits.
-  Tensor logits = Tensor::empty({N, c.vocab_size}, DType::kF32);
+  Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
   kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
   LossResult result;
   result.activation_bytes = act_bytes;
@@ -107,8 +118,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     }
     return result;
   }
-  const auto ce = kernels::cross_entropy(logits, tflat, nullptr, &logits,
-                                         grad_scale / static_cast<float>(count));
+  const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
   result.loss = ce.loss_sum / static_cast<double>(ce.count);
   result.count = ce.count;
   Tensor& dlogits = logits;
@@ -118,6 +128,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({N, H}, DType::kF32);
   kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh, false, false);
+  tp_reduce(*this, dh);  // vocab-parallel head: each rank's part from its rows
   matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
   norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
                 grads.final_norm_w, grads.final_norm_b);
@@ -127,16 +138,12 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     hooks->release(head);
   }
 
-  const auto params = [&] {
-    kernels::AttentionParams p;
-    p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-    return p;
-  }();
+  const auto params = attention_params(c, 0);
   Tensor tmp = Tensor::empty({N, H}, DType::kF32);
   Tensor da = Tensor::empty({N, F}, DType::kF32);
   Tensor du = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
   Tensor datt = Tensor::empty({N, Q}, DType::kF32);
-  Tensor dqkv = Tensor::empty({N, c.qkv_dim()}, DType::kF32);
+  Tensor dqkv = Tensor::empty({N, d.qkv}, DType::kF32);
 
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const int unit = static_cast<int>(l) + 1;
@@ -148,15 +155,19 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     LayerActivations recomputed;
     if (recompute_ == Recompute::kFull) {
       recomputed.x_in = acts.layers[l].x_in;
-      layer_forward_train(*this, l, acts, recomputed, true);
+      BlockState s;
+      s.x = recomputed.x_in.clone();
+      layer_forward_train(*this, l, acts, s, recomputed, true);
     } else if (recompute_ == Recompute::kSelective) {
       recompute_attention(*this, acts, acts.layers[l]);
     }
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
+    const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
+                      &Ldown = kBlockLinears[3];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
     Tensor op = matmul_operand(dres, mode);
-    linear_backward_input(compute_linear(l, 3), op, da, pm);
-    linear_backward_weight(A.a, dres, op, G.down, pm, !assign);
+    input_grad(*this, Ldown, l, op, da, pm);
+    linear_backward_weight(A.a, dres, op, G.linear(Ldown.which), pm, !assign);
     if (c.gated_mlp()) {
       Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
       kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
@@ -164,28 +175,23 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::gelu_backward(da, A.u, du);
     }
     op = matmul_operand(du, mode);
-    linear_backward_input(compute_linear(l, 2), op, dh, pm);
-    linear_backward_weight(A.h2, du, op, G.up, pm, !assign);
+    input_grad(*this, Lup, l, op, dh, pm);
+    linear_backward_weight(A.h2, du, op, G.linear(Lup.which), pm, !assign);
     norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
     op = matmul_operand(dres, mode);
-    linear_backward_input(compute_linear(l, 1), op, datt, pm);
-    linear_backward_weight(matmul_operand(A.att, mode), dres, op, G.o, pm, !assign);
-    const QkvViews v = qkv_views(c, A.qkv, B, T);
-    QkvViews dv = qkv_views(c, dqkv, B, T);
-    kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, c.num_heads, c.head_dim}), A.lse,
-                                datt.view({B, T, c.num_heads, c.head_dim}), dv.q, dv.k, dv.v,
+    input_grad(*this, Lo, l, op, datt, pm);
+    linear_backward_weight(matmul_operand(A.att, mode), dres, op, G.linear(Lo.which), pm, !assign);
+    const QkvViews v = qkv_views(d, A.qkv, B, T);
+    QkvViews dv = qkv_views(d, dqkv, B, T);
+    kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
+                                datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
                                 params);
-    if (c.uses_rope()) {
-      Tensor dq = dqkv.slice(1, 0, Q);
-      Tensor dk = dqkv.slice(1, Q, Q + c.kv_dim());
-      kernels::rope_apply(dq, c.head_dim, acts.positions, c.rope_theta, true);
-      kernels::rope_apply(dk, c.head_dim, acts.positions, c.rope_theta, true);
-    }
+    apply_rope(*this, dqkv, acts.positions, true);
     op = matmul_operand(dqkv, mode);
-    linear_backward_input(compute_linear(l, 0), op, dh, pm);
-    linear_backward_weight(A.h1, dqkv, op, G.qkv, pm, !assign);
+    input_grad(*this, Lqkv, l, op, dh, pm);
+    linear_backward_weight(A.h1, dqkv, op, G.linear(Lqkv.which), pm, !assign);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
@@ -195,8 +201,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     }
   }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
-  kernels::embedding_backward(dres, acts.ids, grads.embed);
-  if (c.arch == Arch::kGpt2) kernels::embedding_backward(dres, acts.positions, grads.pos_embed);
+  embed_backward(*this, dres, acts.ids, acts.positions, grads);
   if (hooks) hooks->grads_ready(0);
   return result;
 }

@@ -32,8 +32,12 @@ Bf16Mode prepared_mode(Bf16Mode mode) {
   return mode == Bf16Mode::kEmulated || mode == Bf16Mode::kEmulatedF16 ? Bf16Mode::kOff : mode;
 }
 
-void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
+void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
   kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
+}
+
+void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
+  linear_matmul(lin, x, y, mode);
   if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
 }
 
@@ -87,16 +91,6 @@ void norm_backward(const ModelConfig& c, const Tensor& dout, const Tensor& x, co
     kernels::layernorm_backward(dout, x, w, mean, rstd, dx, dw, db);
   else
     kernels::rmsnorm_backward(dout, x, w, rstd, dx, dw);
-}
-
-QkvViews qkv_views(const ModelConfig& c, const Tensor& qkv, int64_t B, int64_t T) {
-  const int64_t W = qkv.stride(0), D = c.head_dim;
-  const int64_t Q = c.q_dim(), KV = c.kv_dim();
-  QkvViews v;
-  v.q = qkv.as_strided({B, T, c.num_heads, D}, {T * W, W, D, 1}, 0);
-  v.k = qkv.as_strided({B, T, c.num_kv_heads, D}, {T * W, W, D, 1}, Q);
-  v.v = qkv.as_strided({B, T, c.num_kv_heads, D}, {T * W, W, D, 1}, Q + KV);
-  return v;
 }
 
 }  // namespace tessera::model

@@ -24,6 +24,8 @@ Tensor matmul_operand(const Tensor& x, Bf16Mode mode);
 // are unchanged.
 Bf16Mode prepared_mode(Bf16Mode mode);
 
+// y (N, out) = x (N, in) @ W^T  (x @ W for in_out weights); no bias.
+void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // y (N, out) = x (N, in) @ W^T + b  (x @ W + b for in_out weights).
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten.
@@ -48,11 +50,5 @@ void add_norm_forward(const ModelConfig& c, const Tensor& w, const Tensor& b, Te
 // dx overwritten; dw, db accumulated.
 void norm_backward(const ModelConfig& c, const Tensor& dout, const Tensor& x, const Tensor& w,
                    const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db);
-
-// Views of the fused (rows, Q + 2 KV) QKV buffer as (B, T, heads, head_dim).
-struct QkvViews {
-  Tensor q, k, v;
-};
-QkvViews qkv_views(const ModelConfig& c, const Tensor& qkv, int64_t B, int64_t T);
 
 }  // namespace tessera::model

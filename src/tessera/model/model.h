@@ -10,6 +10,7 @@
 #include "tessera/model/config.h"
 #include "tessera/model/params.h"
 #include "tessera/model/precision.h"
+#include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::model {
@@ -27,7 +28,7 @@ struct KVCache {
   int64_t length = 0;        // tokens cached so far
   int64_t capacity = 0;
 
-  static KVCache create(const ModelConfig& config, int64_t capacity);
+  static KVCache create(const ModelConfig& config, int64_t capacity, TpShard shard = {});
   void reset() { length = 0; }
 };
 
@@ -63,6 +64,13 @@ class Model {
   // Reads DIR/config.json and DIR/model.safetensors (or the sharded index), converting
   // weights to `dtype` (f32 or bf16). Errors name the file and tensor at fault.
   static Model load(const std::string& dir, DType dtype = DType::kF32);
+  // One tensor-parallel shard: each split tensor's block (Params::pieces) is read from the
+  // mmapped safetensors, so no rank materialises the whole model.
+  static Model load(const std::string& dir, DType dtype, TpShard shard);
+  // Shard `shard` of this whole model (the same blocks load would read).
+  Model shard(TpShard shard) const;
+  // The tp group's collectives for a shard (every tp > 1 forward needs them).
+  void set_tp_comm(TpComm* tp) { tp_comm_ = tp; }
   // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
   // Writes config.json, generation_config.json and model.safetensors (Hugging Face names).
@@ -71,6 +79,11 @@ class Model {
   std::vector<std::pair<std::string, std::string>> hf_json_files() const;
 
   const ModelConfig& config() const { return config_; }
+  // The sizes this rank computes with (the whole model's unless tensor-parallel).
+  const LocalDims& dims() const { return dims_; }
+  TpShard tp_shard() const { return shard_; }
+  // The tp group's collectives (nullptr: no tensor parallelism).
+  TpComm* tp_comm() const { return tp_comm_; }
   Params& weights() { return weights_; }
   const Params& weights() const { return weights_; }
   DType dtype() const { return dtype_; }
@@ -141,6 +154,9 @@ class Model {
 
  private:
   ModelConfig config_;
+  TpShard shard_;
+  LocalDims dims_;
+  TpComm* tp_comm_ = nullptr;
   Params weights_;
   DType dtype_ = DType::kF32;
   DType compute_dtype_ = DType::kF32;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "tessera/base/cpu_features.h"
@@ -16,13 +17,14 @@
 
 namespace tessera::model {
 
-KVCache KVCache::create(const ModelConfig& c, int64_t capacity) {
+KVCache KVCache::create(const ModelConfig& c, int64_t capacity, TpShard shard) {
   TESSERA_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
+  const int64_t kv_heads = local_dims(c, shard).kv_heads;
   KVCache kv;
   kv.capacity = capacity;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    kv.k.push_back(Tensor::empty({capacity, c.num_kv_heads, c.head_dim}, DType::kF32));
-    kv.v.push_back(Tensor::empty({capacity, c.num_kv_heads, c.head_dim}, DType::kF32));
+    kv.k.push_back(Tensor::empty({capacity, kv_heads, c.head_dim}, DType::kF32));
+    kv.v.push_back(Tensor::empty({capacity, kv_heads, c.head_dim}, DType::kF32));
   }
   return kv;
 }
@@ -41,16 +43,20 @@ bool is_ignorable_buffer(const std::string& name) {
 
 }  // namespace
 
-Model Model::load(const std::string& dir, DType dtype) {
+Model Model::load(const std::string& dir, DType dtype) { return load(dir, dtype, TpShard{}); }
+
+Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,
                 "' does not exist");
   Model m;
   m.config_ = ModelConfig::load(dir);
+  m.shard_ = shard;
+  m.dims_ = local_dims(m.config_, shard);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
-  m.weights_ = Params::allocate(m.config_, dtype);
+  m.weights_ = Params::allocate(m.config_, dtype, m.dims_);
   const auto file = io::SafetensorsModel::open(dir);
 
   // GPT-2 checkpoints from the hub name tensors with or without "transformer.".
@@ -60,18 +66,17 @@ Model Model::load(const std::string& dir, DType dtype) {
     strip = "transformer.";
 
   std::set<std::string> used;
-  for (auto& [name, view] : m.weights_.named(m.config_)) {
-    const std::string stored = strip.empty() ? name : name.substr(strip.size());
+  for (auto& piece : m.weights_.pieces(m.config_, shard)) {
+    const std::string stored = strip.empty() ? piece.name : piece.name.substr(strip.size());
     TESSERA_CHECK(file.has(stored), dir, ": tensor '", stored, "' is missing from the checkpoint");
-    Tensor src = file.get(stored);
-    TESSERA_CHECK(src.shape() == view.shape(), dir, ": tensor '", stored, "' has shape ",
-                  shape_str(src.shape()), " but config.json implies ", shape_str(view.shape()));
+    Tensor src = file.get(stored);  // a view of the mapping: only the block is read
+    TESSERA_CHECK(src.shape() == piece.full, dir, ": tensor '", stored, "' has shape ",
+                  shape_str(src.shape()), " but config.json implies ", shape_str(piece.full));
     TESSERA_CHECK(src.dtype() == DType::kF32 || src.dtype() == DType::kBF16 ||
                       src.dtype() == DType::kF16,
                   dir, ": tensor '", stored, "' has dtype ", dtype_name(src.dtype()),
                   ", expected a float type");
-    Tensor dst = view;
-    dst.copy_from(src);
+    piece.view.copy_from(piece.block_of(src));
     used.insert(stored);
   }
   int unused = 0;
@@ -81,6 +86,23 @@ Model Model::load(const std::string& dir, DType dtype) {
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings) continue;
     if (++unused <= 5) TESSERA_LOG(kWarn, dir, ": ignoring unexpected tensor '", name, "'");
   }
+  return m;
+}
+
+Model Model::shard(TpShard shard) const {
+  TESSERA_CHECK(shard_.size == 1, "Model::shard: this model is already a shard");
+  Model m;
+  m.config_ = config_;
+  m.shard_ = shard;
+  m.dims_ = local_dims(config_, shard);
+  m.dtype_ = m.compute_dtype_ = dtype_;
+  m.bf16_mode_ = dtype_ == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
+  m.recompute_ = recompute_;
+  m.weights_ = Params::allocate(config_, dtype_, m.dims_);
+  std::map<std::string, Tensor> whole;
+  for (auto& [name, t] : weights_.named(config_)) whole.emplace(name, t);
+  for (auto& piece : m.weights_.pieces(config_, shard))
+    piece.view.copy_from(piece.block_of(whole.at(piece.name)));
   return m;
 }
 
@@ -122,6 +144,7 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed) {
   config.validate("random model config");
   Model m;
   m.config_ = config;
+  m.dims_ = local_dims(config, m.shard_);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
   m.weights_ = Params::allocate(config, dtype);
@@ -276,13 +299,7 @@ void Model::refresh_compute_weights() {
 }
 
 const Linear& Model::compute_linear(int64_t layer, int which) const {
-  const LayerParams& L = has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer];
-  switch (which) {
-    case 0: return L.qkv;
-    case 1: return L.o;
-    case 2: return L.up;
-    default: return L.down;
-  }
+  return (has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer]).linear(which);
 }
 
 const Tensor& Model::compute_lm_head() const {

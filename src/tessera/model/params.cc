@@ -8,9 +8,13 @@ std::string hf_prefix(const ModelConfig& c) {
 }
 
 Params Params::allocate(const ModelConfig& c, DType dt) {
-  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  return allocate(c, dt, local_dims(c, TpShard{}));
+}
+
+Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d) {
+  const int64_t H = c.hidden_size, F = d.ffn;
   Params p;
-  p.embed = Tensor::zeros({c.vocab_size, H}, dt);
+  p.embed = Tensor::zeros({d.vocab, H}, dt);
   if (c.arch == Arch::kGpt2) p.pos_embed = Tensor::zeros({c.max_position_embeddings, H}, dt);
   const bool ln = c.uses_layernorm();
   p.layers.resize(c.num_layers);
@@ -23,79 +27,117 @@ Params Params::allocate(const ModelConfig& c, DType dt) {
     }
     if (c.arch == Arch::kGpt2) {
       L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
-      L.qkv.weight = Tensor::zeros({H, c.qkv_dim()}, dt);
-      L.o.weight = Tensor::zeros({c.q_dim(), H}, dt);
+      L.qkv.weight = Tensor::zeros({H, d.qkv}, dt);
+      L.o.weight = Tensor::zeros({d.q, H}, dt);
       L.up.weight = Tensor::zeros({H, F}, dt);
       L.down.weight = Tensor::zeros({F, H}, dt);
-      L.qkv.bias = Tensor::zeros({c.qkv_dim()}, dt);
+      L.qkv.bias = Tensor::zeros({d.qkv}, dt);
       L.o.bias = Tensor::zeros({H}, dt);
       L.up.bias = Tensor::zeros({F}, dt);
       L.down.bias = Tensor::zeros({H}, dt);
     } else {
-      L.qkv.weight = Tensor::zeros({c.qkv_dim(), H}, dt);
-      L.o.weight = Tensor::zeros({H, c.q_dim()}, dt);
+      L.qkv.weight = Tensor::zeros({d.qkv, H}, dt);
+      L.o.weight = Tensor::zeros({H, d.q}, dt);
       L.up.weight = Tensor::zeros({2 * F, H}, dt);
       L.down.weight = Tensor::zeros({H, F}, dt);
-      if (c.qkv_bias) L.qkv.bias = Tensor::zeros({c.qkv_dim()}, dt);
+      if (c.qkv_bias) L.qkv.bias = Tensor::zeros({d.qkv}, dt);
     }
   }
   p.final_norm_w = Tensor::zeros({H}, dt);
   if (ln) p.final_norm_b = Tensor::zeros({H}, dt);
-  p.lm_head = c.tie_word_embeddings ? p.embed : Tensor::zeros({c.vocab_size, H}, dt);
+  p.lm_head = c.tie_word_embeddings ? p.embed : Tensor::zeros({d.vocab, H}, dt);
   return p;
 }
 
+Tensor Piece::block_of(const Tensor& t) const {
+  TESSERA_CHECK(t.shape() == full, "tensor '", name, "' has shape ", shape_str(t.shape()),
+                ", expected ", shape_str(full));
+  Tensor b = t;
+  for (int64_t dim = 0; dim < view.dim(); ++dim)
+    if (view.size(dim) != full[dim]) b = b.slice(dim, offset[dim], offset[dim] + view.size(dim));
+  return b;
+}
+
 std::vector<std::pair<std::string, Tensor>> Params::named(const ModelConfig& c) const {
+  TESSERA_CHECK(!embed.defined() || embed.size(0) == c.vocab_size, "Params::named: a tensor-parallel shard has "
+                "pieces, not whole tensors");
   std::vector<std::pair<std::string, Tensor>> out;
-  const std::string pre = hf_prefix(c);
-  auto add = [&](const std::string& name, const Tensor& t) {
-    if (t.defined()) out.emplace_back(name, t);
+  for (auto& p : pieces(c, TpShard{})) out.emplace_back(std::move(p.name), std::move(p.view));
+  return out;
+}
+
+std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
+  const LocalDims d = local_dims(c, shard);
+  const int64_t r = shard.rank, H = c.hidden_size, V = c.vocab_size;
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size, Fl = d.ffn;
+  std::vector<Piece> out;
+  // A block of `full` at `offset`; a replicated tensor is its whole self.
+  auto add = [&](const std::string& name, const Tensor& t, Shape full, std::vector<int64_t> off) {
+    if (!t.defined()) return;
+    out.push_back(Piece{name, t, std::move(full), std::move(off)});
   };
+  auto whole = [&](const std::string& name, const Tensor& t) {
+    if (t.defined()) add(name, t, t.shape(), std::vector<int64_t>(t.dim(), 0));
+  };
+  const std::string pre = hf_prefix(c);
   if (c.arch == Arch::kGpt2) {
-    add(pre + "wte.weight", embed);
-    add(pre + "wpe.weight", pos_embed);
+    add(pre + "wte.weight", embed, {V, H}, {d.vocab_begin, 0});
+    whole(pre + "wpe.weight", pos_embed);
     for (size_t i = 0; i < layers.size(); ++i) {
       const auto& L = layers[i];
       const std::string h = pre + "h." + std::to_string(i) + ".";
-      add(h + "ln_1.weight", L.norm1_w);
-      add(h + "ln_1.bias", L.norm1_b);
-      add(h + "attn.c_attn.weight", L.qkv.weight);
-      add(h + "attn.c_attn.bias", L.qkv.bias);
-      add(h + "attn.c_proj.weight", L.o.weight);
-      add(h + "attn.c_proj.bias", L.o.bias);
-      add(h + "ln_2.weight", L.norm2_w);
-      add(h + "ln_2.bias", L.norm2_b);
-      add(h + "mlp.c_fc.weight", L.up.weight);
-      add(h + "mlp.c_fc.bias", L.up.bias);
-      add(h + "mlp.c_proj.weight", L.down.weight);
-      add(h + "mlp.c_proj.bias", L.down.bias);
+      whole(h + "ln_1.weight", L.norm1_w);
+      whole(h + "ln_1.bias", L.norm1_b);
+      // c_attn (H, Q + 2 KV) in_out: this rank's q, k and v columns.
+      if (shard.size == 1) {
+        whole(h + "attn.c_attn.weight", L.qkv.weight);
+        whole(h + "attn.c_attn.bias", L.qkv.bias);
+      } else {
+        const int64_t begin[] = {0, d.q, d.q + d.kv}, width[] = {d.q, d.kv, d.kv};
+        const int64_t at[] = {r * d.q, Q + r * d.kv, Q + KV + r * d.kv};
+        for (int j = 0; j < 3; ++j) {
+          add(h + "attn.c_attn.weight", L.qkv.weight.slice(1, begin[j], begin[j] + width[j]),
+              {H, Q + 2 * KV}, {0, at[j]});
+          add(h + "attn.c_attn.bias", L.qkv.bias.slice(0, begin[j], begin[j] + width[j]),
+              {Q + 2 * KV}, {at[j]});
+        }
+      }
+      add(h + "attn.c_proj.weight", L.o.weight, {Q, H}, {r * d.q, 0});
+      whole(h + "attn.c_proj.bias", L.o.bias);
+      whole(h + "ln_2.weight", L.norm2_w);
+      whole(h + "ln_2.bias", L.norm2_b);
+      add(h + "mlp.c_fc.weight", L.up.weight, {H, F}, {0, r * Fl});
+      add(h + "mlp.c_fc.bias", L.up.bias, {F}, {r * Fl});
+      add(h + "mlp.c_proj.weight", L.down.weight, {F, H}, {r * Fl, 0});
+      whole(h + "mlp.c_proj.bias", L.down.bias);
     }
-    add(pre + "ln_f.weight", final_norm_w);
-    add(pre + "ln_f.bias", final_norm_b);
+    whole(pre + "ln_f.weight", final_norm_w);
+    whole(pre + "ln_f.bias", final_norm_b);
     return out;
   }
-  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size;
-  add(pre + "embed_tokens.weight", embed);
+  add(pre + "embed_tokens.weight", embed, {V, H}, {d.vocab_begin, 0});
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& L = layers[i];
     const std::string l = pre + "layers." + std::to_string(i) + ".";
-    add(l + "input_layernorm.weight", L.norm1_w);
-    add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, Q));
-    add(l + "self_attn.k_proj.weight", L.qkv.weight.slice(0, Q, Q + KV));
-    add(l + "self_attn.v_proj.weight", L.qkv.weight.slice(0, Q + KV, Q + 2 * KV));
+    whole(l + "input_layernorm.weight", L.norm1_w);
+    add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, d.q), {Q, H}, {r * d.q, 0});
+    add(l + "self_attn.k_proj.weight", L.qkv.weight.slice(0, d.q, d.q + d.kv), {KV, H},
+        {r * d.kv, 0});
+    add(l + "self_attn.v_proj.weight", L.qkv.weight.slice(0, d.q + d.kv, d.qkv), {KV, H},
+        {r * d.kv, 0});
     if (L.qkv.bias.defined()) {
-      add(l + "self_attn.q_proj.bias", L.qkv.bias.slice(0, 0, Q));
-      add(l + "self_attn.k_proj.bias", L.qkv.bias.slice(0, Q, Q + KV));
-      add(l + "self_attn.v_proj.bias", L.qkv.bias.slice(0, Q + KV, Q + 2 * KV));
+      add(l + "self_attn.q_proj.bias", L.qkv.bias.slice(0, 0, d.q), {Q}, {r * d.q});
+      add(l + "self_attn.k_proj.bias", L.qkv.bias.slice(0, d.q, d.q + d.kv), {KV}, {r * d.kv});
+      add(l + "self_attn.v_proj.bias", L.qkv.bias.slice(0, d.q + d.kv, d.qkv), {KV}, {r * d.kv});
     }
-    add(l + "self_attn.o_proj.weight", L.o.weight);
-    add(l + "post_attention_layernorm.weight", L.norm2_w);
-    add(l + "mlp.gate_proj.weight", L.up.weight.slice(0, 0, F));
-    add(l + "mlp.up_proj.weight", L.up.weight.slice(0, F, 2 * F));
-    add(l + "mlp.down_proj.weight", L.down.weight);
+    add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
+    whole(l + "post_attention_layernorm.weight", L.norm2_w);
+    add(l + "mlp.gate_proj.weight", L.up.weight.slice(0, 0, Fl), {F, H}, {r * Fl, 0});
+    add(l + "mlp.up_proj.weight", L.up.weight.slice(0, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
+    add(l + "mlp.down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
   }
-  add(pre + "norm.weight", final_norm_w);
-  if (!c.tie_word_embeddings) add("lm_head.weight", lm_head);
+  whole(pre + "norm.weight", final_norm_w);
+  if (!c.tie_word_embeddings) add("lm_head.weight", lm_head, {V, H}, {d.vocab_begin, 0});
   return out;
 }
 

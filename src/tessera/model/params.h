@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/model/config.h"
+#include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::model {
@@ -29,6 +30,24 @@ struct LayerParams {
   Tensor norm2_w, norm2_b;  // (H)
   Linear up;                // out = 2F (gate rows, then up rows) when gated, else F
   Linear down;              // (H, F)
+
+  // By BlockLinear::which: 0 qkv, 1 o, 2 up, 3 down.
+  Linear& linear(int which) { return which == 0 ? qkv : which == 1 ? o : which == 2 ? up : down; }
+  const Linear& linear(int which) const { return const_cast<LayerParams*>(this)->linear(which); }
+};
+
+// One Hugging Face tensor's block held by this rank: `view` is the block of tensor `name`
+// (whole shape `full`) starting at `offset` (one entry per dim). The whole tensor at tp = 1
+// and for replicated tensors; one tensor may have several pieces (GPT-2's fused c_attn
+// under tp: its q, k and v column blocks).
+struct Piece {
+  std::string name;
+  Tensor view;
+  Shape full;
+  std::vector<int64_t> offset;
+  bool whole() const { return view.shape() == full; }
+  // The block of a tensor of shape `full` that this piece covers.
+  Tensor block_of(const Tensor& whole_tensor) const;
 };
 
 struct Params {
@@ -40,8 +59,14 @@ struct Params {
 
   // Zero-filled tensors of `dtype` shaped for `config`.
   static Params allocate(const ModelConfig& config, DType dtype);
+  // The same for one tensor-parallel shard (local_dims sizes).
+  static Params allocate(const ModelConfig& config, DType dtype, const LocalDims& dims);
   // (Hugging Face name, view) for every distinct tensor; tied lm_head is not listed.
+  // Whole-model Params only (tp = 1).
   std::vector<std::pair<std::string, Tensor>> named(const ModelConfig& config) const;
+  // The pieces of every distinct tensor this rank holds as shard `shard` of the model
+  // (tied lm_head not listed). At tp = 1 each piece is a whole tensor, as named() lists.
+  std::vector<Piece> pieces(const ModelConfig& config, TpShard shard) const;
   // The storage tensors of one TrainHooks unit (0 embeddings, 1..L layers, L+1 head) with
   // stable names ("layers.3.qkv.weight"); pointers into this struct, defined ones only.
   // A tied lm_head is not listed (it aliases embed: call tie() after replacing embed).

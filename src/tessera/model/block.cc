@@ -1,0 +1,250 @@
+// The transformer block body (block.h).
+#include "tessera/model/block.h"
+
+#include <cmath>
+#include <vector>
+
+#include "tessera/kernels/activation.h"
+#include "tessera/kernels/elementwise.h"
+#include "tessera/kernels/embedding.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/kernels/rope.h"
+#include "tessera/model/layer_ops.h"
+
+namespace tessera::model {
+namespace {
+
+// y = x @ W^T for one of the block's linears, the tp reduction a row-parallel one needs,
+// then its bias. rowwise: one matmul call per row (the same call whatever N is).
+void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Tensor& x, Tensor& y,
+                Bf16Mode mode, bool rowwise) {
+  const Linear& lin = m.compute_linear(layer, spec.which);
+  if (!rowwise) {
+    linear_matmul(lin, x, y, mode);
+  } else {
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      Tensor yi = y.slice(0, i, i + 1);
+      linear_matmul(lin, x.slice(0, i, i + 1), yi, mode);
+    }
+  }
+  if (spec.style == LinearStyle::kRow) tp_reduce(m, y);
+  if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
+}
+
+// MLP activation: a (N, F) from u (N, 2F | F).
+void mlp_activation(const Model& m, const Tensor& u, Tensor& a) {
+  const int64_t F = m.dims().ffn;
+  if (m.config().gated_mlp())
+    kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
+  else
+    kernels::gelu_forward(u, a);
+}
+
+// `t` when it has the shape (scratch reuse), else a new f32 tensor of that shape.
+Tensor& scratch(Tensor& t, int64_t rows, int64_t cols) {
+  if (!t.defined() || t.size(0) != rows || t.size(1) != cols) t = Tensor::empty({rows, cols}, DType::kF32);
+  return t;
+}
+
+}  // namespace
+
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset) {
+  kernels::AttentionParams p;
+  p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  p.causal = true;
+  p.q_offset = q_offset;
+  return p;
+}
+
+void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inverse) {
+  const auto& c = m.config();
+  if (!c.uses_rope()) return;
+  const LocalDims& d = m.dims();
+  Tensor q = qkv.slice(1, 0, d.q);
+  Tensor k = qkv.slice(1, d.q, d.q + d.kv);
+  kernels::rope_apply(q, c.head_dim, positions, c.rope_theta, inverse);
+  kernels::rope_apply(k, c.head_dim, positions, c.rope_theta, inverse);
+}
+
+Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions) {
+  const auto& c = m.config();
+  const LocalDims& d = m.dims();
+  Tensor x = Tensor::empty({ids.numel(), c.hidden_size}, DType::kF32);
+  if (!m.tp_comm()) {
+    kernels::embedding_forward(m.weights().embed, ids, x);
+  } else {
+    // Ids outside this rank's rows look up row 0 and are cleared: the group's sum is then
+    // the owner's row.
+    const int64_t N = ids.numel();
+    Tensor local = Tensor::empty({N}, DType::kI32);
+    const int32_t* id = ids.data<int32_t>();
+    int32_t* li = local.data<int32_t>();
+    std::vector<int64_t> foreign;
+    for (int64_t n = 0; n < N; ++n) {
+      TESSERA_CHECK(id[n] >= 0 && id[n] < c.vocab_size, "embedding: ids[", n, "] = ", id[n],
+                    " is out of range for vocab size ", c.vocab_size);
+      const int64_t r = id[n] - d.vocab_begin;
+      const bool mine = r >= 0 && r < d.vocab;
+      li[n] = mine ? static_cast<int32_t>(r) : 0;
+      if (!mine) foreign.push_back(n);
+    }
+    kernels::embedding_forward(m.weights().embed, local, x);
+    for (int64_t n : foreign) x.slice(0, n, n + 1).zero();
+    tp_reduce(m, x);
+  }
+  if (c.arch == Arch::kGpt2) kernels::embedding_forward(m.weights().pos_embed, positions, x, true);
+  return x;
+}
+
+void embed_backward(const Model& m, const Tensor& dres, const Tensor& ids, const Tensor& positions,
+                    Params& grads) {
+  const LocalDims& d = m.dims();
+  if (!m.tp_comm()) {
+    kernels::embedding_backward(dres, ids, grads.embed);
+  } else {  // only the rows of the ids this rank holds
+    const int32_t* id = ids.data<int32_t>();
+    std::vector<int32_t> rows, local;
+    for (int64_t n = 0; n < ids.numel(); ++n) {
+      const int64_t r = id[n] - d.vocab_begin;
+      if (r < 0 || r >= d.vocab) continue;
+      rows.push_back(static_cast<int32_t>(n));
+      local.push_back(static_cast<int32_t>(r));
+    }
+    if (!rows.empty()) {
+      const int64_t K = static_cast<int64_t>(rows.size());
+      Tensor picked = Tensor::empty({K, dres.size(1)}, DType::kF32);
+      for (int64_t k = 0; k < K; ++k) picked.slice(0, k, k + 1).copy_from(dres.slice(0, rows[k], rows[k] + 1));
+      kernels::embedding_backward(picked, Tensor::from_vector(local, {K}), grads.embed);
+    }
+  }
+  if (m.config().arch == Arch::kGpt2) kernels::embedding_backward(dres, positions, grads.pos_embed);
+}
+
+Tensor head_logits(const Model& m, const Tensor& h, bool rowwise) {
+  const int64_t R = h.size(0);
+  const LocalDims& d = m.dims();
+  Tensor local = Tensor::empty({R, d.vocab}, DType::kF32);
+  const Tensor in = matmul_input(h, m.bf16_mode());
+  if (!rowwise) {
+    kernels::matmul(in, m.compute_lm_head(), local, false, true);
+  } else {
+    for (int64_t i = 0; i < R; ++i) {
+      Tensor li = local.slice(0, i, i + 1);
+      kernels::matmul(in.slice(0, i, i + 1), m.compute_lm_head(), li, false, true);
+    }
+  }
+  TpComm* tp = m.tp_comm();
+  if (!tp) return local;
+  Tensor full = Tensor::empty({R, m.config().vocab_size}, DType::kF32);
+  tp->all_gather_columns(local, full);
+  return full;
+}
+
+kernels::CrossEntropyResult head_cross_entropy(const Model& m, Tensor& logits,
+                                               const Tensor& targets, float grad_scale) {
+  TpComm* tp = m.tp_comm();
+  if (!tp) return kernels::cross_entropy(logits, targets, nullptr, &logits, grad_scale);
+  const int64_t N = logits.size(0), V = m.config().vocab_size;
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    TESSERA_CHECK(t[n] == kernels::kIgnoreIndex || (t[n] >= 0 && t[n] < V), "cross_entropy: targets[",
+                  n, "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
+                  kernels::kIgnoreIndex, ")");
+  Tensor max = Tensor::empty({N}, DType::kF32);
+  kernels::shard_row_max(logits, max);
+  tp->all_reduce_max(max);
+  Tensor sums = Tensor::empty({2 * N}, DType::kF32);
+  kernels::shard_softmax_sums(logits, max, targets, m.dims().vocab_begin, sums);
+  tp->all_reduce_sum(sums);
+  return kernels::shard_cross_entropy(logits, targets, m.dims().vocab_begin, max, sums, &logits,
+                                      grad_scale);
+}
+
+void tp_reduce(const Model& m, Tensor& t) {
+  if (TpComm* tp = m.tp_comm()) tp->all_reduce_sum(t);
+}
+
+QkvViews qkv_views(const LocalDims& d, const Tensor& qkv, int64_t B, int64_t T) {
+  const int64_t W = qkv.stride(0), D = d.head_dim;
+  QkvViews v;
+  v.q = qkv.as_strided({B, T, d.heads, D}, {T * W, W, D, 1}, 0);
+  v.k = qkv.as_strided({B, T, d.kv_heads, D}, {T * W, W, D, 1}, d.q);
+  v.v = qkv.as_strided({B, T, d.kv_heads, D}, {T * W, W, D, 1}, d.q + d.kv);
+  return v;
+}
+
+void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions& opt,
+                   const AttendFn& attend) {
+  const auto& c = m.config();
+  const LocalDims& d = m.dims();
+  const LayerParams& W = m.weights().layers[l];
+  const int64_t N = s.x.size(0), H = c.hidden_size;
+  LayerActivations* A = opt.save;
+  const bool ln = c.uses_layernorm();
+  // Under `save`, h1, h2 and a feed only matmuls (here and for the weight gradients in
+  // backward), so they are kept rounded as those want them: one rounding pass each, and
+  // the matmuls take them as prepared (pm). Scratch operands are rounded per matmul.
+  const Bf16Mode mode = m.bf16_mode(), pm = A ? prepared_mode(mode) : mode;
+  auto fresh = [&](Tensor& keep, Tensor& scratch_t, int64_t cols) -> Tensor& {
+    if (!A) return scratch(scratch_t, N, cols);
+    keep = Tensor::empty({N, cols}, DType::kF32);
+    return keep;
+  };
+  auto stats = [&](Tensor& mean, Tensor& rstd, Tensor** pm_out, Tensor** pr_out) {
+    *pm_out = *pr_out = nullptr;
+    if (!A) return;
+    if (ln) {
+      mean = Tensor::empty({N}, DType::kF32);
+      *pm_out = &mean;
+    }
+    rstd = Tensor::empty({N}, DType::kF32);
+    *pr_out = &rstd;
+  };
+  Tensor *mean = nullptr, *rstd = nullptr;
+
+  // Attention half.
+  Tensor& h1 = fresh(A ? A->h1 : s.h, s.h, H);
+  if (A) stats(A->mean1, A->rstd1, &mean, &rstd);
+  if (s.delta.defined()) {
+    add_norm_forward(c, W.norm1_w, W.norm1_b, s.x, s.delta, h1, mean, rstd);
+  } else {
+    norm_forward(c, W.norm1_w, W.norm1_b, s.x, h1, mean, rstd);
+  }
+  if (A && !A->x_in.defined()) A->x_in = s.x.clone();
+  if (A) round_matmul_input_in_place(h1, mode);
+  Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, d.qkv);
+  run_linear(m, kBlockLinears[0], l, h1, qkv, pm, opt.rowwise);
+  apply_rope(m, qkv, *opt.positions, false);
+  Tensor& att = fresh(A ? A->att : s.att, s.att, d.q);
+  attend(l, qkv, att);
+  Tensor& o = scratch(s.delta, N, H);
+  run_linear(m, kBlockLinears[1], l, att, o, mode, opt.rowwise);  // att stays exact for backward
+
+  // MLP half.
+  Tensor& h2 = fresh(A ? A->h2 : s.h, s.h, H);
+  if (A) stats(A->mean2, A->rstd2, &mean, &rstd);
+  add_norm_forward(c, W.norm2_w, W.norm2_b, s.x, o, h2, mean, rstd);
+  if (A) {
+    A->x_mid = s.x.clone();
+    round_matmul_input_in_place(h2, mode);
+  }
+  const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;
+  Tensor& u = fresh(A ? A->u : s.u, s.u, U);
+  run_linear(m, kBlockLinears[2], l, h2, u, pm, opt.rowwise);
+  Tensor& a = fresh(A ? A->a : s.a, s.a, d.ffn);
+  mlp_activation(m, u, a);
+  if (A) round_matmul_input_in_place(a, mode);
+  run_linear(m, kBlockLinears[3], l, a, s.delta, pm, opt.rowwise);
+}
+
+void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean, Tensor* rstd) {
+  const auto& c = m.config();
+  const Params& w = m.weights();
+  if (s.delta.defined())
+    add_norm_forward(c, w.final_norm_w, w.final_norm_b, s.x, s.delta, out, mean, rstd);
+  else
+    norm_forward(c, w.final_norm_w, w.final_norm_b, s.x, out, mean, rstd);
+  s.delta = Tensor();
+}
+
+}  // namespace tessera::model

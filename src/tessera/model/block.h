@@ -1,0 +1,83 @@
+// One transformer block: the body that every forward runs (training, inference with a
+// dense KV cache, the paged serving forward) and whose description (kBlockLinears) the
+// backward pass walks. Internal to model/.
+//
+//   x += delta                  (the previous block's output; fused into the norm)
+//   h = norm1(x)
+//   qkv = h @ Wqkv^T (+b); RoPE on q, k          column-parallel
+//   att = attention(q, k, v)                     (how: the caller's AttendFn)
+//   delta = att @ Wo^T; [tp all-reduce] (+b)     row-parallel
+//   x += delta; h = norm2(x)
+//   u = h @ Wup^T (+b); a = act(u)               column-parallel
+//   delta = a @ Wdown^T; [tp all-reduce] (+b)    row-parallel, added by the next block
+#pragma once
+#include <functional>
+
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/cross_entropy.h"
+#include "tessera/model/activations.h"
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+
+// The residual stream of a forward over N tokens and the scratch its blocks share.
+struct BlockState {
+  Tensor x;      // (N, H) residual stream
+  Tensor delta;  // (N, H) the last block's output, not yet added to x (undefined before block 0)
+  Tensor h, qkv, att, u, a;  // scratch, reused block after block (not under BlockOptions::save)
+};
+
+// Attention over this step's tokens: qkv (N, q + 2 kv local) after RoPE; att (N, q local)
+// contiguous, to be overwritten.
+using AttendFn = std::function<void(int64_t layer, const Tensor& qkv, Tensor& att)>;
+
+struct BlockOptions {
+  const Tensor* positions = nullptr;  // (N) i32, for RoPE
+  bool rowwise = false;  // every matmul one row at a time (batch-invariant serving)
+  // Training: the block writes what backward needs into fresh tensors here (x_in, norms'
+  // statistics, h1, qkv, att, x_mid, h2, u, a; lse is the AttendFn's to fill). An x_in
+  // already defined is kept (a recompute from the saved input).
+  LayerActivations* save = nullptr;
+};
+
+// Runs block `layer` over s: on return s.x is the residual after attention and s.delta
+// the block's output.
+void block_forward(const Model& m, int64_t layer, BlockState& s, const BlockOptions& opt,
+                   const AttendFn& attend);
+
+// x += delta (when defined); out = final_norm(x), mean/rstd saved when given.
+void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean, Tensor* rstd);
+
+// Token embedding (+ GPT-2's learned positions): x (N, H). Vocab-parallel under tp: this
+// rank looks up the ids in its rows, the others read 0, and the group sums.
+Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions);
+// The embedding gradient: grads.embed (this rank's rows) += dres rows of the ids it holds;
+// GPT-2's positions too.
+void embed_backward(const Model& m, const Tensor& dres, const Tensor& ids, const Tensor& positions,
+                    Params& grads);
+// Logits (R, V) of hidden rows h (R, H) for inference: the head's GEMM over this rank's
+// vocabulary rows, gathered across the tp group. rowwise: one GEMM call per row.
+Tensor head_logits(const Model& m, const Tensor& h, bool rowwise);
+
+// Mean-free cross-entropy over the head's logits (N, V local), dlogits written over them
+// scaled by grad_scale; vocab-parallel under tp (group maxima and sums, never the whole
+// logits). Targets are checked against the whole vocabulary.
+kernels::CrossEntropyResult head_cross_entropy(const Model& m, Tensor& logits,
+                                               const Tensor& targets, float grad_scale);
+
+// Sums a row-parallel linear's partial outputs (or a column-parallel linear's partial
+// input gradients) over the tp group; nothing at tp = 1.
+void tp_reduce(const Model& m, Tensor& t);
+
+// Views of the fused (rows, q + 2 kv) QKV buffer as (B, T, heads, head_dim).
+struct QkvViews {
+  Tensor q, k, v;
+};
+QkvViews qkv_views(const LocalDims& d, const Tensor& qkv, int64_t B, int64_t T);
+
+// Causal attention parameters (softmax scale 1/sqrt(head_dim)); q_offset: the position of
+// the first query row within the keys.
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset);
+// RoPE on the q and k columns of qkv (or of its gradient, inverse = true).
+void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inverse);
+}  // namespace tessera::model

@@ -1,0 +1,60 @@
+// How a model's tensors are laid out on one rank: the whole model, or one tensor-parallel
+// shard (Megatron-LM). The block's linears are listed once with their parallel style, and
+// everything that splits or joins them (allocation, Hugging Face loading, checkpoints,
+// forward and backward) reads that table.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "tessera/model/config.h"
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::model {
+
+// Where a linear sits under tensor parallelism. Column-parallel linears split their output
+// features (q, k, v by heads; gate and up by the MLP's intermediate features): each rank
+// computes its slice, nothing is reduced. Row-parallel linears split their input features
+// (o, down) and leave partial sums, all-reduced over the tp group right after them (their
+// bias is added once, after the reduction).
+enum class LinearStyle { kReplicated, kColumn, kRow };
+
+struct BlockLinear {
+  const char* name;   // "qkv", "o", "up", "down" (Params::unit_tensors names)
+  int which;          // Model::compute_linear index
+  LinearStyle style;  // under tp > 1
+};
+// The block's linears in the order forward runs them.
+inline constexpr std::array<BlockLinear, 4> kBlockLinears{{{"qkv", 0, LinearStyle::kColumn},
+                                                           {"o", 1, LinearStyle::kRow},
+                                                           {"up", 2, LinearStyle::kColumn},
+                                                           {"down", 3, LinearStyle::kRow}}};
+
+// This rank's place in the tensor-parallel group.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// The sizes this rank computes with. The vocabulary (embedding rows and lm_head rows,
+// vocab-parallel) is split in ceil(V / tp) blocks, the last one shorter.
+struct LocalDims {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t q = 0, kv = 0, qkv = 0;  // heads * head_dim, kv_heads * head_dim, q + 2 kv
+  int64_t ffn = 0;                 // intermediate features
+  int64_t vocab = 0, vocab_begin = 0;
+};
+// Throws a one-line error naming the size tp does not divide.
+LocalDims local_dims(const ModelConfig& c, TpShard shard);
+
+// The collectives a tensor-parallel model needs, over its tp group. The model layer knows
+// no communicator: parallel/ implements this over comm::Communicator.
+class TpComm {
+ public:
+  virtual ~TpComm() = default;
+  virtual void all_reduce_sum(Tensor& t) = 0;  // f32, contiguous, in place
+  virtual void all_reduce_max(Tensor& t) = 0;
+  // in (N, cols_r) on each rank -> out (N, sum of cols_r), rank blocks side by side.
+  virtual void all_gather_columns(const Tensor& in, Tensor& out) = 0;
+};
+
+}  // namespace tessera::model

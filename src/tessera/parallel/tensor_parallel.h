@@ -1,0 +1,34 @@
+// Tensor parallelism (Megatron-LM) from outside the model: the model's TpComm over the
+// mesh's tp group, with the communication it does counted, so a test can hold it to the
+// analytic count (per layer, one all-reduce of (tokens, hidden) after attention and one
+// after the MLP in forward, and the matching ones in backward).
+#pragma once
+#include <cstdint>
+
+#include "tessera/comm/communicator.h"
+#include "tessera/model/shard.h"
+
+namespace tessera::parallel {
+
+struct TpTraffic {
+  int64_t all_reduces = 0, all_reduce_bytes = 0;  // sums and maxima, by tensor bytes
+  int64_t all_gathers = 0, all_gather_bytes = 0;  // bytes of the gathered output
+};
+
+class CommTp : public model::TpComm {
+ public:
+  explicit CommTp(comm::Communicator& group) : group_(group) {}
+  void all_reduce_sum(Tensor& t) override;
+  void all_reduce_max(Tensor& t) override;
+  void all_gather_columns(const Tensor& in, Tensor& out) override;
+
+  model::TpShard shard() const { return {group_.rank(), group_.size()}; }
+  const TpTraffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = {}; }
+
+ private:
+  comm::Communicator& group_;
+  TpTraffic traffic_;
+};
+
+}  // namespace tessera::parallel
