@@ -15,46 +15,6 @@
 namespace tessera::train {
 namespace {
 
-struct RunOut {
-  std::vector<double> losses, grad_norms;
-  std::vector<nlohmann::json> records;
-  double val_loss = -1;
-};
-
-// Trains `cfg_text` on n local ranks (n == 0: the plain single-process path).
-RunOut train(const std::string& cfg_text, int n, TrainOptions opts = {}) {
-  const TrainConfig c = TrainConfig::parse(cfg_text, "test.toml");
-  TrainResult r0;
-  if (n == 0) {
-    r0 = run_training(c, opts);
-  } else {
-    comm::run_local(n, [&](comm::Communicator& comm) {
-      TrainOptions o = opts;
-      o.comm = &comm;
-      TrainResult r = run_training(c, o);
-      if (comm.rank() == 0) r0 = r;
-    });
-  }
-  RunOut out;
-  out.losses = r0.losses;
-  out.val_loss = r0.val_loss;
-  for (const auto& rec : read_metrics(c.out_dir + "/metrics.jsonl")) {
-    if (!rec.contains("loss")) continue;
-    out.records.push_back(rec);
-    out.grad_norms.push_back(rec.at("grad_norm").get<double>());
-  }
-  return out;
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i])) << what << " step " << i + 1
-                                                                   << ": " << got[i] << " vs "
-                                                                   << want[i];
-}
-
 std::string config(const std::string& root, const std::string& name, const std::string& data,
                    int64_t steps, const std::string& parallel, const std::string& extra = "") {
   // Small buckets so a step reduces several of them while backward runs; accumulation

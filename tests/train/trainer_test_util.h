@@ -9,7 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tessera/comm/communicator.h"
+#include "tessera/train/metrics.h"
 #include "tessera/train/token_shard.h"
+#include "tessera/train/trainer.h"
 
 namespace tessera::train {
 
@@ -58,5 +65,46 @@ inline std::string base_config(const std::string& out, const std::string& data, 
          "[logging]\nprogress = false\npeak_gflops = 100.0\nplot = false\n" + extra;
 }
 
+
+// A run's per-step losses and gradient norms (rank 0's), its metrics records and val loss.
+struct RunOut {
+  std::vector<double> losses, grad_norms;
+  std::vector<nlohmann::json> records;
+  double val_loss = -1;
+};
+
+// Trains `cfg_text` on n local ranks (n == 0: the plain single-process path).
+inline RunOut train(const std::string& cfg_text, int n, TrainOptions opts = {}) {
+  const TrainConfig c = TrainConfig::parse(cfg_text, "test.toml");
+  TrainResult r0;
+  if (n == 0) {
+    r0 = run_training(c, opts);
+  } else {
+    comm::run_local(n, [&](comm::Communicator& comm) {
+      TrainOptions o = opts;
+      o.comm = &comm;
+      TrainResult r = run_training(c, o);
+      if (comm.rank() == 0) r0 = r;
+    });
+  }
+  RunOut out;
+  out.losses = r0.losses;
+  out.val_loss = r0.val_loss;
+  for (const auto& rec : read_metrics(c.out_dir + "/metrics.jsonl")) {
+    if (!rec.contains("loss")) continue;
+    out.records.push_back(rec);
+    out.grad_norms.push_back(rec.at("grad_norm").get<double>());
+  }
+  return out;
+}
+
+inline void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i])) << what << " step " << i + 1
+                                                                   << ": " << got[i] << " vs "
+                                                                   << want[i];
+}
 
 }  // namespace tessera::train

@@ -59,6 +59,13 @@ class KvAttention {
                       Tensor& out) = 0;
 };
 
+// DIR/config.json and generation_config.json (json_files) and DIR/model.safetensors with
+// `tensors` under their Hugging Face names: what Model::save writes, for weights assembled
+// elsewhere (the whole tensors of a tensor-parallel model).
+void save_hf_directory(const std::string& dir,
+                       const std::vector<std::pair<std::string, std::string>>& json_files,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors);
+
 class Model {
  public:
   // Reads DIR/config.json and DIR/model.safetensors (or the sharded index), converting

@@ -174,10 +174,16 @@ std::vector<std::pair<std::string, std::string>> Model::hf_json_files() const {
   return {{"config.json", j.dump(2) + "\n"}, {"generation_config.json", g.dump(2) + "\n"}};
 }
 
-void Model::save(const std::string& dir) const {
+void save_hf_directory(const std::string& dir,
+                       const std::vector<std::pair<std::string, std::string>>& json_files,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::filesystem::create_directories(dir);
-  for (const auto& [name, text] : hf_json_files()) io::write_file_atomic(dir + "/" + name, text);
-  io::save_safetensors(dir + "/model.safetensors", weights_.named(config_), {{"format", "pt"}});
+  for (const auto& [name, text] : json_files) io::write_file_atomic(dir + "/" + name, text);
+  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+}
+
+void Model::save(const std::string& dir) const {
+  save_hf_directory(dir, hf_json_files(), weights_.named(config_));
 }
 
 Recompute parse_recompute(const std::string& name) {

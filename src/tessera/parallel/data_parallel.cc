@@ -8,6 +8,7 @@
 // are the unit of reduction; each rank owns chunk_range(segment, N, rank) of every segment
 // (stages 1-3) and concatenates its chunks into its shard buffers.
 #include "tessera/parallel/data_parallel.h"
+#include "tessera/parallel/tensor_parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -242,7 +243,11 @@ void DataParallel::build_pieces() {
     Shape shape;
   };
   std::vector<Param> params;
-  for (const auto& [name, view] : model_.weights().named(c)) {
+  // Under tensor parallelism each tensor's block on this rank (GPT-2's fused c_attn blocks
+  // are column blocks, not contiguous: refused by the trainer's layout check).
+  for (const auto& piece : model_.weights().pieces(c, model_.tp_shard())) {
+    const std::string name = piece.name;
+    const Tensor& view = piece.view;
     const char* p = static_cast<const char*>(view.raw_data());
     bool found = false;
     for (const Slot& s : slots_) {
@@ -265,6 +270,7 @@ void DataParallel::build_pieces() {
       const int64_t shard_pos = seg.own_offset + (lo - seg.own_begin);
       ShardPiece piece;
       piece.name = p.name;
+      piece.key = tp_piece_key(p.name, model_.tp_shard());
       piece.offset = lo - p.flat;
       piece.tensor_shape = p.shape;
       if (separate_master_)
@@ -377,8 +383,8 @@ void DataParallel::finish_gradients() {
   }
 }
 
-double DataParallel::sum_over_ranks(double local) {
-  const int N = comm_.size();
+double exact_sum(comm::Communicator& comm, double local) {
+  const int N = comm.size();
   if (N == 1) return local;
   // Collectives have no f64: gather the exact bits of every rank's value and add them in
   // rank order, so every rank gets the same, correctly rounded sum.
@@ -386,7 +392,7 @@ double DataParallel::sum_over_ranks(double local) {
   std::memcpy(&bits, &local, sizeof bits);
   Tensor in = Tensor::from_vector<int64_t>({bits}, {1});
   Tensor all = Tensor::empty({N}, DType::kI64);
-  comm_.all_gather(in, all);
+  comm.all_gather(in, all);
   double sum = 0;
   for (int r = 0; r < N; ++r) {
     double v = 0;
@@ -395,6 +401,8 @@ double DataParallel::sum_over_ranks(double local) {
   }
   return sum;
 }
+
+double DataParallel::sum_over_ranks(double local) { return exact_sum(comm_, local); }
 
 void DataParallel::publish_params() {
   base::TraceScope scope("publish_params");

@@ -31,8 +31,11 @@ struct DataParallelConfig {
 // the part of it inside this rank's shard.
 struct ShardPiece {
   std::string name;      // Hugging Face tensor name
-  int64_t offset = 0;    // first element of the piece inside the tensor (row-major)
-  Shape tensor_shape;    // the whole tensor's shape
+  // The name its training state is saved under: `name`, or under tensor parallelism the
+  // name of this tp rank's block of it (tp_piece_key).
+  std::string key;
+  int64_t offset = 0;    // first element of the piece inside the tensor (tp: the block) (row-major)
+  Shape tensor_shape;    // the whole tensor's shape (tp: this rank's block of it)
   Tensor master;         // fp32 values the optimizer updates; tensor_shape when whole, else 1-D
   Tensor grad;           // same shape: the gradient averaged over ranks
   bool whole() const { return master.numel() == shape_numel(tensor_shape); }
@@ -48,6 +51,10 @@ struct MemoryUse {
   int64_t gathered_peak = 0;  // stage 3: most bytes of gathered units held at once
 };
 
+// The sum of one double per rank, the same on every rank (the exact bits gathered and
+// added in rank order; collectives have no f64). Collective over `comm`.
+double exact_sum(comm::Communicator& comm, double local);
+
 class DataParallel final : public model::TrainHooks {
  public:
   // Broadcasts rank 0's weights, lays out the flat buffers, keeps this rank's shard and
@@ -59,6 +66,7 @@ class DataParallel final : public model::TrainHooks {
 
   const DataParallelConfig& config() const { return config_; }
   comm::Communicator& comm() { return comm_; }
+  const model::Model& model() const { return model_; }
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
 

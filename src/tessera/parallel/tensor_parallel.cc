@@ -2,6 +2,7 @@
 #include "tessera/parallel/tensor_parallel.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "tessera/base/error.h"
@@ -42,6 +43,63 @@ void CommTp::all_gather_columns(const Tensor& in, Tensor& out) {
     const Tensor block = all.slice(0, r * N * per, (r + 1) * N * per).view({N, per});
     out.slice(1, begin, end).copy_from(block.slice(1, 0, end - begin));
   }
+}
+
+std::string tp_piece_key(const std::string& name, model::TpShard shard) {
+  if (shard.size == 1) return name;
+  return name + "@tp" + std::to_string(shard.rank) + "of" + std::to_string(shard.size);
+}
+
+std::vector<std::pair<std::string, Tensor>> gather_whole_tensors(const model::Model& m,
+                                                                 comm::Communicator& group) {
+  const auto& c = m.config();
+  const model::TpShard me{group.rank(), group.size()};
+  TESSERA_CHECK(m.tp_shard().size == me.size && m.tp_shard().rank == me.rank,
+                "gather_whole_tensors: the model is shard ", m.tp_shard().rank, " of ",
+                m.tp_shard().size, ", the group has rank ", me.rank, " of ", me.size);
+  const auto pieces = m.weights().pieces(c, me);
+  constexpr int kTag = 4242;
+  if (me.rank != 0) {
+    // Each split piece: its offsets and extents, then its values (f32). Every rank lists
+    // the same names in the same order (only the blocks differ).
+    for (const auto& p : pieces) {
+      if (p.whole()) continue;
+      std::vector<int64_t> where = p.offset;
+      for (int64_t dim = 0; dim < p.view.dim(); ++dim) where.push_back(p.view.size(dim));
+      group.send(where.data(), static_cast<int64_t>(where.size() * sizeof(int64_t)), 0, kTag);
+      const Tensor v = p.view.contiguous().to(DType::kF32);
+      group.send(v.raw_data(), static_cast<int64_t>(v.nbytes()), 0, kTag);
+    }
+    return {};
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::map<std::string, size_t> at;
+  for (const auto& p : pieces) {
+    if (at.count(p.name)) continue;
+    at[p.name] = out.size();
+    out.emplace_back(p.name, Tensor::zeros(p.full, DType::kF32));
+  }
+  auto place = [&](const model::Piece& like, const std::vector<int64_t>& off, const Tensor& v) {
+    model::Piece q{like.name, v, like.full, off};
+    Tensor dst = q.block_of(out[at.at(like.name)].second);
+    dst.copy_from(v);
+  };
+  for (const auto& p : pieces) place(p, p.offset, p.view.contiguous().to(DType::kF32));
+  for (int r = 1; r < me.size; ++r) {
+    for (const auto& p : pieces) {
+      if (p.whole()) continue;
+      const size_t nd = p.full.size();
+      std::vector<int64_t> where(2 * nd);
+      group.recv(where.data(), static_cast<int64_t>(where.size() * sizeof(int64_t)), r, kTag);
+      const std::vector<int64_t> off(where.begin(), where.begin() + static_cast<int64_t>(nd));
+      Tensor v = Tensor::empty(Shape(where.begin() + static_cast<int64_t>(nd), where.end()), DType::kF32);
+      group.recv(v.raw_data(), static_cast<int64_t>(v.nbytes()), r, kTag);
+      place(p, off, v);
+    }
+  }
+  if (m.dtype() != DType::kF32)
+    for (auto& [name, t] : out) t = t.to(m.dtype());
+  return out;
 }
 
 }  // namespace tessera::parallel

@@ -4,8 +4,12 @@
 // after the MLP in forward, and the matching ones in backward).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/comm/communicator.h"
+#include "tessera/model/model.h"
 #include "tessera/model/shard.h"
 
 namespace tessera::parallel {
@@ -30,5 +34,14 @@ class CommTp : public model::TpComm {
   comm::Communicator& group_;
   TpTraffic traffic_;
 };
+
+// The whole Hugging Face tensors of a tensor-parallel model, assembled on tp rank 0 from
+// every rank's pieces (Params::pieces; a replicated tensor is rank 0's), in the order
+// Params::named lists them. Other ranks get an empty list. Collective over `group`.
+std::vector<std::pair<std::string, Tensor>> gather_whole_tensors(const model::Model& m,
+                                                                 comm::Communicator& group);
+// The name a tensor-parallel piece's training state is saved under: the Hugging Face name
+// at tp 1, "NAME@tpRofN" otherwise (every tp rank holds a different block of NAME).
+std::string tp_piece_key(const std::string& name, model::TpShard shard);
 
 }  // namespace tessera::parallel

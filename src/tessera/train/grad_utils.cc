@@ -17,6 +17,7 @@ constexpr int64_t kBlock = int64_t{1} << 14;
 struct Block {
   const float* data;
   int64_t n;
+  double share = 1.0;  // ParamRef::norm_share
 };
 
 double sum_squares_portable(const float* x, int64_t n) {
@@ -56,7 +57,7 @@ std::vector<Block> blocks_of(const std::vector<ParamRef>& params) {
                   " must be a contiguous f32 CPU tensor");
     const float* d = p.grad.data<float>();
     for (int64_t b = 0; b < p.grad.numel(); b += kBlock)
-      blocks.push_back({d + b, std::min(kBlock, p.grad.numel() - b)});
+      blocks.push_back({d + b, std::min(kBlock, p.grad.numel() - b), p.norm_share});
   }
   return blocks;
 }
@@ -69,8 +70,8 @@ double grad_global_norm(const std::vector<ParamRef>& params) {
   const bool vec = kernels::cpu::use_avx512();
   base::parallel_for(static_cast<int64_t>(blocks.size()), 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      partial[b] = vec ? sum_squares_avx512(blocks[b].data, blocks[b].n)
-                       : sum_squares_portable(blocks[b].data, blocks[b].n);
+      partial[b] = blocks[b].share * (vec ? sum_squares_avx512(blocks[b].data, blocks[b].n)
+                                          : sum_squares_portable(blocks[b].data, blocks[b].n));
   });
   double s = 0;
   for (double p : partial) s += p;

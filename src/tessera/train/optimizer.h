@@ -20,6 +20,9 @@ struct ParamRef {
   Tensor grad;        // same shape as param
   bool decay = false; // apply weight decay
   bool muon = false;  // update with Muon when OptimizerConfig::name == "muon" (must be 2-D)
+  // Its share of the global gradient norm's sum of squares: 1, or 1/tp for a tensor every
+  // tensor-parallel rank holds whole (the sum over the tp group then counts it once).
+  double norm_share = 1.0;
 };
 
 // Field names are the TOML keys of the trainer's [optimizer] table.

@@ -25,6 +25,7 @@
 #include "tessera/model/benchmark.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/device_mesh.h"
+#include "tessera/parallel/tensor_parallel.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
 #include "tessera/train/grad_utils.h"
@@ -86,28 +87,55 @@ struct RunState {
   uint64_t tokens_seen = 0;
 };
 
-// The [parallel] mesh resolved against the world, before anything is loaded. Only dp runs
-// today: tensor and pipeline parallelism are refused by name until they land.
+// The [parallel] mesh resolved against the world, before anything is loaded. Pipeline
+// parallelism is refused by name until it lands.
 parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
   parallel::MeshShape s;
   s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
   s = parallel::resolve_mesh_shape(s, world, c.source_name());
-  TESSERA_CHECK(s.tp == 1, c.source_name(), ": [parallel] tp = ", s.tp,
-                ": tensor parallelism is not available yet in the trainer (tp must be 1)");
   TESSERA_CHECK(s.pp == 1, c.source_name(), ": [parallel] pp = ", s.pp,
                 ": pipeline parallelism is not available yet in the trainer (pp must be 1)");
   return s;
 }
 
-// The layout checked against the model and the batch, then the mesh (collective: every rank).
-std::unique_ptr<parallel::DeviceMesh> make_mesh(const TrainConfig& c, const parallel::MeshShape& s,
-                                                const model::ModelConfig& m, comm::Communicator& comm) {
-  parallel::check_layout(s, m, c.data.grad_accum, c.source_name());
-  TESSERA_CHECK(c.data.batch_size % s.dp == 0, c.source_name(), ": data.batch_size = ", c.data.batch_size,
+// The layout checked against the model's configuration and the batch before any weight
+// exists; this rank's tensor-parallel shard.
+model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape& s,
+                                const model::ModelConfig& m, int rank) {
+  const std::string src = c.source_name();
+  parallel::check_layout(s, m, c.data.grad_accum, src);
+  TESSERA_CHECK(c.data.batch_size % s.dp == 0, src, ": data.batch_size = ", c.data.batch_size,
                 " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
+  if (s.tp > 1) {
+    TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
+                  "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
+    TESSERA_CHECK(m.arch != model::Arch::kGpt2, src, ": [parallel] tp = ", s.tp,
+                  ": gpt2's fused c_attn cannot be trained tensor-parallel yet (llama and qwen2 can)");
+    TESSERA_CHECK(c.optimizer.name != "muon", src, ": [parallel] tp = ", s.tp,
+                  ": Muon orthogonalises whole matrices, and tp splits them (use adamw)");
+  }
+  const auto coords = parallel::DeviceMesh::coords_of(s, rank);
+  const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
+  try {
+    model::local_dims(m, shard);
+  } catch (const Error& e) {
+    fail(src, ": [parallel] ", e.what());
+  }
+  return shard;
+}
+
+std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, comm::Communicator& comm) {
   auto mesh = std::make_unique<parallel::DeviceMesh>(comm, s);
   if (comm.size() > 1) std::fprintf(stderr, "train: mesh %s, %s\n", s.describe().c_str(), mesh->describe().c_str());
   return mesh;
+}
+
+// The model's tp collectives over the mesh's tp group (nullptr at tp 1).
+std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m) {
+  if (m.tp_shard().size == 1) return nullptr;
+  auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp));
+  m.set_tp_comm(tp.get());
+  return tp;
 }
 
 class Run {
@@ -117,10 +145,16 @@ class Run {
         world_(comm.size()),
         mesh_shape_(run_mesh_shape(c, world_)),
         meta_(read_data_meta(c.data.dir)),
-        model_(build_model(c, meta_.vocab_size, meta_.eos_id)),
-        mesh_(make_mesh(c, mesh_shape_, model_.config(), comm_)),
+        model_config_(build_model_config(c, meta_.vocab_size, meta_.eos_id)),
+        tp_shard_(checked_tp_shard(c, mesh_shape_, model_config_, rank_)),
+        model_(build_model(c, model_config_, tp_shard_)),
+        mesh_(make_mesh(mesh_shape_, comm_)),
+        tp_(make_tp(*mesh_, model_)),
+        dp_group_(mesh_->group(parallel::Axis::kDp)),
+        dp_rank_(dp_group_.rank()),
+        dp_size_(dp_group_.size()),
         flags_(param_flags(model_)),
-        dp_(model_, comm_, dp_config(c)),
+        dp_(model_, dp_group_, dp_config(c)),
         refs_(dp_param_refs(dp_, flags_, c.optimizer.name)),
         opt_(c.optimizer, refs_),
         scaler_(c.fp16_init_scale, 2.0, 0.5, c.fp16_growth_interval,
@@ -139,10 +173,11 @@ class Run {
     const auto& tr = c.training;
     model_.set_recompute(model::parse_recompute(tr.activation_checkpointing));
     if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
-      // Each rank evaluates every world_-th batch; the sums are added over the ranks.
+      // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
+      // the sums are added over the replicas.
       auto all = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, tr.eval_batches);
       for (size_t i = 0; i < all.size(); ++i)
-        if (static_cast<int>(i % world_) == rank_) val_.push_back(std::move(all[i]));
+        if (static_cast<int>(i % dp_size_) == dp_rank_) val_.push_back(std::move(all[i]));
       has_val_ = !all.empty();
     }
     for (const auto& [name, t] : opt_.state_tensors()) moment_bytes_ += static_cast<int64_t>(t.nbytes());
@@ -184,7 +219,7 @@ class Run {
                    model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str());
     std::optional<base::ProgressBar> bar;
     if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
-    const int64_t local_b = B / world_;
+    const int64_t local_b = B / dp_size_;  // the tp ranks of a replica share its rows
     Tensor ids, targets;
     if (!c_.logging.trace.empty()) {
       result.trace_path = trace_path(c_.logging.trace, rank_, world_);
@@ -203,27 +238,34 @@ class Run {
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
       const GradientPass gp = accumulate_gradients(model_, dp_, accum, scale, [&](int64_t) {
         next_batch(B, ids, targets);  // the global batch; this rank takes its rows
-        return std::pair{ids.slice(0, rank_ * local_b, (rank_ + 1) * local_b),
-                         targets.slice(0, rank_ * local_b, (rank_ + 1) * local_b)};
+        return std::pair{ids.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b),
+                         targets.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b)};
       });
       const double loss_sum = gp.loss_sum;
       int64_t count = gp.count;
       const int64_t activation_bytes = gp.activation_bytes;
       // Every rank holds the same number of targets, so the mean of the ranks' means is
       // the global batch's mean (and the gradients were averaged the same way).
-      const double loss = dp_.sum_over_ranks(loss_sum) / static_cast<double>(accum * world_);
+      const double loss = dp_.sum_over_ranks(loss_sum) / static_cast<double>(accum * dp_size_);
       count = static_cast<int64_t>(dp_.sum_over_ranks(static_cast<double>(count)));
       const LoaderState after = loader_.state();
       bool finite = true;
       if (scaler_.enabled()) {
         finite = scaler_.unscale_and_check(refs_);
         if (dp_.sharded()) finite = dp_.sum_over_ranks(finite ? 0.0 : 1.0) == 0.0;
+        if (tp_) finite = parallel::exact_sum(mesh_->group(parallel::Axis::kTp), finite ? 0.0 : 1.0) == 0.0;
       }
       double grad_norm = 0;
       {
         base::TraceScope clip("clip_grad_norm");
+        // The squares summed over what the ranks hold apart: the tp blocks (replicated
+        // tensors count 1/tp each, ParamRef::norm_share), then the ZeRO shards.
         std::function<double(double)> across;
-        if (dp_.sharded()) across = [this](double x) { return dp_.sum_over_ranks(x); };
+        if (dp_.sharded() || tp_)
+          across = [this](double x) {
+            if (tp_) x = parallel::exact_sum(mesh_->group(parallel::Axis::kTp), x);
+            return dp_.sharded() ? dp_.sum_over_ranks(x) : x;
+          };
         grad_norm = clip_grad_norm(refs_, tr.max_grad_norm, across);
       }
       finite = finite && std::isfinite(grad_norm);  // a non-finite gradient makes the norm so
@@ -305,8 +347,12 @@ class Run {
     result.spikes = st_.spikes;
     result.model_dir = c_.out_dir + "/model";
     dp_.gather_all();
+    const auto weights = tp_ ? whole_weights() : decltype(whole_weights()){};
     if (lead) {
-      model_.save(result.model_dir);
+      if (tp_)
+        model::save_hf_directory(result.model_dir, model_.hf_json_files(), weights);
+      else
+        model_.save(result.model_dir);
       for (const auto& [name, text] : tokenizer_texts_)
         io::write_file_atomic(result.model_dir + "/" + name, text);
     }
@@ -419,10 +465,11 @@ class Run {
   // moments by piece). In stage 3 the weights must be gathered while this runs.
   CheckpointFiles checkpoint_files() const {
     CheckpointFiles f;
-    const auto weights = model_.weights().named(model_.config());
-    if (rank_ == 0 || dp_.sharded()) {
+    const auto weights = whole_weights();
+    if (dp_rank_ == 0 || dp_.sharded()) {
+      // Under tp the masters are always written (the model file holds whole tensors).
       std::vector<std::pair<std::string, Tensor>> shard =
-          master_tensors(refs_, rank_ == 0 ? weights : decltype(weights){});
+          master_tensors(refs_, rank_ == 0 && !tp_ ? weights : decltype(weights){});
       for (auto& t : opt_.state_tensors()) shard.push_back(std::move(t));
       f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
     }
@@ -456,10 +503,23 @@ class Run {
     index["precision"] = c_.training.precision;
     index["bf16_mode"] = model::bf16_mode_name(model_.bf16_mode());
     std::vector<std::string> files;
-    for (int r = 0; r < (dp_.sharded() ? world_ : 1); ++r) files.push_back(shard_file_name(r));
+    index["mesh"] = {{"dp", mesh_shape_.dp}, {"tp", mesh_shape_.tp}};
+    for (int r = 0; r < world_; ++r) {
+      const auto coords = parallel::DeviceMesh::coords_of(mesh_shape_, r);
+      if (dp_.sharded() || coords[static_cast<int>(parallel::Axis::kDp)] == 0)
+        files.push_back(shard_file_name(r));
+    }
     index["files"] = files;
     f.texts.emplace_back(kShardIndexName, index.dump(2) + "\n");
     return f;
+  }
+
+  // The model's Hugging Face tensors, whole: on rank 0 under tp (gathered from the tp ranks
+  // of replica 0, collective over them), this rank's own views otherwise.
+  std::vector<std::pair<std::string, Tensor>> whole_weights() const {
+    if (!tp_) return model_.weights().named(model_.config());
+    if (dp_rank_ != 0) return {};
+    return parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp));
   }
 
   void save_checkpoint(bool async) {
@@ -508,6 +568,10 @@ class Run {
       std::vector<std::string> files;
       if (fs::exists(dir + "/" + kShardIndexName)) {
         const auto index = io::read_json_file(dir + "/" + kShardIndexName);
+        const int64_t saved_tp = index.contains("mesh") ? index.at("mesh").value("tp", int64_t{1}) : 1;
+        TESSERA_CHECK(saved_tp == mesh_shape_.tp, dir, " was written at tp = ", saved_tp,
+                      ", this run has [parallel] tp = ", mesh_shape_.tp,
+                      ": a checkpoint resumes at its own tp (dp and ZeRO stage may change)");
         for (const auto& f : index.at("files")) files.push_back(dir + "/" + f.get<std::string>());
         if (index.contains("bf16_mode")) resume_bf16_mode(dir, index.at("bf16_mode").get<std::string>());
       } else {
@@ -520,8 +584,8 @@ class Run {
         const auto& piece = dp_.pieces()[i];
         by_ref[refs_[i].name] = &piece;
         Tensor dst = piece.master;
-        if (reader.has("master." + piece.name)) {
-          reader.read("master." + piece.name, piece.offset, dst);
+        if (reader.has("master." + piece.key)) {
+          reader.read("master." + piece.key, piece.offset, dst);
           continue;
         }
         if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
@@ -539,7 +603,7 @@ class Run {
         const size_t dot = name.find('.');
         const auto* piece = by_ref.at(name.substr(dot + 1));
         Tensor dst = Tensor::empty(t.shape(), DType::kF32);
-        reader.read(name.substr(0, dot + 1) + piece->name, piece->offset, dst);
+        reader.read(name.substr(0, dot + 1) + piece->key, piece->offset, dst);
         opt_state.emplace_back(name, dst);
       }
       opt_.load_state(opt_state, state.at("optimizer_step").get<int64_t>());
@@ -566,8 +630,13 @@ class Run {
   int rank_, world_;
   parallel::MeshShape mesh_shape_;
   DataMeta meta_;
+  model::ModelConfig model_config_;
+  model::TpShard tp_shard_;
   model::Model model_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
+  std::unique_ptr<parallel::CommTp> tp_;
+  comm::Communicator& dp_group_;  // the data-parallel replicas of this rank's shard
+  int dp_rank_, dp_size_;
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
   std::vector<ParamRef> refs_;

@@ -27,15 +27,17 @@ void check_seq_len(const TrainConfig& c, const model::ModelConfig& cfg, const ch
 
 }  // namespace
 
-model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
+model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   const auto& m = c.model;
   if (!m.init_from.empty()) {
-    auto model = model::Model::load(m.init_from, DType::kF32);
-    TESSERA_CHECK(model.config().vocab_size >= data_vocab, "model.init_from: ", m.init_from,
-                  " has vocab_size ", model.config().vocab_size,
-                  ", smaller than the data's vocabulary of ", data_vocab);
-    check_seq_len(c, model.config(), "the limit of model.init_from's config.json; lower data.seq_len");
-    return model;
+    TESSERA_CHECK(std::filesystem::is_directory(m.init_from), "model directory '", m.init_from,
+                  "' does not exist");
+    const auto cfg = model::ModelConfig::load(m.init_from);
+    TESSERA_CHECK(cfg.vocab_size >= data_vocab, "model.init_from: ", m.init_from,
+                  " has vocab_size ", cfg.vocab_size, ", smaller than the data's vocabulary of ",
+                  data_vocab);
+    check_seq_len(c, cfg, "the limit of model.init_from's config.json; lower data.seq_len");
+    return cfg;
   }
   model::ModelConfig cfg = m.config.empty()
                                ? model::ModelConfig::named_shape(m.shape)
@@ -77,17 +79,30 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_
   if (cfg.bos_token_id >= cfg.vocab_size) cfg.bos_token_id = -1;
   if (cfg.eos_token_id >= cfg.vocab_size) cfg.eos_token_id = -1;
   cfg.validate("[model] in the training config");
-  return model::Model::random(cfg, DType::kF32, m.seed);
+  return cfg;
+}
+
+model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
+  return build_model(c, build_model_config(c, data_vocab, data_eos));
+}
+
+model::Model build_model(const TrainConfig& c, const model::ModelConfig& cfg, model::TpShard shard) {
+  if (!c.model.init_from.empty()) return model::Model::load(c.model.init_from, DType::kF32, shard);
+  if (shard.size == 1) return model::Model::random(cfg, DType::kF32, c.model.seed);
+  return model::Model::random(cfg, DType::kF32, c.model.seed).shard(shard);
 }
 
 std::map<std::string, ParamFlags> param_flags(const model::Model& m) {
   const auto& w = m.weights();
   std::map<std::string, ParamFlags> flags;
-  for (const auto& [name, p] : w.named(m.config())) {
+  const bool tp = m.tp_shard().size > 1;
+  for (const auto& piece : w.pieces(m.config(), m.tp_shard())) {
+    const Tensor& p = piece.view;
     auto same = [&](const Tensor& t) { return t.defined() && t.raw_data() == p.raw_data(); };
     const bool embedding = same(w.embed) || same(w.pos_embed);
     const bool head = same(w.lm_head);
-    flags[name] = {p.dim() == 2 && !embedding, p.dim() == 2 && !embedding && !head};
+    flags[piece.name] = {p.dim() == 2 && !embedding, p.dim() == 2 && !embedding && !head,
+                         tp && piece.whole()};
   }
   return flags;
 }
@@ -183,11 +198,12 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
                   " over ", dp.world_size(),
                   " ranks; use zero_stage = 0 with Muon");
     ParamRef r;
-    r.name = piece_key(piece.name, piece.offset, piece.whole());
+    r.name = piece_key(piece.key, piece.offset, piece.whole());
     r.param = piece.master;
     r.grad = piece.grad;
     r.decay = f.decay;
     r.muon = f.muon;
+    if (f.tp_replicated) r.norm_share = 1.0 / dp.model().tp_shard().size;
     refs.push_back(std::move(r));
   }
   return refs;

@@ -19,9 +19,19 @@
 
 namespace tessera::train {
 
-// The model a run starts from: init_from weights, an HF config.json, or a named shape
-// with overrides; vocab_size defaults to the data's, and a new model's eos is the
-// data's (-1: none) so generation stops where documents end. f32 master weights.
+// The configuration of the model a run starts from: init_from's config.json, an HF
+// config.json, or a named shape with overrides; vocab_size defaults to the data's, and a
+// new model's eos is the data's (-1: none) so generation stops where documents end.
+// Nothing is allocated: the layout is checked against it before any weight exists.
+model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab_size,
+                                      int32_t data_eos_id);
+// Its weights (f32 master weights): init_from's, or random from model.seed. Under tensor
+// parallelism (shard.size > 1) only this rank's shard is kept: init_from is read block by
+// block from the mmapped safetensors; a new model is drawn whole (the same weights as at
+// tp 1) and cut.
+model::Model build_model(const TrainConfig& c, const model::ModelConfig& config,
+                         model::TpShard shard = {});
+// Both at once, at tp 1.
 model::Model build_model(const TrainConfig& c, int64_t data_vocab_size, int32_t data_eos_id);
 
 // Every distinct parameter with its gradient, decay / muon flags set for 2-D hidden
@@ -32,6 +42,9 @@ std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grad
 // name -> {decay, muon}, decided as make_param_refs does.
 struct ParamFlags {
   bool decay = false, muon = false;
+  // Under tensor parallelism: every tp rank holds the whole tensor (norms, row-parallel
+  // biases, positions), so it counts once, not tp times, in the global gradient norm.
+  bool tp_replicated = false;
 };
 std::map<std::string, ParamFlags> param_flags(const model::Model& m);
 
