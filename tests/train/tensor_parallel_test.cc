@@ -95,12 +95,13 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
   std::mutex mu;
   comm::run_local(k.tp, [&](comm::Communicator& g) {
     const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g);
+    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
     model::Model m = full.shard(shard);
     m.set_tp_comm(&tp);
     auto grads = model::Params::allocate(c, DType::kF32, m.dims());
     const auto got = m.forward_backward(ids, targets, grads);
     const auto traffic = tp.traffic();
+    const bool kv_rep = m.dims().kv_replicas > 1;
     std::lock_guard<std::mutex> lock(mu);
     SCOPED_TRACE("rank " + std::to_string(g.rank()));
     EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::abs(want.loss));
@@ -113,16 +114,18 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
     }
     EXPECT_GE(checked, 10);
     // Forward: embedding + 2 per layer, each (N, H); cross-entropy: maxima (N), sums (2N).
-    // Backward: the head's input gradient + 2 per layer, each (N, H).
+    // Backward: the head's input gradient + 2 per layer, each (N, H); with replicated kv
+    // heads also the kv gradient (N, 2 head_dim) per layer over the ranks sharing it.
     const int64_t nh = N * H * 4;
-    EXPECT_EQ(traffic.all_reduces, 1 + 2 * L + 2 + 1 + 2 * L);
-    EXPECT_EQ(traffic.all_reduce_bytes, (2 + 4 * L) * nh + 3 * N * 4);
+    const int64_t kv_bytes = kv_rep ? L * N * 2 * c.head_dim * 4 : 0;
+    EXPECT_EQ(traffic.all_reduces, 1 + 2 * L + 2 + 1 + 2 * L + (kv_rep ? L : 0));
+    EXPECT_EQ(traffic.all_reduce_bytes, (2 + 4 * L) * nh + 3 * N * 4 + kv_bytes);
     EXPECT_EQ(traffic.all_gathers, 0);
   });
   // Logits (gathered across the group) and KV-cache inference.
   comm::run_local(k.tp, [&](comm::Communicator& g) {
     const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g);
+    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
     model::Model m = full.shard(shard);
     m.set_tp_comm(&tp);
     const Tensor logits = m.forward_batch(ids);
@@ -149,7 +152,7 @@ TEST_P(TensorParallel, EveryRecomputeModeGivesTheSameGradients) {
   std::mutex mu;
   comm::run_local(k.tp, [&](comm::Communicator& g) {
     const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g);
+    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
     model::Model m = full.shard(shard);
     m.set_tp_comm(&tp);
     for (auto rc : {model::Recompute::kSelective, model::Recompute::kFull}) {
@@ -172,6 +175,8 @@ INSTANTIATE_TEST_SUITE_P(
     Archs, TensorParallel,
     ::testing::Values(Case{"llama_gqa_tp2", tiny(Arch::kLlama, 4, 2, false), 2},
                       Case{"llama_tied_tp4", tiny(Arch::kLlama, 4, 4, true), 4},
+                      // tp above the kv heads: each kv head replicated on 2 ranks
+                      Case{"llama_kv_replicated_tp4", tiny(Arch::kLlama, 4, 2, false), 4},
                       Case{"qwen2_bias_tp2", tiny(Arch::kQwen2, 4, 2, true), 2},
                       Case{"gpt2_tp2", tiny(Arch::kGpt2, 4, 4, true), 2}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -179,10 +184,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(TensorParallel, ALayoutTheModelCannotSplitIsOneLine) {
   const ModelConfig c = tiny(Arch::kLlama, 4, 2, false);
   try {
-    model::local_dims(c, {0, 4});
-    FAIL() << "tp 4 over 2 kv heads was accepted";
+    model::local_dims(tiny(Arch::kLlama, 6, 4, false), {0, 3});
+    FAIL() << "tp 3 over 4 kv heads was accepted";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "tp = 4 does not divide num_key_value_heads = 2");
+    EXPECT_STREQ(e.what(), "tp = 3 and num_key_value_heads = 4: one must divide the other");
   }
   try {
     model::local_dims(c, {0, 3});

@@ -37,6 +37,7 @@ TEST(TensorParallelTraining, Tp2AndDp2xTp2MatchOneProcessOver20Steps) {
     const char* parallel;
     int ranks;
   } cases[] = {{"tp2", "tp = 2", 2},
+               {"tp4_kv_replicated", "tp = 4", 4},  // 2 kv heads: each on 2 ranks
                {"dp2tp2_z1", "tp = 2\ndp = 2\nzero_stage = 1", 4},
                {"dp2tp2_z2", "tp = 2\nzero_stage = 2", 4}};
   for (const auto& k : cases) {
@@ -92,7 +93,7 @@ TEST(TensorParallelTraining, LayoutsTheTrainerCannotRunAreOneLine) {
     const char* want;
   } cases[] = {
       {"tp = 2\nzero_stage = 3", "", "ZeRO-3 inside tensor parallelism is not available yet"},
-      {"tp = 4", "", "[parallel] tp = 4 does not divide num_key_value_heads"},
+      {"tp = 3", "", "tp 3 = 3 does not divide the 4 ranks"},
       {"tp = 2", "arch = \"gpt2\"\n", "gpt2's fused c_attn cannot be trained tensor-parallel yet"},
       {"tp = 2\npp = 2", "", "pipeline parallelism is not available yet"},
   };

@@ -191,6 +191,14 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     apply_rope(*this, dqkv, acts.positions, true);
     op = matmul_operand(dqkv, mode);
     input_grad(*this, Lqkv, l, op, dh, pm);
+    if (d.kv_replicas > 1) {
+      // A replicated kv head is read by the query heads of kv_replicas ranks: its weight
+      // gradient sums theirs (the input gradient above took only this rank's part).
+      Tensor dkv = dqkv.slice(1, d.q, d.qkv).contiguous();
+      tp_comm_->all_reduce_kv_replicas(dkv);
+      dqkv.slice(1, d.q, d.qkv).copy_from(dkv);
+      op = matmul_operand(dqkv, mode);
+    }
     linear_backward_weight(A.h1, dqkv, op, G.linear(Lqkv.which), pm, !assign);
     norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);

@@ -72,13 +72,15 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size, Fl = d.ffn;
   std::vector<Piece> out;
   // A block of `full` at `offset`; a replicated tensor is its whole self.
-  auto add = [&](const std::string& name, const Tensor& t, Shape full, std::vector<int64_t> off) {
+  auto add = [&](const std::string& name, const Tensor& t, Shape full, std::vector<int64_t> off,
+                 int64_t copies = 1) {
     if (!t.defined()) return;
-    out.push_back(Piece{name, t, std::move(full), std::move(off)});
+    out.push_back(Piece{name, t, std::move(full), std::move(off), copies});
   };
   auto whole = [&](const std::string& name, const Tensor& t) {
-    if (t.defined()) add(name, t, t.shape(), std::vector<int64_t>(t.dim(), 0));
+    if (t.defined()) add(name, t, t.shape(), std::vector<int64_t>(t.dim(), 0), shard.size);
   };
+  const int64_t kvr = d.kv_replicas, kvi = d.kv_index;  // the kv block and its copies
   const std::string pre = hf_prefix(c);
   if (c.arch == Arch::kGpt2) {
     add(pre + "wte.weight", embed, {V, H}, {d.vocab_begin, 0});
@@ -94,12 +96,13 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
         whole(h + "attn.c_attn.bias", L.qkv.bias);
       } else {
         const int64_t begin[] = {0, d.q, d.q + d.kv}, width[] = {d.q, d.kv, d.kv};
-        const int64_t at[] = {r * d.q, Q + r * d.kv, Q + KV + r * d.kv};
+        const int64_t at[] = {r * d.q, Q + kvi * d.kv, Q + KV + kvi * d.kv};
         for (int j = 0; j < 3; ++j) {
+          const int64_t copies = j == 0 ? 1 : kvr;
           add(h + "attn.c_attn.weight", L.qkv.weight.slice(1, begin[j], begin[j] + width[j]),
-              {H, Q + 2 * KV}, {0, at[j]});
+              {H, Q + 2 * KV}, {0, at[j]}, copies);
           add(h + "attn.c_attn.bias", L.qkv.bias.slice(0, begin[j], begin[j] + width[j]),
-              {Q + 2 * KV}, {at[j]});
+              {Q + 2 * KV}, {at[j]}, copies);
         }
       }
       add(h + "attn.c_proj.weight", L.o.weight, {Q, H}, {r * d.q, 0});
@@ -122,13 +125,14 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     whole(l + "input_layernorm.weight", L.norm1_w);
     add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, d.q), {Q, H}, {r * d.q, 0});
     add(l + "self_attn.k_proj.weight", L.qkv.weight.slice(0, d.q, d.q + d.kv), {KV, H},
-        {r * d.kv, 0});
+        {kvi * d.kv, 0}, kvr);
     add(l + "self_attn.v_proj.weight", L.qkv.weight.slice(0, d.q + d.kv, d.qkv), {KV, H},
-        {r * d.kv, 0});
+        {kvi * d.kv, 0}, kvr);
     if (L.qkv.bias.defined()) {
       add(l + "self_attn.q_proj.bias", L.qkv.bias.slice(0, 0, d.q), {Q}, {r * d.q});
-      add(l + "self_attn.k_proj.bias", L.qkv.bias.slice(0, d.q, d.q + d.kv), {KV}, {r * d.kv});
-      add(l + "self_attn.v_proj.bias", L.qkv.bias.slice(0, d.q + d.kv, d.qkv), {KV}, {r * d.kv});
+      add(l + "self_attn.k_proj.bias", L.qkv.bias.slice(0, d.q, d.q + d.kv), {KV}, {kvi * d.kv}, kvr);
+      add(l + "self_attn.v_proj.bias", L.qkv.bias.slice(0, d.q + d.kv, d.qkv), {KV}, {kvi * d.kv},
+          kvr);
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
     whole(l + "post_attention_layernorm.weight", L.norm2_w);

@@ -45,6 +45,7 @@ struct Piece {
   Tensor view;
   Shape full;
   std::vector<int64_t> offset;
+  int64_t copies = 1;  // tp ranks holding this same block (tp for a replicated tensor)
   bool whole() const { return view.shape() == full; }
   // The block of a tensor of shape `full` that this piece covers.
   Tensor block_of(const Tensor& whole_tensor) const;

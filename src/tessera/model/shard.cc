@@ -17,7 +17,16 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   };
   LocalDims d;
   d.heads = split(c.num_heads, "num_attention_heads");
-  d.kv_heads = split(c.num_kv_heads, "num_key_value_heads");
+  if (tp > c.num_kv_heads && c.num_kv_heads > 0 && tp % c.num_kv_heads == 0) {
+    d.kv_heads = 1;
+    d.kv_replicas = tp / c.num_kv_heads;
+    d.kv_index = s.rank / d.kv_replicas;
+  } else {
+    TESSERA_CHECK(c.num_kv_heads % tp == 0, "tp = ", tp, " and num_key_value_heads = ",
+                  c.num_kv_heads, ": one must divide the other");
+    d.kv_heads = c.num_kv_heads / tp;
+    d.kv_index = s.rank;
+  }
   d.head_dim = c.head_dim;
   d.q = d.heads * d.head_dim;
   d.kv = d.kv_heads * d.head_dim;

@@ -39,11 +39,16 @@ struct TpShard {
 // vocab-parallel) is split in ceil(V / tp) blocks, the last one shorter.
 struct LocalDims {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  // GQA with tp above the kv heads (as vLLM does): each rank holds one kv head, the one
+  // its query heads read (kv_index), replicated on kv_replicas = tp / kv heads ranks.
+  // Otherwise kv heads are split: kv_replicas 1, kv_index the tp rank.
+  int64_t kv_replicas = 1, kv_index = 0;
   int64_t q = 0, kv = 0, qkv = 0;  // heads * head_dim, kv_heads * head_dim, q + 2 kv
   int64_t ffn = 0;                 // intermediate features
   int64_t vocab = 0, vocab_begin = 0;
 };
-// Throws a one-line error naming the size tp does not divide.
+// Throws a one-line error naming the size tp does not divide (kv heads: neither divides
+// the other).
 LocalDims local_dims(const ModelConfig& c, TpShard shard);
 
 // The collectives a tensor-parallel model needs, over its tp group. The model layer knows
@@ -55,6 +60,8 @@ class TpComm {
   virtual void all_reduce_max(Tensor& t) = 0;
   // in (N, cols_r) on each rank -> out (N, sum of cols_r), rank blocks side by side.
   virtual void all_gather_columns(const Tensor& in, Tensor& out) = 0;
+  // Sum over the ranks that hold the same replicated kv head (LocalDims::kv_replicas > 1).
+  virtual void all_reduce_kv_replicas(Tensor& t) = 0;
 };
 
 }  // namespace tessera::model

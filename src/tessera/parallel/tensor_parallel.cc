@@ -9,6 +9,22 @@
 
 namespace tessera::parallel {
 
+CommTp::CommTp(comm::Communicator& group, int64_t kv_replicas) : group_(group) {
+  TESSERA_CHECK(kv_replicas >= 1 && group.size() % kv_replicas == 0, "CommTp: ", kv_replicas,
+                " kv replicas in a tp group of ", group.size());
+  if (kv_replicas > 1)
+    kv_group_ = group.split(static_cast<int>(group.rank() / kv_replicas), group.rank());
+}
+
+CommTp::~CommTp() = default;
+
+void CommTp::all_reduce_kv_replicas(Tensor& t) {
+  TESSERA_CHECK(kv_group_, "all_reduce_kv_replicas: the kv heads are not replicated");
+  ++traffic_.all_reduces;
+  traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
+  kv_group_->all_reduce(t, comm::ReduceOp::kSum);
+}
+
 void CommTp::all_reduce_sum(Tensor& t) {
   ++traffic_.all_reduces;
   traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());

@@ -4,6 +4,7 @@
 // after the MLP in forward, and the matching ones in backward).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,10 +22,14 @@ struct TpTraffic {
 
 class CommTp : public model::TpComm {
  public:
-  explicit CommTp(comm::Communicator& group) : group_(group) {}
+  // kv_replicas: LocalDims::kv_replicas of the model (above 1 the ranks sharing a kv head
+  // get a sub-group: collective over `group`).
+  explicit CommTp(comm::Communicator& group, int64_t kv_replicas = 1);
+  ~CommTp() override;
   void all_reduce_sum(Tensor& t) override;
   void all_reduce_max(Tensor& t) override;
   void all_gather_columns(const Tensor& in, Tensor& out) override;
+  void all_reduce_kv_replicas(Tensor& t) override;
 
   model::TpShard shard() const { return {group_.rank(), group_.size()}; }
   const TpTraffic& traffic() const { return traffic_; }
@@ -32,6 +37,7 @@ class CommTp : public model::TpComm {
 
  private:
   comm::Communicator& group_;
+  std::unique_ptr<comm::Communicator> kv_group_;
   TpTraffic traffic_;
 };
 

@@ -133,7 +133,7 @@ std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, co
 // The model's tp collectives over the mesh's tp group (nullptr at tp 1).
 std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m) {
   if (m.tp_shard().size == 1) return nullptr;
-  auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp));
+  auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp), m.dims().kv_replicas);
   m.set_tp_comm(tp.get());
   return tp;
 }

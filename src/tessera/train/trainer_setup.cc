@@ -95,14 +95,13 @@ model::Model build_model(const TrainConfig& c, const model::ModelConfig& cfg, mo
 std::map<std::string, ParamFlags> param_flags(const model::Model& m) {
   const auto& w = m.weights();
   std::map<std::string, ParamFlags> flags;
-  const bool tp = m.tp_shard().size > 1;
   for (const auto& piece : w.pieces(m.config(), m.tp_shard())) {
     const Tensor& p = piece.view;
     auto same = [&](const Tensor& t) { return t.defined() && t.raw_data() == p.raw_data(); };
     const bool embedding = same(w.embed) || same(w.pos_embed);
     const bool head = same(w.lm_head);
     flags[piece.name] = {p.dim() == 2 && !embedding, p.dim() == 2 && !embedding && !head,
-                         tp && piece.whole()};
+                         piece.copies};
   }
   return flags;
 }
@@ -203,7 +202,7 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
     r.grad = piece.grad;
     r.decay = f.decay;
     r.muon = f.muon;
-    if (f.tp_replicated) r.norm_share = 1.0 / dp.model().tp_shard().size;
+    r.norm_share = 1.0 / static_cast<double>(f.tp_copies);
     refs.push_back(std::move(r));
   }
   return refs;

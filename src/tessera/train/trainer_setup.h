@@ -42,9 +42,10 @@ std::vector<ParamRef> make_param_refs(const model::Model& m, model::Params& grad
 // name -> {decay, muon}, decided as make_param_refs does.
 struct ParamFlags {
   bool decay = false, muon = false;
-  // Under tensor parallelism: every tp rank holds the whole tensor (norms, row-parallel
-  // biases, positions), so it counts once, not tp times, in the global gradient norm.
-  bool tp_replicated = false;
+  // Under tensor parallelism: how many tp ranks hold this same block (tp for norms,
+  // row-parallel biases and positions; tp / kv heads for replicated kv heads), so that it
+  // counts once, not that many times, in the global gradient norm.
+  int64_t tp_copies = 1;
 };
 std::map<std::string, ParamFlags> param_flags(const model::Model& m);
 
