@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "tessera/model/model.h"
 #include "tessera/train/metrics.h"
 #include "tessera/train/trainer.h"
 #include "test_util/run_command.h"
@@ -43,6 +44,27 @@ TEST(DataParallelMpi, TwoProcessesMatchOneProcess) {
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_NEAR(got[i], single.losses[i], 1e-5 * single.losses[i]) << "stage " << stage << " step " << i + 1;
   }
+}
+
+// Tensor parallelism across processes: dp2 x tp2 on 4 ranks (the tp pairs are consecutive
+// ranks), ZeRO-1, to the single-process losses; the mesh is printed by every rank.
+TEST(TensorParallelMpi, Dp2xTp2MatchesOneProcess) {
+  const std::string root = temp_dir("tp_mpi");
+  const std::string data = make_data(root);
+  const std::string extra = "[optimizer]\nlr = 0.003\n[parallel]\n";
+  const auto single = run_training(TrainConfig::parse(base_config(root + "/single", data, 4, extra), "s.toml"));
+  const std::string out = root + "/mpi";
+  const std::string cfg = root + "/mpi.toml";
+  io_write(cfg, base_config(out, data, 4, extra + "tp = 2\ndp = 2\nzero_stage = 1\n"));
+  const auto r = testing::run_command(mpirun(4) + TESSERA_CLI_PATH + " train --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train: mesh dp2 x tp2"), std::string::npos) << r.out;
+  const auto got = losses_of(out);
+  ASSERT_EQ(got.size(), single.losses.size()) << r.out;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], single.losses[i], 1e-5 * single.losses[i]) << "step " << i + 1;
+  // The model it wrote is whole: it loads as one process's model.
+  EXPECT_NO_THROW(model::Model::load(out + "/model"));
 }
 
 }  // namespace
