@@ -67,6 +67,25 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed, bool ignore_so
   return t;
 }
 
+// One tp rank's shard of `full` with its collectives over g (kv sub-group included).
+struct RankShard {
+  RankShard(const model::Model& full, comm::Communicator& g)
+      : shard{g.rank(), g.size()},
+        tp(g, model::local_dims(full.config(), shard).kv_replicas),
+        m(full.shard(shard)) {
+    m.set_tp_comm(&tp);
+  }
+  model::TpShard shard;
+  parallel::CommTp tp;
+  model::Model m;
+};
+
+std::map<std::string, Tensor> by_name(const model::Params& p, const ModelConfig& c) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : p.named(c)) out.emplace(name, t);
+  return out;
+}
+
 struct Case {
   const char* name;
   ModelConfig config;
@@ -84,8 +103,7 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
   const Tensor targets = random_ids(B, T, c.vocab_size, 2, true);
   auto want_grads = model::Params::allocate(c, DType::kF32);
   const auto want = full.forward_backward(ids, targets, want_grads);
-  std::map<std::string, Tensor> want_named;
-  for (auto& [name, t] : want_grads.named(c)) want_named.emplace(name, t);
+  const auto want_named = by_name(want_grads, c);
   const Tensor want_logits = full.forward_batch(ids);
   const std::vector<int32_t> prompt = {3, 14, 15, 92, 65};
   auto want_cache = model::KVCache::create(c, 16);
@@ -94,13 +112,12 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
 
   std::mutex mu;
   comm::run_local(k.tp, [&](comm::Communicator& g) {
-    const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
-    model::Model m = full.shard(shard);
-    m.set_tp_comm(&tp);
+    RankShard rs(full, g);
+    const model::TpShard shard = rs.shard;
+    model::Model& m = rs.m;
     auto grads = model::Params::allocate(c, DType::kF32, m.dims());
     const auto got = m.forward_backward(ids, targets, grads);
-    const auto traffic = tp.traffic();
+    const auto traffic = rs.tp.traffic();
     const bool kv_rep = m.dims().kv_replicas > 1;
     std::lock_guard<std::mutex> lock(mu);
     SCOPED_TRACE("rank " + std::to_string(g.rank()));
@@ -124,10 +141,9 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
   });
   // Logits (gathered across the group) and KV-cache inference.
   comm::run_local(k.tp, [&](comm::Communicator& g) {
-    const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
-    model::Model m = full.shard(shard);
-    m.set_tp_comm(&tp);
+    RankShard rs(full, g);
+    const model::TpShard shard = rs.shard;
+    model::Model& m = rs.m;
     const Tensor logits = m.forward_batch(ids);
     auto cache = model::KVCache::create(c, 16, shard);
     const Tensor prefill = m.forward(prompt, cache, true);
@@ -147,14 +163,12 @@ TEST_P(TensorParallel, EveryRecomputeModeGivesTheSameGradients) {
   const Tensor targets = random_ids(2, 6, c.vocab_size, 4, false);
   auto want_grads = model::Params::allocate(c, DType::kF32);
   const auto want = full.forward_backward(ids, targets, want_grads);
-  std::map<std::string, Tensor> want_named;
-  for (auto& [name, t] : want_grads.named(c)) want_named.emplace(name, t);
+  const auto want_named = by_name(want_grads, c);
   std::mutex mu;
   comm::run_local(k.tp, [&](comm::Communicator& g) {
-    const model::TpShard shard{g.rank(), g.size()};
-    parallel::CommTp tp(g, model::local_dims(c, shard).kv_replicas);
-    model::Model m = full.shard(shard);
-    m.set_tp_comm(&tp);
+    RankShard rs(full, g);
+    const model::TpShard shard = rs.shard;
+    model::Model& m = rs.m;
     for (auto rc : {model::Recompute::kSelective, model::Recompute::kFull}) {
       m.set_recompute(rc);
       auto grads = model::Params::allocate(c, DType::kF32, m.dims());

@@ -31,12 +31,13 @@ namespace tessera::kernels {
 // 1. max (N) = each row's maximum over this shard.
 void shard_row_max(const Tensor& logits, Tensor& max);
 // 2. With max the group's row maxima: sums (2N) = [sum_j exp(logit_j - max) over this
-//    shard's columns | the target's logit where this shard holds it, else 0].
+//    shard's columns | the target's logit where this shard holds it, else 0]. A target
+//    outside the whole vocabulary [0, vocab) throws tessera::Error naming it.
 void shard_softmax_sums(const Tensor& logits, const Tensor& max, const Tensor& targets,
-                        int64_t begin, Tensor& sums);
+                        int64_t begin, int64_t vocab, Tensor& sums);
 // 3. With sums the group's totals: the loss (as cross_entropy), and dlogits (N, Vr)
 //    written with grad_scale * (softmax - onehot) over this shard's columns (may alias
-//    logits). Targets must already be checked against the whole vocabulary.
+//    logits). Targets as step 2 checked them.
 CrossEntropyResult shard_cross_entropy(const Tensor& logits, const Tensor& targets,
                                        int64_t begin, const Tensor& max, const Tensor& sums,
                                        Tensor* dlogits, float grad_scale);

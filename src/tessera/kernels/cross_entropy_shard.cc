@@ -8,6 +8,19 @@
 #include "tessera/kernels/pointwise_checks.h"
 
 namespace tessera::kernels {
+namespace {
+
+// The shapes steps 2 and 3 share: logits (N, Vr), max (N), targets (N), sums (2N).
+void check_shard_step(const char* op, const Tensor& logits, const Tensor& max,
+                      const Tensor& targets, const Tensor& sums) {
+  detail::check_rows(logits, op, "logits", DType::kF32);
+  const int64_t N = logits.size(0);
+  detail::check_vector(max, op, "max", N, {DType::kF32});
+  detail::check_vector(targets, op, "targets", N, {DType::kI32});
+  detail::check_vector(sums, op, "sums", 2 * N, {DType::kF32});
+}
+
+}  // namespace
 
 void shard_row_max(const Tensor& logits, Tensor& max) {
   detail::check_rows(logits, "shard_row_max", "logits", DType::kF32);
@@ -26,13 +39,15 @@ void shard_row_max(const Tensor& logits, Tensor& max) {
 }
 
 void shard_softmax_sums(const Tensor& logits, const Tensor& max, const Tensor& targets,
-                        int64_t begin, Tensor& sums) {
+                        int64_t begin, int64_t vocab, Tensor& sums) {
   const char* op = "shard_softmax_sums";
-  detail::check_rows(logits, op, "logits", DType::kF32);
+  check_shard_step(op, logits, max, targets, sums);
   const int64_t N = logits.size(0), V = logits.size(1);
-  detail::check_vector(max, op, "max", N, {DType::kF32});
-  detail::check_vector(targets, op, "targets", N, {DType::kI32});
-  detail::check_vector(sums, op, "sums", 2 * N, {DType::kF32});
+  const int32_t* tc = targets.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)  // against the whole vocabulary, before any thread starts
+    TESSERA_CHECK(tc[n] == kIgnoreIndex || (tc[n] >= 0 && tc[n] < vocab), "cross_entropy: targets[",
+                  n, "] = ", tc[n], " is out of range for vocab size ", vocab, " (ignore index is ",
+                  kIgnoreIndex, ")");
   const float* L = logits.data<float>();
   const int64_t ld = logits.stride(0);
   const float* M = max.data<float>();
@@ -53,11 +68,8 @@ CrossEntropyResult shard_cross_entropy(const Tensor& logits, const Tensor& targe
                                        int64_t begin, const Tensor& max, const Tensor& sums,
                                        Tensor* dlogits, float grad_scale) {
   const char* op = "shard_cross_entropy";
-  detail::check_rows(logits, op, "logits", DType::kF32);
+  check_shard_step(op, logits, max, targets, sums);
   const int64_t N = logits.size(0), V = logits.size(1);
-  detail::check_vector(max, op, "max", N, {DType::kF32});
-  detail::check_vector(targets, op, "targets", N, {DType::kI32});
-  detail::check_vector(sums, op, "sums", 2 * N, {DType::kF32});
   if (dlogits) detail::check_rows(*dlogits, op, "dlogits", DType::kF32, N, V);
   const float* L = logits.data<float>();
   const int64_t ld = logits.stride(0);

@@ -14,19 +14,26 @@
 namespace tessera::model {
 namespace {
 
+// f(x, y) over the whole rows, or one row at a time when `rowwise` (the same kernel call
+// for every row whatever N is: batch-invariant results).
+template <typename F>
+void by_rows(const Tensor& x, Tensor& y, bool rowwise, const F& f) {
+  if (!rowwise) {
+    f(x, y);
+    return;
+  }
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    Tensor yi = y.slice(0, i, i + 1);
+    f(x.slice(0, i, i + 1), yi);
+  }
+}
+
 // y = x @ W^T for one of the block's linears, the tp reduction a row-parallel one needs,
 // then its bias. rowwise: one matmul call per row (the same call whatever N is).
 void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Tensor& x, Tensor& y,
                 Bf16Mode mode, bool rowwise) {
   const Linear& lin = m.compute_linear(layer, spec.which);
-  if (!rowwise) {
-    linear_matmul(lin, x, y, mode);
-  } else {
-    for (int64_t i = 0; i < x.size(0); ++i) {
-      Tensor yi = y.slice(0, i, i + 1);
-      linear_matmul(lin, x.slice(0, i, i + 1), yi, mode);
-    }
-  }
+  by_rows(x, y, rowwise, [&](const Tensor& xi, Tensor& yi) { linear_matmul(lin, xi, yi, mode); });
   if (spec.style == LinearStyle::kRow) tp_reduce(m, y);
   if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
 }
@@ -124,15 +131,9 @@ Tensor head_logits(const Model& m, const Tensor& h, bool rowwise) {
   const int64_t R = h.size(0);
   const LocalDims& d = m.dims();
   Tensor local = Tensor::empty({R, d.vocab}, DType::kF32);
-  const Tensor in = matmul_input(h, m.bf16_mode());
-  if (!rowwise) {
-    kernels::matmul(in, m.compute_lm_head(), local, false, true);
-  } else {
-    for (int64_t i = 0; i < R; ++i) {
-      Tensor li = local.slice(0, i, i + 1);
-      kernels::matmul(in.slice(0, i, i + 1), m.compute_lm_head(), li, false, true);
-    }
-  }
+  by_rows(matmul_input(h, m.bf16_mode()), local, rowwise, [&](const Tensor& hi, Tensor& li) {
+    kernels::matmul(hi, m.compute_lm_head(), li, false, true);
+  });
   TpComm* tp = m.tp_comm();
   if (!tp) return local;
   Tensor full = Tensor::empty({R, m.config().vocab_size}, DType::kF32);
@@ -144,17 +145,13 @@ kernels::CrossEntropyResult head_cross_entropy(const Model& m, Tensor& logits,
                                                const Tensor& targets, float grad_scale) {
   TpComm* tp = m.tp_comm();
   if (!tp) return kernels::cross_entropy(logits, targets, nullptr, &logits, grad_scale);
-  const int64_t N = logits.size(0), V = m.config().vocab_size;
-  const int32_t* t = targets.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    TESSERA_CHECK(t[n] == kernels::kIgnoreIndex || (t[n] >= 0 && t[n] < V), "cross_entropy: targets[",
-                  n, "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
-                  kernels::kIgnoreIndex, ")");
+  const int64_t N = logits.size(0);
   Tensor max = Tensor::empty({N}, DType::kF32);
   kernels::shard_row_max(logits, max);
   tp->all_reduce_max(max);
   Tensor sums = Tensor::empty({2 * N}, DType::kF32);
-  kernels::shard_softmax_sums(logits, max, targets, m.dims().vocab_begin, sums);
+  kernels::shard_softmax_sums(logits, max, targets, m.dims().vocab_begin, m.config().vocab_size,
+                              sums);
   tp->all_reduce_sum(sums);
   return kernels::shard_cross_entropy(logits, targets, m.dims().vocab_begin, max, sums, &logits,
                                       grad_scale);
