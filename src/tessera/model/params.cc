@@ -11,41 +11,44 @@ Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }
 
-Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d) {
+Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool zeroed) {
+  const auto make = [&](const Shape& shape) {
+    return zeroed ? Tensor::zeros(shape, dt) : Tensor::empty(shape, dt);
+  };
   const int64_t H = c.hidden_size, F = d.ffn;
   Params p;
-  p.embed = Tensor::zeros({d.vocab, H}, dt);
-  if (c.arch == Arch::kGpt2) p.pos_embed = Tensor::zeros({c.max_position_embeddings, H}, dt);
+  p.embed = make({d.vocab, H});
+  if (c.arch == Arch::kGpt2) p.pos_embed = make({c.max_position_embeddings, H});
   const bool ln = c.uses_layernorm();
   p.layers.resize(c.num_layers);
   for (auto& L : p.layers) {
-    L.norm1_w = Tensor::zeros({H}, dt);
-    L.norm2_w = Tensor::zeros({H}, dt);
+    L.norm1_w = make({H});
+    L.norm2_w = make({H});
     if (ln) {
-      L.norm1_b = Tensor::zeros({H}, dt);
-      L.norm2_b = Tensor::zeros({H}, dt);
+      L.norm1_b = make({H});
+      L.norm2_b = make({H});
     }
     if (c.arch == Arch::kGpt2) {
       L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
-      L.qkv.weight = Tensor::zeros({H, d.qkv}, dt);
-      L.o.weight = Tensor::zeros({d.q, H}, dt);
-      L.up.weight = Tensor::zeros({H, F}, dt);
-      L.down.weight = Tensor::zeros({F, H}, dt);
-      L.qkv.bias = Tensor::zeros({d.qkv}, dt);
-      L.o.bias = Tensor::zeros({H}, dt);
-      L.up.bias = Tensor::zeros({F}, dt);
-      L.down.bias = Tensor::zeros({H}, dt);
+      L.qkv.weight = make({H, d.qkv});
+      L.o.weight = make({d.q, H});
+      L.up.weight = make({H, F});
+      L.down.weight = make({F, H});
+      L.qkv.bias = make({d.qkv});
+      L.o.bias = make({H});
+      L.up.bias = make({F});
+      L.down.bias = make({H});
     } else {
-      L.qkv.weight = Tensor::zeros({d.qkv, H}, dt);
-      L.o.weight = Tensor::zeros({H, d.q}, dt);
-      L.up.weight = Tensor::zeros({2 * F, H}, dt);
-      L.down.weight = Tensor::zeros({H, F}, dt);
-      if (c.qkv_bias) L.qkv.bias = Tensor::zeros({d.qkv}, dt);
+      L.qkv.weight = make({d.qkv, H});
+      L.o.weight = make({H, d.q});
+      L.up.weight = make({2 * F, H});
+      L.down.weight = make({H, F});
+      if (c.qkv_bias) L.qkv.bias = make({d.qkv});
     }
   }
-  p.final_norm_w = Tensor::zeros({H}, dt);
-  if (ln) p.final_norm_b = Tensor::zeros({H}, dt);
-  p.lm_head = c.tie_word_embeddings ? p.embed : Tensor::zeros({d.vocab, H}, dt);
+  p.final_norm_w = make({H});
+  if (ln) p.final_norm_b = make({H});
+  p.lm_head = c.tie_word_embeddings ? p.embed : make({d.vocab, H});
   return p;
 }
 

@@ -60,8 +60,10 @@ struct Params {
 
   // Zero-filled tensors of `dtype` shaped for `config`.
   static Params allocate(const ModelConfig& config, DType dtype);
-  // The same for one tensor-parallel shard (local_dims sizes).
-  static Params allocate(const ModelConfig& config, DType dtype, const LocalDims& dims);
+  // The same for one tensor-parallel shard (local_dims sizes). zeroed false: the memory is
+  // left untouched (for reading the layout of pieces() without paying for the tensors).
+  static Params allocate(const ModelConfig& config, DType dtype, const LocalDims& dims,
+                         bool zeroed = true);
   // (Hugging Face name, view) for every distinct tensor; tied lm_head is not listed.
   // Whole-model Params only (tp = 1).
   std::vector<std::pair<std::string, Tensor>> named(const ModelConfig& config) const;

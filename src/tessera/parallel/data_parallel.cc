@@ -241,6 +241,8 @@ void DataParallel::build_pieces() {
     std::string name;
     int64_t flat, numel;
     Shape shape;
+    std::vector<int64_t> block_offset;
+    Shape full;
   };
   std::vector<Param> params;
   // Under tensor parallelism each tensor's block on this rank (GPT-2's fused c_attn blocks
@@ -254,7 +256,8 @@ void DataParallel::build_pieces() {
       const char* base = static_cast<const char*>(s.w->raw_data());
       if (p >= base && p < base + s.numel * 4) {
         TESSERA_CHECK(view.is_contiguous(), "data parallel: tensor ", name, " is not contiguous");
-        params.push_back({name, s.flat + (p - base) / 4, view.numel(), view.shape()});
+        params.push_back({name, s.flat + (p - base) / 4, view.numel(), view.shape(), piece.offset,
+                          piece.full});
         found = true;
         break;
       }
@@ -273,6 +276,8 @@ void DataParallel::build_pieces() {
       piece.key = tp_piece_key(p.name, model_.tp_shard());
       piece.offset = lo - p.flat;
       piece.tensor_shape = p.shape;
+      piece.block_offset = p.block_offset;
+      piece.full_shape = p.full;
       if (separate_master_)
         piece.master = master_.slice(0, shard_pos, shard_pos + hi - lo);
       else if (config_.zero_stage < 3)

@@ -36,6 +36,10 @@ struct ShardPiece {
   std::string key;
   int64_t offset = 0;    // first element of the piece inside the tensor (tp: the block) (row-major)
   Shape tensor_shape;    // the whole tensor's shape (tp: this rank's block of it)
+  // Under tensor parallelism, where that block sits in the whole Hugging Face tensor
+  // (offset per dim) and the whole tensor's shape; at tp 1 zeros and tensor_shape.
+  std::vector<int64_t> block_offset;
+  Shape full_shape;
   Tensor master;         // fp32 values the optimizer updates; tensor_shape when whole, else 1-D
   Tensor grad;           // same shape: the gradient averaged over ranks
   bool whole() const { return master.numel() == shape_numel(tensor_shape); }

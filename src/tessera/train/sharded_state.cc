@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "tessera/base/error.h"
+#include "tessera/model/params.h"
+#include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera::train {
 
@@ -46,6 +48,69 @@ void PieceReader::read(const std::string& key, int64_t offset, Tensor& dst) cons
   }
   TESSERA_CHECK(covered == hi - lo, "checkpoint: the saved pieces of ", key, " cover ", covered,
                 " of elements [", lo, ", ", hi, ")");
+}
+
+int64_t copy_box_overlap(const Box& src, const Box& dst, int64_t window_begin, Tensor& window,
+                         const std::function<void(int64_t, Tensor&)>& read) {
+  const size_t nd = dst.extent.size();
+  TESSERA_CHECK(src.extent.size() == nd && src.offset.size() == nd && dst.offset.size() == nd && nd > 0,
+                "checkpoint: blocks of different ranks");
+  std::vector<int64_t> lo(nd), hi(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    lo[d] = std::max(src.offset[d], dst.offset[d]);
+    hi[d] = std::min(src.offset[d] + src.extent[d], dst.offset[d] + dst.extent[d]);
+    if (lo[d] >= hi[d]) return 0;
+  }
+  // Row-major strides of both blocks; runs along the last dim.
+  std::vector<int64_t> ss(nd, 1), ds(nd, 1);
+  for (size_t d = nd - 1; d > 0; --d) {
+    ss[d - 1] = ss[d] * src.extent[d];
+    ds[d - 1] = ds[d] * dst.extent[d];
+  }
+  Tensor flat = window.view({window.numel()});
+  const int64_t w0 = window_begin, w1 = window_begin + window.numel();
+  const int64_t run = hi[nd - 1] - lo[nd - 1];
+  int64_t filled = 0;
+  std::vector<int64_t> idx(lo.begin(), lo.end());  // global coordinates of the run's start
+  while (true) {
+    int64_t sf = 0, df = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      sf += (idx[d] - src.offset[d]) * ss[d];
+      df += (idx[d] - dst.offset[d]) * ds[d];
+    }
+    const int64_t a = std::max(df, w0), b = std::min(df + run, w1);  // clipped to the window
+    if (a < b) {
+      Tensor out = flat.slice(0, a - w0, b - w0);
+      read(sf + (a - df), out);
+      filled += b - a;
+    }
+    size_t d = nd - 1;  // next run: advance the leading dims like an odometer
+    while (d > 0) {
+      --d;
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+      if (d == 0) return filled;
+    }
+    if (nd == 1) return filled;
+  }
+}
+
+std::map<std::string, std::vector<std::pair<std::string, Box>>> tp_blocks(
+    const model::ModelConfig& config, int64_t tp) {
+  std::map<std::string, std::vector<std::pair<std::string, Box>>> out;
+  for (int r = 0; r < tp; ++r) {
+    const model::TpShard shard{r, static_cast<int>(tp)};
+    // Untouched memory: only the pieces' geometry is read.
+    const auto p = model::Params::allocate(config, DType::kF32, model::local_dims(config, shard), false);
+    for (const auto& piece : p.pieces(config, shard)) {
+      Box box{piece.offset, piece.view.shape()};
+      auto& list = out[piece.name];
+      bool seen = false;
+      for (const auto& [key, b] : list) seen |= b.offset == box.offset && b.extent == box.extent;
+      if (!seen) list.emplace_back(parallel::tp_piece_key(piece.name, shard), std::move(box));
+    }
+  }
+  return out;
 }
 
 }  // namespace tessera::train

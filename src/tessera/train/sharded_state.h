@@ -4,12 +4,14 @@
 // (elements [offset, offset + numel) of the flattened tensor, 1-D).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/io/safetensors.h"
+#include "tessera/model/config.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::train {
@@ -36,5 +38,24 @@ class PieceReader {
   std::vector<std::shared_ptr<io::SafetensorsFile>> files_;
   std::map<std::string, std::vector<Piece>> pieces_;
 };
+
+// An N-d block of a tensor: where it starts and how big it is in each dim (the whole
+// tensor: offset 0, its shape). Tensor-parallel checkpoints save each rank's block.
+struct Box {
+  std::vector<int64_t> offset;
+  Shape extent;
+};
+
+// Reading one saved block of a tensor under a layout with another block: fills the
+// elements of `window` (elements [window_begin, window_begin + window.numel()) of the
+// row-major block `dst`) that the saved block `src` covers, one contiguous row run at a
+// time, through read(flat offset in src, out run). Returns the elements filled.
+int64_t copy_box_overlap(const Box& src, const Box& dst, int64_t window_begin, Tensor& window,
+                         const std::function<void(int64_t, Tensor&)>& read);
+
+// The blocks every rank of a tp-way layout holds of each tensor of `config`: name ->
+// (state name, block) (tp_piece_key names; a block held by several ranks listed once).
+std::map<std::string, std::vector<std::pair<std::string, Box>>> tp_blocks(
+    const model::ModelConfig& config, int64_t tp);
 
 }  // namespace tessera::train

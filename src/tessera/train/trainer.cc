@@ -566,12 +566,10 @@ class Run {
     const auto state = io::read_json_file(dir + "/trainer_state.json");
     try {
       std::vector<std::string> files;
+      int64_t saved_tp = 1;
       if (fs::exists(dir + "/" + kShardIndexName)) {
         const auto index = io::read_json_file(dir + "/" + kShardIndexName);
-        const int64_t saved_tp = index.contains("mesh") ? index.at("mesh").value("tp", int64_t{1}) : 1;
-        TESSERA_CHECK(saved_tp == mesh_shape_.tp, dir, " was written at tp = ", saved_tp,
-                      ", this run has [parallel] tp = ", mesh_shape_.tp,
-                      ": a checkpoint resumes at its own tp (dp and ZeRO stage may change)");
+        if (index.contains("mesh")) saved_tp = index.at("mesh").value("tp", int64_t{1});
         for (const auto& f : index.at("files")) files.push_back(dir + "/" + f.get<std::string>());
         if (index.contains("bf16_mode")) resume_bf16_mode(dir, index.at("bf16_mode").get<std::string>());
       } else {
@@ -579,31 +577,52 @@ class Run {
       }
       const PieceReader reader(files);
       std::shared_ptr<io::SafetensorsFile> weights;  // only for checkpoints without masters
+      // A checkpoint without masters (fp32 without sharding, at tp 1): the model's weights.
+      auto whole_weight = [&](const parallel::ShardPiece& piece) {
+        if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
+        TESSERA_CHECK(weights->has(piece.name), dir, "/model.safetensors: missing tensor ", piece.name);
+        const Tensor src = weights->get(piece.name);
+        TESSERA_CHECK(src.shape() == piece.full_shape, dir, "/model.safetensors: ", piece.name,
+                      " has shape ", src.describe(), ", the configured model needs ",
+                      shape_str(piece.full_shape));
+        return src.view({src.numel()});
+      };
+      // At another tp the saved blocks of each tensor are cut to this rank's block.
+      const auto saved_blocks = saved_tp == mesh_shape_.tp
+                                    ? decltype(tp_blocks(model_.config(), 1)){}
+                                    : tp_blocks(model_.config(), saved_tp);
+      // Fills dst with state `kind` ("master.", "exp_avg.", ...) of `piece`.
+      auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece, Tensor& dst) {
+        auto source = [&](const std::string& key) -> std::function<void(int64_t, Tensor&)> {
+          if (reader.has(kind + key) || kind != "master.")
+            return [&reader, name = kind + key](int64_t at, Tensor& out) { reader.read(name, at, out); };
+          const Tensor src = whole_weight(piece);
+          return [src](int64_t at, Tensor& out) { out.copy_from(src.slice(0, at, at + out.numel()).view(out.shape())); };
+        };
+        if (saved_tp == mesh_shape_.tp) {
+          source(piece.key)(piece.offset, dst);
+          return;
+        }
+        const Box mine{piece.block_offset, piece.tensor_shape};
+        int64_t filled = 0;
+        for (const auto& [key, box] : saved_blocks.at(piece.name))
+          filled += copy_box_overlap(box, mine, piece.offset, dst, source(key));
+        TESSERA_CHECK(filled == dst.numel(), dir, ": the tp = ", saved_tp, " blocks of ", kind,
+                      piece.name, " cover ", filled, " of this rank's ", dst.numel(), " elements");
+      };
       std::map<std::string, const parallel::ShardPiece*> by_ref;
       for (size_t i = 0; i < refs_.size(); ++i) {
         const auto& piece = dp_.pieces()[i];
         by_ref[refs_[i].name] = &piece;
         Tensor dst = piece.master;
-        if (reader.has("master." + piece.key)) {
-          reader.read("master." + piece.key, piece.offset, dst);
-          continue;
-        }
-        if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
-        TESSERA_CHECK(weights->has(piece.name), dir, "/model.safetensors: missing tensor ",
-                      piece.name);
-        const Tensor src = weights->get(piece.name);
-        TESSERA_CHECK(src.shape() == piece.tensor_shape, dir, "/model.safetensors: ", piece.name,
-                      " has shape ", src.describe(), ", the configured model needs ",
-                      shape_str(piece.tensor_shape));
-        dst.view({dst.numel()}).copy_from(
-            src.view({src.numel()}).slice(0, piece.offset, piece.offset + dst.numel()));
+        read_state("master.", piece, dst);
       }
       std::vector<std::pair<std::string, Tensor>> opt_state;
       for (const auto& [name, t] : opt_.state_tensors()) {
         const size_t dot = name.find('.');
         const auto* piece = by_ref.at(name.substr(dot + 1));
         Tensor dst = Tensor::empty(t.shape(), DType::kF32);
-        reader.read(name.substr(0, dot + 1) + piece->key, piece->offset, dst);
+        read_state(name.substr(0, dot + 1), *piece, dst);
         opt_state.emplace_back(name, dst);
       }
       opt_.load_state(opt_state, state.at("optimizer_step").get<int64_t>());
