@@ -185,6 +185,70 @@ TEST_P(TensorParallel, EveryRecomputeModeGivesTheSameGradients) {
   });
 }
 
+TEST_P(TensorParallel, SequenceParallelGivesTheSameGradientsWithLessActivationMemory) {
+  // Megatron SP: the residual stream and norms hold N / tp rows; every all-reduce becomes
+  // an all-gather before and a reduce-scatter after each tp region (h1 and h2 gathered
+  // again in backward rather than kept whole), the norms' weight gradients summed.
+  const Case& k = GetParam();
+  const ModelConfig& c = k.config;
+  const model::Model full = model::Model::random(c, DType::kF32, 5);
+  const int64_t B = 2, T = 8, N = B * T, H = c.hidden_size, L = c.num_layers, tp = k.tp;
+  const Tensor ids = random_ids(B, T, c.vocab_size, 5, false);
+  const Tensor targets = random_ids(B, T, c.vocab_size, 6, true);
+  auto want_grads = model::Params::allocate(c, DType::kF32);
+  const auto want = full.forward_backward(ids, targets, want_grads);
+  const auto want_named = by_name(want_grads, c);
+  const Tensor want_logits = full.forward_batch(ids);
+  const bool ln = c.uses_layernorm();
+  std::mutex mu;
+  comm::run_local(k.tp, [&](comm::Communicator& g) {
+    RankShard rs(full, g);
+    model::Model& m = rs.m;
+    auto plain_grads = model::Params::allocate(c, DType::kF32, m.dims());
+    const auto plain = m.forward_backward(ids, targets, plain_grads);
+    m.set_sequence_parallel(true);
+    rs.tp.reset_traffic();
+    for (auto rc : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+      m.set_recompute(rc);
+      auto grads = model::Params::allocate(c, DType::kF32, m.dims());
+      const auto got = m.forward_backward(ids, targets, grads);
+      const auto traffic = rs.tp.traffic();
+      rs.tp.reset_traffic();
+      std::lock_guard<std::mutex> lock(mu);
+      SCOPED_TRACE(std::string(model::recompute_name(rc)) + " rank " + std::to_string(g.rank()));
+      EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::abs(want.loss));
+      for (const auto& piece : grads.pieces(c, rs.shard)) {
+        const Tensor& whole = want_named.at(piece.name);
+        EXPECT_LT(max_rel(piece.view, piece.block_of(whole), &whole), 1e-5) << piece.name;
+      }
+      if (rc != model::Recompute::kNone) continue;
+      // Saved for backward: x_in, h1, x_mid, h2 and the norms' statistics per layer, and
+      // x_final, hf and the final norm's statistics, all at N / tp rows.
+      const int64_t stats = ln ? 2 : 1;
+      const int64_t row_bytes = (L * (4 * H + 2 * stats) + 2 * H + stats) * 4;
+      EXPECT_EQ(plain.activation_bytes - got.activation_bytes, row_bytes * (N - N / tp));
+      const int64_t nh = N * H * 4;
+      const bool kv_rep = m.dims().kv_replicas > 1;
+      // Forward: gathers of h1, h2 per layer and of hf; scatters after the embedding, o, down.
+      // Backward: gathers of the residual gradient (twice), h2 and h1 per layer and for the
+      // embedding; scatters after the head, up and qkv.
+      EXPECT_EQ(traffic.all_gathers, 6 * L + 2);
+      EXPECT_EQ(traffic.all_gather_bytes, (6 * L + 2) * nh);
+      EXPECT_EQ(traffic.reduce_scatters, 4 * L + 2);
+      EXPECT_EQ(traffic.reduce_scatter_bytes, (4 * L + 2) * nh);
+      // All-reduces left: the cross-entropy's (N + 2N), the norms' weight gradients, and
+      // replicated kv heads' gradients.
+      EXPECT_EQ(traffic.all_reduces, 2 + (2 * L + 1) + (kv_rep ? L : 0));
+      EXPECT_EQ(traffic.all_reduce_bytes, 3 * N * 4 + (2 * L + 1) * stats * H * 4 +
+                                              (kv_rep ? L * N * 2 * c.head_dim * 4 : 0));
+    }
+    m.set_recompute(model::Recompute::kNone);
+    const Tensor logits = m.forward_batch(ids);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LT(max_rel(logits, want_logits), 1e-5);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Archs, TensorParallel,
     ::testing::Values(Case{"llama_gqa_tp2", tiny(Arch::kLlama, 4, 2, false), 2},

@@ -31,6 +31,8 @@ struct Activations {
 };
 
 // Training-path forward; fills `acts` and returns the final hidden states hf (N, H).
+// Under sequence parallelism the residual-stream activations hold this rank's rows
+// (acts.hf too); the returned hf is every row.
 // What each layer keeps follows m.recompute(): everything (kNone), everything but the
 // attention output and log-sum-exp (kSelective), or only x_in (kFull).
 Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts);

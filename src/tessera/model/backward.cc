@@ -50,13 +50,43 @@ void clear_assigned_grads(const ModelConfig& c, Params& g, int unit,
   }
 }
 
-// dx = dy_op @ W for the block linear `spec` of layer l (dy_op prepared for pm), then the
-// tp sum of a column-parallel linear's input gradient (each rank holds the part from
-// its output features).
+// dx_full = dy_op @ W for the block linear `spec` of layer l (dy_op prepared for pm); a
+// column-parallel linear's input gradient (each rank holds the part from its output
+// features) is then summed over the tp group: all-reduced in place (dx is dx_full), or
+// under sequence parallelism reduce-scattered into dx, this rank's rows.
 void input_grad(const Model& m, const BlockLinear& spec, int64_t l, const Tensor& dy_op,
-                Tensor& dx, Bf16Mode pm) {
-  linear_backward_input(m.compute_linear(l, spec.which), dy_op, dx, pm);
-  if (spec.style == LinearStyle::kColumn) tp_reduce(m, dx);
+                Tensor& dx_full, Tensor& dx, Bf16Mode pm) {
+  linear_backward_input(m.compute_linear(l, spec.which), dy_op, dx_full, pm);
+  if (spec.style != LinearStyle::kColumn) return;
+  if (m.sequence_parallel())
+    scatter_rows(m, dx_full, dx);
+  else
+    tp_reduce(m, dx_full);
+}
+
+// norm_backward. Under sequence parallelism a rank sees only its rows, so the weight (and
+// bias) gradients it finds are this micro-batch's partial sums: computed apart, summed
+// over the tp group, then added.
+void norm_grad(const Model& m, const Tensor& dout, const Tensor& x, const Tensor& w,
+               const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) {
+  const auto& c = m.config();
+  if (!m.sequence_parallel()) {
+    norm_backward(c, dout, x, w, mean, rstd, dx, dw, db);
+    return;
+  }
+  const int64_t H = c.hidden_size;
+  const bool ln = c.uses_layernorm();
+  Tensor g = Tensor::zeros({ln ? 2 * H : H}, DType::kF32);
+  Tensor gw = g.slice(0, 0, H), gb = ln ? g.slice(0, H, 2 * H) : Tensor();
+  norm_backward(c, dout, x, w, mean, rstd, dx, gw, gb);
+  tp_reduce(m, g);
+  kernels::add_inplace(dw, gw);
+  if (ln) kernels::add_inplace(db, gb);
+}
+
+// This rank's rows under sequence parallelism -> every row (the tp region's operand).
+Tensor all_rows(const Model& m, const Tensor& t) {
+  return m.sequence_parallel() ? gather_rows(m, t) : t;
 }
 
 }  // namespace
@@ -125,13 +155,22 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   round_matmul_input_in_place(dlogits, mode);
 
   // lm_head: logits = hf @ Wlm^T.
-  Tensor dres = Tensor::empty({N, H}, DType::kF32);  // gradient w.r.t. the residual stream
-  Tensor dh = Tensor::empty({N, H}, DType::kF32);
-  kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh, false, false);
-  tp_reduce(*this, dh);  // vocab-parallel head: each rank's part from its rows
+  // The residual stream's rows here: all N, or this rank's N / tp under sequence parallelism
+  // (dh_full then holds the tp region's partial sums over every row).
+  const bool sp = sequence_parallel_;
+  const int64_t Nl = sp ? N / shard_.size : N;
+  Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
+  Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
+  Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
+  kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
+  // Vocab-parallel head: each rank's part from its rows, summed over the group.
+  if (sp)
+    scatter_rows(*this, dh_full, dh);
+  else
+    tp_reduce(*this, dh);
   matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
-  norm_backward(c, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
-                grads.final_norm_w, grads.final_norm_b);
+  norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
+            grads.final_norm_w, grads.final_norm_b);
   if (hooks) {
     if (tied) hooks->release(0);
     hooks->grads_ready(head);
@@ -139,7 +178,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   }
 
   const auto params = attention_params(c, 0);
-  Tensor tmp = Tensor::empty({N, H}, DType::kF32);
+  Tensor tmp = Tensor::empty({Nl, H}, DType::kF32);
   Tensor da = Tensor::empty({N, F}, DType::kF32);
   Tensor du = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
   Tensor datt = Tensor::empty({N, Q}, DType::kF32);
@@ -165,9 +204,10 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
                       &Ldown = kBlockLinears[3];
     // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-    Tensor op = matmul_operand(dres, mode);
-    input_grad(*this, Ldown, l, op, da, pm);
-    linear_backward_weight(A.a, dres, op, G.linear(Ldown.which), pm, !assign);
+    Tensor dres_all = all_rows(*this, dres);
+    Tensor op = matmul_operand(dres_all, mode);
+    input_grad(*this, Ldown, l, op, da, da, pm);
+    linear_backward_weight(A.a, dres_all, op, G.linear(Ldown.which), pm, !assign);
     if (c.gated_mlp()) {
       Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
       kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
@@ -175,14 +215,16 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       kernels::gelu_backward(da, A.u, du);
     }
     op = matmul_operand(du, mode);
-    input_grad(*this, Lup, l, op, dh, pm);
-    linear_backward_weight(A.h2, du, op, G.linear(Lup.which), pm, !assign);
-    norm_backward(c, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
+    input_grad(*this, Lup, l, op, dh_full, dh, pm);
+    linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
+    norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
-    op = matmul_operand(dres, mode);
-    input_grad(*this, Lo, l, op, datt, pm);
-    linear_backward_weight(matmul_operand(A.att, mode), dres, op, G.linear(Lo.which), pm, !assign);
+    dres_all = all_rows(*this, dres);
+    op = matmul_operand(dres_all, mode);
+    input_grad(*this, Lo, l, op, datt, datt, pm);
+    linear_backward_weight(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which), pm,
+                           !assign);
     const QkvViews v = qkv_views(d, A.qkv, B, T);
     QkvViews dv = qkv_views(d, dqkv, B, T);
     kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
@@ -190,7 +232,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
                                 params);
     apply_rope(*this, dqkv, acts.positions, true);
     op = matmul_operand(dqkv, mode);
-    input_grad(*this, Lqkv, l, op, dh, pm);
+    input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
     if (d.kv_replicas > 1) {
       // A replicated kv head is read by the query heads of kv_replicas ranks: its weight
       // gradient sums theirs (the input gradient above took only this rank's part).
@@ -199,8 +241,8 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       dqkv.slice(1, d.q, d.qkv).copy_from(dkv);
       op = matmul_operand(dqkv, mode);
     }
-    linear_backward_weight(A.h1, dqkv, op, G.linear(Lqkv.which), pm, !assign);
-    norm_backward(c, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
+    linear_backward_weight(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which), pm, !assign);
+    norm_grad(*this, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
     kernels::add_inplace(dres, tmp);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
     if (hooks) {
@@ -209,7 +251,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
     }
   }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
-  embed_backward(*this, dres, acts.ids, acts.positions, grads);
+  embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
   if (hooks) hooks->grads_ready(0);
   return result;
 }

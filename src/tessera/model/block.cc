@@ -28,14 +28,23 @@ void by_rows(const Tensor& x, Tensor& y, bool rowwise, const F& f) {
   }
 }
 
-// y = x @ W^T for one of the block's linears, the tp reduction a row-parallel one needs,
-// then its bias. rowwise: one matmul call per row (the same call whatever N is).
+// y = x @ W^T for one of the block's linears; a row-parallel one's partial sums are then
+// summed over the tp group (all-reduced in place, or under sequence parallelism
+// reduce-scattered into *rows_out, this rank's rows); then the bias, added to the result.
 void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Tensor& x, Tensor& y,
-                Bf16Mode mode, bool rowwise) {
+                Bf16Mode mode, bool rowwise, Tensor* rows_out = nullptr) {
   const Linear& lin = m.compute_linear(layer, spec.which);
   by_rows(x, y, rowwise, [&](const Tensor& xi, Tensor& yi) { linear_matmul(lin, xi, yi, mode); });
-  if (spec.style == LinearStyle::kRow) tp_reduce(m, y);
-  if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
+  Tensor* out = &y;
+  if (spec.style == LinearStyle::kRow) {
+    if (rows_out) {
+      scatter_rows(m, y, *rows_out);
+      out = rows_out;
+    } else {
+      tp_reduce(m, y);
+    }
+  }
+  if (lin.bias.defined()) kernels::add_bias(*out, lin.bias);
 }
 
 // MLP activation: a (N, F) from u (N, 2F | F).
@@ -73,7 +82,17 @@ void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inver
   kernels::rope_apply(k, c.head_dim, positions, c.rope_theta, inverse);
 }
 
-Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions) {
+Tensor gather_rows(const Model& m, const Tensor& local) {
+  Tensor full = Tensor::empty({local.size(0) * m.tp_shard().size, local.size(1)}, local.dtype());
+  m.tp_comm()->all_gather_rows(local.contiguous(), full);
+  return full;
+}
+
+void scatter_rows(const Model& m, const Tensor& full, Tensor& local) {
+  m.tp_comm()->reduce_scatter_rows(full, local);
+}
+
+Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions, bool sp) {
   const auto& c = m.config();
   const LocalDims& d = m.dims();
   Tensor x = Tensor::empty({ids.numel(), c.hidden_size}, DType::kF32);
@@ -97,6 +116,15 @@ Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions) 
     }
     kernels::embedding_forward(m.weights().embed, local, x);
     for (int64_t n : foreign) x.slice(0, n, n + 1).zero();
+    if (sp) {  // this rank's rows of the group's sum
+      const int64_t rows = N / m.tp_shard().size, r0 = rows * m.tp_shard().rank;
+      Tensor mine = Tensor::empty({rows, c.hidden_size}, DType::kF32);
+      scatter_rows(m, x, mine);
+      x = mine;
+      if (c.arch == Arch::kGpt2)
+        kernels::embedding_forward(m.weights().pos_embed, positions.slice(0, r0, r0 + rows), x, true);
+      return x;
+    }
     tp_reduce(m, x);
   }
   if (c.arch == Arch::kGpt2) kernels::embedding_forward(m.weights().pos_embed, positions, x, true);
@@ -175,16 +203,19 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   const auto& c = m.config();
   const LocalDims& d = m.dims();
   const LayerParams& W = m.weights().layers[l];
-  const int64_t N = s.x.size(0), H = c.hidden_size;
+  // Under sequence parallelism (training) the residual stream and the norms hold this
+  // rank's N of the rows; the tp region between the gather and the scatter holds all Nf.
+  const bool sp = opt.save && m.sequence_parallel();
+  const int64_t N = s.x.size(0), Nf = sp ? N * m.tp_shard().size : N, H = c.hidden_size;
   LayerActivations* A = opt.save;
   const bool ln = c.uses_layernorm();
   // Under `save`, h1, h2 and a feed only matmuls (here and for the weight gradients in
   // backward), so they are kept rounded as those want them: one rounding pass each, and
   // the matmuls take them as prepared (pm). Scratch operands are rounded per matmul.
   const Bf16Mode mode = m.bf16_mode(), pm = A ? prepared_mode(mode) : mode;
-  auto fresh = [&](Tensor& keep, Tensor& scratch_t, int64_t cols) -> Tensor& {
-    if (!A) return scratch(scratch_t, N, cols);
-    keep = Tensor::empty({N, cols}, DType::kF32);
+  auto fresh = [&](Tensor& keep, Tensor& scratch_t, int64_t rows, int64_t cols) -> Tensor& {
+    if (!A) return scratch(scratch_t, rows, cols);
+    keep = Tensor::empty({rows, cols}, DType::kF32);
     return keep;
   };
   auto stats = [&](Tensor& mean, Tensor& rstd, Tensor** pm_out, Tensor** pr_out) {
@@ -197,10 +228,21 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     rstd = Tensor::empty({N}, DType::kF32);
     *pr_out = &rstd;
   };
+  // A row-parallel linear into s.delta (this rank's rows; through a partial (Nf, H) under sp).
+  auto row_parallel = [&](const BlockLinear& spec, const Tensor& x, Bf16Mode md) -> Tensor& {
+    Tensor& out = scratch(s.delta, N, H);
+    if (!sp) {
+      run_linear(m, spec, l, x, out, md, opt.rowwise);
+    } else {
+      Tensor partial = Tensor::empty({Nf, H}, DType::kF32);
+      run_linear(m, spec, l, x, partial, md, opt.rowwise, &out);
+    }
+    return out;
+  };
   Tensor *mean = nullptr, *rstd = nullptr;
 
   // Attention half.
-  Tensor& h1 = fresh(A ? A->h1 : s.h, s.h, H);
+  Tensor& h1 = fresh(A ? A->h1 : s.h, s.h, N, H);
   if (A) stats(A->mean1, A->rstd1, &mean, &rstd);
   if (s.delta.defined()) {
     add_norm_forward(c, W.norm1_w, W.norm1_b, s.x, s.delta, h1, mean, rstd);
@@ -209,16 +251,15 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   }
   if (A && !A->x_in.defined()) A->x_in = s.x.clone();
   if (A) round_matmul_input_in_place(h1, mode);
-  Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, d.qkv);
-  run_linear(m, kBlockLinears[0], l, h1, qkv, pm, opt.rowwise);
+  Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);
+  run_linear(m, kBlockLinears[0], l, sp ? gather_rows(m, h1) : h1, qkv, pm, opt.rowwise);
   apply_rope(m, qkv, *opt.positions, false);
-  Tensor& att = fresh(A ? A->att : s.att, s.att, d.q);
+  Tensor& att = fresh(A ? A->att : s.att, s.att, Nf, d.q);
   attend(l, qkv, att);
-  Tensor& o = scratch(s.delta, N, H);
-  run_linear(m, kBlockLinears[1], l, att, o, mode, opt.rowwise);  // att stays exact for backward
+  const Tensor& o = row_parallel(kBlockLinears[1], att, mode);  // att stays exact for backward
 
   // MLP half.
-  Tensor& h2 = fresh(A ? A->h2 : s.h, s.h, H);
+  Tensor& h2 = fresh(A ? A->h2 : s.h, s.h, N, H);
   if (A) stats(A->mean2, A->rstd2, &mean, &rstd);
   add_norm_forward(c, W.norm2_w, W.norm2_b, s.x, o, h2, mean, rstd);
   if (A) {
@@ -226,12 +267,12 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     round_matmul_input_in_place(h2, mode);
   }
   const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;
-  Tensor& u = fresh(A ? A->u : s.u, s.u, U);
-  run_linear(m, kBlockLinears[2], l, h2, u, pm, opt.rowwise);
-  Tensor& a = fresh(A ? A->a : s.a, s.a, d.ffn);
+  Tensor& u = fresh(A ? A->u : s.u, s.u, Nf, U);
+  run_linear(m, kBlockLinears[2], l, sp ? gather_rows(m, h2) : h2, u, pm, opt.rowwise);
+  Tensor& a = fresh(A ? A->a : s.a, s.a, Nf, d.ffn);
   mlp_activation(m, u, a);
   if (A) round_matmul_input_in_place(a, mode);
-  run_linear(m, kBlockLinears[3], l, a, s.delta, pm, opt.rowwise);
+  row_parallel(kBlockLinears[3], a, pm);
 }
 
 void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean, Tensor* rstd) {

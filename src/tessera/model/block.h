@@ -41,7 +41,8 @@ struct BlockOptions {
 };
 
 // Runs block `layer` over s: on return s.x is the residual after attention and s.delta
-// the block's output.
+// the block's output. With opt.save and Model::sequence_parallel, s.x holds this rank's
+// rows and the saved x_in, x_mid, h1, h2 and norm statistics too.
 void block_forward(const Model& m, int64_t layer, BlockState& s, const BlockOptions& opt,
                    const AttendFn& attend);
 
@@ -50,7 +51,12 @@ void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean
 
 // Token embedding (+ GPT-2's learned positions): x (N, H). Vocab-parallel under tp: this
 // rank looks up the ids in its rows, the others read 0, and the group sums.
-Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions);
+// Under sequence parallelism (sp) x is this rank's rows of the sum (reduce-scattered).
+Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions, bool sp = false);
+// Sequence parallelism: this rank's rows -> every rank's rows (all-gather, any dtype), and
+// partial sums over all rows -> this rank's rows of their tp sum (reduce-scatter, f32).
+Tensor gather_rows(const Model& m, const Tensor& local);
+void scatter_rows(const Model& m, const Tensor& full, Tensor& local);
 // The embedding gradient: grads.embed (this rank's rows) += dres rows of the ids it holds;
 // GPT-2's positions too.
 void embed_backward(const Model& m, const Tensor& dres, const Tensor& ids, const Tensor& positions,

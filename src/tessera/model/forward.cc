@@ -157,11 +157,16 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   acts.layers.assign(c.num_layers, LayerActivations{});
   const bool ln = c.uses_layernorm();
   const Recompute rc = m.recompute();
+  const bool sp = m.sequence_parallel();
+  const int64_t tp = m.tp_shard().size;
+  TESSERA_CHECK(!sp || N % tp == 0, "sequence parallelism: batch x sequence = ", N,
+                " tokens do not split evenly over tp = ", tp, " ranks");
+  const int64_t Nl = sp ? N / tp : N;  // rows of the residual stream on this rank
 
   TrainHooks* hooks = m.train_hooks();
   if (hooks) hooks->acquire(0);
   BlockState s;
-  s.x = embed_tokens(m, acts.ids, acts.positions);
+  s.x = embed_tokens(m, acts.ids, acts.positions, sp);
   if (hooks) hooks->release(0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const int unit = static_cast<int>(l) + 1;
@@ -178,13 +183,13 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   }
   // The head stays acquired: the caller runs lm_head and releases it (head_units).
   if (hooks) hooks->acquire(m.num_units() - 1);
-  if (ln) acts.meanf = Tensor::empty({N}, DType::kF32);
-  acts.rstdf = Tensor::empty({N}, DType::kF32);
-  acts.hf = Tensor::empty({N, H}, DType::kF32);
+  if (ln) acts.meanf = Tensor::empty({Nl}, DType::kF32);
+  acts.rstdf = Tensor::empty({Nl}, DType::kF32);
+  acts.hf = Tensor::empty({Nl, H}, DType::kF32);
   final_norm_forward(m, s, acts.hf, ln ? &acts.meanf : nullptr, &acts.rstdf);
   acts.x_final = s.x;
   round_matmul_input_in_place(acts.hf, m.bf16_mode());  // feeds only the head's matmuls
-  return acts.hf;
+  return sp ? gather_rows(m, acts.hf) : acts.hf;  // the head sees every row
 }
 
 Tensor Model::forward_batch(const Tensor& ids) const {

@@ -78,6 +78,12 @@ class Model {
   Model shard(TpShard shard) const;
   // The tp group's collectives for a shard (every tp > 1 forward needs them).
   void set_tp_comm(TpComm* tp) { tp_comm_ = tp; }
+  // Megatron sequence parallelism in the training passes (forward_batch, forward_backward):
+  // the residual stream, norms and their saved activations hold N / tp of the rows; the
+  // all-reduces become all-gathers before and reduce-scatters after each tp region. Needs
+  // tp_comm and batch x sequence rows divisible by tp. Inference ignores it.
+  void set_sequence_parallel(bool on);
+  bool sequence_parallel() const { return sequence_parallel_; }
   // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
   // Writes config.json, generation_config.json and model.safetensors (Hugging Face names).
@@ -164,6 +170,7 @@ class Model {
   TpShard shard_;
   LocalDims dims_;
   TpComm* tp_comm_ = nullptr;
+  bool sequence_parallel_ = false;
   Params weights_;
   DType dtype_ = DType::kF32;
   DType compute_dtype_ = DType::kF32;

@@ -89,6 +89,12 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
   return m;
 }
 
+void Model::set_sequence_parallel(bool on) {
+  TESSERA_CHECK(!on || (tp_comm_ && shard_.size > 1),
+                "sequence parallelism needs tensor parallelism (tp > 1 with its collectives)");
+  sequence_parallel_ = on;
+}
+
 Model Model::shard(TpShard shard) const {
   TESSERA_CHECK(shard_.size == 1, "Model::shard: this model is already a shard");
   Model m;

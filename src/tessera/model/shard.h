@@ -62,6 +62,10 @@ class TpComm {
   virtual void all_gather_columns(const Tensor& in, Tensor& out) = 0;
   // Sum over the ranks that hold the same replicated kv head (LocalDims::kv_replicas > 1).
   virtual void all_reduce_kv_replicas(Tensor& t) = 0;
+  // Sequence parallelism: in (n, C) on each rank -> out (tp n, C), rank blocks stacked;
+  // and in (tp n, C) summed over the group -> out (n, C), this rank's block of rows.
+  virtual void all_gather_rows(const Tensor& in, Tensor& out) = 0;
+  virtual void reduce_scatter_rows(const Tensor& in, Tensor& out) = 0;
 };
 
 }  // namespace tessera::model

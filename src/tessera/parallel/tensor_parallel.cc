@@ -25,6 +25,26 @@ void CommTp::all_reduce_kv_replicas(Tensor& t) {
   kv_group_->all_reduce(t, comm::ReduceOp::kSum);
 }
 
+void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
+  TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == out.dtype() &&
+                    out.numel() == in.numel() * group_.size(),
+                "all_gather_rows: in ", in.describe(), " and out ", out.describe());
+  ++traffic_.all_gathers;
+  traffic_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
+  Tensor o = out.view({out.numel()});
+  group_.all_gather(in.view({in.numel()}), o);
+}
+
+void CommTp::reduce_scatter_rows(const Tensor& in, Tensor& out) {
+  TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == DType::kF32 &&
+                    out.dtype() == DType::kF32 && in.numel() == out.numel() * group_.size(),
+                "reduce_scatter_rows: in ", in.describe(), " and out ", out.describe());
+  ++traffic_.reduce_scatters;
+  traffic_.reduce_scatter_bytes += static_cast<int64_t>(in.nbytes());
+  Tensor o = out.view({out.numel()});
+  group_.reduce_scatter(in.view({in.numel()}), o, comm::ReduceOp::kSum);
+}
+
 void CommTp::all_reduce_sum(Tensor& t) {
   ++traffic_.all_reduces;
   traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());

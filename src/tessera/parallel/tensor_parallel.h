@@ -18,6 +18,7 @@ namespace tessera::parallel {
 struct TpTraffic {
   int64_t all_reduces = 0, all_reduce_bytes = 0;  // sums and maxima, by tensor bytes
   int64_t all_gathers = 0, all_gather_bytes = 0;  // bytes of the gathered output
+  int64_t reduce_scatters = 0, reduce_scatter_bytes = 0;  // bytes of the summed input
 };
 
 class CommTp : public model::TpComm {
@@ -30,6 +31,8 @@ class CommTp : public model::TpComm {
   void all_reduce_max(Tensor& t) override;
   void all_gather_columns(const Tensor& in, Tensor& out) override;
   void all_reduce_kv_replicas(Tensor& t) override;
+  void all_gather_rows(const Tensor& in, Tensor& out) override;
+  void reduce_scatter_rows(const Tensor& in, Tensor& out) override;
 
   model::TpShard shard() const { return {group_.rank(), group_.size()}; }
   const TpTraffic& traffic() const { return traffic_; }

@@ -286,6 +286,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   for (auto [key, v] : {std::pair<const char*, int64_t*>{"tp", &pa.tp}, {"pp", &pa.pp}, {"cp", &pa.cp},
                         {"ep", &pa.ep}})
     p.get(key, *v, 1, 65536);
+  p.get("sequence_parallel", pa.sequence_parallel);
   p.check_unknown();
   check_one_of(pa.algorithm, {"auto", "backend", "ring", "hd", "hierarchical"}, p, "algorithm");
   return c;

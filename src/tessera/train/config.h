@@ -75,6 +75,8 @@ struct ParallelSection {
   double timeout_s = 300;      // watchdog: a collective slower than this aborts the job
   // The device mesh (parallel/device_mesh.h): dp 0 = the ranks left after pp x tp.
   int64_t dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
+  // Megatron sequence parallelism inside the tp groups (needs tp > 1).
+  bool sequence_parallel = false;
 };
 
 struct TrainConfig {

@@ -106,6 +106,14 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
   parallel::check_layout(s, m, c.data.grad_accum, src);
   TESSERA_CHECK(c.data.batch_size % s.dp == 0, src, ": data.batch_size = ", c.data.batch_size,
                 " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
+  TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
+                ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
+  if (c.parallel.sequence_parallel) {
+    const int64_t rows = c.data.batch_size / s.dp * c.data.seq_len;
+    TESSERA_CHECK(rows % s.tp == 0, src, ": [parallel] sequence_parallel = true splits each ",
+                  "micro-batch's ", rows, " tokens (batch_size / dp x seq_len) over tp = ", s.tp,
+                  " ranks: they must divide evenly");
+  }
   if (s.tp > 1) {
     TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
                   "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
@@ -130,11 +138,14 @@ std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, co
   return mesh;
 }
 
-// The model's tp collectives over the mesh's tp group (nullptr at tp 1).
-std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m) {
+// The model's tp collectives over the mesh's tp group (nullptr at tp 1), and sequence
+// parallelism when asked for.
+std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m,
+                                          bool sequence_parallel) {
   if (m.tp_shard().size == 1) return nullptr;
   auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp), m.dims().kv_replicas);
   m.set_tp_comm(tp.get());
+  m.set_sequence_parallel(sequence_parallel);
   return tp;
 }
 
@@ -149,7 +160,7 @@ class Run {
         tp_shard_(checked_tp_shard(c, mesh_shape_, model_config_, rank_)),
         model_(build_model(c, model_config_, tp_shard_)),
         mesh_(make_mesh(mesh_shape_, comm_)),
-        tp_(make_tp(*mesh_, model_)),
+        tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel)),
         dp_group_(mesh_->group(parallel::Axis::kDp)),
         dp_rank_(dp_group_.rank()),
         dp_size_(dp_group_.size()),
