@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/base/error.h"
+#include "tessera/base/timer.h"
 
 namespace tessera::parallel {
 
@@ -22,7 +23,11 @@ void CommTp::all_reduce_kv_replicas(Tensor& t) {
   TESSERA_CHECK(kv_group_, "all_reduce_kv_replicas: the kv heads are not replicated");
   ++traffic_.all_reduces;
   traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
-  kv_group_->all_reduce(t, comm::ReduceOp::kSum);
+  {
+    const base::Timer timer;
+    kv_group_->all_reduce(t, comm::ReduceOp::kSum);
+    traffic_.seconds += timer.seconds();
+  }
 }
 
 void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
@@ -32,7 +37,11 @@ void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
   ++traffic_.all_gathers;
   traffic_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
   Tensor o = out.view({out.numel()});
-  group_.all_gather(in.view({in.numel()}), o);
+  {
+    const base::Timer timer;
+    group_.all_gather(in.view({in.numel()}), o);
+    traffic_.seconds += timer.seconds();
+  }
 }
 
 void CommTp::reduce_scatter_rows(const Tensor& in, Tensor& out) {
@@ -42,19 +51,31 @@ void CommTp::reduce_scatter_rows(const Tensor& in, Tensor& out) {
   ++traffic_.reduce_scatters;
   traffic_.reduce_scatter_bytes += static_cast<int64_t>(in.nbytes());
   Tensor o = out.view({out.numel()});
-  group_.reduce_scatter(in.view({in.numel()}), o, comm::ReduceOp::kSum);
+  {
+    const base::Timer timer;
+    group_.reduce_scatter(in.view({in.numel()}), o, comm::ReduceOp::kSum);
+    traffic_.seconds += timer.seconds();
+  }
 }
 
 void CommTp::all_reduce_sum(Tensor& t) {
   ++traffic_.all_reduces;
   traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
-  group_.all_reduce(t, comm::ReduceOp::kSum);
+  {
+    const base::Timer timer;
+    group_.all_reduce(t, comm::ReduceOp::kSum);
+    traffic_.seconds += timer.seconds();
+  }
 }
 
 void CommTp::all_reduce_max(Tensor& t) {
   ++traffic_.all_reduces;
   traffic_.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
-  group_.all_reduce(t, comm::ReduceOp::kMax);
+  {
+    const base::Timer timer;
+    group_.all_reduce(t, comm::ReduceOp::kMax);
+    traffic_.seconds += timer.seconds();
+  }
 }
 
 void CommTp::all_gather_columns(const Tensor& in, Tensor& out) {
@@ -70,7 +91,11 @@ void CommTp::all_gather_columns(const Tensor& in, Tensor& out) {
   Tensor mine = Tensor::zeros({N, per}, DType::kF32);
   mine.slice(1, 0, in.size(1)).copy_from(in);
   Tensor all = Tensor::empty({static_cast<int64_t>(tp) * N * per}, DType::kF32);
-  group_.all_gather(mine.view({N * per}), all);
+  {
+    const base::Timer timer;
+    group_.all_gather(mine.view({N * per}), all);
+    traffic_.seconds += timer.seconds();
+  }
   ++traffic_.all_gathers;
   traffic_.all_gather_bytes += static_cast<int64_t>(all.nbytes());
   for (int r = 0; r < tp; ++r) {

@@ -19,6 +19,9 @@ struct TpTraffic {
   int64_t all_reduces = 0, all_reduce_bytes = 0;  // sums and maxima, by tensor bytes
   int64_t all_gathers = 0, all_gather_bytes = 0;  // bytes of the gathered output
   int64_t reduce_scatters = 0, reduce_scatter_bytes = 0;  // bytes of the summed input
+  double seconds = 0;  // wall time inside these collectives (all exposed: they block)
+  int64_t collectives() const { return all_reduces + all_gathers + reduce_scatters; }
+  int64_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes; }
 };
 
 class CommTp : public model::TpComm {

@@ -329,6 +329,13 @@ class Run {
       nlohmann::json rec = sm.to_record();
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
       add_memory(rec, activation_bytes);
+      if (tp_) {  // this rank's tensor-parallel traffic over the step (evaluation included)
+        const auto& t = tp_->traffic();
+        rec["tp_collectives"] = t.collectives();
+        rec["tp_comm_bytes"] = t.bytes();
+        rec["tp_comm_s"] = t.seconds;
+        tp_->reset_traffic();
+      }
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;
@@ -395,6 +402,7 @@ class Run {
     const parallel::MemoryUse m = dp_.memory();
     const int64_t moments = moment_bytes_;
     rec["world_size"] = world_;
+    if (world_ > 1) rec["mesh"] = mesh_shape_.describe();
     rec["mem_params"] = m.params;
     rec["mem_grads"] = m.grads;
     rec["mem_optimizer"] = m.master + moments;

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Model-parallel overheads on this machine (docs/parallelism.md): the same model and global
+# batch trained as dp2, tp2 and tp2 + sequence parallelism under `mpirun -np 2` (one core
+# per rank), plus one process on both cores. Prints per layout the median step time and
+# tokens/s, rank 0's tensor-parallel collectives, bytes and (exposed) time per step, and
+# the activation bytes per rank; then tp2 / dp2 step time (the bar: at most 1.3).
+# Usage: bench/parallel.sh [BUILD_DIR] [STEPS]
+set -euo pipefail
+BUILD=${1:-build}
+STEPS=${2:-20}
+TESSERA=$(realpath "$BUILD/bin/tessera")
+W=$(mktemp -d /tmp/tessera_parallel.XXXX)
+trap 'rm -rf "$W"' EXIT
+MPIRUN=(mpirun --oversubscribe -np 2)
+[ "$(id -u)" = 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
+
+cat /usr/share/games/fortunes/*.u8 2>/dev/null > "$W/corpus.txt" || cat /usr/share/games/fortunes/* > "$W/corpus.txt"
+"$TESSERA" tokenizer train --input "$W/corpus.txt" --vocab-size 2048 --out "$W/tok" > /dev/null 2>&1
+"$TESSERA" data prepare --tokenizer "$W/tok" --input "$W/corpus.txt" --out "$W/data" > /dev/null 2>&1
+
+config() {  # out_dir [parallel lines...]
+  local out=$1; shift
+  cat <<CFG
+[run]
+out_dir = "$out"
+[model]
+shape = "small"
+hidden_size = 512
+num_layers = 4
+num_heads = 8
+num_kv_heads = 4
+intermediate_size = 1536
+[data]
+dir = "$W/data"
+seq_len = 256
+batch_size = 8
+[training]
+steps = $STEPS
+precision = "${PRECISION:-fp32}"
+eval_batches = 0
+[logging]
+progress = false
+peak_gflops = 100.0
+plot = false
+[checkpoint]
+every = 0
+[parallel]
+CFG
+  printf '%s\n' "$@"
+}
+
+run() {  # name np parallel-lines...
+  local name=$1 np=$2; shift 2
+  config "$W/$name" "$@" > "$W/$name.toml"
+  if [ "$np" = 1 ]; then
+    OMP_NUM_THREADS=2 "$TESSERA" train --config "$W/$name.toml" > "$W/$name.log" 2>&1
+  else
+    OMP_NUM_THREADS=1 "${MPIRUN[@]}" "$TESSERA" train --config "$W/$name.toml" > "$W/$name.log" 2>&1
+  fi
+}
+
+run one 1 "zero_stage = 0"
+run dp2 2 "dp = 2"
+run tp2 2 "tp = 2"
+run tp2_sp 2 "tp = 2" "sequence_parallel = true"
+
+python3 - "$W" "$STEPS" <<'PY'
+import json, statistics, sys
+w, steps = sys.argv[1], int(sys.argv[2])
+out = {}
+for name in ["one", "dp2", "tp2", "tp2_sp"]:
+    recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
+    tps = statistics.median(r["tokens_per_s"] for r in recs)
+    row = {"tokens_per_s": round(tps), "step_s": round(8 * 256 / tps, 4),
+           "mem_activations_mb": round(recs[-1]["mem_activations"] / 2**20, 1)}
+    if "tp_comm_s" in recs[-1]:
+        row["tp_comm_s_per_step"] = round(statistics.median(r["tp_comm_s"] for r in recs), 4)
+        row["tp_comm_mb_per_step"] = round(recs[-1]["tp_comm_bytes"] / 2**20, 1)
+        row["tp_collectives_per_step"] = recs[-1]["tp_collectives"]
+        row["tp_comm_share"] = round(row["tp_comm_s_per_step"] / row["step_s"], 3)
+    out[name] = row
+out["tp2_over_dp2_step_time"] = round(out["tp2"]["step_s"] / out["dp2"]["step_s"], 3)
+out["tp2_sp_over_dp2_step_time"] = round(out["tp2_sp"]["step_s"] / out["dp2"]["step_s"], 3)
+print(json.dumps(out, indent=1))
+PY
