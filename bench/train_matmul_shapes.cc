@@ -1,7 +1,11 @@
 // Times every matmul shape of one GPT-2 124M training step (batch 4 x 64) through
-// kernels::matmul, to show where the step's time goes. Usage: train_matmul_shapes
+// kernels::matmul, to show where the step's time goes: f32 operands, or bf16 operands as
+// native bf16 training multiplies them (AMX where the CPU has it).
+// Usage: train_matmul_shapes [f32|bf16] [VOCAB=50257]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "tessera/base/timer.h"
@@ -11,12 +15,16 @@ using namespace tessera;
 
 namespace {
 
+DType g_dtype = DType::kF32;
+
 double time_shape(const char* what, int64_t m, int64_t n, int64_t k, bool ta, bool tb, float beta) {
   Tensor a = Tensor::empty(ta ? Shape{k, m} : Shape{m, k}, DType::kF32);
   Tensor b = Tensor::empty(tb ? Shape{n, k} : Shape{k, n}, DType::kF32);
   Tensor c = Tensor::zeros({m, n}, DType::kF32);
   a.fill(0.01f);
   b.fill(0.02f);
+  a = a.to(g_dtype);
+  b = b.to(g_dtype);
   kernels::matmul(a, b, c, ta, tb, 1.f, beta);  // warm-up: primitive creation
   std::vector<double> s;
   for (int i = 0; i < 5; ++i) {
@@ -33,8 +41,14 @@ double time_shape(const char* what, int64_t m, int64_t n, int64_t k, bool ta, bo
 
 }  // namespace
 
-int main() {
-  const int64_t N = 256, H = 768, F = 3072, V = 50257, L = 12;
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "bf16") == 0) g_dtype = DType::kBF16;
+  else if (argc > 1 && std::strcmp(argv[1], "f32") != 0) {
+    std::fprintf(stderr, "train_matmul_shapes: operand dtype must be f32 or bf16, got '%s'\n", argv[1]);
+    return 2;
+  }
+  const int64_t N = 256, H = 768, F = 3072, L = 12;
+  const int64_t V = argc > 2 ? std::atoll(argv[2]) : 50257;  // vocabulary (lm_head) size
   double total = 0;
   total += L * time_shape("fwd c_attn", N, 3 * H, H, false, false, 0);
   total += L * time_shape("fwd attn.c_proj", N, H, H, false, false, 0);

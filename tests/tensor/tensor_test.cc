@@ -114,6 +114,24 @@ TEST(Tensor, Bf16RoundedEqualsRoundTripThroughBf16) {
   }
 }
 
+TEST(Tensor, CopyRoundedEqualsRoundTripThroughTheFormat) {
+  std::vector<float> v;
+  for (int i = 0; i < 70001; ++i) v.push_back(std::sin(i * 0.37f) * std::exp((i % 30) - 15.f));
+  v[9] = INFINITY;
+  v[10] = -0.f;
+  v[11] = 70000.f;  // past fp16's range: inf
+  const Tensor src = Tensor::from_vector(v, {70001});
+  for (DType format : {DType::kBF16, DType::kF16, DType::kF32}) {
+    Tensor dst = Tensor::zeros({70001}, DType::kF32);
+    copy_rounded(dst, src, format);
+    const Tensor want = src.to(format).to(DType::kF32);
+    for (int i = 0; i < 70001; ++i)
+      ASSERT_EQ(dst.item_f32(i), want.item_f32(i)) << dtype_name(format) << " " << i << " " << v[i];
+  }
+  Tensor wrong = Tensor::zeros({3}, DType::kF32);
+  EXPECT_THROW(copy_rounded(wrong, src, DType::kBF16), Error);
+}
+
 TEST(Tensor, LargeStorageIsRecycled) {
   const size_t before = base::cached_bytes();
   void* first = nullptr;

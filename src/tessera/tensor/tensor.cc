@@ -468,6 +468,19 @@ void round_bf16_in_place(Tensor& t) {
   round_in_place(t, round_bf16_avx512, round_bf16_scalar, "round_bf16_in_place");
 }
 
+void copy_rounded(Tensor& dst, const Tensor& src, DType format) {
+  TESSERA_CHECK(dst.dtype() == DType::kF32 && src.dtype() == DType::kF32 && dst.is_contiguous() &&
+                    src.is_contiguous() && dst.numel() == src.numel(),
+                "copy_rounded: dst ", dst.describe(), " and src ", src.describe(),
+                " must be contiguous f32 tensors of one size");
+  if (format == DType::kBF16)
+    round_floats(src.data<float>(), dst.data<float>(), src.numel(), round_bf16_avx512, round_bf16_scalar);
+  else if (format == DType::kF16)
+    round_floats(src.data<float>(), dst.data<float>(), src.numel(), round_f16_avx512, round_f16_scalar);
+  else
+    dst.copy_from(src);
+}
+
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {
   if (sd == dd) {
     std::memcpy(dst, src, n * dtype_size(sd));

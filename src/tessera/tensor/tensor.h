@@ -108,6 +108,9 @@ Tensor f16_rounded(const Tensor& t);
 // The same roundings in place, on a contiguous f32 tensor.
 void round_bf16_in_place(Tensor& t);
 void round_f16_in_place(Tensor& t);
+// dst = src rounded to `format` (bf16, f16; f32: a plain copy) in one pass over both:
+// contiguous f32 tensors of one size.
+void copy_rounded(Tensor& dst, const Tensor& src, DType format);
 
 // Converts n elements between float dtypes (f32, bf16, f16); vectorised where possible.
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
