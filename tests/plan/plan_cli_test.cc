@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/train/config.h"
 #include "test_util/run_command.h"
 
 namespace tessera::plan {
@@ -64,6 +65,34 @@ TEST(PlanCli, OneLayoutWithExplainAndSvg) {
                                       dir + "/plan.svg");
   ASSERT_EQ(x.code, 0) << x.out;
   EXPECT_GT(std::stoi(x.out), 4 * 32 * 2);  // 4 stages x 32 drawn micro-batches x F/B
+}
+
+TEST(PlanCli, EmitConfigWritesTheParallelTableTheTrainerReads) {
+  // The planner's layout spelling and the trainer's [parallel] table agree: the emitted
+  // table, appended to a run config, parses into exactly the layout's axes and stage.
+  const std::string dir = temp_dir("emit");
+  const std::string out = dir + "/parallel.toml";
+  const auto r = run_cli("plan train --model llama2-7b --gpu h100-80g --gpus 16 --seq 4096 "
+                         "--global-batch 256 --layout dp=2,tp=4,pp=2,zero=1,mb=2,recompute=selective,sp=on "
+                         "--emit-config " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("wrote " + out), std::string::npos) << r.out;
+  std::ifstream in(out);
+  const std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(table.find("batch_size = 4 (dp x micro-batch), grad_accum = 64, seq_len = 4096"),
+            std::string::npos) << table;
+  EXPECT_NE(table.find("activation_checkpointing = \"selective\""), std::string::npos) << table;
+  const std::string cfg = "[run]\nout_dir = \"" + dir + "/run\"\n[data]\ndir = \"" + dir + "\"\n" + table;
+  const auto c = train::TrainConfig::parse(cfg, "emitted.toml");
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.parallel.tp, 4);
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.parallel.cp, 1);
+  EXPECT_EQ(c.parallel.ep, 1);
+  EXPECT_EQ(c.parallel.zero_stage, 1);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_FALSE(c.parallel.offload);
+  fs::remove_all(dir);
 }
 
 TEST(PlanCli, InferAnswersTheSeventyBOnOneCardQuestion) {

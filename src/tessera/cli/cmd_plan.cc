@@ -31,7 +31,8 @@ struct TrainFlags {
   ModelFlags model;
   HardwareFlags hw;
   int64_t gpus = 0, seq = 0, global_batch = 0;
-  std::string global_batch_tokens, tokens, precision = "bf16", optimizer = "adamw", layout, svg;
+  std::string global_batch_tokens, tokens, precision = "bf16", optimizer = "adamw", layout, svg,
+      emit_config;
   bool json = false, explain = false, no_flash = false, dropout = false;
   int top = 10;
   double mtbf_hours = 50000, ckpt_interval_min = 0, ckpt_stall_s = 30, restart_min = 10;
@@ -180,6 +181,10 @@ int run_plan_train(const TrainFlags& f) {
     plan::write_plan_svg(f.svg, m, hw, s, best);
     if (!f.json) std::printf("wrote %s\n", f.svg.c_str());
   }
+  if (!f.emit_config.empty()) {
+    io::write_file_atomic(f.emit_config, plan::parallel_table_toml(best.layout, s));
+    if (!f.json) std::printf("wrote %s\n", f.emit_config.c_str());
+  }
   TESSERA_CHECK(best.fits(), "layout ", best.layout.str(), " does not fit: it needs ",
                 plan::format_bytes(best.memory.peak().total()), " per device of ",
                 plan::format_bytes(best.memory.capacity), " (over by ",
@@ -250,6 +255,8 @@ void add_plan(CLI::App& app, Action& action) {
   train->add_flag("--json", tf->json, "Print JSON for tools");
   train->add_flag("--explain", tf->explain, "Print the arithmetic for the chosen layout");
   train->add_option("--svg", tf->svg, "Draw the chosen pipeline schedule and memory per stage");
+  train->add_option("--emit-config", tf->emit_config,
+                    "Write the [parallel] table of the chosen layout (for tessera train) to FILE");
   train->add_option("--top", tf->top, "Layouts to list")->capture_default_str();
   train->add_flag("--no-flash-attention", tf->no_flash, "Store attention scores (s^2 per head)");
   train->add_flag("--dropout", tf->dropout, "The model trains with dropout (masks are stored)");

@@ -102,6 +102,22 @@ StateBytes state_bytes(const TrainSetup& s, const Hardware& hw) {
   return b;
 }
 
+std::string parallel_table_toml(const Layout& l, const TrainSetup& s) {
+  std::ostringstream os;
+  os << "# tessera plan train: layout " << l.str() << "\n"
+     << "# It implies, in [data]: batch_size = " << int64_t{l.dp} * l.micro_batch
+     << " (dp x micro-batch), grad_accum = " << l.micro_batches(s) << ", seq_len = " << s.seq
+     << "; in [training]: activation_checkpointing = \"" << recompute_name(l.recompute) << "\"";
+  if (l.schedule != Schedule::k1F1B || l.vpp > 1)
+    os << "; pipeline schedule " << schedule_name(l.schedule) << " with " << l.vpp << " virtual stages";
+  os << ".\n[parallel]\n"
+     << "dp = " << l.dp << "\ntp = " << l.tp << "\npp = " << l.pp << "\ncp = " << l.cp
+     << "\nep = " << l.ep << "\nzero_stage = " << l.zero
+     << "\nsequence_parallel = " << (l.sp ? "true" : "false")
+     << "\noffload = " << (l.offload ? "true" : "false") << "\n";
+  return os.str();
+}
+
 std::string Layout::str() const {
   std::ostringstream os;
   os << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",cp=" << cp << ",ep=" << ep

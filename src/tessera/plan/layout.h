@@ -66,6 +66,12 @@ struct Layout {
 // name the key and value.
 Layout parse_layout(const std::string& text, int64_t devices);
 
+// The `[parallel]` table `tessera train` reads for this layout (dp, tp, pp, cp, ep,
+// zero_stage, sequence_parallel, offload), after a comment naming the layout and the
+// [data] / [training] keys it implies (batch_size = dp x micro-batch, grad_accum,
+// activation_checkpointing).
+std::string parallel_table_toml(const Layout& l, const TrainSetup& s);
+
 // Empty when `layout` divides the model and the cluster; otherwise one line saying why
 // (e.g. "tp=3 does not divide the 32 attention heads of llama2-7b").
 std::string layout_problem(const ModelSpec& m, const Hardware& hw, const TrainSetup& s,
