@@ -4,8 +4,7 @@
 #include <cmath>
 
 #include "tessera/base/thread_pool.h"
-#include "tessera/kernels/cpu/avx512_math.h"
-#include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/kernels/optimizer_math.h"
 
 namespace tessera::train {
 namespace {
@@ -19,33 +18,6 @@ struct Block {
   int64_t n;
   double share = 1.0;  // ParamRef::norm_share
 };
-
-double sum_squares_portable(const float* x, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four chains so the adds pipeline
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += double(x[i]) * x[i];
-    s1 += double(x[i + 1]) * x[i + 1];
-    s2 += double(x[i + 2]) * x[i + 2];
-    s3 += double(x[i + 3]) * x[i + 3];
-  }
-  for (; i < n; ++i) s0 += double(x[i]) * x[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
-TESSERA_AVX512 double sum_squares_avx512(const float* x, int64_t n) {
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-    const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
-    a0 = _mm512_fmadd_pd(lo, lo, a0);
-    a1 = _mm512_fmadd_pd(hi, hi, a1);
-  }
-  double s = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
-  for (; i < n; ++i) s += double(x[i]) * x[i];
-  return s;
-}
 
 std::vector<Block> blocks_of(const std::vector<ParamRef>& params) {
   std::vector<Block> blocks;
@@ -67,11 +39,9 @@ std::vector<Block> blocks_of(const std::vector<ParamRef>& params) {
 double grad_global_norm(const std::vector<ParamRef>& params) {
   const std::vector<Block> blocks = blocks_of(params);
   std::vector<double> partial(blocks.size(), 0.0);
-  const bool vec = kernels::cpu::use_avx512();
   base::parallel_for(static_cast<int64_t>(blocks.size()), 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      partial[b] = blocks[b].share * (vec ? sum_squares_avx512(blocks[b].data, blocks[b].n)
-                                          : sum_squares_portable(blocks[b].data, blocks[b].n));
+      partial[b] = blocks[b].share * kernels::sum_squares(blocks[b].data, blocks[b].n);
   });
   double s = 0;
   for (double p : partial) s += p;

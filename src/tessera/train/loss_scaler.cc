@@ -9,42 +9,10 @@
 #include <set>
 
 #include "tessera/base/thread_pool.h"
-#include "tessera/kernels/cpu/avx512_math.h"
-#include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/kernels/optimizer_math.h"
 
 namespace tessera::train {
 namespace {
-
-// x *= inv over n floats; returns true when every x was finite beforehand.
-bool unscale_portable(float* x, int64_t n, float inv) {
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    finite &= std::isfinite(x[i]);
-    x[i] *= inv;
-  }
-  return finite;
-}
-
-TESSERA_AVX512 bool unscale_avx512(float* x, int64_t n, float inv) {
-  namespace av = kernels::cpu::avx512;
-  const __m512 iv = _mm512_set1_ps(inv);
-  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
-  __mmask16 bad = 0;  // lanes that held inf or NaN: all exponent bits set
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = av::load(x + i);
-    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
-    av::store(x + i, _mm512_mul_ps(v, iv));
-  }
-  if (i < n) {
-    const __mmask16 m = av::tail_mask(n - i);
-    const __m512 v = av::load(x + i, m);
-    bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_castps_si512(v), exp_mask),
-                                        exp_mask);
-    av::store(x + i, _mm512_mul_ps(v, iv), m);
-  }
-  return bad == 0;
-}
 
 }  // namespace
 
@@ -69,7 +37,6 @@ bool LossScaler::unscale_and_check(const std::vector<ParamRef>& params) {
   if (!enabled_) return true;
   // GradScaler: inv_scale = self._scale.double().reciprocal().float()
   const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-  const bool vec = kernels::cpu::use_avx512();
   std::atomic<bool> finite{true};
   for (const ParamRef& p : params) {
     TESSERA_CHECK(p.grad.defined() && p.grad.dtype() == DType::kF32 && p.grad.is_contiguous() &&
@@ -77,9 +44,7 @@ bool LossScaler::unscale_and_check(const std::vector<ParamRef>& params) {
                   "loss scaler: grad of '", p.name, "' must be a contiguous f32 CPU tensor");
     float* g = p.grad.data<float>();
     base::parallel_for(p.grad.numel(), int64_t{1} << 16, [&](int64_t i0, int64_t i1) {
-      const bool ok = vec ? unscale_avx512(g + i0, i1 - i0, inv)
-                          : unscale_portable(g + i0, i1 - i0, inv);
-      if (!ok) finite.store(false, std::memory_order_relaxed);
+      if (!kernels::unscale_check_finite(g + i0, i1 - i0, inv)) finite.store(false, std::memory_order_relaxed);
     });
   }
   return finite.load();

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/optimizer_math.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::train {
@@ -81,23 +82,13 @@ class Optimizer {
 
 // --- building blocks, public for tests and benchmarks ---
 
-// Per-step scalars of one AdamW update, rounded to f32 the way torch rounds Python
-// scalars when they meet an f32 tensor.
-struct AdamWScalars {
-  float decay;     // 1 - lr * weight_decay
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float neg_step_size;          // -lr / (1 - beta1^t)
-  float eps;
-};
+using kernels::AdamWScalars;
 AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
                            int64_t t);
-// The fused one-pass AdamW update of n elements: AVX-512, else AVX2 + FMA, else a
-// portable loop, all with the same roundings (bit-identical results).
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
-enum class AdamWKernel { kAuto, kAvx512, kAvx2, kPortable };
-// For tests and benchmarks: forces one loop (one the CPU lacks falls back to portable).
-void set_adamw_kernel_for_testing(AdamWKernel k);
+// The fused AdamW pass and its ISA choice live in kernels/optimizer_math.h.
+using kernels::adamw_update;
+using kernels::AdamWKernel;
+using kernels::set_adamw_kernel_for_testing;
 
 // Muon's orthogonalisation: `steps` quintic Newton-Schulz iterations on g / (||g||_F + 1e-7),
 // coefficients (3.4445, -4.7750, 2.0315), on the transpose when rows > cols. f32 throughout

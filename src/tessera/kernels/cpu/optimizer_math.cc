@@ -1,0 +1,214 @@
+// The optimizer's element passes (optimizer_math.h).
+#include "tessera/kernels/optimizer_math.h"
+
+#include <atomic>
+#include <cmath>
+
+#include "tessera/base/cpu_features.h"
+#include "tessera/kernels/cpu/avx512_math.h"
+#include "tessera/kernels/cpu/pointwise_common.h"
+
+namespace tessera::kernels {
+namespace {
+
+namespace av = cpu::avx512;
+
+// torch 1.13's _single_tensor_adamw, op by op, with the roundings torch's CPU kernels
+// use (checked element by element against torch on 1M random values):
+//   param.mul_(1 - lr*wd)                          p * decay
+//   exp_avg.mul_(b1).add_(g, alpha=1-b1)           fma(g, 1-b1, m*b1)   (add_ with alpha fuses)
+//   exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2) fma((1-b2)*g, g, v*b2)
+//   denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+//   param.addcdiv_(exp_avg, denom, value=-step)    (-step*m) / denom + p
+// The portable loop relies on the baseline x86-64 build having no FMA to contract
+// p * decay into the final add; std::fma marks the two places torch does fuse.
+void adamw_portable(float* p, const float* g, float* m, float* v, int64_t n,
+                    const AdamWScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float pi = p[i] * s.decay;
+    const float gi = g[i];
+    const float mi = std::fma(gi, s.one_minus_beta1, m[i] * s.beta1);
+    const float vi = std::fma(s.one_minus_beta2 * gi, gi, v[i] * s.beta2);
+    const float denom = std::sqrt(vi) / s.bias_correction2_sqrt + s.eps;
+    p[i] = (s.neg_step_size * mi) / denom + pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+// A product rounded on its own. GCC contracts _mm512_mul_ps followed by _mm512_add_ps
+// into an FMA (the intrinsics are plain vector arithmetic to it), which would skip the
+// rounding torch does after p * (1 - lr*wd); the explicit-rounding form is never fused.
+TESSERA_AVX512 inline __m512 mul_rn(__m512 a, __m512 b) {
+  return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+TESSERA_AVX512 inline void adamw_vec(float* p, const float* g, float* m, float* v, __mmask16 k,
+                                     bool full, __m512 decay, __m512 b1, __m512 omb1, __m512 b2,
+                                     __m512 omb2, __m512 bc2s, __m512 nss, __m512 eps) {
+  const __m512 pv = full ? av::load(p) : av::load(p, k);
+  const __m512 gv = full ? av::load(g) : av::load(g, k);
+  const __m512 mv = full ? av::load(m) : av::load(m, k);
+  const __m512 vv = full ? av::load(v) : av::load(v, k);
+  const __m512 pd = mul_rn(pv, decay);
+  const __m512 m1 = _mm512_fmadd_ps(gv, omb1, mul_rn(mv, b1));
+  const __m512 v1 = _mm512_fmadd_ps(mul_rn(omb2, gv), gv, mul_rn(vv, b2));
+  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v1), bc2s), eps);
+  const __m512 p1 = _mm512_add_ps(_mm512_div_ps(mul_rn(nss, m1), denom), pd);
+  if (full) {
+    av::store(p, p1), av::store(m, m1), av::store(v, v1);
+  } else {
+    av::store(p, p1, k), av::store(m, m1, k), av::store(v, v1, k);
+  }
+}
+
+TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, int64_t n,
+                                 const AdamWScalars& s) {
+  const __m512 decay = _mm512_set1_ps(s.decay), b1 = _mm512_set1_ps(s.beta1),
+               omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
+               omb2 = _mm512_set1_ps(s.one_minus_beta2),
+               bc2s = _mm512_set1_ps(s.bias_correction2_sqrt),
+               nss = _mm512_set1_ps(s.neg_step_size), eps = _mm512_set1_ps(s.eps);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    adamw_vec(p + i, g + i, m + i, v + i, 0, true, decay, b1, omb1, b2, omb2, bc2s, nss, eps);
+  if (i < n)
+    adamw_vec(p + i, g + i, m + i, v + i, av::tail_mask(n - i), false, decay, b1, omb1, b2, omb2,
+              bc2s, nss, eps);
+}
+
+// The same loop for CPUs with AVX2 + FMA but not AVX-512. AVX2 has no explicitly
+// rounded multiply, so an empty asm makes each product opaque to GCC's contraction.
+#define TESSERA_AVX2_FMA __attribute__((target("avx2,fma")))
+TESSERA_AVX2_FMA inline __m256 rounded(__m256 x) {
+  __asm__("" : "+x"(x));
+  return x;
+}
+
+TESSERA_AVX2_FMA void adamw_avx2(float* p, const float* g, float* m, float* v, int64_t n,
+                                 const AdamWScalars& s) {
+  const __m256 decay = _mm256_set1_ps(s.decay), b1 = _mm256_set1_ps(s.beta1),
+               omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
+               omb2 = _mm256_set1_ps(s.one_minus_beta2),
+               bc2s = _mm256_set1_ps(s.bias_correction2_sqrt),
+               nss = _mm256_set1_ps(s.neg_step_size), eps = _mm256_set1_ps(s.eps);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 pd = rounded(_mm256_mul_ps(_mm256_loadu_ps(p + i), decay));
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 m1 = _mm256_fmadd_ps(gv, omb1, rounded(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1)));
+    const __m256 v1 = _mm256_fmadd_ps(rounded(_mm256_mul_ps(omb2, gv)), gv,
+                                      rounded(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2)));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), bc2s), eps);
+    const __m256 step = rounded(_mm256_mul_ps(nss, m1));
+    _mm256_storeu_ps(p + i, _mm256_add_ps(_mm256_div_ps(step, denom), pd));
+    _mm256_storeu_ps(m + i, m1);
+    _mm256_storeu_ps(v + i, v1);
+  }
+  if (i < n) adamw_portable(p + i, g + i, m + i, v + i, n - i, s);
+}
+
+std::atomic<AdamWKernel> g_adamw_kernel{AdamWKernel::kAuto};
+
+AdamWKernel pick_adamw_kernel() {
+  const auto& f = base::cpu_features();
+  const bool avx2 = f.avx2 && f.fma;
+  switch (g_adamw_kernel.load(std::memory_order_relaxed)) {
+    case AdamWKernel::kAvx512:
+      return cpu::use_avx512() ? AdamWKernel::kAvx512 : AdamWKernel::kPortable;
+    case AdamWKernel::kAvx2:
+      return avx2 ? AdamWKernel::kAvx2 : AdamWKernel::kPortable;
+    case AdamWKernel::kPortable:
+      return AdamWKernel::kPortable;
+    case AdamWKernel::kAuto:
+      break;
+  }
+  if (cpu::use_avx512()) return AdamWKernel::kAvx512;
+  return avx2 ? AdamWKernel::kAvx2 : AdamWKernel::kPortable;
+}
+
+double sum_squares_portable(const float* x, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four chains so the adds pipeline
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += double(x[i]) * x[i];
+    s1 += double(x[i + 1]) * x[i + 1];
+    s2 += double(x[i + 2]) * x[i + 2];
+    s3 += double(x[i + 3]) * x[i + 3];
+  }
+  for (; i < n; ++i) s0 += double(x[i]) * x[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+TESSERA_AVX512 double sum_squares_avx512(const float* x, int64_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  double s = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+  for (; i < n; ++i) s += double(x[i]) * x[i];
+  return s;
+}
+
+// x *= inv over n floats; returns true when every x was finite beforehand.
+bool unscale_portable(float* x, int64_t n, float inv) {
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite &= std::isfinite(x[i]);
+    x[i] *= inv;
+  }
+  return finite;
+}
+
+TESSERA_AVX512 bool unscale_avx512(float* x, int64_t n, float inv) {
+  const __m512 iv = _mm512_set1_ps(inv);
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  __mmask16 bad = 0;  // lanes that held inf or NaN: all exponent bits set
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = av::load(x + i);
+    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
+    av::store(x + i, _mm512_mul_ps(v, iv));
+  }
+  if (i < n) {
+    const __mmask16 m = av::tail_mask(n - i);
+    const __m512 v = av::load(x + i, m);
+    bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_castps_si512(v), exp_mask),
+                                        exp_mask);
+    av::store(x + i, _mm512_mul_ps(v, iv), m);
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
+void set_adamw_kernel_for_testing(AdamWKernel k) {
+  g_adamw_kernel.store(k, std::memory_order_relaxed);
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  switch (pick_adamw_kernel()) {
+    case AdamWKernel::kAvx512:
+      adamw_avx512(p, g, m, v, n, s);
+      break;
+    case AdamWKernel::kAvx2:
+      adamw_avx2(p, g, m, v, n, s);
+      break;
+    default:
+      adamw_portable(p, g, m, v, n, s);
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  return cpu::use_avx512() ? sum_squares_avx512(x, n) : sum_squares_portable(x, n);
+}
+
+bool unscale_check_finite(float* x, int64_t n, float inv) {
+  return cpu::use_avx512() ? unscale_avx512(x, n, inv) : unscale_portable(x, n, inv);
+}
+
+}  // namespace tessera::kernels
