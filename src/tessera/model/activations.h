@@ -22,6 +22,7 @@ struct LayerActivations {
 
 struct Activations {
   int64_t B = 0, T = 0;
+  int chunk = 0;     // the pipeline chunk the forward ran (0: the whole model)
   Tensor ids;        // (N) i32
   Tensor positions;  // (N) i32
   std::vector<LayerActivations> layers;
@@ -36,6 +37,11 @@ struct Activations {
 // What each layer keeps follows m.recompute(): everything (kNone), everything but the
 // attention output and log-sum-exp (kSelective), or only x_in (kFull).
 Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts);
+// The same for one chunk of a pipeline stage (Model::forward_chunk): starts from `input`
+// past virtual stage 0, and returns the chunk's output residual stream unless it is the
+// last virtual stage (then hf, as above).
+Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids, const Tensor& input,
+                           Activations& acts);
 
 struct BlockState;
 // One layer of the training forward (block_forward with `save`): runs the block over s

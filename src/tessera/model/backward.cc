@@ -18,10 +18,14 @@
 namespace tessera::model {
 namespace {
 
-void check_grads(const ModelConfig& c, const Params& g) {
-  TESSERA_CHECK(static_cast<int64_t>(g.layers.size()) == c.num_layers && g.embed.defined() &&
-                    g.embed.dtype() == DType::kF32,
-                "forward_backward: gradients must be Params::allocate(config, f32)");
+void check_grads(const ModelConfig& c, const PpStage& stage, const Params& g) {
+  const bool sized = static_cast<int64_t>(g.layers.size()) == c.num_layers;
+  const Tensor& probe = stage.holds_embed() ? g.embed
+                        : stage.holds_head() || !sized
+                            ? g.final_norm_w
+                            : g.layers[stage.layers(0, c.num_layers).first].norm1_w;
+  TESSERA_CHECK(sized && probe.defined() && probe.dtype() == DType::kF32,
+                "forward_backward: gradients must be Params::allocate(config, f32) for this stage");
 }
 
 int64_t activation_bytes(const Activations& a) {
@@ -91,90 +95,143 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 
 }  // namespace
 
+Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
+                            ChunkPass& pass) const {
+  pass.chunk = chunk;
+  pass.acts = std::make_shared<Activations>();
+  pass.head_input = Tensor();
+  Tensor out = forward_train_chunk(*this, chunk, ids, input, *pass.acts);
+  pass.activation_bytes = activation_bytes(*pass.acts);
+  if (!stage_.last_chunk(chunk)) return out;
+  pass.head_input = std::move(out);  // hf, every row: the head runs in backward_chunk
+  return Tensor();
+}
+
 Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
                                           float grad_scale, GradWrite write) const {
-  const auto& c = config_;
-  if (!hooks_) check_grads(c, grads);
-  const bool assign = write == GradWrite::kAssign;
+  TESSERA_CHECK(stage_.whole(), "forward_backward runs the whole model; pipeline stage ",
+                stage_.rank, " runs forward_chunk and backward_chunk");
   TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.shape() == ids.shape(),
                 "forward_backward: targets ", targets.describe(), " must be i32 shaped like ids ",
                 ids.describe());
-  Activations acts;
-  const Tensor hf = forward_train(*this, ids, acts);  // leaves the head unit acquired
+  if (!hooks_) check_grads(config_, stage_, grads);
+  ChunkPass pass;
+  forward_chunk(0, ids, Tensor(), pass);  // leaves the head unit acquired
+  LossResult result;
+  backward_chunk(pass, targets, Tensor(), grads, grad_scale, write, &result);
+  return result;
+}
+
+Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tensor& grad_output,
+                             Params& grads, float grad_scale, GradWrite write,
+                             LossResult* out) const {
+  const auto& c = config_;
+  if (!hooks_) check_grads(c, stage_, grads);
+  TESSERA_CHECK(pass.acts, "backward_chunk: the pass has no forward (or ran backward already)");
+  Activations& acts = *pass.acts;
+  const int chunk = pass.chunk;
+  const bool first = stage_.first_chunk(chunk), last = stage_.last_chunk(chunk);
+  const auto [l0, l1] = stage_.layers(chunk, c.num_layers);
+  const bool assign = write == GradWrite::kAssign;
   const int64_t B = acts.B, T = acts.T, N = B * T;
   TrainHooks* hooks = hooks_;
   const int head = num_units() - 1;
   const bool tied = c.tie_word_embeddings;
-  const int64_t act_bytes = activation_bytes(acts);
-  const Tensor tflat = targets.contiguous().view({N});
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  LossResult result;
+  result.activation_bytes = pass.activation_bytes;
   // A unit's gradient tensors exist (under ZeRO-2/3) once the hooks have prepared them.
   std::vector<const Tensor*> gemm_written;
   if (assign) {
     for (Tensor* w : grads.matmul_weights()) gemm_written.push_back(w);
-    if (tied) gemm_written.push_back(&grads.embed);
+    if (tied && last && first) gemm_written.push_back(&grads.embed);
+  }
+  int64_t count = 0;
+  const bool sp = sequence_parallel_;
+  const int64_t H = c.hidden_size;
+  const int64_t Nl = sp ? N / shard_.size : N;
+  Tensor tflat;
+  if (last) {
+    TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.numel() == N,
+                  "backward: targets ", targets.describe(), " must be i32 with the ", N,
+                  " tokens of the forward");
+    tflat = targets.contiguous().view({N});
+    for (int64_t i = 0; i < N; ++i) count += tflat.data<int32_t>()[i] != kernels::kIgnoreIndex;
+  } else {
+    TESSERA_CHECK(grad_output.defined() && grad_output.dtype() == DType::kF32 &&
+                      grad_output.numel() == Nl * H,
+                  "backward: chunk ", chunk, " expects the next stage's (", Nl, ", ", H,
+                  ") f32 gradient, got ", grad_output.defined() ? grad_output.describe() : "nothing");
   }
   const auto prepare = [&](int unit) {
     if (hooks) hooks->prepare_grads(unit);
-    if (assign) clear_assigned_grads(c, grads, unit, gemm_written, count == 0);
+    if (assign) clear_assigned_grads(c, grads, unit, gemm_written, last && count == 0);
   };
-  if (hooks && tied) hooks->acquire(0);  // lm_head is embed
-  prepare(head);
-  if (tied) prepare(0);
+  if (last && hooks && tied && first) hooks->acquire(0);  // lm_head is embed
+  if (last && count == 0) {
+    // No target counted: every gradient is zero, but the hooks still see the whole walk
+    // (a data-parallel peer with targets is waiting on the same collectives), and the
+    // previous stage receives a zero gradient.
+    prepare(head);
+    if (tied && first) prepare(0);
+    if (hooks) {
+      if (tied && first) hooks->release(0);
+      hooks->grads_ready(head);
+      hooks->release(head);
+    }
+    for (int64_t l = l1 - 1; l >= l0; --l) {
+      prepare(static_cast<int>(l) + 1);
+      if (hooks) hooks->grads_ready(static_cast<int>(l) + 1);
+    }
+    if (first) {
+      prepare(0);
+      if (hooks) hooks->grads_ready(0);
+    }
+    pass.acts.reset();
+    if (out) *out = result;
+    return first ? Tensor() : Tensor::zeros({Nl, H}, DType::kF32);
+  }
   const LocalDims& d = dims_;
-  const int64_t H = c.hidden_size, Q = d.q, F = d.ffn;
+  const int64_t Q = d.q, F = d.ffn;
   // Each activation or gradient that feeds matmuls is rounded once (mode; a bf16 copy
   // under kNative), and the matmuls are handed the rounded operands (pm): hf, h1, h2 and
   // a come rounded from forward_train.
   const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
-  // Loss and d(loss)/d(logits), written over the logits.
-  Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
-  kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
-  LossResult result;
-  result.activation_bytes = act_bytes;
-  if (count == 0) {
-    // No target counted: every gradient is zero, but the hooks still see the whole walk
-    // (a data-parallel peer with targets is waiting on the same collectives).
-    if (hooks) {
-      if (tied) hooks->release(0);
-      hooks->grads_ready(head);
-      hooks->release(head);
-    }
-    for (int u = head - 1; u >= 0; --u) {
-      prepare(u);
-      if (hooks) hooks->grads_ready(u);
-    }
-    return result;
-  }
-  const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
-  result.loss = ce.loss_sum / static_cast<double>(ce.count);
-  result.count = ce.count;
-  Tensor& dlogits = logits;
-  round_matmul_input_in_place(dlogits, mode);
-
-  // lm_head: logits = hf @ Wlm^T.
-  // The residual stream's rows here: all N, or this rank's N / tp under sequence parallelism
-  // (dh_full then holds the tp region's partial sums over every row).
-  const bool sp = sequence_parallel_;
-  const int64_t Nl = sp ? N / shard_.size : N;
   Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
-  kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
-  // Vocab-parallel head: each rank's part from its rows, summed over the group.
-  if (sp)
-    scatter_rows(*this, dh_full, dh);
-  else
-    tp_reduce(*this, dh);
-  matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
-  norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
-            grads.final_norm_w, grads.final_norm_b);
-  if (hooks) {
-    if (tied) hooks->release(0);
-    hooks->grads_ready(head);
-    hooks->release(head);
+  if (last) {
+    prepare(head);
+    if (tied && first) prepare(0);
+    const Tensor& hf = pass.head_input;
+    // Loss and d(loss)/d(logits), written over the logits.
+    Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
+    kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
+    const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
+    result.loss = ce.loss_sum / static_cast<double>(ce.count);
+    result.count = ce.count;
+    Tensor& dlogits = logits;
+    round_matmul_input_in_place(dlogits, mode);
+    // lm_head: logits = hf @ Wlm^T. The residual stream's rows here: all N, or this rank's
+    // N / tp under sequence parallelism (dh_full then holds the tp region's partial sums
+    // over every row).
+    kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
+    // Vocab-parallel head: each rank's part from its rows, summed over the group.
+    if (sp)
+      scatter_rows(*this, dh_full, dh);
+    else
+      tp_reduce(*this, dh);
+    matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
+    norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
+              grads.final_norm_w, grads.final_norm_b);
+    pass.head_input = Tensor();
+    if (hooks) {
+      if (tied && first) hooks->release(0);
+      hooks->grads_ready(head);
+      hooks->release(head);
+    }
+  } else {
+    dres.copy_from(grad_output.view({Nl, H}));
   }
 
   const auto params = attention_params(c, 0);
@@ -184,7 +241,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
   Tensor datt = Tensor::empty({N, Q}, DType::kF32);
   Tensor dqkv = Tensor::empty({N, d.qkv}, DType::kF32);
 
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+  for (int64_t l = l1 - 1; l >= l0; --l) {
     const int unit = static_cast<int>(l) + 1;
     if (hooks) hooks->acquire(unit);
     prepare(unit);
@@ -250,10 +307,16 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
       hooks->release(unit);
     }
   }
+  if (out) *out = result;
+  if (!first) {
+    pass.acts.reset();
+    return dres;  // to the previous virtual stage
+  }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
   embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
   if (hooks) hooks->grads_ready(0);
-  return result;
+  pass.acts.reset();
+  return Tensor();
 }
 
 }  // namespace tessera::model

@@ -4,6 +4,7 @@
 
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/attention.h"
+#include "tessera/kernels/cross_entropy.h"
 #include "tessera/kernels/elementwise.h"
 #include "tessera/kernels/embedding.h"
 #include "tessera/kernels/matmul.h"
@@ -143,6 +144,11 @@ void recompute_attention(const Model& m, const Activations& acts, LayerActivatio
 }
 
 Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
+  return forward_train_chunk(m, 0, ids2d, Tensor(), acts);
+}
+
+Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const Tensor& input,
+                           Activations& acts) {
   const auto& c = m.config();
   TESSERA_CHECK(ids2d.dim() == 2 && ids2d.dtype() == DType::kI32,
                 "forward: token ids must be an i32 (batch, seq) tensor, got ", ids2d.describe());
@@ -150,8 +156,14 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   TESSERA_CHECK(T <= c.max_position_embeddings || c.uses_rope(), "forward: sequence length ", T,
                 " exceeds max_position_embeddings ", c.max_position_embeddings);
   const int64_t H = c.hidden_size;
+  const PpStage& stage = m.pp_stage();
+  TESSERA_CHECK(chunk >= 0 && chunk < stage.num_chunks(), "forward: chunk ", chunk,
+                " is not one of this stage's ", stage.num_chunks());
+  const auto [l0, l1] = stage.layers(chunk, c.num_layers);
+  const bool first = stage.first_chunk(chunk), last = stage.last_chunk(chunk);
   acts.B = B;
   acts.T = T;
+  acts.chunk = chunk;
   acts.ids = ids2d.contiguous().view({N});
   acts.positions = make_positions(B, T, 0);
   acts.layers.assign(c.num_layers, LayerActivations{});
@@ -164,11 +176,19 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   const int64_t Nl = sp ? N / tp : N;  // rows of the residual stream on this rank
 
   TrainHooks* hooks = m.train_hooks();
-  if (hooks) hooks->acquire(0);
   BlockState s;
-  s.x = embed_tokens(m, acts.ids, acts.positions, sp);
-  if (hooks) hooks->release(0);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  if (first) {
+    if (hooks) hooks->acquire(0);
+    s.x = embed_tokens(m, acts.ids, acts.positions, sp);
+    if (hooks) hooks->release(0);
+  } else {
+    TESSERA_CHECK(input.defined() && input.dtype() == DType::kF32 && input.dim() == 2 &&
+                      input.size(0) == Nl && input.size(1) == H,
+                  "forward: chunk ", chunk, " expects the previous stage's (", Nl, ", ", H,
+                  ") f32 residual stream, got ", input.defined() ? input.describe() : "nothing");
+    s.x = input.contiguous().clone();
+  }
+  for (int64_t l = l0; l < l1; ++l) {
     const int unit = static_cast<int>(l) + 1;
     if (hooks) hooks->acquire(unit);
     LayerActivations& A = acts.layers[l];
@@ -181,6 +201,10 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
     }
     if (hooks) hooks->release(unit);
   }
+  if (!last) {  // to the next virtual stage: the residual stream with the last block's output
+    if (s.delta.defined()) kernels::add_inplace(s.x, s.delta);
+    return s.x;
+  }
   // The head stays acquired: the caller runs lm_head and releases it (head_units).
   if (hooks) hooks->acquire(m.num_units() - 1);
   if (ln) acts.meanf = Tensor::empty({Nl}, DType::kF32);
@@ -192,7 +216,30 @@ Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
   return sp ? gather_rows(m, acts.hf) : acts.hf;  // the head sees every row
 }
 
+Model::LossResult Model::loss_chunk(ChunkPass& pass, const Tensor& targets) const {
+  TESSERA_CHECK(pass.acts && stage_.last_chunk(pass.chunk) && pass.head_input.defined(),
+                "loss_chunk: needs the forward of the last virtual stage");
+  const int64_t N = pass.acts->B * pass.acts->T;
+  TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.numel() == N, "loss_chunk: targets ",
+                targets.describe(), " must be i32 with the ", N, " tokens of the forward");
+  const bool tied = hooks_ && config_.tie_word_embeddings;
+  if (tied) hooks_->acquire(0);
+  Tensor logits = head_logits(*this, pass.head_input, false);
+  if (tied) hooks_->release(0);
+  if (hooks_) hooks_->release(num_units() - 1);
+  LossResult r;
+  // head_logits gives every vocabulary column on every rank: the plain cross-entropy.
+  const auto ce = kernels::cross_entropy(logits, targets.contiguous().view({N}), nullptr, nullptr, 1.f);
+  r.loss = ce.loss_sum;
+  r.count = ce.count;
+  pass.acts.reset();
+  pass.head_input = Tensor();
+  return r;
+}
+
 Tensor Model::forward_batch(const Tensor& ids) const {
+  TESSERA_CHECK(stage_.whole(), "forward_batch runs the whole model, not pipeline stage ",
+                stage_.rank, " (", stage_.describe(), ")");
   Activations acts;
   const Tensor hf = forward_train(*this, ids, acts);
   const bool tied = hooks_ && config_.tie_word_embeddings;

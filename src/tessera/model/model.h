@@ -3,6 +3,7 @@
 // forward + backward over a batch for training.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,18 @@ class KvAttention {
 // DIR/config.json and generation_config.json (json_files) and DIR/model.safetensors with
 // `tensors` under their Hugging Face names: what Model::save writes, for weights assembled
 // elsewhere (the whole tensors of a tensor-parallel model).
+struct Activations;  // activations.h: what a training forward saves for backward
+
+// One micro-batch's pass through one chunk of a pipeline stage, held between its forward
+// (Model::forward_chunk) and its backward (Model::backward_chunk): pipeline schedules run
+// other micro-batches in between.
+struct ChunkPass {
+  int chunk = 0;
+  std::shared_ptr<Activations> acts;
+  int64_t activation_bytes = 0;  // saved for backward when the forward ended
+  Tensor head_input;             // the last virtual stage: hf, every row
+};
+
 void save_hf_directory(const std::string& dir,
                        const std::vector<std::pair<std::string, std::string>>& json_files,
                        const std::vector<std::pair<std::string, Tensor>>& tensors);
@@ -74,8 +87,14 @@ class Model {
   // One tensor-parallel shard: each split tensor's block (Params::pieces) is read from the
   // mmapped safetensors, so no rank materialises the whole model.
   static Model load(const std::string& dir, DType dtype, TpShard shard);
+  // ... of pipeline stage `stage` only (the other stages' tensors are not read).
+  static Model load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage);
   // Shard `shard` of this whole model (the same blocks load would read).
   Model shard(TpShard shard) const;
+  // Pipeline stage `stage` of this model (a tp shard or whole): copies of the stage's
+  // tensors only; the other stages' stay undefined.
+  Model stage(const PpStage& stage) const;
+  const PpStage& pp_stage() const { return stage_; }
   // The tp group's collectives for a shard (every tp > 1 forward needs them).
   void set_tp_comm(TpComm* tp) { tp_comm_ = tp; }
   // Megatron sequence parallelism in the training passes (forward_batch, forward_backward):
@@ -152,6 +171,27 @@ class Model {
                               float grad_scale = 1.f,
                               GradWrite write = GradWrite::kAccumulate) const;
 
+  // Pipeline parallelism: forward_backward cut at the stage's chunk boundaries. The forward
+  // of chunk `chunk` starts from the token ids (B, T) at virtual stage 0 (embedding), else
+  // from `input`, the residual stream the previous virtual stage returned ((B T, H) f32;
+  // this rank's B T / tp rows under sequence parallelism); every stage needs ids for B, T
+  // and the positions. It returns the residual stream for the next virtual stage, or, at
+  // the last one, an undefined tensor (its forward ends with the final norm: the head and
+  // the loss run in its backward, so no logits are kept between the two).
+  Tensor forward_chunk(int chunk, const Tensor& ids, const Tensor& input, ChunkPass& pass) const;
+  // The backward of `pass`: at the last virtual stage from the loss over `targets` (the
+  // LossResult is the micro-batch's), elsewhere from `grad_output` = d loss / d output of
+  // the forward. Gradients as forward_backward; returns d loss / d input (shaped like the
+  // forward's input), undefined at virtual stage 0. Frees the pass's activations.
+  Tensor backward_chunk(ChunkPass& pass, const Tensor& targets, const Tensor& grad_output,
+                        Params& grads, float grad_scale, GradWrite write,
+                        LossResult* result = nullptr) const;
+
+  // Evaluation at the last virtual stage, after forward_chunk: the sum of the token losses
+  // over targets != -100 and their count (LossResult::loss is the sum here); no gradients.
+  // Frees the pass.
+  LossResult loss_chunk(ChunkPass& pass, const Tensor& targets) const;
+
   // nullptr (the default): plain single-device training. With hooks, forward_backward
   // does not check the gradient layout: the hooks provide each unit's tensors.
   void set_train_hooks(TrainHooks* hooks) { hooks_ = hooks; }
@@ -168,6 +208,7 @@ class Model {
  private:
   ModelConfig config_;
   TpShard shard_;
+  PpStage stage_;
   LocalDims dims_;
   TpComm* tp_comm_ = nullptr;
   bool sequence_parallel_ = false;

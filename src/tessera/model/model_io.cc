@@ -2,6 +2,7 @@
 // and the compute-dtype weight copies.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,10 @@ bool is_ignorable_buffer(const std::string& name) {
 Model Model::load(const std::string& dir, DType dtype) { return load(dir, dtype, TpShard{}); }
 
 Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
+  return load(dir, dtype, shard, PpStage{});
+}
+
+Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage) {
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,
@@ -53,10 +58,11 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
   Model m;
   m.config_ = ModelConfig::load(dir);
   m.shard_ = shard;
+  m.stage_ = stage;
   m.dims_ = local_dims(m.config_, shard);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
-  m.weights_ = Params::allocate(m.config_, dtype, m.dims_);
+  m.weights_ = Params::allocate(m.config_, dtype, m.dims_, true, stage);
   const auto file = io::SafetensorsModel::open(dir);
 
   // GPT-2 checkpoints from the hub name tensors with or without "transformer.".
@@ -82,6 +88,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
   int unused = 0;
   for (const auto& name : file.names()) {
     if (used.count(name) || is_ignorable_buffer(name)) continue;
+    if (!stage.whole()) continue;  // the other pipeline stages' tensors
     // A tied checkpoint may still carry lm_head.weight; it must equal the embedding.
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings) continue;
     if (++unused <= 5) TESSERA_LOG(kWarn, dir, ": ignoring unexpected tensor '", name, "'");
@@ -93,6 +100,34 @@ void Model::set_sequence_parallel(bool on) {
   TESSERA_CHECK(!on || (tp_comm_ && shard_.size > 1),
                 "sequence parallelism needs tensor parallelism (tp > 1 with its collectives)");
   sequence_parallel_ = on;
+}
+
+Model Model::stage(const PpStage& stage) const {
+  TESSERA_CHECK(stage_.whole(), "Model::stage: this model is already a pipeline stage");
+  TESSERA_CHECK(stage.whole() || !config_.tie_word_embeddings,
+                "pipeline parallelism with tied embeddings (tie_word_embeddings) is not "
+                "available yet: the first and last stages would share the table");
+  Model m;
+  m.config_ = config_;
+  m.shard_ = shard_;
+  m.stage_ = stage;
+  m.dims_ = dims_;
+  m.dtype_ = m.compute_dtype_ = dtype_;
+  m.bf16_mode_ = dtype_ == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
+  m.recompute_ = recompute_;
+  m.weights_ = Params::allocate(config_, dtype_, dims_, false, stage);
+  const auto mine = m.weights_.pieces(config_, shard_);
+  const auto all = weights_.pieces(config_, shard_);
+  for (const auto& piece : mine) {
+    // The same (name, offset) piece of this model; a fused tensor may list several.
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Piece& p) {
+      return p.name == piece.name && p.offset == piece.offset;
+    });
+    TESSERA_CHECK(it != all.end(), "Model::stage: tensor '", piece.name, "' is missing");
+    Tensor dst = piece.view;
+    dst.copy_from(it->view);
+  }
+  return m;
 }
 
 Model Model::shard(TpShard shard) const {

@@ -11,17 +11,23 @@ Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }
 
-Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool zeroed) {
+Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool zeroed,
+                        const PpStage& stage) {
   const auto make = [&](const Shape& shape) {
     return zeroed ? Tensor::zeros(shape, dt) : Tensor::empty(shape, dt);
   };
   const int64_t H = c.hidden_size, F = d.ffn;
   Params p;
-  p.embed = make({d.vocab, H});
-  if (c.arch == Arch::kGpt2) p.pos_embed = make({c.max_position_embeddings, H});
+  if (stage.holds_embed()) {
+    p.embed = make({d.vocab, H});
+    if (c.arch == Arch::kGpt2) p.pos_embed = make({c.max_position_embeddings, H});
+  }
   const bool ln = c.uses_layernorm();
   p.layers.resize(c.num_layers);
-  for (auto& L : p.layers) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    auto& L = p.layers[l];
+    if (c.arch == Arch::kGpt2) L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
+    if (!stage.holds_layer(l)) continue;
     L.norm1_w = make({H});
     L.norm2_w = make({H});
     if (ln) {
@@ -29,7 +35,6 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       L.norm2_b = make({H});
     }
     if (c.arch == Arch::kGpt2) {
-      L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
       L.qkv.weight = make({H, d.qkv});
       L.o.weight = make({d.q, H});
       L.up.weight = make({H, F});
@@ -46,6 +51,7 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       if (c.qkv_bias) L.qkv.bias = make({d.qkv});
     }
   }
+  if (!stage.holds_head()) return p;
   p.final_norm_w = make({H});
   if (ln) p.final_norm_b = make({H});
   p.lm_head = c.tie_word_embeddings ? p.embed : make({d.vocab, H});
@@ -90,6 +96,7 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     whole(pre + "wpe.weight", pos_embed);
     for (size_t i = 0; i < layers.size(); ++i) {
       const auto& L = layers[i];
+      if (!L.norm1_w.defined()) continue;  // another pipeline stage's layer
       const std::string h = pre + "h." + std::to_string(i) + ".";
       whole(h + "ln_1.weight", L.norm1_w);
       whole(h + "ln_1.bias", L.norm1_b);
@@ -117,13 +124,14 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
       add(h + "mlp.c_proj.weight", L.down.weight, {F, H}, {r * Fl, 0});
       whole(h + "mlp.c_proj.bias", L.down.bias);
     }
-    whole(pre + "ln_f.weight", final_norm_w);
+    whole(pre + "ln_f.weight", final_norm_w);  // (whole() skips what a stage lacks)
     whole(pre + "ln_f.bias", final_norm_b);
     return out;
   }
   add(pre + "embed_tokens.weight", embed, {V, H}, {d.vocab_begin, 0});
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& L = layers[i];
+    if (!L.norm1_w.defined()) continue;  // another pipeline stage's layer
     const std::string l = pre + "layers." + std::to_string(i) + ".";
     whole(l + "input_layernorm.weight", L.norm1_w);
     add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, d.q), {Q, H}, {r * d.q, 0});
@@ -187,8 +195,9 @@ void Params::tie(const ModelConfig& c) {
 std::vector<Tensor*> Params::matmul_weights() {
   std::vector<Tensor*> w;
   for (auto& L : layers)
-    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) w.push_back(&lin->weight);
-  w.push_back(&lm_head);
+    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down})
+      if (lin->weight.defined()) w.push_back(&lin->weight);
+  if (lm_head.defined()) w.push_back(&lm_head);
   return w;
 }
 

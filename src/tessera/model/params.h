@@ -62,8 +62,11 @@ struct Params {
   static Params allocate(const ModelConfig& config, DType dtype);
   // The same for one tensor-parallel shard (local_dims sizes). zeroed false: the memory is
   // left untouched (for reading the layout of pieces() without paying for the tensors).
+  // A pipeline stage allocates only its tensors (its layers; the embeddings on the first
+  // stage, the final norm and lm_head on the last): the others stay undefined, and every
+  // listing below skips them.
   static Params allocate(const ModelConfig& config, DType dtype, const LocalDims& dims,
-                         bool zeroed = true);
+                         bool zeroed = true, const PpStage& stage = {});
   // (Hugging Face name, view) for every distinct tensor; tied lm_head is not listed.
   // Whole-model Params only (tp = 1).
   std::vector<std::pair<std::string, Tensor>> named(const ModelConfig& config) const;

@@ -5,6 +5,9 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/model/config.h"
 #include "tessera/tensor/tensor.h"
@@ -34,6 +37,40 @@ struct TpShard {
   int rank = 0;
   int size = 1;
 };
+
+// This rank's place in the pipeline (pipeline parallelism): the model's layers are cut into
+// size x virtual_stages consecutive blocks, virtual stage v = [bounds[v], bounds[v + 1]).
+// Rank r runs virtual stages r, r + size, r + 2 size, ... as its chunks 0, 1, ... (the
+// interleaved 1F1B schedule of Megatron-LM; one chunk per rank otherwise). Virtual stage 0
+// also holds the embeddings, the last one the final norm and lm_head. The default (empty
+// bounds) is the whole model.
+struct PpStage {
+  int rank = 0, size = 1, virtual_stages = 1;
+  std::vector<int64_t> bounds;  // size * virtual_stages + 1 layer indices, 0 first, L last
+
+  bool whole() const { return bounds.empty(); }
+  int num_chunks() const { return whole() ? 1 : virtual_stages; }
+  int virtual_stage(int chunk) const { return chunk * size + rank; }
+  int num_virtual() const { return size * virtual_stages; }
+  // [begin, end) of chunk `chunk`; the whole model has one chunk of every layer.
+  std::pair<int64_t, int64_t> layers(int chunk, int64_t num_layers) const;
+  bool holds_layer(int64_t layer) const;
+  int chunk_of_layer(int64_t layer) const;  // -1 when this rank does not hold it
+  bool first_chunk(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool last_chunk(int chunk) const { return whole() || virtual_stage(chunk) == num_virtual() - 1; }
+  bool holds_embed() const { return rank == 0; }
+  bool holds_head() const { return whole() || rank == size - 1; }
+  // "layers 0-5 (+ embeddings)" or "layers 0-2, 6-8 (+ head)".
+  std::string describe() const;
+};
+
+// Stage `rank` of `size` with `virtual_stages` chunks per rank. `given` (optional) lists the
+// layers per virtual stage (size x virtual_stages numbers summing to the layers); otherwise
+// the cut balances parameters (the embeddings count on the first virtual stage, the final
+// norm and an untied lm_head on the last), every virtual stage getting at least one layer.
+// Throws a one-line error naming what does not fit.
+PpStage pipeline_stage(const ModelConfig& c, int rank, int size, int virtual_stages = 1,
+                       const std::vector<int64_t>& given = {});
 
 // The sizes this rank computes with. The vocabulary (embedding rows and lm_head rows,
 // vocab-parallel) is split in ceil(V / tp) blocks, the last one shorter.

@@ -134,8 +134,24 @@ void DataParallel::build_layout() {
     cur = Segment{};
     open = false;
   };
+  // A pipeline stage holds some units only (the others have no tensors and join no
+  // segment), and a segment never spans two of its chunks: each chunk's backward reports
+  // its units once per micro-batch, at times of the schedule's choosing.
+  const model::PpStage& stage = model_.pp_stage();
+  const auto chunk_of_unit = [&](int u) {
+    if (u == 0) return 0;
+    if (u == U - 1) return stage.num_chunks() - 1;
+    return stage.chunk_of_layer(u - 1);
+  };
+  int cur_chunk = -1;
   for (int u = U - 1; u >= 0; --u) {
     Unit& unit = units_[u];
+    if (unit.slots.empty()) {
+      unit.segment = -1;
+      continue;
+    }
+    if (open && chunk_of_unit(u) != cur_chunk) close();
+    cur_chunk = chunk_of_unit(u);
     if (!open) {
       cur.begin = unit.begin;
       open = true;
@@ -309,7 +325,7 @@ void DataParallel::start_step(bool first_micro_batch_assigns) {
 void DataParallel::set_sync(bool sync) { sync_ = sync; }
 
 void DataParallel::prepare_grads(int unit) {
-  if (config_.zero_stage < 2) return;
+  if (config_.zero_stage < 2 || units_[unit].segment < 0) return;
   Segment& seg = segments_[units_[unit].segment];
   if (seg.buf.defined()) return;
   seg.buf = comm_.alloc_shared({seg.end - seg.begin}, DType::kF32);  // registered, see above
@@ -319,6 +335,7 @@ void DataParallel::prepare_grads(int unit) {
 
 void DataParallel::grads_ready(int unit) {
   const int si = units_[unit].segment;
+  if (si < 0) return;  // another pipeline stage's unit
   Segment& seg = segments_[si];
   if (++seg.ready < static_cast<int>(seg.units.size())) return;
   seg.ready = 0;
@@ -463,7 +480,7 @@ void DataParallel::finish_gather(int u) {
 }
 
 void DataParallel::acquire(int u) {
-  if (config_.zero_stage < 3) return;
+  if (config_.zero_stage < 3 || units_[u].segment < 0) return;
   Unit& unit = units_[u];
   const int head = static_cast<int>(units_.size()) - 1;
   if (u == 0 && units_[head].refs == 0) backward_phase_ = false;  // a forward pass begins
@@ -485,7 +502,7 @@ void DataParallel::acquire(int u) {
 }
 
 void DataParallel::release(int u) {
-  if (config_.zero_stage < 3) return;
+  if (config_.zero_stage < 3 || units_[u].segment < 0) return;
   Unit& unit = units_[u];
   TESSERA_CHECK(unit.refs > 0, "data parallel: unit ", u, " released more often than acquired");
   if (--unit.refs > 0) return;
