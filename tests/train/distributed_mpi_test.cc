@@ -67,5 +67,32 @@ TEST(TensorParallelMpi, Dp2xTp2MatchesOneProcess) {
   EXPECT_NO_THROW(model::Model::load(out + "/model"));
 }
 
+TEST(PipelineParallelMpi, Pp2And1F1BMatchesOneProcess) {
+  // Two processes as the two stages of a 4-layer model (activations and gradients over
+  // MPI point to point), four micro-batches per step.
+  const std::string root = temp_dir("pp_mpi");
+  const std::string data = make_data(root);
+  const std::string extra = "[optimizer]\nlr = 0.003\n[parallel]\n";
+  auto with = [&](const std::string& out, const std::string& parallel) {
+    std::string cfg = base_config(out, data, 4, extra + parallel);
+    cfg.replace(cfg.find("[model]\n"), 8, "[model]\nnum_layers = 4\n");
+    cfg.replace(cfg.find("batch_size = 4\n"), 15, "batch_size = 4\ngrad_accum = 4\n");
+    return cfg;
+  };
+  const auto single = run_training(TrainConfig::parse(with(root + "/single", ""), "s.toml"));
+  const std::string out = root + "/mpi";
+  const std::string cfg = root + "/mpi.toml";
+  io_write(cfg, with(out, "pp = 2\n"));
+  const auto r = testing::run_command(mpirun(2) + TESSERA_CLI_PATH + " train --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train: mesh pp2"), std::string::npos) << r.out;
+  const auto got = losses_of(out);
+  ASSERT_EQ(got.size(), single.losses.size()) << r.out;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], single.losses[i], 1e-5 * single.losses[i]) << "step " << i + 1;
+  EXPECT_NO_THROW(model::Model::load(out + "/model"));
+  EXPECT_TRUE(fs::exists(out + "/pipeline_timeline.svg"));
+}
+
 }  // namespace
 }  // namespace tessera::train

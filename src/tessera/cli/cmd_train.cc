@@ -10,6 +10,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/train/elastic.h"
 #include "tessera/train/trainer.h"
+#include "tessera/train/trainer_setup.h"
 
 namespace tessera::cli {
 namespace {
@@ -26,6 +27,7 @@ struct Flags {
   double heartbeat_timeout = 60;
   double heartbeat_interval = 1;
   std::string mpirun = "mpirun";
+  bool print_schedule = false;
 };
 
 std::string self_path() {
@@ -100,10 +102,16 @@ void add_train(CLI::App& app, Action& action) {
                   "Seconds between a rank's heartbeats (default 1; below --heartbeat-timeout)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", f->mpirun, "The mpirun program to launch ranks with");
+  cmd->add_flag("--print-schedule", f->print_schedule,
+                "Print the pipeline schedule (passes per rank, stage layers, bubble) and exit");
   cmd->callback([f, &action] {
     action = [f] {
       auto config = train::TrainConfig::load(f->config);
       if (!f->trace.empty()) config.logging.trace = f->trace;
+      if (f->print_schedule) {
+        std::fputs(train::pipeline_schedule_text(config).c_str(), stdout);
+        return 0;
+      }
       if (f->nproc > 0 || !f->hosts.empty() || f->max_restarts > 0) {
         TESSERA_CHECK(f->stop_after < 0, "--stop-after cannot be combined with --nproc");
         return run_supervised(*f, config);

@@ -85,6 +85,22 @@ class Section {
     }
   }
 
+  // An array of integers, each in [lo, hi].
+  void get(const char* key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
+    if (const toml::node* node = find(key)) {
+      const toml::array* a = node->as_array();
+      TESSERA_CHECK(a, where(key), " must be an array of integers");
+      out.clear();
+      for (const toml::node& e : *a) {
+        TESSERA_CHECK(e.is_integer(), where(key), " must be an array of integers");
+        const int64_t v = e.as_integer()->get();
+        TESSERA_CHECK(v >= lo && v <= hi, where(key), " entries must be in [", lo, ", ", hi,
+                      "], got ", v);
+        out.push_back(v);
+      }
+    }
+  }
+
   void get(const char* key, double& out, Bounds bounds = {}) {
     if (const toml::node* node = find(key)) {
       TESSERA_CHECK(node->is_number(), where(key), " must be a number");
@@ -287,8 +303,12 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
                         {"ep", &pa.ep}})
     p.get(key, *v, 1, 65536);
   p.get("sequence_parallel", pa.sequence_parallel);
+  p.get("pp_schedule", pa.pp_schedule);
+  p.get("pp_virtual_stages", pa.pp_virtual_stages, 1, 1024);
+  p.get("pp_layers", pa.pp_layers, 1, 1 << 20);
   p.check_unknown();
   check_one_of(pa.algorithm, {"auto", "backend", "ring", "hd", "hierarchical"}, p, "algorithm");
+  check_one_of(pa.pp_schedule, {"gpipe", "1f1b", "interleaved"}, p, "pp_schedule");
   return c;
 }
 

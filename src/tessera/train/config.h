@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/train/loss_scaler.h"
 #include "tessera/train/optimizer.h"
@@ -77,6 +78,12 @@ struct ParallelSection {
   int64_t dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
   // Megatron sequence parallelism inside the tp groups (needs tp > 1).
   bool sequence_parallel = false;
+  // Pipeline parallelism (pp > 1): the schedule (gpipe | 1f1b | interleaved), chunks per
+  // rank for interleaved, and optionally the layers of each (virtual) stage, in order
+  // (empty: balanced by parameter count). The micro-batches of a step are data.grad_accum.
+  std::string pp_schedule = "1f1b";
+  int64_t pp_virtual_stages = 1;
+  std::vector<int64_t> pp_layers;
 };
 
 struct TrainConfig {

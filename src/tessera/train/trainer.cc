@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "tessera/model/benchmark.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/device_mesh.h"
+#include "tessera/parallel/pipeline_parallel.h"
 #include "tessera/parallel/tensor_parallel.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
@@ -87,15 +89,39 @@ struct RunState {
   uint64_t tokens_seen = 0;
 };
 
-// The [parallel] mesh resolved against the world, before anything is loaded. Pipeline
-// parallelism is refused by name until it lands.
+// The [parallel] mesh resolved against the world, before anything is loaded.
 parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
   parallel::MeshShape s;
   s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
-  s = parallel::resolve_mesh_shape(s, world, c.source_name());
-  TESSERA_CHECK(s.pp == 1, c.source_name(), ": [parallel] pp = ", s.pp,
-                ": pipeline parallelism is not available yet in the trainer (pp must be 1)");
-  return s;
+  return parallel::resolve_mesh_shape(s, world, c.source_name());
+}
+
+// This rank's pipeline stage (the whole model at pp 1), checked against the model and the
+// schedule before any weight exists.
+model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape& s,
+                                const model::ModelConfig& m, int rank) {
+  const std::string src = c.source_name();
+  const auto& pa = c.parallel;
+  const int V = static_cast<int>(pa.pp_virtual_stages);
+  const auto schedule = parallel::parse_pipe_schedule(pa.pp_schedule);
+  if (s.pp == 1) {
+    TESSERA_CHECK(V == 1 && pa.pp_layers.empty(), src, ": [parallel] pp_virtual_stages and ",
+                  "pp_layers need pp > 1");
+    return {};
+  }
+  TESSERA_CHECK(pa.zero_stage < 3, src, ": [parallel] pp = ", s.pp, " with zero_stage = 3: ",
+                "ZeRO-3 inside pipeline parallelism is not available yet (use zero_stage <= 2)");
+  TESSERA_CHECK(!m.tie_word_embeddings, src, ": [parallel] pp = ", s.pp, ": the model ties its ",
+                "embeddings to lm_head (first and last stage), which pipeline parallelism does not ",
+                "support yet ([model] tie_word_embeddings = false)");
+  try {
+    parallel::check_pipe_shape(schedule, {static_cast<int>(s.pp), static_cast<int>(c.data.grad_accum), V});
+    const auto coords = parallel::DeviceMesh::coords_of(s, rank);
+    return model::pipeline_stage(m, coords[static_cast<int>(parallel::Axis::kPp)],
+                                 static_cast<int>(s.pp), V, pa.pp_layers);
+  } catch (const Error& e) {
+    fail(src, ": [parallel] ", e.what());
+  }
 }
 
 // The layout checked against the model's configuration and the batch before any weight
@@ -158,7 +184,8 @@ class Run {
         meta_(read_data_meta(c.data.dir)),
         model_config_(build_model_config(c, meta_.vocab_size, meta_.eos_id)),
         tp_shard_(checked_tp_shard(c, mesh_shape_, model_config_, rank_)),
-        model_(build_model(c, model_config_, tp_shard_)),
+        pp_stage_(checked_pp_stage(c, mesh_shape_, model_config_, rank_)),
+        model_(build_model(c, model_config_, tp_shard_, pp_stage_)),
         mesh_(make_mesh(mesh_shape_, comm_)),
         tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel)),
         dp_group_(mesh_->group(parallel::Axis::kDp)),
@@ -166,6 +193,11 @@ class Run {
         dp_size_(dp_group_.size()),
         flags_(param_flags(model_)),
         dp_(model_, dp_group_, dp_config(c)),
+        pipe_(mesh_shape_.pp > 1 ? std::make_unique<parallel::Pipeline>(
+                                       model_, mesh_->group(parallel::Axis::kPp),
+                                       parallel::parse_pipe_schedule(c.parallel.pp_schedule),
+                                       static_cast<int>(c.data.grad_accum))
+                                 : nullptr),
         refs_(dp_param_refs(dp_, flags_, c.optimizer.name)),
         opt_(c.optimizer, refs_),
         scaler_(c.fp16_init_scale, 2.0, 0.5, c.fp16_growth_interval,
@@ -247,13 +279,16 @@ class Run {
       base::Timer step_timer;
       const LoaderState before = loader_.state();
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
-      const GradientPass gp = accumulate_gradients(model_, dp_, accum, scale, [&](int64_t) {
+      const auto rows = [&](int64_t) {
         next_batch(B, ids, targets);  // the global batch; this rank takes its rows
         return std::pair{ids.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b),
                          targets.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b)};
-      });
-      const double loss_sum = gp.loss_sum;
-      int64_t count = gp.count;
+      };
+      const GradientPass gp = pipe_ ? pipeline_gradients(accum, scale, rows)
+                                    : accumulate_gradients(model_, dp_, accum, scale, rows);
+      // The loss lives on the last pipeline stage: summed over the stages, then replicas.
+      const double loss_sum = over_pp(gp.loss_sum);
+      int64_t count = static_cast<int64_t>(over_pp(static_cast<double>(gp.count)));
       const int64_t activation_bytes = gp.activation_bytes;
       // Every rank holds the same number of targets, so the mean of the ranks' means is
       // the global batch's mean (and the gradients were averaged the same way).
@@ -265,16 +300,19 @@ class Run {
         finite = scaler_.unscale_and_check(refs_);
         if (dp_.sharded()) finite = dp_.sum_over_ranks(finite ? 0.0 : 1.0) == 0.0;
         if (tp_) finite = parallel::exact_sum(mesh_->group(parallel::Axis::kTp), finite ? 0.0 : 1.0) == 0.0;
+        if (pipe_) finite = over_pp(finite ? 0.0 : 1.0) == 0.0;
       }
       double grad_norm = 0;
       {
         base::TraceScope clip("clip_grad_norm");
         // The squares summed over what the ranks hold apart: the tp blocks (replicated
-        // tensors count 1/tp each, ParamRef::norm_share), then the ZeRO shards.
+        // tensors count 1/tp each, ParamRef::norm_share), the pipeline stages, then the
+        // ZeRO shards.
         std::function<double(double)> across;
-        if (dp_.sharded() || tp_)
+        if (dp_.sharded() || tp_ || pipe_)
           across = [this](double x) {
             if (tp_) x = parallel::exact_sum(mesh_->group(parallel::Axis::kTp), x);
+            x = over_pp(x);
             return dp_.sharded() ? dp_.sum_over_ranks(x) : x;
           };
         grad_norm = clip_grad_norm(refs_, tr.max_grad_norm, across);
@@ -336,6 +374,7 @@ class Run {
         rec["tp_comm_s"] = t.seconds;
         tp_->reset_traffic();
       }
+      if (pipe_) add_pipeline_metrics(rec);
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;
@@ -365,9 +404,10 @@ class Run {
     result.spikes = st_.spikes;
     result.model_dir = c_.out_dir + "/model";
     dp_.gather_all();
-    const auto weights = tp_ ? whole_weights() : decltype(whole_weights()){};
+    const auto weights = tp_ || pipe_ ? whole_weights() : decltype(whole_weights()){};
+    if (pipe_) write_pipeline_timeline();
     if (lead) {
-      if (tp_)
+      if (tp_ || pipe_)
         model::save_hf_directory(result.model_dir, model_.hf_json_files(), weights);
       else
         model_.save(result.model_dir);
@@ -389,11 +429,89 @@ class Run {
  private:
   double validation_loss() {
     dp_.gather_all();
-    const auto [sum, count] = loss_sums(model_, val_);
+    auto [sum, count] = pipe_ ? pipe_->evaluate(micro_batches(val_)) : loss_sums(model_, val_);
     dp_.release_all();
+    sum = over_pp(sum);
+    count = static_cast<int64_t>(over_pp(static_cast<double>(count)));
     const double total = dp_.sum_over_ranks(sum);
     const double n = dp_.sum_over_ranks(static_cast<double>(count));
     return n > 0 ? total / n : -1.0;
+  }
+
+  static std::vector<parallel::MicroBatch> micro_batches(const std::vector<std::pair<Tensor, Tensor>>& b) {
+    std::vector<parallel::MicroBatch> out;
+    for (const auto& [ids, targets] : b) out.push_back({ids, targets});
+    return out;
+  }
+
+  // The sum over the pipeline stages (exact, the same on every stage); x at pp 1.
+  double over_pp(double x) {
+    return pipe_ ? parallel::exact_sum(mesh_->group(parallel::Axis::kPp), x) : x;
+  }
+
+  // The step's micro-batches through the pipeline: every stage draws the same batches (the
+  // data order is deterministic), runs the schedule, then the replicas reduce.
+  GradientPass pipeline_gradients(int64_t accum, float scale,
+                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
+    std::vector<parallel::MicroBatch> mbs;
+    for (int64_t m = 0; m < accum; ++m) {
+      const auto [ids, targets] = batch(m);
+      mbs.push_back({ids.contiguous().clone(), targets.contiguous().clone()});
+    }
+    dp_.start_step(/*first_micro_batch_assigns=*/true);
+    base::TraceScope fb("pipeline");
+    last_pipe_ = pipe_->run(mbs, dp_.grads(), scale / static_cast<float>(accum),
+                            [this](int, bool last) { dp_.set_sync(last); });
+    dp_.finish_gradients();
+    GradientPass r;
+    r.loss_sum = last_pipe_.loss_sum;
+    r.count = last_pipe_.count;
+    r.activation_bytes = last_pipe_.activation_bytes;
+    return r;
+  }
+
+  // Every pp rank's pass spans of the last step (collective over the pipeline group).
+  std::vector<std::vector<parallel::PipeSpan>> gather_spans() {
+    comm::Communicator& g = mesh_->group(parallel::Axis::kPp);
+    const int64_t n = static_cast<int64_t>(last_pipe_.spans.size());
+    Tensor mine = Tensor::empty({2 * n}, DType::kI64), all = Tensor::empty({2 * n * g.size()}, DType::kI64);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(mine.data<int64_t>() + 2 * i, &last_pipe_.spans[i].start, 8);
+      std::memcpy(mine.data<int64_t>() + 2 * i + 1, &last_pipe_.spans[i].end, 8);
+    }
+    g.all_gather(mine, all);
+    std::vector<std::vector<parallel::PipeSpan>> spans(g.size(), std::vector<parallel::PipeSpan>(n));
+    for (int r = 0; r < g.size(); ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(&spans[r][i].start, all.data<int64_t>() + 2 * (r * n + i), 8);
+        std::memcpy(&spans[r][i].end, all.data<int64_t>() + 2 * (r * n + i) + 1, 8);
+      }
+    return spans;
+  }
+
+  // This rank's pipeline traffic and the step's bubble (measured over every stage) beside
+  // the formula's.
+  void add_pipeline_metrics(nlohmann::json& rec) {
+    last_spans_ = gather_spans();
+    rec["pp_schedule"] = parallel::pipe_schedule_name(pipe_->schedule());
+    rec["pp_bubble"] = parallel::measured_bubble(last_spans_);
+    rec["pp_bubble_formula"] = parallel::ideal_bubble(pipe_->shape());
+    rec["pp_sent_bytes"] = last_pipe_.sent_bytes;
+    rec["pp_messages"] = last_pipe_.sent_messages;
+    rec["pp_recv_wait_s"] = last_pipe_.recv_wait_s;
+    rec["pp_max_in_flight"] = last_pipe_.max_in_flight;
+  }
+
+  // OUT/pipeline_timeline.svg: the last step's passes per stage, from measured times.
+  void write_pipeline_timeline() {
+    if (last_spans_.empty() || rank_ != 0) return;
+    const std::string path = c_.out_dir + "/pipeline_timeline.svg";
+    io::write_file_atomic(path, parallel::pipe_timeline_svg(
+                                    pipe_->actions(), last_spans_, pipe_->shape(),
+                                    std::string("Tessera pipeline, ") +
+                                        parallel::pipe_schedule_name(pipe_->schedule()) + ", pp " +
+                                        std::to_string(pipe_->shape().pp) + ", m " +
+                                        std::to_string(pipe_->shape().micro_batches)));
   }
 
   // Bytes this rank holds for parameters, gradients, optimizer state (fp32 master weights
@@ -522,7 +640,7 @@ class Run {
     index["precision"] = c_.training.precision;
     index["bf16_mode"] = model::bf16_mode_name(model_.bf16_mode());
     std::vector<std::string> files;
-    index["mesh"] = {{"dp", mesh_shape_.dp}, {"tp", mesh_shape_.tp}};
+    index["mesh"] = {{"dp", mesh_shape_.dp}, {"tp", mesh_shape_.tp}, {"pp", mesh_shape_.pp}};
     for (int r = 0; r < world_; ++r) {
       const auto coords = parallel::DeviceMesh::coords_of(mesh_shape_, r);
       if (dp_.sharded() || coords[static_cast<int>(parallel::Axis::kDp)] == 0)
@@ -536,9 +654,16 @@ class Run {
   // The model's Hugging Face tensors, whole: on rank 0 under tp (gathered from the tp ranks
   // of replica 0, collective over them), this rank's own views otherwise.
   std::vector<std::pair<std::string, Tensor>> whole_weights() const {
-    if (!tp_) return model_.weights().named(model_.config());
+    if (!tp_ && !pipe_) return model_.weights().named(model_.config());
     if (dp_rank_ != 0) return {};
-    return parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp));
+    auto mine = tp_ ? parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp))
+                    : model_.weights().named(model_.config());
+    if (!pipe_) return mine;
+    // The stages' tensors to pipeline rank 0 (from each stage's tp rank 0).
+    return parallel::gather_stage_tensors(model_.config(), mesh_->group(parallel::Axis::kPp),
+                                          tp_shard_.rank == 0, std::move(mine),
+                                          static_cast<int>(c_.parallel.pp_virtual_stages),
+                                          c_.parallel.pp_layers);
   }
 
   void save_checkpoint(bool async) {
@@ -670,6 +795,7 @@ class Run {
   DataMeta meta_;
   model::ModelConfig model_config_;
   model::TpShard tp_shard_;
+  model::PpStage pp_stage_;
   model::Model model_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::unique_ptr<parallel::CommTp> tp_;
@@ -677,6 +803,9 @@ class Run {
   int dp_rank_, dp_size_;
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
+  std::unique_ptr<parallel::Pipeline> pipe_;  // pp > 1
+  parallel::PipelineStep last_pipe_;          // the last step's (timeline, traffic)
+  std::vector<std::vector<parallel::PipeSpan>> last_spans_;  // every pp rank's, last step
   std::vector<ParamRef> refs_;
   Optimizer opt_;
   LossScaler scaler_;

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
+#include "tessera/parallel/pipeline_schedule.h"
+#include "tessera/train/token_shard.h"
 #include "tessera/train/sharded_state.h"
 
 namespace tessera::train {
@@ -86,10 +89,13 @@ model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_
   return build_model(c, build_model_config(c, data_vocab, data_eos));
 }
 
-model::Model build_model(const TrainConfig& c, const model::ModelConfig& cfg, model::TpShard shard) {
-  if (!c.model.init_from.empty()) return model::Model::load(c.model.init_from, DType::kF32, shard);
-  if (shard.size == 1) return model::Model::random(cfg, DType::kF32, c.model.seed);
-  return model::Model::random(cfg, DType::kF32, c.model.seed).shard(shard);
+model::Model build_model(const TrainConfig& c, const model::ModelConfig& cfg, model::TpShard shard,
+                         const model::PpStage& stage) {
+  if (!c.model.init_from.empty())
+    return model::Model::load(c.model.init_from, DType::kF32, shard, stage);
+  model::Model m = model::Model::random(cfg, DType::kF32, c.model.seed);
+  if (shard.size > 1) m = m.shard(shard);
+  return stage.whole() ? std::move(m) : m.stage(stage);
 }
 
 std::map<std::string, ParamFlags> param_flags(const model::Model& m) {
@@ -240,6 +246,46 @@ GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& d
   }
   dp.finish_gradients();
   return r;
+}
+
+std::string pipeline_schedule_text(const TrainConfig& c) {
+  const auto& pa = c.parallel;
+  const auto schedule = parallel::parse_pipe_schedule(pa.pp_schedule);
+  const parallel::PipeShape shape{static_cast<int>(pa.pp), static_cast<int>(c.data.grad_accum),
+                                  static_cast<int>(pa.pp_virtual_stages)};
+  const std::string src = c.source_name();
+  std::string out;
+  try {
+    const auto actions = parallel::pipe_schedule(schedule, shape);
+    // The data's vocabulary (it sizes the embeddings the cut balances) when the data is there.
+    int64_t vocab = 32000;
+    try {
+      vocab = read_data_meta(c.data.dir).vocab_size;
+    } catch (const Error&) {
+    }
+    const model::ModelConfig m = build_model_config(c, vocab, -1);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "pipeline: %s, pp %d, %d micro-batches, %d chunk%s per rank, %lld layers\n",
+                  parallel::pipe_schedule_name(schedule), shape.pp, shape.micro_batches,
+                  shape.virtual_stages, shape.virtual_stages == 1 ? "" : "s",
+                  static_cast<long long>(m.num_layers));
+    out += buf;
+    if (shape.pp > 1 || shape.virtual_stages > 1)
+      for (int r = 0; r < shape.pp; ++r)
+        out += "stage " + std::to_string(r) + ": " +
+               model::pipeline_stage(m, r, shape.pp, shape.virtual_stages, pa.pp_layers).describe() + "\n";
+    out += parallel::format_pipe_schedule(actions, shape);
+    const auto t = parallel::simulate_schedule(actions, shape, 1.0 / shape.virtual_stages,
+                                               2.0 / shape.virtual_stages);
+    std::snprintf(buf, sizeof buf,
+                  "bubble (replay, backward = 2 x forward): %.1f%%; formula (pp-1)/(v m+pp-1): %.1f%%; "
+                  "at most %d micro-batches in flight per rank\n",
+                  100 * t.bubble, 100 * parallel::ideal_bubble(shape), t.max_in_flight);
+    out += buf;
+  } catch (const Error& e) {
+    fail(src, ": [parallel] ", e.what());
+  }
+  return out;
 }
 
 }  // namespace tessera::train

@@ -28,9 +28,9 @@ model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab_s
 // Its weights (f32 master weights): init_from's, or random from model.seed. Under tensor
 // parallelism (shard.size > 1) only this rank's shard is kept: init_from is read block by
 // block from the mmapped safetensors; a new model is drawn whole (the same weights as at
-// tp 1) and cut.
+// tp 1) and cut. A pipeline stage keeps (and reads) only its layers.
 model::Model build_model(const TrainConfig& c, const model::ModelConfig& config,
-                         model::TpShard shard = {});
+                         model::TpShard shard = {}, const model::PpStage& stage = {});
 // Both at once, at tp 1.
 model::Model build_model(const TrainConfig& c, int64_t data_vocab_size, int32_t data_eos_id);
 
@@ -99,5 +99,11 @@ using SkipRanges = std::vector<std::pair<uint64_t, uint64_t>>;
 
 // Text files copied next to a saved model: the tokenizer's json files when known.
 std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& dir);
+
+// `tessera train --print-schedule`: the pipeline schedule the config implies (pp ranks,
+// data.grad_accum micro-batches, the [parallel] pp_schedule and pp_virtual_stages) as one
+// line of passes per rank, the layers of each stage, and the bubble a replay with
+// backward = 2 x forward gives beside the formula (pp-1)/(v m+pp-1). Errors as the trainer's.
+std::string pipeline_schedule_text(const TrainConfig& c);
 
 }  // namespace tessera::train
