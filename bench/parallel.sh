@@ -3,7 +3,11 @@
 # batch trained as dp2, tp2 and tp2 + sequence parallelism under `mpirun -np 2` (one core
 # per rank), plus one process on both cores. Prints per layout the median step time and
 # tokens/s, rank 0's tensor-parallel collectives, bytes and (exposed) time per step, and
-# the activation bytes per rank; then tp2 / dp2 step time (the bar: at most 1.3).
+# the activation bytes per rank; then tp2 / dp2 step time (the bar: at most 1.3). Then
+# pipeline parallelism: pp2 under each schedule at the same global batch (8 micro-batches
+# of 1 sequence), and 1F1B at m = 4, 8, 16 micro-batches: the step time, the measured bubble
+# (metrics pp_bubble: idle share of the pipeline span over both stages) beside the
+# formula (pp-1)/(v m+pp-1), the bytes sent and the time blocked receiving.
 # Usage: bench/parallel.sh [BUILD_DIR] [STEPS]
 set -euo pipefail
 BUILD=${1:-build}
@@ -63,6 +67,18 @@ run one 1 "zero_stage = 0"
 run dp2 2 "dp = 2"
 run tp2 2 "tp = 2"
 run tp2_sp 2 "tp = 2" "sequence_parallel = true"
+# Pipeline: micro-batches of one sequence (batch_size 1 x grad_accum m). The 4 layers
+# split 2 + 2 (the embedding and the head are the same size, so parameters balance).
+runpp() {  # name m schedule-lines...
+  local name=$1 m=$2; shift 2
+  config "$W/$name" "pp = 2" "$@" | sed "s/^batch_size = 8/batch_size = 1\ngrad_accum = $m/" > "$W/$name.toml"
+  OMP_NUM_THREADS=1 "${MPIRUN[@]}" "$TESSERA" train --config "$W/$name.toml" > "$W/$name.log" 2>&1
+}
+runpp pp2_gpipe_m8 8 'pp_schedule = "gpipe"'
+runpp pp2_1f1b_m4 4
+runpp pp2_1f1b_m8 8
+runpp pp2_1f1b_m16 16
+runpp pp2_interleaved_m8 8 'pp_schedule = "interleaved"' "pp_virtual_stages = 2"
 
 python3 - "$W" "$STEPS" <<'PY'
 import json, statistics, sys
@@ -81,5 +97,19 @@ for name in ["one", "dp2", "tp2", "tp2_sp"]:
     out[name] = row
 out["tp2_over_dp2_step_time"] = round(out["tp2"]["step_s"] / out["dp2"]["step_s"], 3)
 out["tp2_sp_over_dp2_step_time"] = round(out["tp2_sp"]["step_s"] / out["dp2"]["step_s"], 3)
+for name, m in [("pp2_gpipe_m8", 8), ("pp2_1f1b_m4", 4), ("pp2_1f1b_m8", 8), ("pp2_1f1b_m16", 16),
+                ("pp2_interleaved_m8", 8)]:
+    recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
+    tps = statistics.median(r["tokens_per_s"] for r in recs)
+    bubble = statistics.median(r["pp_bubble"] for r in recs)
+    formula = recs[-1]["pp_bubble_formula"]
+    out[name] = {"tokens_per_s": round(tps), "step_s": round(m * 256 / tps, 4),
+                 "bubble_measured": round(bubble, 4), "bubble_formula": round(formula, 4),
+                 "bubble_over_formula": round(bubble / formula, 3),
+                 "sent_mb_per_step": round(recs[-1]["pp_sent_bytes"] / 2**20, 2),
+                 "recv_wait_s_per_step": round(statistics.median(r["pp_recv_wait_s"] for r in recs), 4),
+                 "max_in_flight": recs[-1]["pp_max_in_flight"],
+                 "mem_activations_mb": round(recs[-1]["mem_activations"] / 2**20, 1)}
+out["pp2_1f1b_m8_over_dp2_step_time"] = round(out["pp2_1f1b_m8"]["step_s"] / out["dp2"]["step_s"], 3)
 print(json.dumps(out, indent=1))
 PY

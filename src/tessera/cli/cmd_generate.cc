@@ -8,6 +8,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/infer/generate.h"
 #include "tessera/infer/offline.h"
+#include "tessera/infer/tp_serving.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/perplexity.h"
@@ -53,13 +54,13 @@ struct GenerateFlags {
   infer::EngineConfig engine;
   bool no_prefix_caching = false;
   std::string draft_model;
+  int tp = 1;
 };
 
 // A file of requests through the engine, all in flight at once.
-int run_generate_batch(const GenerateFlags& f) {
+int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer::TpGroup* tp) {
   TESSERA_CHECK(!f.output.empty(), "--input needs --output FILE for the results");
   TESSERA_CHECK(f.prompt.empty() && f.prompt_ids.empty(), "--input cannot be combined with --prompt / --prompt-ids");
-  const auto model = model::Model::load(f.model, parse_dtype(f.dtype));
   std::optional<io::Tokenizer> tok;
   if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
   const auto requests = infer::read_offline_requests(f.input, tok ? &*tok : nullptr, f.max_tokens);
@@ -68,7 +69,7 @@ int run_generate_batch(const GenerateFlags& f) {
   infer::EngineConfig ec = f.engine;
   ec.prefix_caching = !f.no_prefix_caching;
   if (draft && ec.speculative_method.empty()) ec.speculative_method = "draft";
-  infer::Engine engine(model, ec, tok ? &*tok : nullptr, draft ? &*draft : nullptr);
+  infer::Engine engine(model, ec, tok ? &*tok : nullptr, draft ? &*draft : nullptr, tp);
   base::Timer timer;
   const auto results = infer::run_offline(engine, tok ? &*tok : nullptr, requests, true);
   std::string text;
@@ -91,12 +92,8 @@ int run_generate_batch(const GenerateFlags& f) {
 }
 
 
-int run_generate(const GenerateFlags& f) {
-  if (!f.input.empty()) return run_generate_batch(f);
-  TESSERA_CHECK(f.output.empty(), "--output needs --input FILE of requests");
-  TESSERA_CHECK(f.prompt.empty() != f.prompt_ids.empty(),
-                "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
-  const auto model = model::Model::load(f.model, parse_dtype(f.dtype));
+int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::TpGroup* tp) {
+  if (!f.input.empty()) return run_generate_batch(f, model, tp);
   std::optional<io::Tokenizer> tok;
   if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
   std::vector<int32_t> prompt;
@@ -112,6 +109,7 @@ int run_generate(const GenerateFlags& f) {
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
   o.engine = f.engine;
   o.engine.prefix_caching = !f.no_prefix_caching;
+  o.tp = tp;
   std::optional<model::Model> draft;
   if (!f.draft_model.empty()) {
     draft = model::Model::load(f.draft_model, parse_dtype(f.dtype));
@@ -151,6 +149,19 @@ int run_generate(const GenerateFlags& f) {
   return 0;
 }
 
+// Tensor-parallel over --tp ranks (threads, or mpirun's processes) when asked.
+int run_generate(const GenerateFlags& f) {
+  if (f.input.empty()) {
+    TESSERA_CHECK(f.output.empty(), "--output needs --input FILE of requests");
+    TESSERA_CHECK(f.prompt.empty() != f.prompt_ids.empty(),
+                  "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  }
+  return infer::run_tensor_parallel(f.tp, f.model, parse_dtype(f.dtype),
+                                    [&](const model::Model& m, infer::TpGroup* tp) {
+                                      return run_generate_one(f, m, tp);
+                                    });
+}
+
 }  // namespace
 
 void add_generate(CLI::App& app, Action& action) {
@@ -171,6 +182,11 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
+  cmd->add_option("--tp", f->tp,
+                  "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
+                  "(docs/parallelism.md)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_generate(*f); }; });
 }
 

@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/infer/tp_serving.h"
 #include "tessera/model/config.h"
 #include "tessera/serve/jinja.h"
 #include "tessera/serve/server.h"
@@ -18,6 +19,7 @@ struct ServeFlags {
   serve::ServerConfig server;
   infer::EngineConfig engine;
   bool no_prefix_caching = false;
+  int tp = 1;
 };
 
 int run_serve(ServeFlags f) {
@@ -40,6 +42,23 @@ int run_serve(ServeFlags f) {
   std::optional<model::Model> model;
   std::optional<io::Tokenizer> tok;
   std::optional<serve::ChatTemplate> tmpl;
+  if (f.tp > 1) {
+    // Tensor-parallel: every rank loads its shard; rank 0 serves, the others run its steps.
+    TESSERA_CHECK(!f.model.empty(), "--tp needs --model DIR (the shards are read from it)");
+    if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
+      tok = io::Tokenizer::load(f.model);
+      tmpl = serve::ChatTemplate::from_tokenizer_config(f.model);
+    }
+    if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
+    if (!tmpl) tmpl = serve::ChatTemplate::chatml();
+    tmpl->set_limits(template_limits);
+    return infer::run_tensor_parallel(f.tp, f.model, parse_dtype(f.dtype),
+                                      [&](const model::Model& m, infer::TpGroup* group) {
+                                        serve::Server server(m, f.engine, tok ? &*tok : nullptr, *tmpl,
+                                                             f.server, group);
+                                        return server.run(true);
+                                      });
+  }
   if (!f.model.empty()) {
     model = model::Model::load(f.model, parse_dtype(f.dtype));
     if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
@@ -91,6 +110,11 @@ void add_serve(CLI::App& app, Action& action) {
                   "Budget of one chat-template render, e.g. depth=512,iterations=1000000,output=16M,"
                   "string=16M,list=1000000,time=2s (defaults: those)");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
+  cmd->add_option("--tp", f->tp,
+                  "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
+                  "(docs/parallelism.md)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_serve(*f); }; });
 }
 

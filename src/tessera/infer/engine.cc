@@ -2,6 +2,7 @@
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
 // by forking (copy-on-write blocks).
 #include "tessera/infer/engine.h"
+#include "tessera/infer/tp_serving.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,8 +53,8 @@ void EngineConfig::validate() const {
 }
 
 Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer,
-               const model::Model* draft)
-    : model_(model), config_(std::move(config)), tokenizer_(tokenizer), draft_(draft) {
+               const model::Model* draft, TpGroup* tp)
+    : model_(model), config_(std::move(config)), tokenizer_(tokenizer), draft_(draft), tp_(tp) {
   config_.validate();
   const auto& c = model_.config();
   TESSERA_CHECK(config_.speculative_method != "draft" || draft_,
@@ -67,16 +68,18 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   const int64_t bs = config_.block_size;
   const int64_t blocks_per_seq = (max_len_ + bs - 1) / bs;
   int64_t num_blocks = 0;
+  const int64_t kv_heads = model_.dims().kv_heads;  // this rank's (tensor parallelism: 1/tp)
   if (config_.kv_cache_memory > 0) {
-    num_blocks = kv_blocks_for_memory(c, bs, config_.kv_cache_memory);
+    num_blocks = kv_blocks_for_memory(c, bs, config_.kv_cache_memory, kv_heads);
   } else {
     const int64_t budget = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) *
                                                 config_.kv_cache_fraction);
-    num_blocks = std::max<int64_t>(blocks_per_seq, budget / KvPool::bytes_per_block(c, bs));
+    num_blocks = std::max<int64_t>(blocks_per_seq, budget / KvPool::bytes_per_block(c, bs, kv_heads));
     // More than every running sequence at full length only feeds the prefix cache.
     num_blocks = std::min(num_blocks, 2 * config_.max_num_seqs * blocks_per_seq);
   }
-  pool_ = KvPool::create(c, num_blocks, bs);
+  pool_ = KvPool::create(c, num_blocks, bs, kv_heads);
+  if (tp_) tp_->send_pool(num_blocks, bs);
   blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config_.max_num_batched_tokens;
@@ -88,7 +91,9 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   stats_.kv_blocks_total = num_blocks;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (tp_) tp_->stop();
+}
 
 RequestId Engine::add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
                               int priority) {
@@ -279,9 +284,8 @@ std::vector<RequestOutput> Engine::step() {
   const SchedulerOutput so = scheduler_->schedule();
   ++stats_.steps;
   if (so.requests.empty()) return out;
-  if (!so.copies.empty())
-    for (int64_t l = 0; l < static_cast<int64_t>(pool_.k.size()); ++l)
-      kernels::copy_kv_blocks(pool_.k[l], pool_.v[l], so.copies);
+  StepPlan plan;
+  plan.copies.assign(so.copies.begin(), so.copies.end());
 
   // The flattened batch: every scheduled request's tokens, positions and block table.
   const int64_t N = so.num_batched_tokens;
@@ -317,7 +321,9 @@ std::vector<RequestOutput> Engine::step() {
     ps.q_begin = row;
     ps.q_len = sr.num_tokens;
     ps.context_len = sr.start + sr.num_tokens;
-    ps.block_table = blocks_->block_table(sr.id).data();
+    const auto& table = blocks_->block_table(sr.id);
+    const int64_t used = (ps.context_len + config_.block_size - 1) / config_.block_size;
+    plan.tables.emplace_back(table.begin(), table.begin() + std::min<int64_t>(used, table.size()));
     seqs.push_back(ps);
     row += sr.num_tokens;
     if (sr.samples) {
@@ -325,15 +331,14 @@ std::vector<RequestOutput> Engine::step() {
       sampling.push_back({&s, sr.num_spec});
     }
   }
-  kernels::PagedAttentionParams ap;
-  ap.scale = 1.f / std::sqrt(static_cast<float>(model_.config().head_dim));
-  ap.batch_invariant = config_.batch_invariant;
-  PagedKvAttention kv(pool_, std::move(seqs), ap);
-  Tensor logits;
-  {
-    base::TraceScope fwd("forward_tokens");
-    logits = model_.forward_tokens(ids, positions, kv, rows, config_.batch_invariant);
-  }
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i].block_table = plan.tables[i].data();
+  plan.ids = ids;
+  plan.positions = positions;
+  plan.seqs = std::move(seqs);
+  plan.rows = std::move(rows);
+  plan.batch_invariant = config_.batch_invariant;
+  if (tp_) tp_->send_step(plan);  // the workers run their shards of the same step
+  const Tensor logits = run_step(model_, pool_, plan);
 
   // Sample, then let the scheduler advance every request; finish sequences after that.
   const int64_t V = model_.config().vocab_size;

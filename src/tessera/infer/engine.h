@@ -21,6 +21,8 @@
 
 namespace tessera::infer {
 
+class TpGroup;  // tp_serving.h
+
 struct EngineConfig {
   int64_t block_size = 16;               // tokens per KV block
   int64_t kv_cache_memory = 0;           // bytes for the KV pool; 0 = kv_cache_fraction of free memory
@@ -75,8 +77,10 @@ class Engine {
  public:
   // draft: the proposer model for speculative_method "draft" (same tokenizer); tokenizer:
   // for stop strings and text output (may be null: token ids only).
+  // tp: the tensor-parallel group when `model` is rank 0's shard of it (tp_serving.h):
+  // each step's forward is broadcast to the workers; the destructor stops them.
   Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer = nullptr,
-         const model::Model* draft = nullptr);
+         const model::Model* draft = nullptr, TpGroup* tp = nullptr);
   ~Engine();
 
   // Validates everything (params, token ids, length) and queues the request; throws
@@ -116,6 +120,7 @@ class Engine {
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   KvPool pool_;
+  TpGroup* tp_ = nullptr;
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // by sequence id
   std::vector<RequestId> aborted_;                            // reported at the next step
   std::vector<RequestId> started_;                            // see started_last_step()

@@ -18,6 +18,8 @@ struct GenerateOptions {
   // context length are sized for this one request unless set.
   EngineConfig engine;
   const model::Model* draft = nullptr;  // for engine.speculative_method "draft"
+  // Tensor parallelism: `model` is rank 0's shard and this its group (tp_serving.h).
+  TpGroup* tp = nullptr;
 };
 
 struct GenerateResult {

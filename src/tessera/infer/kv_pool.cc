@@ -9,12 +9,14 @@
 
 namespace tessera::infer {
 
-int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size) {
-  return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim *
+int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads) {
+  return 2 * c.num_layers * block_size * (kv_heads > 0 ? kv_heads : c.num_kv_heads) * c.head_dim *
          static_cast<int64_t>(sizeof(float));
 }
 
-KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size) {
+KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size,
+                      int64_t kv_heads) {
+  if (kv_heads <= 0) kv_heads = c.num_kv_heads;
   TESSERA_CHECK(num_blocks >= 1 && block_size >= 1, "KV cache: need at least one block of at least one token, got ",
                 num_blocks, " blocks of ", block_size);
   KvPool p;
@@ -22,14 +24,15 @@ KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t b
   p.block_size = block_size;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     // Pages are touched as blocks are first written, so a large pool costs nothing upfront.
-    p.k.push_back(Tensor::empty({num_blocks, block_size, c.num_kv_heads, c.head_dim}, DType::kF32));
-    p.v.push_back(Tensor::empty({num_blocks, block_size, c.num_kv_heads, c.head_dim}, DType::kF32));
+    p.k.push_back(Tensor::empty({num_blocks, block_size, kv_heads, c.head_dim}, DType::kF32));
+    p.v.push_back(Tensor::empty({num_blocks, block_size, kv_heads, c.head_dim}, DType::kF32));
   }
   return p;
 }
 
-int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes) {
-  const int64_t per = KvPool::bytes_per_block(c, block_size);
+int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes,
+                             int64_t kv_heads) {
+  const int64_t per = KvPool::bytes_per_block(c, block_size, kv_heads);
   TESSERA_CHECK(bytes >= per, "--kv-cache-memory ", bytes, " bytes does not hold one KV block (",
                 per, " bytes for ", block_size, " tokens of this model)");
   return bytes / per;

@@ -15,13 +15,18 @@ struct KvPool {
   std::vector<Tensor> k, v;  // per layer: (num_blocks, block_size, Hkv, D) f32
   int64_t num_blocks = 0, block_size = 0;
 
-  static KvPool create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size);
+  // kv_heads: the heads this rank caches (model::LocalDims::kv_heads under tensor
+  // parallelism); 0 = the config's.
+  static KvPool create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size,
+                       int64_t kv_heads = 0);
   // Bytes one block costs across all layers (K and V).
-  static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size);
+  static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size,
+                                 int64_t kv_heads = 0);
 };
 
 // Blocks that fit in `bytes` (at least 1; throws naming the budget when not even one fits).
-int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes);
+int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes,
+                             int64_t kv_heads = 0);
 // MemAvailable from /proc/meminfo (0 when unknown).
 int64_t available_memory_bytes();
 

@@ -81,11 +81,13 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
   for (const PipeAction& a : actions_[r]) {
     const int vs = a.chunk * P + r;
     const MicroBatch& b = batches[a.micro];
-    const double t0 = now_seconds();
+    // A pass starts once its input has arrived: time blocked receiving is bubble.
+    double t0 = 0;
     if (a.kind == PipeAction::kForward) {
-      base::TraceScope scope("pp_forward");
       Tensor input;
       if (vs > 0) input = recv(vs - 1, true, a.micro, vs);
+      t0 = now_seconds();
+      base::TraceScope scope("pp_forward");
       model::ChunkPass& pass = passes[{a.micro, a.chunk}];
       const Tensor y = model_.forward_chunk(a.chunk, b.ids, input, pass);
       held += pass.activation_bytes;
@@ -93,12 +95,13 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
       out.max_in_flight = std::max(out.max_in_flight, static_cast<int>(passes.size()));
       if (vs + 1 < VS) send(y, vs + 1, true, a.micro);
     } else {
-      base::TraceScope scope("pp_backward");
       const auto it = passes.find({a.micro, a.chunk});
       TESSERA_CHECK(it != passes.end(), "pipeline: backward of micro-batch ", a.micro,
                     " before its forward");
       Tensor grad_out;
       if (vs + 1 < VS) grad_out = recv(vs + 1, false, a.micro, vs);
+      t0 = now_seconds();
+      base::TraceScope scope("pp_backward");
       if (before_backward) before_backward(a.chunk, a.micro + 1 == M);
       model::Model::LossResult lr;
       held -= it->second.activation_bytes;

@@ -59,11 +59,11 @@ void Job::finish_all() {
 // ---- Server::Impl ---------------------------------------------------------------------------
 
 Server::Impl::Impl(const model::Model& model, const infer::EngineConfig& ec, const io::Tokenizer* tok,
-                   ChatTemplate tmpl, ServerConfig config)
+                   ChatTemplate tmpl, ServerConfig config, infer::TpGroup* tp)
     : config_(std::move(config)),
       tokenizer_(tok),
       chat_template_(std::move(tmpl)),
-      engine_(model, ec, tok),
+      engine_(model, ec, tok, nullptr, tp),
       metrics_(config_.model_name),
       started_(Clock::now()) {
   config_.validate();
@@ -404,8 +404,9 @@ void Server::Impl::drain_loop() {
 // ---- Server -------------------------------------------------------------------------------
 
 Server::Server(const model::Model& model, const infer::EngineConfig& engine_config, const io::Tokenizer* tokenizer,
-               ChatTemplate chat_template, ServerConfig config)
-    : impl_(std::make_unique<Impl>(model, engine_config, tokenizer, std::move(chat_template), std::move(config))) {}
+               ChatTemplate chat_template, ServerConfig config, infer::TpGroup* tp)
+    : impl_(std::make_unique<Impl>(model, engine_config, tokenizer, std::move(chat_template),
+                                   std::move(config), tp)) {}
 Server::~Server() = default;
 int Server::run(bool handle_signals) { return impl_->run(handle_signals); }
 void Server::stop() { impl_->stop(); }

@@ -38,8 +38,10 @@ struct ServerConfig {
 class Server {
  public:
   // tokenizer may be null (token-id prompts only; text fields are empty and chat is refused).
+  // tp: the tensor-parallel group when `model` is rank 0's shard (infer/tp_serving.h).
   Server(const model::Model& model, const infer::EngineConfig& engine_config,
-         const io::Tokenizer* tokenizer, ChatTemplate chat_template, ServerConfig config);
+         const io::Tokenizer* tokenizer, ChatTemplate chat_template, ServerConfig config,
+         infer::TpGroup* tp = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

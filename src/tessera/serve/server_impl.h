@@ -61,7 +61,7 @@ struct Snapshot {  // what GET /stats reports; written by the engine thread
 
 struct Server::Impl {
   Impl(const model::Model& model, const infer::EngineConfig& ec, const io::Tokenizer* tok, ChatTemplate tmpl,
-       ServerConfig config);
+       ServerConfig config, infer::TpGroup* tp = nullptr);
 
   int run(bool handle_signals);
   void stop();

@@ -1,0 +1,118 @@
+// Tensor-parallel serving: the engine on rank 0 and its steps run by every rank's shard
+// (threads of this process). Greedy output is token-identical to one process for a single
+// request and for a batch that shares a prefix (prefix caching, copy-on-write, continuous
+// batching), at tp 2 (kv heads split) and tp 4 (kv heads replicated, as vLLM does); each
+// rank's KV cache holds only its kv heads.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+
+#include "tessera/base/error.h"
+#include "tessera/infer/engine.h"
+#include "tessera/infer/generate.h"
+#include "tessera/infer/tp_serving.h"
+#include "tessera/model/model.h"
+
+namespace tessera::infer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_dir() {
+  static const std::string dir = [] {
+    model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+    c.vocab_size = 301;  // uneven over 2 and 4 ranks (vocab-parallel head)
+    c.num_layers = 3;
+    c.max_position_embeddings = 256;
+    const std::string d = (fs::temp_directory_path() / ("tessera_tp_serving_" + std::to_string(::getpid()))).string();
+    fs::remove_all(d);
+    // Larger weights than the default init: peaked logits, so greedy choices are clear.
+    model::Model m = model::Model::random(c, DType::kF32, 17);
+    for (auto& [name, t] : m.weights().named(c)) {
+      Tensor f = t;
+      for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= name.find("norm") == std::string::npos ? 4.f : 1.f;
+    }
+    m.save(d);
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<int32_t> greedy(int tp, const std::vector<int32_t>& prompt, int64_t n) {
+  std::vector<int32_t> out;
+  run_tensor_parallel(tp, model_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
+    EXPECT_EQ(g != nullptr, tp > 1);
+    EXPECT_EQ(m.tp_shard().size, tp);
+    GenerateOptions o;
+    o.max_tokens = n;
+    o.stop_at_eos = false;
+    o.tp = g;
+    out = generate(m, prompt, o).tokens;
+    return 0;
+  });
+  return out;
+}
+
+TEST(TpServing, GreedyGenerationIsTokenIdenticalToOneProcess) {
+  const std::vector<int32_t> prompt = {5, 77, 12, 250, 3, 9, 140, 41, 8, 61, 33, 2};
+  const auto want = greedy(1, prompt, 24);
+  ASSERT_EQ(want.size(), 24u);
+  EXPECT_EQ(greedy(2, prompt, 24), want);
+  EXPECT_EQ(greedy(4, prompt, 24), want);  // 2 kv heads: each on 2 of the 4 ranks
+}
+
+// Several requests at once, two of them sharing a long prefix (the second reuses the
+// first's cached blocks), with small blocks and a small token budget (chunked prefill).
+std::vector<std::vector<int32_t>> batch(int tp) {
+  std::vector<std::vector<int32_t>> outs;
+  run_tensor_parallel(tp, model_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
+    EngineConfig ec;
+    ec.block_size = 4;
+    ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);
+    ec.max_num_batched_tokens = 16;
+    Engine engine(m, ec, nullptr, nullptr, g);
+    std::vector<int32_t> shared;
+    for (int i = 0; i < 22; ++i) shared.push_back((i * 37 + 11) % 301);
+    std::vector<std::vector<int32_t>> prompts = {shared, shared, {1, 2, 3}, {200, 100, 50, 25}};
+    prompts[1].push_back(7);
+    SamplingParams p;
+    p.max_tokens = 12;
+    p.ignore_eos = true;
+    std::vector<RequestId> ids;
+    for (const auto& pr : prompts) ids.push_back(engine.add_request(pr, p));
+    std::map<RequestId, std::vector<int32_t>> got;
+    while (engine.has_unfinished())
+      for (const auto& o : engine.step()) got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    for (RequestId id : ids) outs.push_back(got[id]);
+    EXPECT_GT(engine.stats().prefix_hit_blocks, 0);
+    return 0;
+  });
+  return outs;
+}
+
+TEST(TpServing, ABatchWithASharedPrefixIsTokenIdenticalToOneProcess) {
+  const auto want = batch(1);
+  ASSERT_EQ(want.size(), 4u);
+  for (const auto& w : want) EXPECT_EQ(w.size(), 12u);
+  EXPECT_EQ(batch(2), want);
+}
+
+TEST(TpServing, EachRankCachesItsKvHeadsAndBadTpIsOneLine) {
+  const auto c = model::ModelConfig::load(model_dir());
+  // tiny: 2 kv heads. tp 2: one per rank, half the bytes per block.
+  EXPECT_EQ(2 * KvPool::bytes_per_block(c, 16, 1), KvPool::bytes_per_block(c, 16));
+  try {
+    run_tensor_parallel(3, model_dir(), DType::kF32, [](const model::Model&, TpGroup*) { return 0; });
+    ADD_FAILURE() << "tp 3 accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--tp 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("does not divide num_attention_heads = 4"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::infer
