@@ -105,6 +105,66 @@ TEST(Calibration, MemoryModelMatchesPerRankBytesOfDataParallelRuns) {
   }
 }
 
+TEST(Calibration, MemoryModelMatchesPerRankBytesOfModelParallelRuns) {
+  // Rank 0's bytes (pipeline stage 0, tp rank 0) against the planner's stage 0, for the
+  // model-parallel layouts the trainer runs: tp (+ SP), pp under GPipe and 1F1B (the
+  // activations of the micro-batches in flight), and their products with dp / ZeRO-1.
+  const std::string root = train::temp_dir("plan_memory_mp");
+  const std::string data = train::make_data(root);
+  struct Case {
+    const char* name;
+    int dp, tp, pp, zero;
+    bool sp;
+    const char* schedule;
+  };
+  const Case cases[] = {{"tp2", 1, 2, 1, 0, false, "1f1b"},     {"tp2_sp", 1, 2, 1, 0, true, "1f1b"},
+                        {"pp2_1f1b", 1, 1, 2, 0, false, "1f1b"}, {"pp2_gpipe", 1, 1, 2, 0, false, "gpipe"},
+                        {"dp2pp2_z1", 2, 1, 2, 1, false, "1f1b"}, {"tp2pp2", 1, 2, 2, 0, false, "1f1b"},
+                        {"dp2tp2_z1", 2, 2, 1, 1, false, "1f1b"}};
+  std::printf("%-12s %12s %12s %12s %12s  (predicted / reported by the trainer)\n", "run", "weights",
+              "grads", "optimizer", "activations");
+  for (const Case& k : cases) {
+    const std::string par = "dp = " + std::to_string(k.dp) + "\ntp = " + std::to_string(k.tp) +
+                            "\npp = " + std::to_string(k.pp) + "\nzero_stage = " + std::to_string(k.zero) +
+                            "\nsequence_parallel = " + (k.sp ? "true" : "false") + "\npp_schedule = \"" +
+                            k.schedule + "\"\n";
+    std::string cfg = train::base_config(root + "/" + k.name, data, 1, "[parallel]\n" + par);
+    cfg.replace(cfg.find("shape = \"tiny\""), 14,
+                "shape = \"tiny\"\nhidden_size = 128\nnum_layers = 4\nintermediate_size = 352");
+    cfg.replace(cfg.find("seq_len = 32"), 12, "seq_len = 64");
+    cfg.replace(cfg.find("batch_size = 4\n"), 15, "batch_size = 4\ngrad_accum = 4\n");
+    cfg.replace(cfg.find("\"fp32\""), 6, "\"bf16\"");
+    const train::TrainConfig c = train::TrainConfig::parse(cfg, std::string(k.name) + ".toml");
+    comm::run_local(k.dp * k.tp * k.pp, [&](comm::Communicator& comm) {
+      train::TrainOptions o;
+      o.comm = &comm;
+      train::run_training(c, o);
+    });
+    nlohmann::json rec;
+    for (const auto& r : train::read_metrics(c.out_dir + "/metrics.jsonl"))
+      if (r.contains("mem_params")) rec = r;
+    ASSERT_FALSE(rec.is_null()) << k.name;
+    TrainSetup s;
+    s.devices = k.dp * k.tp * k.pp, s.seq = 64, s.global_batch = 16;
+    s.precision = Precision::kBf16;
+    s.selective_keeps_attention_output = false;
+    Layout l;
+    l.dp = k.dp, l.tp = k.tp, l.pp = k.pp, l.zero = k.zero, l.sp = k.sp;
+    l.micro_batch = 4 / k.dp;
+    l.schedule = k.schedule == std::string("gpipe") ? Schedule::kGPipe : Schedule::k1F1B;
+    const StageMemory p = estimate_memory(spec_of(cfg), tessera_cpu(), s, l).stages[0];
+    const double got[] = {rec.at("mem_params").get<double>(), rec.at("mem_grads").get<double>(),
+                          rec.at("mem_optimizer").get<double>(), rec.at("mem_activations").get<double>()};
+    const double want[] = {p.weights, p.grads, p.optimizer(), p.activations};
+    std::printf("%-12s", k.name);
+    for (int i = 0; i < 4; ++i) {
+      std::printf(" %5.3f=%.0f/%.0f", want[i] / got[i], want[i], got[i]);
+      EXPECT_NEAR(want[i] / got[i], 1.0, 0.10) << k.name << " part " << i;
+    }
+    std::printf("\n");
+  }
+}
+
 // This machine's speed right now: a 512^3 f32 GEMM on both devices at once (GFLOP/s).
 double speed_probe() {
   const auto r = on_all_devices(2, [](int) {

@@ -95,6 +95,27 @@ TEST(PlanCli, EmitConfigWritesTheParallelTableTheTrainerReads) {
   fs::remove_all(dir);
 }
 
+TEST(PlanCli, TrainTakesThePlannersLayoutSpelling) {
+  // `tessera train --layout` reads what `plan train --layout` reads: the axes, the stage,
+  // the schedule and the micro-batch regrouping of the config's global batch.
+  const std::string dir = temp_dir("train_layout");
+  const std::string cfg = dir + "/run.toml";
+  std::ofstream(cfg) << "[run]\nout_dir = \"" << dir << "/run\"\n[model]\nnum_layers = 4\n"
+                     << "[data]\ndir = \"" << dir << "\"\nbatch_size = 8\ngrad_accum = 2\n";
+  const auto r = run_cli("train --config " + cfg + " --layout dp=1,pp=2,mb=2,sched=gpipe --print-schedule");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("pipeline: gpipe, pp 2, 8 micro-batches"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: F0 F1 F2 F3 F4 F5 F6 F7 B0"), std::string::npos) << r.out;
+  const auto i = run_cli("train --config " + cfg + " --layout pp=2,sched=interleaved,vpp=2,mb=4 --print-schedule");
+  ASSERT_EQ(i.code, 0) << i.out;
+  EXPECT_NE(i.out.find("pipeline: interleaved, pp 2, 4 micro-batches, 2 chunks per rank"), std::string::npos)
+      << i.out;
+  const auto bad = run_cli("train --config " + cfg + " --layout pp=2,mb=3 --print-schedule");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("does not split into micro-batches of dp x mb = 3"), std::string::npos) << bad.out;
+  fs::remove_all(dir);
+}
+
 TEST(PlanCli, InferAnswersTheSeventyBOnOneCardQuestion) {
   const auto r = run_cli("plan infer --model llama2-70b --gpu h100-80g --context 4096 --tp 1 --json");
   ASSERT_EQ(r.code, 0) << r.out;

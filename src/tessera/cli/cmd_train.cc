@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/plan/train_layout.h"
 #include "tessera/train/elastic.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/trainer_setup.h"
@@ -28,6 +30,7 @@ struct Flags {
   double heartbeat_interval = 1;
   std::string mpirun = "mpirun";
   bool print_schedule = false;
+  std::string layout;
 };
 
 std::string self_path() {
@@ -63,6 +66,7 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
     argv.insert(argv.end(), {exe, "train", "--config", f.config});
     if (f.resume || attempt > 0) argv.push_back("--resume");
     if (!f.trace.empty()) argv.insert(argv.end(), {"--trace", f.trace});
+    if (!f.layout.empty()) argv.insert(argv.end(), {"--layout", f.layout});
     return argv;
   };
   const train::ElasticResult r = train::run_elastic(o);
@@ -102,12 +106,22 @@ void add_train(CLI::App& app, Action& action) {
                   "Seconds between a rank's heartbeats (default 1; below --heartbeat-timeout)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", f->mpirun, "The mpirun program to launch ranks with");
+  cmd->add_option("--layout", f->layout,
+                  "Parallel layout in tessera plan train's spelling (dp=2,tp=2,pp=2,zero=1,mb=2,"
+                  "recompute=selective,sp=on,sched=1f1b,vpp=1): overrides [parallel]")
+      ->check([](const std::string& s) { return s.empty() ? std::string("--layout is empty") : std::string(); });
   cmd->add_flag("--print-schedule", f->print_schedule,
                 "Print the pipeline schedule (passes per rank, stage layers, bubble) and exit");
   cmd->callback([f, &action] {
     action = [f] {
       auto config = train::TrainConfig::load(f->config);
       if (!f->trace.empty()) config.logging.trace = f->trace;
+      if (!f->layout.empty()) {
+        // The world: mpirun's, or --nproc's for the supervisor; one process otherwise.
+        int64_t world = f->nproc;
+        if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && *n) world = std::atoll(n);
+        plan::apply_layout(plan::parse_layout(f->layout, plan::layout_devices(f->layout, world)), config);
+      }
       if (f->print_schedule) {
         std::fputs(train::pipeline_schedule_text(config).c_str(), stdout);
         return 0;

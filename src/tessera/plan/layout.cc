@@ -115,6 +115,8 @@ std::string parallel_table_toml(const Layout& l, const TrainSetup& s) {
      << "\nep = " << l.ep << "\nzero_stage = " << l.zero
      << "\nsequence_parallel = " << (l.sp ? "true" : "false")
      << "\noffload = " << (l.offload ? "true" : "false") << "\n";
+  if (l.pp > 1)
+    os << "pp_schedule = \"" << schedule_name(l.schedule) << "\"\npp_virtual_stages = " << l.vpp << "\n";
   return os.str();
 }
 

@@ -500,6 +500,13 @@ class Run {
     rec["pp_messages"] = last_pipe_.sent_messages;
     rec["pp_recv_wait_s"] = last_pipe_.recv_wait_s;
     rec["pp_max_in_flight"] = last_pipe_.max_in_flight;
+    nlohmann::json busy = nlohmann::json::array();  // seconds computing per stage: the balance
+    for (const auto& rank : last_spans_) {
+      double b = 0;
+      for (const auto& sp : rank) b += sp.end - sp.start;
+      busy.push_back(b);
+    }
+    rec["pp_stage_busy_s"] = busy;
   }
 
   // OUT/pipeline_timeline.svg: the last step's passes per stage, from measured times.
