@@ -63,10 +63,13 @@ run() {  # name np parallel-lines...
   fi
 }
 
+# ONLY=pp: the pipeline runs alone (their rows, without the dp / tp comparison).
+if [ "${ONLY:-}" != pp ]; then
 run one 1 "zero_stage = 0"
 run dp2 2 "dp = 2"
 run tp2 2 "tp = 2"
 run tp2_sp 2 "tp = 2" "sequence_parallel = true"
+fi
 # Pipeline: micro-batches of one sequence (batch_size 1 x grad_accum m). pp2_same is the
 # model above (4 layers, 2 + 2; its last stage also runs the 2048-token head) beside dp2.
 # The bubble runs use 8 layers and a 512-token vocabulary, so the head is a small part of
@@ -90,7 +93,9 @@ python3 - "$W" "$STEPS" <<'PY'
 import json, statistics, sys
 w, steps = sys.argv[1], int(sys.argv[2])
 out = {}
-for name in ["one", "dp2", "tp2", "tp2_sp"]:
+import os
+only_pp = os.environ.get("ONLY") == "pp"
+for name in ([] if only_pp else ["one", "dp2", "tp2", "tp2_sp"]):
     recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
     tps = statistics.median(r["tokens_per_s"] for r in recs)
     row = {"tokens_per_s": round(tps), "step_s": round(8 * 256 / tps, 4),
@@ -101,8 +106,9 @@ for name in ["one", "dp2", "tp2", "tp2_sp"]:
         row["tp_collectives_per_step"] = recs[-1]["tp_collectives"]
         row["tp_comm_share"] = round(row["tp_comm_s_per_step"] / row["step_s"], 3)
     out[name] = row
-out["tp2_over_dp2_step_time"] = round(out["tp2"]["step_s"] / out["dp2"]["step_s"], 3)
-out["tp2_sp_over_dp2_step_time"] = round(out["tp2_sp"]["step_s"] / out["dp2"]["step_s"], 3)
+if not only_pp:
+    out["tp2_over_dp2_step_time"] = round(out["tp2"]["step_s"] / out["dp2"]["step_s"], 3)
+    out["tp2_sp_over_dp2_step_time"] = round(out["tp2_sp"]["step_s"] / out["dp2"]["step_s"], 3)
 for name, m in [("pp2_same", 8), ("pp2_gpipe_m8", 8), ("pp2_1f1b_m4", 4), ("pp2_1f1b_m8", 8),
                 ("pp2_1f1b_m16", 16), ("pp2_interleaved_m8", 8)]:
     recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
@@ -118,6 +124,7 @@ for name, m in [("pp2_same", 8), ("pp2_gpipe_m8", 8), ("pp2_1f1b_m4", 4), ("pp2_
                  "stage_busy_s": [round(statistics.median(r["pp_stage_busy_s"][i] for r in recs), 4)
                                   for i in range(2)],
                  "mem_activations_mb": round(recs[-1]["mem_activations"] / 2**20, 1)}
-out["pp2_same_over_dp2_step_time"] = round(out["pp2_same"]["step_s"] / out["dp2"]["step_s"], 3)
+if not only_pp:
+    out["pp2_same_over_dp2_step_time"] = round(out["pp2_same"]["step_s"] / out["dp2"]["step_s"], 3)
 print(json.dumps(out, indent=1))
 PY

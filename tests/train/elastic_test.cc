@@ -315,6 +315,30 @@ act() { if [[ $attempt == 0 && $1 == 0 ]]; then exit 2; fi; }
   EXPECT_EQ(r.final_nproc, 2);
 }
 
+TEST(Elastic, ShrinksByWholeReplicasOfTheModelParallelSize) {
+  // tp2 x pp2 replicas of 4 ranks: one rank of 8 exits -> 4 ranks (one replica), not 7.
+  TempDir dir;
+  auto o = fast_options(dir, write_worker(dir, 3, R"(
+act() { if [[ $attempt == 0 && $1 == 5 ]]; then exit 2; fi; }
+)"));
+  o.heartbeat_timeout_s = 0;
+  o.nproc = 8;
+  o.min_nproc = 4;
+  o.max_restarts = 1;
+  o.shrink_multiple = 4;
+  const auto r = run_elastic(o);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.final_nproc, 4);
+  o.min_nproc = 2;  // not a whole replica
+  try {
+    run_elastic(o);
+    ADD_FAILURE() << "min_nproc 2 with replicas of 4 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of the model-parallel size tp x pp x cp = 4"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Elastic, GivesUpWithTheJobsExitCode) {
   TempDir dir;
   auto o = fast_options(dir, write_worker(dir, 3, "act() { if [[ $1 == 0 ]]; then exit 5; fi; }"));

@@ -53,6 +53,7 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
   o.nproc = nproc;
   o.min_nproc = f.min_nproc;
   o.max_restarts = f.max_restarts;
+  o.shrink_multiple = static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.cp);
   o.heartbeat_timeout_s = f.heartbeat_timeout;
   o.heartbeat_interval_s = f.heartbeat_interval;
   o.heartbeat_dir = config.out_dir + "/heartbeats";

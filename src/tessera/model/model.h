@@ -75,9 +75,14 @@ struct ChunkPass {
   Tensor head_input;             // the last virtual stage: hf, every row
 };
 
+// Above max_shard_bytes (transformers' save_pretrained default, 5 GB) the tensors go into
+// model-0000k-of-0000n.safetensors shards with model.safetensors.index.json, as
+// save_pretrained writes them.
+constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000ull;
 void save_hf_directory(const std::string& dir,
                        const std::vector<std::pair<std::string, std::string>>& json_files,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors);
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 class Model {
  public:
@@ -105,8 +110,9 @@ class Model {
   bool sequence_parallel() const { return sequence_parallel_; }
   // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
-  // Writes config.json, generation_config.json and model.safetensors (Hugging Face names).
-  void save(const std::string& dir) const;
+  // Writes config.json, generation_config.json and model.safetensors (Hugging Face names),
+  // sharded with an index above max_shard_bytes (save_hf_directory).
+  void save(const std::string& dir, uint64_t max_shard_bytes = kDefaultMaxShardBytes) const;
   // (file name, contents) of config.json and generation_config.json as save() writes them.
   std::vector<std::pair<std::string, std::string>> hf_json_files() const;
 

@@ -72,8 +72,13 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
     strip = "transformer.";
 
   std::set<std::string> used;
+  // A tied head on a pipeline stage without the embeddings reads its copy from them.
+  const std::string embed_name =
+      hf_prefix(m.config_) + (m.config_.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
   for (auto& piece : m.weights_.pieces(m.config_, shard)) {
-    const std::string stored = strip.empty() ? piece.name : piece.name.substr(strip.size());
+    std::string name = piece.name;
+    if (name == "lm_head.weight" && m.config_.tie_word_embeddings && !file.has(name)) name = embed_name;
+    const std::string stored = strip.empty() ? name : name.substr(strip.size());
     TESSERA_CHECK(file.has(stored), dir, ": tensor '", stored, "' is missing from the checkpoint");
     Tensor src = file.get(stored);  // a view of the mapping: only the block is read
     TESSERA_CHECK(src.shape() == piece.full, dir, ": tensor '", stored, "' has shape ",
@@ -104,9 +109,6 @@ void Model::set_sequence_parallel(bool on) {
 
 Model Model::stage(const PpStage& stage) const {
   TESSERA_CHECK(stage_.whole(), "Model::stage: this model is already a pipeline stage");
-  TESSERA_CHECK(stage.whole() || !config_.tie_word_embeddings,
-                "pipeline parallelism with tied embeddings (tie_word_embeddings) is not "
-                "available yet: the first and last stages would share the table");
   Model m;
   m.config_ = config_;
   m.shard_ = shard_;
@@ -119,6 +121,7 @@ Model Model::stage(const PpStage& stage) const {
   const auto mine = m.weights_.pieces(config_, shard_);
   const auto all = weights_.pieces(config_, shard_);
   for (const auto& piece : mine) {
+    if (piece.name == "lm_head.weight" && config_.tie_word_embeddings) continue;  // copied below
     // The same (name, offset) piece of this model; a fused tensor may list several.
     const auto it = std::find_if(all.begin(), all.end(), [&](const Piece& p) {
       return p.name == piece.name && p.offset == piece.offset;
@@ -127,6 +130,9 @@ Model Model::stage(const PpStage& stage) const {
     Tensor dst = piece.view;
     dst.copy_from(it->view);
   }
+  // A tied head on a stage without the embeddings: its copy of them.
+  if (config_.tie_word_embeddings && !m.weights_.embed.defined() && m.weights_.lm_head.defined())
+    m.weights_.lm_head.copy_from(weights_.embed);
   return m;
 }
 
@@ -217,14 +223,15 @@ std::vector<std::pair<std::string, std::string>> Model::hf_json_files() const {
 
 void save_hf_directory(const std::string& dir,
                        const std::vector<std::pair<std::string, std::string>>& json_files,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors) {
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       uint64_t max_shard_bytes) {
   std::filesystem::create_directories(dir);
   for (const auto& [name, text] : json_files) io::write_file_atomic(dir + "/" + name, text);
-  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  io::save_safetensors_sharded(dir, tensors, max_shard_bytes, {{"format", "pt"}});
 }
 
-void Model::save(const std::string& dir) const {
-  save_hf_directory(dir, hf_json_files(), weights_.named(config_));
+void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
+  save_hf_directory(dir, hf_json_files(), weights_.named(config_), max_shard_bytes);
 }
 
 Recompute parse_recompute(const std::string& name) {
@@ -287,8 +294,10 @@ void convert_weight(const Tensor& w, Bf16Mode mode, DType compute, Tensor& dst) 
 }  // namespace
 
 bool Model::unit_holds_lm_head(int unit) const {
-  // A tied lm_head is the embedding (unit 0); an untied one belongs to the head unit.
-  return config_.tie_word_embeddings ? unit == 0 : unit == config_.num_layers + 1;
+  // A tied lm_head is the embedding (unit 0); an untied one, or a pipeline's last-stage
+  // copy of a tied one, belongs to the head unit.
+  return config_.tie_word_embeddings && stage_.holds_embed() ? unit == 0
+                                                             : unit == config_.num_layers + 1;
 }
 
 void Model::refresh_compute_unit(int unit) {

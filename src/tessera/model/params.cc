@@ -54,7 +54,9 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
   if (!stage.holds_head()) return p;
   p.final_norm_w = make({H});
   if (ln) p.final_norm_b = make({H});
-  p.lm_head = c.tie_word_embeddings ? p.embed : make({d.vocab, H});
+  // A tied head on a pipeline stage without the embeddings is a copy of them, kept equal
+  // by summing the two gradients between the first and last stage (as Megatron-LM does).
+  p.lm_head = c.tie_word_embeddings && p.embed.defined() ? p.embed : make({d.vocab, H});
   return p;
 }
 
@@ -126,6 +128,7 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     }
     whole(pre + "ln_f.weight", final_norm_w);  // (whole() skips what a stage lacks)
     whole(pre + "ln_f.bias", final_norm_b);
+    if (!embed.defined()) add("lm_head.weight", lm_head, {V, H}, {d.vocab_begin, 0});  // tied copy
     return out;
   }
   add(pre + "embed_tokens.weight", embed, {V, H}, {d.vocab_begin, 0});
@@ -152,7 +155,8 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     add(l + "mlp.down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
   }
   whole(pre + "norm.weight", final_norm_w);
-  if (!c.tie_word_embeddings) add("lm_head.weight", lm_head, {V, H}, {d.vocab_begin, 0});
+  if (!c.tie_word_embeddings || !embed.defined())  // (tied: the last stage's copy)
+    add("lm_head.weight", lm_head, {V, H}, {d.vocab_begin, 0});
   return out;
 }
 
@@ -170,7 +174,7 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
   } else if (unit == L + 1) {
     add("final_norm.weight", final_norm_w);
     add("final_norm.bias", final_norm_b);
-    if (!c.tie_word_embeddings) add("lm_head", lm_head);
+    if (!c.tie_word_embeddings || !embed.defined()) add("lm_head", lm_head);
   } else {
     LayerParams& P = layers[unit - 1];
     const std::string pre = "layers." + std::to_string(unit - 1) + ".";
@@ -189,7 +193,7 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
 }
 
 void Params::tie(const ModelConfig& c) {
-  if (c.tie_word_embeddings) lm_head = embed;
+  if (c.tie_word_embeddings && embed.defined()) lm_head = embed;  // (a last stage keeps its copy)
 }
 
 std::vector<Tensor*> Params::matmul_weights() {

@@ -77,7 +77,9 @@ struct Params {
   // stable names ("layers.3.qkv.weight"); pointers into this struct, defined ones only.
   // A tied lm_head is not listed (it aliases embed: call tie() after replacing embed).
   std::vector<std::pair<std::string, Tensor*>> unit_tensors(const ModelConfig& config, int unit);
-  void tie(const ModelConfig& config);  // lm_head = embed when the config ties them
+  // lm_head = embed when the config ties them (and embed is here: a pipeline's last stage
+  // holds a tied lm_head as its own copy, listed as "lm_head.weight").
+  void tie(const ModelConfig& config);
   // Every linear weight in the model (for compute-dtype copies), lm_head included.
   std::vector<Tensor*> matmul_weights();
   void zero();

@@ -2,7 +2,12 @@
 #include "tessera/parallel/pipeline_parallel.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -19,6 +24,71 @@ double now_seconds() {
 int message_tag(bool forward, int micro, int vstage, int num_virtual, int micro_batches) {
   return ((forward ? 0 : 1) * num_virtual + vstage) * micro_batches + micro;
 }
+
+// Completes the step's sends in the background. MPI moves a large message only while the
+// sender is inside an MPI call (rendezvous), so a send left alone while its rank computes
+// the next pass would reach the neighbour only after that pass: this thread tests the
+// pending sends every 100 us (without spinning a core) until they are done.
+class SendProgress {
+ public:
+  SendProgress() : thread_([this] { loop(); }) {}
+  ~SendProgress() { finish(); }
+  void add(comm::RequestPtr req, Tensor data) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({std::move(req), std::move(data)});
+    cv_.notify_one();
+  }
+  // Waits for every send; rethrows the first failure.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      cv_.notify_one();
+    }
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Item {
+    comm::RequestPtr req;
+    Tensor data;  // kept alive until sent
+  };
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (pending_.empty()) {
+        if (stop_) return;
+        cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+        continue;
+      }
+      std::deque<Item> batch;
+      batch.swap(pending_);
+      lock.unlock();
+      try {
+        while (!batch.empty()) {
+          for (auto it = batch.begin(); it != batch.end();)
+            it = it->req->test() ? batch.erase(it) : it + 1;
+          if (!batch.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      } catch (...) {
+        lock.lock();
+        if (!error_) error_ = std::current_exception();
+        pending_.clear();
+        stop_ = true;
+        return;
+      }
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> pending_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -48,15 +118,11 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
   const model::PpStage& st = model_.pp_stage();
   const auto& c = model_.config();
   PipelineStep out;
-  struct Sent {
-    comm::RequestPtr req;
-    Tensor data;
-  };
-  std::vector<Sent> sent;
+  SendProgress sent;
   auto send = [&](const Tensor& t, int vstage_to, bool forward, int micro) {
     Tensor data = t.contiguous();
     const int tag = message_tag(forward, micro, vstage_to, VS, M);
-    sent.push_back({pp_.isend(data.raw_data(), static_cast<int64_t>(data.nbytes()), vstage_to % P, tag), data});
+    sent.add(pp_.isend(data.raw_data(), static_cast<int64_t>(data.nbytes()), vstage_to % P, tag), data);
     out.sent_bytes += static_cast<int64_t>(data.nbytes());
     ++out.sent_messages;
   };
@@ -117,12 +183,8 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
       if (vs > 0) send(dx, vs - 1, false, a.micro);
     }
     out.spans.push_back({t0 - start, now_seconds() - start});
-    // Free what the neighbours have received already.
-    size_t done = 0;
-    while (done < sent.size() && sent[done].req->test()) ++done;
-    sent.erase(sent.begin(), sent.begin() + static_cast<std::ptrdiff_t>(done));
   }
-  for (auto& s : sent) s.req->wait();
+  sent.finish();
   out.seconds = now_seconds() - start;
   return out;
 }
@@ -179,7 +241,10 @@ std::vector<std::pair<std::string, Tensor>> gather_stage_tensors(
     const auto layout = model::Params::allocate(config, DType::kF32,
                                                 model::local_dims(config, model::TpShard{}), false, st);
     std::vector<std::pair<std::string, Shape>> out;
-    for (const auto& piece : layout.pieces(config, model::TpShard{})) out.emplace_back(piece.name, piece.full);
+    for (const auto& piece : layout.pieces(config, model::TpShard{}))
+      // A tied table is saved once, as the embedding (the last stage's lm_head is its copy).
+      if (!(config.tie_word_embeddings && piece.name == "lm_head.weight"))
+        out.emplace_back(piece.name, piece.full);
     return out;
   };
   if (r != 0) {

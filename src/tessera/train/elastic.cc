@@ -353,6 +353,11 @@ void check_options(const ElasticOptions& o) {
   TESSERA_CHECK(o.nproc >= 1, "elastic: --nproc must be >= 1, got ", o.nproc);
   TESSERA_CHECK(o.min_nproc >= 0 && o.min_nproc <= o.nproc, "elastic: --min-nproc ", o.min_nproc,
                 " must be between 0 (never shrink) and --nproc ", o.nproc);
+  TESSERA_CHECK(o.shrink_multiple >= 1 && o.nproc % o.shrink_multiple == 0 &&
+                    o.min_nproc % o.shrink_multiple == 0,
+                "elastic: --nproc ", o.nproc, " and --min-nproc ", o.min_nproc,
+                " must be multiples of the model-parallel size tp x pp x cp = ", o.shrink_multiple,
+                " (the world shrinks by whole data-parallel replicas)");
   TESSERA_CHECK(o.max_restarts >= 0, "elastic: --max-restarts must be >= 0, got ",
                 o.max_restarts);
   TESSERA_CHECK(static_cast<bool>(o.make_command), "elastic: no command to run (make_command)");
@@ -502,7 +507,9 @@ ElasticResult run_elastic(const ElasticOptions& o) {
     // Drop the ranks found dead, or one when the job only exited non-zero (which rank failed
     // is not known then; only the count matters, ranks are renumbered on restart).
     const int drop = std::max<int>(1, static_cast<int>(end.dead.size()));
-    const int next = std::max(min_nproc, std::min(nproc, nproc - drop));
+    // Whole data-parallel replicas: round down to the model-parallel size.
+    const int k = o.shrink_multiple;
+    const int next = std::max(min_nproc, std::min(nproc, (nproc - drop) / k * k));
     ++result.restarts;
     log.emit("restart",
              "restarting (restart " + std::to_string(result.restarts) + " of " +

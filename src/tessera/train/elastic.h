@@ -12,6 +12,9 @@ struct ElasticOptions {
   int nproc = 1;         // world size of the first attempt
   int min_nproc = 0;     // 0: same as nproc (never shrink); else restarts may shrink down to it
   int max_restarts = 0;  // restarts after the first attempt; 0: fail on the first failure
+  // The world shrinks by whole data-parallel replicas: multiples of this (the model-parallel
+  // size tp x pp x cp of the layout; nproc and min_nproc must be multiples of it).
+  int shrink_multiple = 1;
   // A rank whose beat has not changed for this long is declared dead. <= 0: heartbeats are
   // not watched (failures are then seen only as the job's exit).
   double heartbeat_timeout_s = 60;

@@ -111,9 +111,9 @@ model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape&
   }
   TESSERA_CHECK(pa.zero_stage < 3, src, ": [parallel] pp = ", s.pp, " with zero_stage = 3: ",
                 "ZeRO-3 inside pipeline parallelism is not available yet (use zero_stage <= 2)");
-  TESSERA_CHECK(!m.tie_word_embeddings, src, ": [parallel] pp = ", s.pp, ": the model ties its ",
-                "embeddings to lm_head (first and last stage), which pipeline parallelism does not ",
-                "support yet ([model] tie_word_embeddings = false)");
+  TESSERA_CHECK(!m.tie_word_embeddings || pa.zero_stage < 2, src, ": [parallel] pp = ", s.pp,
+                " with zero_stage = ", pa.zero_stage, ": the model ties its embeddings to lm_head, ",
+                "whose copies on the first and last stage are summed whole; use zero_stage <= 1");
   try {
     parallel::check_pipe_shape(schedule, {static_cast<int>(s.pp), static_cast<int>(c.data.grad_accum), V});
     const auto coords = parallel::DeviceMesh::coords_of(s, rank);
@@ -175,6 +175,22 @@ std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Mod
   return tp;
 }
 
+// The two ends of each pipeline (same dp and tp coordinates, pp 0 and pp - 1) when the
+// model ties its embeddings to lm_head under pp > 1; nullptr elsewhere. Collective over
+// the world (a split).
+std::unique_ptr<comm::Communicator> make_embed_group(const TrainConfig&, const parallel::MeshShape& s,
+                                                     const model::ModelConfig& m,
+                                                     comm::Communicator& world) {
+  if (s.pp == 1 || !m.tie_word_embeddings) return nullptr;
+  const auto co = parallel::DeviceMesh::coords_of(s, world.rank());
+  const int pp = co[static_cast<int>(parallel::Axis::kPp)];
+  const bool end = pp == 0 || pp == s.pp - 1;
+  const int colour = end ? co[static_cast<int>(parallel::Axis::kDp)] * static_cast<int>(s.tp) +
+                               co[static_cast<int>(parallel::Axis::kTp)]
+                         : -1;
+  return world.split(colour, pp);
+}
+
 class Run {
  public:
   Run(const TrainConfig& c, const TrainOptions& o, comm::Communicator& comm)
@@ -193,6 +209,7 @@ class Run {
         dp_size_(dp_group_.size()),
         flags_(param_flags(model_)),
         dp_(model_, dp_group_, dp_config(c)),
+        embed_group_(make_embed_group(c, mesh_shape_, model_config_, comm_)),
         pipe_(mesh_shape_.pp > 1 ? std::make_unique<parallel::Pipeline>(
                                        model_, mesh_->group(parallel::Axis::kPp),
                                        parallel::parse_pipe_schedule(c.parallel.pp_schedule),
@@ -463,6 +480,14 @@ class Run {
     last_pipe_ = pipe_->run(mbs, dp_.grads(), scale / static_cast<float>(accum),
                             [this](int, bool last) { dp_.set_sync(last); });
     dp_.finish_gradients();
+    if (embed_group_) {
+      // The tied table's two gradients (embedding lookups on stage 0, the head on the last
+      // stage) summed, so both copies take the same step; each is whole at ZeRO <= 1.
+      model::Params& g = dp_.grads();
+      Tensor t = model_.pp_stage().holds_embed() ? g.embed : g.lm_head;
+      base::TraceScope tied("tied_embedding_sum");
+      embed_group_->all_reduce(t, comm::ReduceOp::kSum);
+    }
     GradientPass r;
     r.loss_sum = last_pipe_.loss_sum;
     r.count = last_pipe_.count;
@@ -743,7 +768,16 @@ class Run {
                                     ? decltype(tp_blocks(model_.config(), 1)){}
                                     : tp_blocks(model_.config(), saved_tp);
       // Fills dst with state `kind` ("master.", "exp_avg.", ...) of `piece`.
-      auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece, Tensor& dst) {
+      // A pipeline's last-stage copy of a tied table has the embedding's values and state
+      // (the two take the same steps): it reads the embedding's, under any saved layout.
+      const std::string embed_name = model::hf_prefix(model_config_) +
+                                     (model_config_.arch == model::Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+      auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece_in, Tensor& dst) {
+        parallel::ShardPiece piece = piece_in;
+        if (model_config_.tie_word_embeddings && piece.name == "lm_head.weight") {
+          piece.name = embed_name;
+          piece.key = parallel::tp_piece_key(embed_name, tp_shard_);
+        }
         auto source = [&](const std::string& key) -> std::function<void(int64_t, Tensor&)> {
           if (reader.has(kind + key) || kind != "master.")
             return [&reader, name = kind + key](int64_t at, Tensor& out) { reader.read(name, at, out); };
@@ -810,6 +844,9 @@ class Run {
   int dp_rank_, dp_size_;
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
+  // pp > 1 with tied embeddings: this rank and its peer at the other end of the pipeline
+  // (stage 0 holds the embeddings, the last stage its copy as lm_head).
+  std::unique_ptr<comm::Communicator> embed_group_;
   std::unique_ptr<parallel::Pipeline> pipe_;  // pp > 1
   parallel::PipelineStep last_pipe_;          // the last step's (timeline, traffic)
   std::vector<std::vector<parallel::PipeSpan>> last_spans_;  // every pp rank's, last step

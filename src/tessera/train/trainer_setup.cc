@@ -104,10 +104,12 @@ std::map<std::string, ParamFlags> param_flags(const model::Model& m) {
   for (const auto& piece : w.pieces(m.config(), m.tp_shard())) {
     const Tensor& p = piece.view;
     auto same = [&](const Tensor& t) { return t.defined() && t.raw_data() == p.raw_data(); };
-    const bool embedding = same(w.embed) || same(w.pos_embed);
+    // (A pipeline's last-stage copy of a tied table is the embedding too: no decay.)
+    const bool tied_copy = m.config().tie_word_embeddings && piece.name == "lm_head.weight";
+    const bool embedding = same(w.embed) || same(w.pos_embed) || tied_copy;
     const bool head = same(w.lm_head);
     flags[piece.name] = {p.dim() == 2 && !embedding, p.dim() == 2 && !embedding && !head,
-                         piece.copies};
+                         piece.copies, tied_copy};
   }
   return flags;
 }
@@ -208,7 +210,7 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
     r.grad = piece.grad;
     r.decay = f.decay;
     r.muon = f.muon;
-    r.norm_share = 1.0 / static_cast<double>(f.tp_copies);
+    r.norm_share = f.tied_copy ? 0.0 : 1.0 / static_cast<double>(f.tp_copies);
     refs.push_back(std::move(r));
   }
   return refs;

@@ -46,6 +46,9 @@ struct ParamFlags {
   // row-parallel biases and positions; tp / kv heads for replicated kv heads), so that it
   // counts once, not that many times, in the global gradient norm.
   int64_t tp_copies = 1;
+  // A pipeline's last-stage copy of a tied embedding (lm_head.weight): its gradient is the
+  // embedding's, counted once on stage 0, so it adds nothing to the global norm.
+  bool tied_copy = false;
 };
 std::map<std::string, ParamFlags> param_flags(const model::Model& m);
 
