@@ -3,7 +3,8 @@
 # batch trained as dp2, tp2 and tp2 + sequence parallelism under `mpirun -np 2` (one core
 # per rank), plus one process on both cores. Prints per layout the median step time and
 # tokens/s, rank 0's tensor-parallel collectives, bytes and (exposed) time per step, and
-# the activation bytes per rank; then tp2 / dp2 step time (the bar: at most 1.3). Then
+# the activation bytes per rank (also with selective and full recomputation, with and
+# without SP); then tp2 / dp2 step time (the bar: at most 1.3). Then
 # pipeline parallelism: pp2 under each schedule at the same global batch (8 micro-batches
 # of 1 sequence), and 1F1B at m = 4, 8, 16 micro-batches: the step time, the measured bubble
 # (metrics pp_bubble: idle share of the pipeline span over both stages) beside the
@@ -41,6 +42,7 @@ batch_size = 8
 [training]
 steps = $STEPS
 precision = "${PRECISION:-fp32}"
+activation_checkpointing = "${RECOMPUTE:-none}"
 eval_batches = 0
 [logging]
 progress = false
@@ -69,6 +71,12 @@ run one 1 "zero_stage = 0"
 run dp2 2 "dp = 2"
 run tp2 2 "tp = 2"
 run tp2_sp 2 "tp = 2" "sequence_parallel = true"
+run tp2_sp_overlap 2 "tp = 2" "sequence_parallel = true" "sp_overlap = true"
+# Activation memory per rank with recomputation, with and without SP.
+RECOMPUTE=selective run tp2_selective 2 "tp = 2"
+RECOMPUTE=selective run tp2_sp_selective 2 "tp = 2" "sequence_parallel = true"
+RECOMPUTE=full run tp2_full 2 "tp = 2"
+RECOMPUTE=full run tp2_sp_full 2 "tp = 2" "sequence_parallel = true"
 fi
 # Pipeline: micro-batches of one sequence (batch_size 1 x grad_accum m). pp2_same is the
 # model above (4 layers, 2 + 2; its last stage also runs the 2048-token head) beside dp2.
@@ -95,7 +103,8 @@ w, steps = sys.argv[1], int(sys.argv[2])
 out = {}
 import os
 only_pp = os.environ.get("ONLY") == "pp"
-for name in ([] if only_pp else ["one", "dp2", "tp2", "tp2_sp"]):
+for name in ([] if only_pp else ["one", "dp2", "tp2", "tp2_sp", "tp2_sp_overlap", "tp2_selective", "tp2_sp_selective",
+                                  "tp2_full", "tp2_sp_full"]):
     recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
     tps = statistics.median(r["tokens_per_s"] for r in recs)
     row = {"tokens_per_s": round(tps), "step_s": round(8 * 256 / tps, 4),

@@ -41,7 +41,8 @@ TEST(TensorParallelTraining, Tp2AndDp2xTp2MatchOneProcessOver20Steps) {
                {"dp2tp2_z1", "tp = 2\ndp = 2\nzero_stage = 1", 4},
                {"dp2tp2_z2", "tp = 2\nzero_stage = 2", 4},
                {"dp2tp2_sp", "tp = 2\ndp = 2\nsequence_parallel = true\nzero_stage = 1", 4},
-               {"tp4_sp", "tp = 4\nsequence_parallel = true", 4}};
+               {"tp4_sp", "tp = 4\nsequence_parallel = true", 4},
+               {"dp2tp2_sp_overlap", "tp = 2\ndp = 2\nsequence_parallel = true\nsp_overlap = true\nzero_stage = 1", 4}};
   for (const auto& k : cases) {
     const RunOut got = train(config(root, k.name, data, 20, k.parallel), k.ranks);
     expect_close(got.losses, ref.losses, 1e-5, std::string(k.name) + " loss");
@@ -106,6 +107,7 @@ TEST(TensorParallelTraining, LayoutsTheTrainerCannotRunAreOneLine) {
       {"tp = 3", "", "tp 3 = 3 does not divide the 4 ranks"},
       {"tp = 2", "arch = \"gpt2\"\n", "gpt2's fused c_attn cannot be trained tensor-parallel yet"},
       {"sequence_parallel = true", "", "sequence_parallel = true needs tp > 1"},
+      {"tp = 2\nsp_overlap = true", "", "sp_overlap = true needs sequence_parallel = true"},
   };
   for (const auto& k : cases) {
     std::string cfg = config(root, "bad", data, 2, k.parallel);

@@ -239,6 +239,33 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     }
     return out;
   };
+  // A column-parallel linear over every row of the tp region: h gathered first (sp), or
+  // with sp_overlap the gather in flight while this rank's rows are multiplied.
+  auto column_parallel = [&](const BlockLinear& spec, const Tensor& h, Tensor& y) {
+    if (!sp) {
+      run_linear(m, spec, l, h, y, pm, opt.rowwise);
+      return;
+    }
+    if (!m.sp_overlap()) {
+      run_linear(m, spec, l, gather_rows(m, h), y, pm, opt.rowwise);
+      return;
+    }
+    const int64_t r = m.tp_shard().rank, tp = m.tp_shard().size;
+    Tensor full = Tensor::empty({Nf, h.size(1)}, h.dtype());
+    const Tensor mine = h.contiguous();
+    m.tp_comm()->all_gather_rows_start(mine, full);
+    Tensor own = y.slice(0, r * N, (r + 1) * N);
+    run_linear(m, spec, l, mine, own, pm, opt.rowwise);
+    m.tp_comm()->all_gather_rows_wait();
+    if (r > 0) {
+      Tensor before = y.slice(0, 0, r * N);
+      run_linear(m, spec, l, full.slice(0, 0, r * N), before, pm, opt.rowwise);
+    }
+    if (r + 1 < tp) {
+      Tensor after = y.slice(0, (r + 1) * N, Nf);
+      run_linear(m, spec, l, full.slice(0, (r + 1) * N, Nf), after, pm, opt.rowwise);
+    }
+  };
   Tensor *mean = nullptr, *rstd = nullptr;
 
   // Attention half.
@@ -252,7 +279,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   if (A && !A->x_in.defined()) A->x_in = s.x.clone();
   if (A) round_matmul_input_in_place(h1, mode);
   Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);
-  run_linear(m, kBlockLinears[0], l, sp ? gather_rows(m, h1) : h1, qkv, pm, opt.rowwise);
+  column_parallel(kBlockLinears[0], h1, qkv);
   apply_rope(m, qkv, *opt.positions, false);
   Tensor& att = fresh(A ? A->att : s.att, s.att, Nf, d.q);
   attend(l, qkv, att);
@@ -268,7 +295,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   }
   const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;
   Tensor& u = fresh(A ? A->u : s.u, s.u, Nf, U);
-  run_linear(m, kBlockLinears[2], l, sp ? gather_rows(m, h2) : h2, u, pm, opt.rowwise);
+  column_parallel(kBlockLinears[2], h2, u);
   Tensor& a = fresh(A ? A->a : s.a, s.a, Nf, d.ffn);
   mlp_activation(m, u, a);
   if (A) round_matmul_input_in_place(a, mode);

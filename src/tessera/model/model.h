@@ -108,6 +108,11 @@ class Model {
   // tp_comm and batch x sequence rows divisible by tp. Inference ignores it.
   void set_sequence_parallel(bool on);
   bool sequence_parallel() const { return sequence_parallel_; }
+  // Under sequence parallelism: the forward's all-gather before each column-parallel
+  // linear (qkv, gate/up) runs in the background while this rank's own rows are
+  // multiplied, then the other ranks' rows (the same products, split by rows).
+  void set_sp_overlap(bool on) { sp_overlap_ = on; }
+  bool sp_overlap() const { return sp_overlap_; }
   // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
   // Writes config.json, generation_config.json and model.safetensors (Hugging Face names),
@@ -218,6 +223,7 @@ class Model {
   LocalDims dims_;
   TpComm* tp_comm_ = nullptr;
   bool sequence_parallel_ = false;
+  bool sp_overlap_ = false;
   Params weights_;
   DType dtype_ = DType::kF32;
   DType compute_dtype_ = DType::kF32;

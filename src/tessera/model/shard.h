@@ -103,6 +103,11 @@ class TpComm {
   // and in (tp n, C) summed over the group -> out (n, C), this rank's block of rows.
   virtual void all_gather_rows(const Tensor& in, Tensor& out) = 0;
   virtual void reduce_scatter_rows(const Tensor& in, Tensor& out) = 0;
+  // all_gather_rows in the background (communication/compute overlap): `in` unchanged and
+  // `out` untouched until all_gather_rows_wait() returns. One at a time. By default the
+  // gather runs at once and the wait does nothing.
+  virtual void all_gather_rows_start(const Tensor& in, Tensor& out) { all_gather_rows(in, out); }
+  virtual void all_gather_rows_wait() {}
 };
 
 }  // namespace tessera::model

@@ -44,6 +44,27 @@ void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
   }
 }
 
+void CommTp::all_gather_rows_start(const Tensor& in, Tensor& out) {
+  TESSERA_CHECK(!pending_gather_, "all_gather_rows_start: a gather is already in flight");
+  TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == out.dtype() &&
+                    out.numel() == in.numel() * group_.size(),
+                "all_gather_rows_start: in ", in.describe(), " and out ", out.describe());
+  ++traffic_.all_gathers;
+  traffic_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
+  Tensor o = out.view({out.numel()});
+  const base::Timer timer;
+  pending_gather_ = group_.all_gather_async(in.view({in.numel()}), o);
+  traffic_.seconds += timer.seconds();  // issuing; the exposed wait is added below
+}
+
+void CommTp::all_gather_rows_wait() {
+  if (!pending_gather_) return;
+  const base::Timer timer;
+  pending_gather_->wait();
+  pending_gather_ = nullptr;
+  traffic_.seconds += timer.seconds();  // only the time the compute did not hide
+}
+
 void CommTp::reduce_scatter_rows(const Tensor& in, Tensor& out) {
   TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == DType::kF32 &&
                     out.dtype() == DType::kF32 && in.numel() == out.numel() * group_.size(),

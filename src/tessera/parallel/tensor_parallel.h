@@ -36,6 +36,8 @@ class CommTp : public model::TpComm {
   void all_reduce_kv_replicas(Tensor& t) override;
   void all_gather_rows(const Tensor& in, Tensor& out) override;
   void reduce_scatter_rows(const Tensor& in, Tensor& out) override;
+  void all_gather_rows_start(const Tensor& in, Tensor& out) override;
+  void all_gather_rows_wait() override;
 
   model::TpShard shard() const { return {group_.rank(), group_.size()}; }
   const TpTraffic& traffic() const { return traffic_; }
@@ -45,6 +47,8 @@ class CommTp : public model::TpComm {
   comm::Communicator& group_;
   std::unique_ptr<comm::Communicator> kv_group_;
   TpTraffic traffic_;
+  comm::RequestPtr pending_gather_;  // all_gather_rows_start's, until the wait
+  double pending_start_ = 0;         // when it was started (its time counts to the wait)
 };
 
 // The whole Hugging Face tensors of a tensor-parallel model, assembled on tp rank 0 from

@@ -303,6 +303,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
                         {"ep", &pa.ep}})
     p.get(key, *v, 1, 65536);
   p.get("sequence_parallel", pa.sequence_parallel);
+  p.get("sp_overlap", pa.sp_overlap);
   p.get("pp_schedule", pa.pp_schedule);
   p.get("pp_virtual_stages", pa.pp_virtual_stages, 1, 1024);
   p.get("pp_layers", pa.pp_layers, 1, 1 << 20);

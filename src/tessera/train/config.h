@@ -78,6 +78,9 @@ struct ParallelSection {
   int64_t dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
   // Megatron sequence parallelism inside the tp groups (needs tp > 1).
   bool sequence_parallel = false;
+  // With sequence parallelism: overlap each forward all-gather with the GEMM of this
+  // rank's own rows (model::Model::set_sp_overlap).
+  bool sp_overlap = false;
   // Pipeline parallelism (pp > 1): the schedule (gpipe | 1f1b | interleaved), chunks per
   // rank for interleaved, and optionally the layers of each (virtual) stage, in order
   // (empty: balanced by parameter count). The micro-batches of a step are data.grad_accum.

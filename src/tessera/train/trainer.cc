@@ -134,6 +134,8 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                 " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
   TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
                 ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
+  TESSERA_CHECK(!c.parallel.sp_overlap || c.parallel.sequence_parallel, src,
+                ": [parallel] sp_overlap = true needs sequence_parallel = true (it overlaps SP's all-gathers)");
   if (c.parallel.sequence_parallel) {
     const int64_t rows = c.data.batch_size / s.dp * c.data.seq_len;
     TESSERA_CHECK(rows % s.tp == 0, src, ": [parallel] sequence_parallel = true splits each ",
@@ -167,11 +169,12 @@ std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, co
 // The model's tp collectives over the mesh's tp group (nullptr at tp 1), and sequence
 // parallelism when asked for.
 std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m,
-                                          bool sequence_parallel) {
+                                          bool sequence_parallel, bool sp_overlap) {
   if (m.tp_shard().size == 1) return nullptr;
   auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp), m.dims().kv_replicas);
   m.set_tp_comm(tp.get());
   m.set_sequence_parallel(sequence_parallel);
+  m.set_sp_overlap(sp_overlap);
   return tp;
 }
 
@@ -203,7 +206,7 @@ class Run {
         pp_stage_(checked_pp_stage(c, mesh_shape_, model_config_, rank_)),
         model_(build_model(c, model_config_, tp_shard_, pp_stage_)),
         mesh_(make_mesh(mesh_shape_, comm_)),
-        tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel)),
+        tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel, c.parallel.sp_overlap)),
         dp_group_(mesh_->group(parallel::Axis::kDp)),
         dp_rank_(dp_group_.rank()),
         dp_size_(dp_group_.size()),
