@@ -1,6 +1,8 @@
 // Aligned allocation backed by posix_memalign.
 #include "tessera/base/aligned_alloc.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -78,6 +80,17 @@ void release_cached(void* p, size_t bytes) {
     }
   }
   aligned_free(p);
+}
+
+void trim_cached() {
+  BlockCache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [bytes, p] : c.free_blocks) aligned_free(p);
+    c.free_blocks.clear();
+    c.idle_bytes = 0;
+  }
+  malloc_trim(0);  // and what glibc's heap holds free at its top
 }
 
 size_t cached_bytes() {

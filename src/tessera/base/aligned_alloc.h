@@ -16,5 +16,8 @@ void aligned_free(void* p);
 void* allocate_cached(size_t bytes);
 void release_cached(void* p, size_t bytes);
 size_t cached_bytes();  // idle bytes held now
+// Returns every idle block to the OS (and trims the heap): after one-off work such as a
+// run's set-up, whose buffers the steps will not reuse.
+void trim_cached();
 
 }  // namespace tessera::base

@@ -115,6 +115,10 @@ class Model {
   bool sp_overlap() const { return sp_overlap_; }
   // Random weights (normal-ish, std 0.02; norms 1; biases 0), deterministic in `seed`.
   static Model random(const ModelConfig& config, DType dtype, uint64_t seed);
+  // The same weights, only this rank's tensor-parallel shard and pipeline stage of them:
+  // each whole tensor is drawn in turn and cut, so no rank materialises the whole model.
+  static Model random(const ModelConfig& config, DType dtype, uint64_t seed, TpShard shard,
+                      const PpStage& stage);
   // Writes config.json, generation_config.json and model.safetensors (Hugging Face names),
   // sharded with an index above max_shard_bytes (save_hf_directory).
   void save(const std::string& dir, uint64_t max_shard_bytes = kDefaultMaxShardBytes) const;

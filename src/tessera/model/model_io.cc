@@ -188,26 +188,53 @@ void fill_random(Tensor& t, float std, uint64_t seed) {
 }  // namespace
 
 Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed) {
+  return random(config, dtype, seed, TpShard{}, PpStage{});
+}
+
+Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed, TpShard shard,
+                    const PpStage& stage) {
   config.validate("random model config");
   Model m;
   m.config_ = config;
-  m.dims_ = local_dims(config, m.shard_);
+  m.shard_ = shard;
+  m.stage_ = stage;
+  m.dims_ = local_dims(config, shard);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
-  m.weights_ = Params::allocate(config, dtype);
+  m.weights_ = Params::allocate(config, dtype, m.dims_, true, stage);
+  const bool whole = shard.size == 1 && stage.whole();
+  // Where each Hugging Face tensor goes on this rank (a tied stage's lm_head copy is the
+  // embedding's); the draw order (and so every value) is the whole model's, as listed by
+  // an untouched layout of it.
+  std::map<std::string, std::vector<Piece>> mine;
+  if (!whole) {
+    const std::string embed = hf_prefix(config) + (config.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+    for (auto& p : m.weights_.pieces(config, shard)) {
+      const std::string name = config.tie_word_embeddings && p.name == "lm_head.weight" ? embed : p.name;
+      mine[name].push_back(std::move(p));
+    }
+  }
+  const Params layout = whole ? Params() : Params::allocate(config, dtype, local_dims(config, {}), false);
+  const auto named = whole ? m.weights_.named(config) : layout.named(config);
   uint64_t k = 0;
-  for (auto& [name, view] : m.weights_.named(config)) {
+  for (const auto& [name, view] : named) {
     ++k;
+    if (!whole && !mine.count(name)) continue;
     const bool is_norm = name.find("norm") != std::string::npos ||
                          name.find("ln_") != std::string::npos;
     const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    Tensor t = view;
+    Tensor t = whole ? view : Tensor::empty(view.shape(), dtype);
     if (is_norm && !is_bias)
       t.fill(1.f);
     else if (is_bias)
       t.zero();
     else
       fill_random(t, 0.02f, seed * 1000003ull + k);
+    if (whole) continue;
+    for (const Piece& p : mine.at(name)) {
+      Tensor dst = p.view;
+      dst.copy_from(p.block_of(t));
+    }
   }
   return m;
 }

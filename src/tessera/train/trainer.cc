@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/base/error.h"
 #include "tessera/base/logging.h"
 #include "tessera/base/memory.h"
@@ -37,28 +38,13 @@
 #include "tessera/train/plot.h"
 #include "tessera/train/schedule.h"
 #include "tessera/train/sharded_state.h"
+#include "tessera/train/trainer_layout.h"
 #include "tessera/train/trainer_setup.h"
 
 namespace tessera::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-// (sum of token losses, tokens) over the batches.
-std::pair<double, int64_t> loss_sums(const model::Model& m,
-                                     const std::vector<std::pair<Tensor, Tensor>>& batches) {
-  double sum = 0;
-  int64_t count = 0;
-  for (const auto& [ids, targets] : batches) {
-    const Tensor logits = m.forward_batch(ids);
-    const int64_t n = ids.numel();
-    const auto ce = kernels::cross_entropy(logits.view({n, logits.size(2)}),
-                                           targets.contiguous().view({n}), nullptr, nullptr, 1.f);
-    sum += ce.loss_sum;
-    count += ce.count;
-  }
-  return {sum, count};
-}
 
 // One trace per rank: "run.json" -> "run.rank1.json" when there are several.
 std::string trace_path(const std::string& path, int rank, int world) {
@@ -89,111 +75,6 @@ struct RunState {
   uint64_t tokens_seen = 0;
 };
 
-// The [parallel] mesh resolved against the world, before anything is loaded.
-parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
-  parallel::MeshShape s;
-  s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
-  return parallel::resolve_mesh_shape(s, world, c.source_name());
-}
-
-// This rank's pipeline stage (the whole model at pp 1), checked against the model and the
-// schedule before any weight exists.
-model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape& s,
-                                const model::ModelConfig& m, int rank) {
-  const std::string src = c.source_name();
-  const auto& pa = c.parallel;
-  const int V = static_cast<int>(pa.pp_virtual_stages);
-  const auto schedule = parallel::parse_pipe_schedule(pa.pp_schedule);
-  if (s.pp == 1) {
-    TESSERA_CHECK(V == 1 && pa.pp_layers.empty(), src, ": [parallel] pp_virtual_stages and ",
-                  "pp_layers need pp > 1");
-    return {};
-  }
-  TESSERA_CHECK(pa.zero_stage < 3, src, ": [parallel] pp = ", s.pp, " with zero_stage = 3: ",
-                "ZeRO-3 inside pipeline parallelism is not available yet (use zero_stage <= 2)");
-  TESSERA_CHECK(!m.tie_word_embeddings || pa.zero_stage < 2, src, ": [parallel] pp = ", s.pp,
-                " with zero_stage = ", pa.zero_stage, ": the model ties its embeddings to lm_head, ",
-                "whose copies on the first and last stage are summed whole; use zero_stage <= 1");
-  try {
-    parallel::check_pipe_shape(schedule, {static_cast<int>(s.pp), static_cast<int>(c.data.grad_accum), V});
-    const auto coords = parallel::DeviceMesh::coords_of(s, rank);
-    return model::pipeline_stage(m, coords[static_cast<int>(parallel::Axis::kPp)],
-                                 static_cast<int>(s.pp), V, pa.pp_layers);
-  } catch (const Error& e) {
-    fail(src, ": [parallel] ", e.what());
-  }
-}
-
-// The layout checked against the model's configuration and the batch before any weight
-// exists; this rank's tensor-parallel shard.
-model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape& s,
-                                const model::ModelConfig& m, int rank) {
-  const std::string src = c.source_name();
-  parallel::check_layout(s, m, c.data.grad_accum, src);
-  TESSERA_CHECK(c.data.batch_size % s.dp == 0, src, ": data.batch_size = ", c.data.batch_size,
-                " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
-  TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
-                ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
-  TESSERA_CHECK(!c.parallel.sp_overlap || c.parallel.sequence_parallel, src,
-                ": [parallel] sp_overlap = true needs sequence_parallel = true (it overlaps SP's all-gathers)");
-  if (c.parallel.sequence_parallel) {
-    const int64_t rows = c.data.batch_size / s.dp * c.data.seq_len;
-    TESSERA_CHECK(rows % s.tp == 0, src, ": [parallel] sequence_parallel = true splits each ",
-                  "micro-batch's ", rows, " tokens (batch_size / dp x seq_len) over tp = ", s.tp,
-                  " ranks: they must divide evenly");
-  }
-  if (s.tp > 1) {
-    TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
-                  "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
-    TESSERA_CHECK(m.arch != model::Arch::kGpt2, src, ": [parallel] tp = ", s.tp,
-                  ": gpt2's fused c_attn cannot be trained tensor-parallel yet (llama and qwen2 can)");
-    TESSERA_CHECK(c.optimizer.name != "muon", src, ": [parallel] tp = ", s.tp,
-                  ": Muon orthogonalises whole matrices, and tp splits them (use adamw)");
-  }
-  const auto coords = parallel::DeviceMesh::coords_of(s, rank);
-  const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
-  try {
-    model::local_dims(m, shard);
-  } catch (const Error& e) {
-    fail(src, ": [parallel] ", e.what());
-  }
-  return shard;
-}
-
-std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, comm::Communicator& comm) {
-  auto mesh = std::make_unique<parallel::DeviceMesh>(comm, s);
-  if (comm.size() > 1) std::fprintf(stderr, "train: mesh %s, %s\n", s.describe().c_str(), mesh->describe().c_str());
-  return mesh;
-}
-
-// The model's tp collectives over the mesh's tp group (nullptr at tp 1), and sequence
-// parallelism when asked for.
-std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m,
-                                          bool sequence_parallel, bool sp_overlap) {
-  if (m.tp_shard().size == 1) return nullptr;
-  auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp), m.dims().kv_replicas);
-  m.set_tp_comm(tp.get());
-  m.set_sequence_parallel(sequence_parallel);
-  m.set_sp_overlap(sp_overlap);
-  return tp;
-}
-
-// The two ends of each pipeline (same dp and tp coordinates, pp 0 and pp - 1) when the
-// model ties its embeddings to lm_head under pp > 1; nullptr elsewhere. Collective over
-// the world (a split).
-std::unique_ptr<comm::Communicator> make_embed_group(const TrainConfig&, const parallel::MeshShape& s,
-                                                     const model::ModelConfig& m,
-                                                     comm::Communicator& world) {
-  if (s.pp == 1 || !m.tie_word_embeddings) return nullptr;
-  const auto co = parallel::DeviceMesh::coords_of(s, world.rank());
-  const int pp = co[static_cast<int>(parallel::Axis::kPp)];
-  const bool end = pp == 0 || pp == s.pp - 1;
-  const int colour = end ? co[static_cast<int>(parallel::Axis::kDp)] * static_cast<int>(s.tp) +
-                               co[static_cast<int>(parallel::Axis::kTp)]
-                         : -1;
-  return world.split(colour, pp);
-}
-
 class Run {
  public:
   Run(const TrainConfig& c, const TrainOptions& o, comm::Communicator& comm)
@@ -212,7 +93,7 @@ class Run {
         dp_size_(dp_group_.size()),
         flags_(param_flags(model_)),
         dp_(model_, dp_group_, dp_config(c)),
-        embed_group_(make_embed_group(c, mesh_shape_, model_config_, comm_)),
+        embed_group_(make_embed_group(mesh_shape_, model_config_, comm_)),
         pipe_(mesh_shape_.pp > 1 ? std::make_unique<parallel::Pipeline>(
                                        model_, mesh_->group(parallel::Axis::kPp),
                                        parallel::parse_pipe_schedule(c.parallel.pp_schedule),
@@ -247,6 +128,9 @@ class Run {
     const auto& mc = model_.config();
     flops_per_token_ = 3.0 * model::forward_flops(mc, c.data.seq_len, 0) /
                        static_cast<double>(c.data.seq_len);
+    // The set-up's one-off buffers (weights drawn, then copied into the data-parallel flat
+    // layout) go back to the OS rather than idling in the allocator's cache for the run.
+    base::trim_cached();
   }
 
   TrainResult run() {
@@ -449,7 +333,7 @@ class Run {
  private:
   double validation_loss() {
     dp_.gather_all();
-    auto [sum, count] = pipe_ ? pipe_->evaluate(micro_batches(val_)) : loss_sums(model_, val_);
+    auto [sum, count] = eval_loss_sums(model_, pipe_.get(), val_);
     dp_.release_all();
     sum = over_pp(sum);
     count = static_cast<int64_t>(over_pp(static_cast<double>(count)));
@@ -458,95 +342,24 @@ class Run {
     return n > 0 ? total / n : -1.0;
   }
 
-  static std::vector<parallel::MicroBatch> micro_batches(const std::vector<std::pair<Tensor, Tensor>>& b) {
-    std::vector<parallel::MicroBatch> out;
-    for (const auto& [ids, targets] : b) out.push_back({ids, targets});
-    return out;
-  }
-
   // The sum over the pipeline stages (exact, the same on every stage); x at pp 1.
   double over_pp(double x) {
     return pipe_ ? parallel::exact_sum(mesh_->group(parallel::Axis::kPp), x) : x;
   }
 
-  // The step's micro-batches through the pipeline: every stage draws the same batches (the
-  // data order is deterministic), runs the schedule, then the replicas reduce.
+  // The step's micro-batches through the pipeline (trainer_layout.h).
   GradientPass pipeline_gradients(int64_t accum, float scale,
                                   const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
-    std::vector<parallel::MicroBatch> mbs;
-    for (int64_t m = 0; m < accum; ++m) {
-      const auto [ids, targets] = batch(m);
-      mbs.push_back({ids.contiguous().clone(), targets.contiguous().clone()});
-    }
-    dp_.start_step(/*first_micro_batch_assigns=*/true);
-    base::TraceScope fb("pipeline");
-    last_pipe_ = pipe_->run(mbs, dp_.grads(), scale / static_cast<float>(accum),
-                            [this](int, bool last) { dp_.set_sync(last); });
-    dp_.finish_gradients();
-    if (embed_group_) {
-      // The tied table's two gradients (embedding lookups on stage 0, the head on the last
-      // stage) summed, so both copies take the same step; each is whole at ZeRO <= 1.
-      model::Params& g = dp_.grads();
-      Tensor t = model_.pp_stage().holds_embed() ? g.embed : g.lm_head;
-      base::TraceScope tied("tied_embedding_sum");
-      embed_group_->all_reduce(t, comm::ReduceOp::kSum);
-    }
-    GradientPass r;
-    r.loss_sum = last_pipe_.loss_sum;
-    r.count = last_pipe_.count;
-    r.activation_bytes = last_pipe_.activation_bytes;
-    return r;
+    return run_pipeline_step(model_, dp_, *pipe_, embed_group_.get(), accum, scale, batch, last_pipe_);
   }
 
-  // Every pp rank's pass spans of the last step (collective over the pipeline group).
-  std::vector<std::vector<parallel::PipeSpan>> gather_spans() {
-    comm::Communicator& g = mesh_->group(parallel::Axis::kPp);
-    const int64_t n = static_cast<int64_t>(last_pipe_.spans.size());
-    Tensor mine = Tensor::empty({2 * n}, DType::kI64), all = Tensor::empty({2 * n * g.size()}, DType::kI64);
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(mine.data<int64_t>() + 2 * i, &last_pipe_.spans[i].start, 8);
-      std::memcpy(mine.data<int64_t>() + 2 * i + 1, &last_pipe_.spans[i].end, 8);
-    }
-    g.all_gather(mine, all);
-    std::vector<std::vector<parallel::PipeSpan>> spans(g.size(), std::vector<parallel::PipeSpan>(n));
-    for (int r = 0; r < g.size(); ++r)
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(&spans[r][i].start, all.data<int64_t>() + 2 * (r * n + i), 8);
-        std::memcpy(&spans[r][i].end, all.data<int64_t>() + 2 * (r * n + i) + 1, 8);
-      }
-    return spans;
-  }
-
-  // This rank's pipeline traffic and the step's bubble (measured over every stage) beside
-  // the formula's.
   void add_pipeline_metrics(nlohmann::json& rec) {
-    last_spans_ = gather_spans();
-    rec["pp_schedule"] = parallel::pipe_schedule_name(pipe_->schedule());
-    rec["pp_bubble"] = parallel::measured_bubble(last_spans_);
-    rec["pp_bubble_formula"] = parallel::ideal_bubble(pipe_->shape());
-    rec["pp_sent_bytes"] = last_pipe_.sent_bytes;
-    rec["pp_messages"] = last_pipe_.sent_messages;
-    rec["pp_recv_wait_s"] = last_pipe_.recv_wait_s;
-    rec["pp_max_in_flight"] = last_pipe_.max_in_flight;
-    nlohmann::json busy = nlohmann::json::array();  // seconds computing per stage: the balance
-    for (const auto& rank : last_spans_) {
-      double b = 0;
-      for (const auto& sp : rank) b += sp.end - sp.start;
-      busy.push_back(b);
-    }
-    rec["pp_stage_busy_s"] = busy;
+    last_spans_ = gather_pipeline_spans(last_pipe_, mesh_->group(parallel::Axis::kPp));
+    pipeline_metrics(rec, *pipe_, last_pipe_, last_spans_);
   }
 
-  // OUT/pipeline_timeline.svg: the last step's passes per stage, from measured times.
   void write_pipeline_timeline() {
-    if (last_spans_.empty() || rank_ != 0) return;
-    const std::string path = c_.out_dir + "/pipeline_timeline.svg";
-    io::write_file_atomic(path, parallel::pipe_timeline_svg(
-                                    pipe_->actions(), last_spans_, pipe_->shape(),
-                                    std::string("Tessera pipeline, ") +
-                                        parallel::pipe_schedule_name(pipe_->schedule()) + ", pp " +
-                                        std::to_string(pipe_->shape().pp) + ", m " +
-                                        std::to_string(pipe_->shape().micro_batches)));
+    if (rank_ == 0) write_pipeline_svg(c_.out_dir + "/pipeline_timeline.svg", *pipe_, last_spans_);
   }
 
   // Bytes this rank holds for parameters, gradients, optimizer state (fp32 master weights

@@ -93,9 +93,7 @@ model::Model build_model(const TrainConfig& c, const model::ModelConfig& cfg, mo
                          const model::PpStage& stage) {
   if (!c.model.init_from.empty())
     return model::Model::load(c.model.init_from, DType::kF32, shard, stage);
-  model::Model m = model::Model::random(cfg, DType::kF32, c.model.seed);
-  if (shard.size > 1) m = m.shard(shard);
-  return stage.whole() ? std::move(m) : m.stage(stage);
+  return model::Model::random(cfg, DType::kF32, c.model.seed, shard, stage);
 }
 
 std::map<std::string, ParamFlags> param_flags(const model::Model& m) {

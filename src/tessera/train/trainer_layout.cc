@@ -1,0 +1,216 @@
+// The run's layout and the pipeline step (trainer_layout.h).
+#include "tessera/train/trainer_layout.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "tessera/base/error.h"
+#include "tessera/base/trace.h"
+#include "tessera/io/json_file.h"
+#include "tessera/kernels/cross_entropy.h"
+
+namespace tessera::train {
+
+// The [parallel] mesh resolved against the world, before anything is loaded.
+parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
+  parallel::MeshShape s;
+  s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
+  return parallel::resolve_mesh_shape(s, world, c.source_name());
+}
+
+// This rank's pipeline stage (the whole model at pp 1), checked against the model and the
+// schedule before any weight exists.
+model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape& s,
+                                const model::ModelConfig& m, int rank) {
+  const std::string src = c.source_name();
+  const auto& pa = c.parallel;
+  const int V = static_cast<int>(pa.pp_virtual_stages);
+  const auto schedule = parallel::parse_pipe_schedule(pa.pp_schedule);
+  if (s.pp == 1) {
+    TESSERA_CHECK(V == 1 && pa.pp_layers.empty(), src, ": [parallel] pp_virtual_stages and ",
+                  "pp_layers need pp > 1");
+    return {};
+  }
+  TESSERA_CHECK(pa.zero_stage < 3, src, ": [parallel] pp = ", s.pp, " with zero_stage = 3: ",
+                "ZeRO-3 inside pipeline parallelism is not available yet (use zero_stage <= 2)");
+  TESSERA_CHECK(!m.tie_word_embeddings || pa.zero_stage < 2, src, ": [parallel] pp = ", s.pp,
+                " with zero_stage = ", pa.zero_stage, ": the model ties its embeddings to lm_head, ",
+                "whose copies on the first and last stage are summed whole; use zero_stage <= 1");
+  try {
+    parallel::check_pipe_shape(schedule, {static_cast<int>(s.pp), static_cast<int>(c.data.grad_accum), V});
+    const auto coords = parallel::DeviceMesh::coords_of(s, rank);
+    return model::pipeline_stage(m, coords[static_cast<int>(parallel::Axis::kPp)],
+                                 static_cast<int>(s.pp), V, pa.pp_layers);
+  } catch (const Error& e) {
+    fail(src, ": [parallel] ", e.what());
+  }
+}
+
+// The layout checked against the model's configuration and the batch before any weight
+// exists; this rank's tensor-parallel shard.
+model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape& s,
+                                const model::ModelConfig& m, int rank) {
+  const std::string src = c.source_name();
+  parallel::check_layout(s, m, c.data.grad_accum, src);
+  TESSERA_CHECK(c.data.batch_size % s.dp == 0, src, ": data.batch_size = ", c.data.batch_size,
+                " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
+  TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
+                ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
+  TESSERA_CHECK(!c.parallel.sp_overlap || c.parallel.sequence_parallel, src,
+                ": [parallel] sp_overlap = true needs sequence_parallel = true (it overlaps SP's all-gathers)");
+  if (c.parallel.sequence_parallel) {
+    const int64_t rows = c.data.batch_size / s.dp * c.data.seq_len;
+    TESSERA_CHECK(rows % s.tp == 0, src, ": [parallel] sequence_parallel = true splits each ",
+                  "micro-batch's ", rows, " tokens (batch_size / dp x seq_len) over tp = ", s.tp,
+                  " ranks: they must divide evenly");
+  }
+  if (s.tp > 1) {
+    TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
+                  "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
+    TESSERA_CHECK(m.arch != model::Arch::kGpt2, src, ": [parallel] tp = ", s.tp,
+                  ": gpt2's fused c_attn cannot be trained tensor-parallel yet (llama and qwen2 can)");
+    TESSERA_CHECK(c.optimizer.name != "muon", src, ": [parallel] tp = ", s.tp,
+                  ": Muon orthogonalises whole matrices, and tp splits them (use adamw)");
+  }
+  const auto coords = parallel::DeviceMesh::coords_of(s, rank);
+  const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
+  try {
+    model::local_dims(m, shard);
+  } catch (const Error& e) {
+    fail(src, ": [parallel] ", e.what());
+  }
+  return shard;
+}
+
+std::unique_ptr<parallel::DeviceMesh> make_mesh(const parallel::MeshShape& s, comm::Communicator& comm) {
+  auto mesh = std::make_unique<parallel::DeviceMesh>(comm, s);
+  if (comm.size() > 1) std::fprintf(stderr, "train: mesh %s, %s\n", s.describe().c_str(), mesh->describe().c_str());
+  return mesh;
+}
+
+// The model's tp collectives over the mesh's tp group (nullptr at tp 1), and sequence
+// parallelism when asked for.
+std::unique_ptr<parallel::CommTp> make_tp(parallel::DeviceMesh& mesh, model::Model& m,
+                                          bool sequence_parallel, bool sp_overlap) {
+  if (m.tp_shard().size == 1) return nullptr;
+  auto tp = std::make_unique<parallel::CommTp>(mesh.group(parallel::Axis::kTp), m.dims().kv_replicas);
+  m.set_tp_comm(tp.get());
+  m.set_sequence_parallel(sequence_parallel);
+  m.set_sp_overlap(sp_overlap);
+  return tp;
+}
+
+// The two ends of each pipeline (same dp and tp coordinates, pp 0 and pp - 1) when the
+// model ties its embeddings to lm_head under pp > 1; nullptr elsewhere. Collective over
+// the world (a split).
+std::unique_ptr<comm::Communicator> make_embed_group(const parallel::MeshShape& s,
+                                                     const model::ModelConfig& m,
+                                                     comm::Communicator& world) {
+  if (s.pp == 1 || !m.tie_word_embeddings) return nullptr;
+  const auto co = parallel::DeviceMesh::coords_of(s, world.rank());
+  const int pp = co[static_cast<int>(parallel::Axis::kPp)];
+  const bool end = pp == 0 || pp == s.pp - 1;
+  const int colour = end ? co[static_cast<int>(parallel::Axis::kDp)] * static_cast<int>(s.tp) +
+                               co[static_cast<int>(parallel::Axis::kTp)]
+                         : -1;
+  return world.split(colour, pp);
+}
+
+GradientPass run_pipeline_step(const model::Model& m, parallel::DataParallel& dp,
+                               parallel::Pipeline& pipe, comm::Communicator* embed_group,
+                               int64_t accum, float scale,
+                               const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch,
+                               parallel::PipelineStep& last) {
+  std::vector<parallel::MicroBatch> mbs;
+  for (int64_t i = 0; i < accum; ++i) {
+    const auto [ids, targets] = batch(i);
+    mbs.push_back({ids.contiguous().clone(), targets.contiguous().clone()});
+  }
+  dp.start_step(/*first_micro_batch_assigns=*/true);
+  base::TraceScope fb("pipeline");
+  last = pipe.run(mbs, dp.grads(), scale / static_cast<float>(accum),
+                  [&dp](int, bool final_micro) { dp.set_sync(final_micro); });
+  dp.finish_gradients();
+  if (embed_group) {
+    // The tied table's two gradients (embedding lookups on stage 0, the head on the last
+    // stage) summed, so both copies take the same step; each is whole at ZeRO <= 1.
+    model::Params& g = dp.grads();
+    Tensor t = m.pp_stage().holds_embed() ? g.embed : g.lm_head;
+    base::TraceScope tied("tied_embedding_sum");
+    embed_group->all_reduce(t, comm::ReduceOp::kSum);
+  }
+  GradientPass r;
+  r.loss_sum = last.loss_sum;
+  r.count = last.count;
+  r.activation_bytes = last.activation_bytes;
+  return r;
+}
+
+std::vector<std::vector<parallel::PipeSpan>> gather_pipeline_spans(const parallel::PipelineStep& last,
+                                                                   comm::Communicator& g) {
+  const int64_t n = static_cast<int64_t>(last.spans.size());
+  Tensor mine = Tensor::empty({2 * n}, DType::kI64), all = Tensor::empty({2 * n * g.size()}, DType::kI64);
+  for (int64_t i = 0; i < n; ++i) {  // the exact bits of each double
+    std::memcpy(mine.data<int64_t>() + 2 * i, &last.spans[i].start, 8);
+    std::memcpy(mine.data<int64_t>() + 2 * i + 1, &last.spans[i].end, 8);
+  }
+  g.all_gather(mine, all);
+  std::vector<std::vector<parallel::PipeSpan>> spans(g.size(), std::vector<parallel::PipeSpan>(n));
+  for (int r = 0; r < g.size(); ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&spans[r][i].start, all.data<int64_t>() + 2 * (r * n + i), 8);
+      std::memcpy(&spans[r][i].end, all.data<int64_t>() + 2 * (r * n + i) + 1, 8);
+    }
+  return spans;
+}
+
+void pipeline_metrics(nlohmann::json& rec, const parallel::Pipeline& pipe,
+                      const parallel::PipelineStep& last,
+                      const std::vector<std::vector<parallel::PipeSpan>>& spans) {
+  rec["pp_schedule"] = parallel::pipe_schedule_name(pipe.schedule());
+  rec["pp_bubble"] = parallel::measured_bubble(spans);
+  rec["pp_bubble_formula"] = parallel::ideal_bubble(pipe.shape());
+  rec["pp_sent_bytes"] = last.sent_bytes;
+  rec["pp_messages"] = last.sent_messages;
+  rec["pp_recv_wait_s"] = last.recv_wait_s;
+  rec["pp_max_in_flight"] = last.max_in_flight;
+  nlohmann::json busy = nlohmann::json::array();  // seconds computing per stage: the balance
+  for (const auto& rank : spans) {
+    double b = 0;
+    for (const auto& sp : rank) b += sp.end - sp.start;
+    busy.push_back(b);
+  }
+  rec["pp_stage_busy_s"] = busy;
+}
+
+std::pair<double, int64_t> eval_loss_sums(const model::Model& m, parallel::Pipeline* pipe,
+                                          const std::vector<std::pair<Tensor, Tensor>>& batches) {
+  if (pipe) {
+    std::vector<parallel::MicroBatch> mbs;
+    for (const auto& [ids, targets] : batches) mbs.push_back({ids, targets});
+    return pipe->evaluate(mbs);
+  }
+  double sum = 0;
+  int64_t count = 0;
+  for (const auto& [ids, targets] : batches) {
+    const Tensor logits = m.forward_batch(ids);
+    const int64_t n = ids.numel();
+    const auto ce = kernels::cross_entropy(logits.view({n, logits.size(2)}),
+                                           targets.contiguous().view({n}), nullptr, nullptr, 1.f);
+    sum += ce.loss_sum;
+    count += ce.count;
+  }
+  return {sum, count};
+}
+
+void write_pipeline_svg(const std::string& path, const parallel::Pipeline& pipe,
+                        const std::vector<std::vector<parallel::PipeSpan>>& spans) {
+  if (spans.empty()) return;
+  const auto& sh = pipe.shape();
+  io::write_file_atomic(path, parallel::pipe_timeline_svg(
+                                  pipe.actions(), spans, sh,
+                                  std::string("Tessera pipeline, ") + parallel::pipe_schedule_name(pipe.schedule()) +
+                                      ", pp " + std::to_string(sh.pp) + ", m " + std::to_string(sh.micro_batches)));
+}
+
+}  // namespace tessera::train
