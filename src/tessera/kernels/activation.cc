@@ -1,6 +1,7 @@
 // Entry points of activation.h: check that every operand is an (N, F) f32 row view of
 // one shape, then run the CPU kernels.
 #include "tessera/kernels/activation.h"
+#include "tessera/kernels/dispatch.h"
 
 #include <utility>
 
@@ -25,7 +26,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
   const auto [N, F] = check_first(gate, op, "gate");
   check_rows(up, op, "up", DType::kF32, N, F);
   check_rows(out, op, "out", DType::kF32, N, F);
-  cpu::swiglu_forward(gate, up, out);
+  TESSERA_KERNEL(op, cpu::swiglu_forward(gate, up, out), gate, up, out);
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
@@ -36,14 +37,14 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, T
   check_rows(up, op, "up", DType::kF32, N, F);
   check_rows(dgate, op, "dgate", DType::kF32, N, F);
   check_rows(dup, op, "dup", DType::kF32, N, F);
-  cpu::swiglu_backward(dout, gate, up, dgate, dup);
+  TESSERA_KERNEL(op, cpu::swiglu_backward(dout, gate, up, dgate, dup), dout, gate, up, dgate, dup);
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {
   const char* op = "gelu_forward";
   const auto [N, F] = check_first(x, op, "x");
   check_rows(out, op, "out", DType::kF32, N, F);
-  cpu::gelu_forward(x, out);
+  TESSERA_KERNEL(op, cpu::gelu_forward(x, out), x, out);
 }
 
 void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
@@ -51,7 +52,7 @@ void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
   const auto [N, F] = check_first(x, op, "x");
   check_rows(dout, op, "dout", DType::kF32, N, F);
   check_rows(dx, op, "dx", DType::kF32, N, F);
-  cpu::gelu_backward(dout, x, dx);
+  TESSERA_KERNEL(op, cpu::gelu_backward(dout, x, dx), dout, x, dx);
 }
 
 void softmax_forward(const Tensor& x, Tensor& out) {
@@ -59,7 +60,7 @@ void softmax_forward(const Tensor& x, Tensor& out) {
   const auto [N, F] = check_first(x, op, "x");
   TESSERA_CHECK(F >= 1, op, ": x ", x.describe(), " has no columns to normalise over");
   check_rows(out, op, "out", DType::kF32, N, F);
-  cpu::softmax_forward(x, out);
+  TESSERA_KERNEL(op, cpu::softmax_forward(x, out), x, out);
 }
 
 void softmax_backward(const Tensor& dout, const Tensor& out, Tensor& dx) {
@@ -67,7 +68,7 @@ void softmax_backward(const Tensor& dout, const Tensor& out, Tensor& dx) {
   const auto [N, F] = check_first(out, op, "out");
   check_rows(dout, op, "dout", DType::kF32, N, F);
   check_rows(dx, op, "dx", DType::kF32, N, F);
-  cpu::softmax_backward(dout, out, dx);
+  TESSERA_KERNEL(op, cpu::softmax_backward(dout, out, dx), dout, out, dx);
 }
 
 }  // namespace tessera::kernels

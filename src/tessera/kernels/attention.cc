@@ -1,5 +1,6 @@
 // Attention entry points: validate shapes, strides and dtypes, then run the CPU kernel.
 #include "tessera/kernels/attention.h"
+#include "tessera/kernels/dispatch.h"
 
 #include <cmath>
 
@@ -85,8 +86,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   check_bthd(out, "out");
   check_same_shape(out, "out", q, "q");
   const LseView lv = lse ? check_lse(*lse, d) : LseView{};
-  cpu::attention_forward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv, params,
-                             cpu::best_attention_isa());
+  TESSERA_KERNEL("attention_forward",
+                 cpu::attention_forward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv,
+                                            params, cpu::best_attention_isa()),
+                 q, k, v, out);
 }
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -104,9 +107,11 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_bthd(dv, "dv");
   check_same_shape(dv, "dv", v, "v");
   const LseView lv = check_lse(lse, d);
-  cpu::attention_backward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv,
-                              view_of(dout), view_of(dq), view_of(dk), view_of(dv), params,
-                              cpu::best_attention_isa());
+  TESSERA_KERNEL("attention_backward",
+                 cpu::attention_backward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv,
+                                             view_of(dout), view_of(dq), view_of(dk), view_of(dv),
+                                             params, cpu::best_attention_isa()),
+                 q, k, v, out, dout, dq, dk, dv);
 }
 
 }  // namespace tessera::kernels

@@ -1,6 +1,7 @@
 // Entry point of cross_entropy.h: shape checks, and every target validated before any
 // thread starts (an exception must not escape an OpenMP region).
 #include "tessera/kernels/cross_entropy.h"
+#include "tessera/kernels/dispatch.h"
 
 #include "tessera/kernels/cpu/cross_entropy_cpu.h"
 #include "tessera/kernels/pointwise_checks.h"
@@ -21,7 +22,10 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Te
     TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": targets[", n,
                   "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
                   kIgnoreIndex, ")");
-  return cpu::cross_entropy(logits, targets, losses, dlogits, grad_scale);
+  CrossEntropyResult r;
+  TESSERA_KERNEL("cross_entropy", r = cpu::cross_entropy(logits, targets, losses, dlogits, grad_scale),
+                 logits, targets);
+  return r;
 }
 
 }  // namespace tessera::kernels

@@ -1,5 +1,6 @@
 // Entry points of elementwise.h: shape / layout checks, then the CPU kernels.
 #include "tessera/kernels/elementwise.h"
+#include "tessera/kernels/dispatch.h"
 
 #include "tessera/kernels/cpu/elementwise_cpu.h"
 #include "tessera/kernels/pointwise_checks.h"
@@ -12,21 +13,21 @@ void add_inplace(Tensor& a, const Tensor& b) {
   detail::check_row_major(b, op, "b");
   TESSERA_CHECK(a.shape() == b.shape(), op, ": b ", b.describe(), " does not match a ",
                 a.describe());
-  cpu::add_inplace(a, b);
+  TESSERA_KERNEL(op, cpu::add_inplace(a, b), a, b);
 }
 
 void add_bias(Tensor& x, const Tensor& bias) {
   const char* op = "add_bias";
   detail::check_row_major(x, op, "x");
   detail::check_vector(bias, op, "bias", x.size(-1), {DType::kF32, DType::kBF16});
-  cpu::add_bias(x, bias);
+  TESSERA_KERNEL(op, cpu::add_bias(x, bias), x, bias);
 }
 
 void bias_backward(const Tensor& dout, Tensor& dbias) {
   const char* op = "bias_backward";
   detail::check_row_major(dout, op, "dout");
   detail::check_vector(dbias, op, "dbias", dout.size(-1), {DType::kF32});
-  cpu::bias_backward(dout, dbias);
+  TESSERA_KERNEL(op, cpu::bias_backward(dout, dbias), dout, dbias);
 }
 
 void scale_inplace(Tensor& a, float s) {
@@ -35,7 +36,7 @@ void scale_inplace(Tensor& a, float s) {
   TESSERA_CHECK(a.device() == Device::kCPU, op, ": a ", a.describe(), " is not on the CPU");
   TESSERA_CHECK(a.dtype() == DType::kF32, op, ": a must be f32, got ", a.describe());
   TESSERA_CHECK(a.is_contiguous(), op, ": a ", a.describe(), " must be contiguous");
-  cpu::scale_inplace(a, s);
+  TESSERA_KERNEL(op, cpu::scale_inplace(a, s), a);
 }
 
 }  // namespace tessera::kernels

@@ -1,6 +1,7 @@
 // Entry points of embedding.h: shape checks, and every id validated before any thread
 // starts (an exception must not escape an OpenMP region).
 #include "tessera/kernels/embedding.h"
+#include "tessera/kernels/dispatch.h"
 
 #include "tessera/kernels/cpu/embedding_cpu.h"
 #include "tessera/kernels/pointwise_checks.h"
@@ -28,7 +29,7 @@ void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out, boo
   TESSERA_CHECK(out.size(1) == weight.size(1), op, ": out ", out.describe(), " and weight ",
                 weight.describe(), " differ in hidden size");
   check_ids(ids, weight.size(0), op);
-  cpu::embedding_forward(weight, ids, out, accumulate);
+  TESSERA_KERNEL(op, cpu::embedding_forward(weight, ids, out, accumulate), weight, ids, out);
 }
 
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
@@ -39,7 +40,7 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dweight) 
   TESSERA_CHECK(dout.size(1) == dweight.size(1), op, ": dout ", dout.describe(),
                 " and dweight ", dweight.describe(), " differ in hidden size");
   check_ids(ids, dweight.size(0), op);
-  cpu::embedding_backward(dout, ids, dweight);
+  TESSERA_KERNEL(op, cpu::embedding_backward(dout, ids, dweight), dout, ids, dweight);
 }
 
 }  // namespace tessera::kernels

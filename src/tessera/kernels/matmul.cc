@@ -1,5 +1,6 @@
 // matmul: checks shapes and dtypes, unifies mixed dtypes, picks a backend.
 #include "tessera/kernels/matmul.h"
+#include "tessera/kernels/dispatch.h"
 
 #include <cpuid.h>
 
@@ -213,12 +214,16 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
       g.b = round_to_bf16(b, g.ldb), g.b_dtype = DType::kBF16;
     }
   }
-  if (backend == MatmulBackend::kSkinny)
-    cpu::gemm_skinny(g);
-  else if ((auto_backend || !native_bf16()) && widen_bf16(g))
-    cpu::gemm_onednn_widened(g);
-  else
-    cpu::gemm_onednn(g);
+  // The CPU backend's three GEMMs: the skinny decode kernel, oneDNN on widened bf16, oneDNN.
+  const auto cpu_gemm = [&] {
+    if (backend == MatmulBackend::kSkinny)
+      cpu::gemm_skinny(g);
+    else if ((auto_backend || !native_bf16()) && widen_bf16(g))
+      cpu::gemm_onednn_widened(g);
+    else
+      cpu::gemm_onednn(g);
+  };
+  TESSERA_KERNEL("matmul", cpu_gemm(), a, b, c);
 }
 
 }  // namespace tessera::kernels

@@ -1,5 +1,6 @@
 // Entry points of norm.h: check shapes, dtypes and layouts, then run the CPU kernels.
 #include "tessera/kernels/norm.h"
+#include "tessera/kernels/dispatch.h"
 
 #include "tessera/kernels/cpu/norm_cpu.h"
 #include "tessera/kernels/pointwise_checks.h"
@@ -40,7 +41,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& o
   check_params(weight, nullptr, H, op);
   check_rows(out, op, "out", DType::kF32, N, H);
   check_stat(rstd, N, op, "rstd");
-  cpu::rmsnorm_forward(x, nullptr, weight, eps, out, rstd);
+  TESSERA_KERNEL(op, cpu::rmsnorm_forward(x, nullptr, weight, eps, out, rstd), x, weight, out);
 }
 
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -53,7 +54,7 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   check_stat(&rstd, N, op, "rstd");
   check_rows(dx, op, "dx", DType::kF32, N, H);
   check_vector(dweight, op, "dweight", H, {DType::kF32});
-  cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  TESSERA_KERNEL(op, cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight), dout, x, weight, dx, dweight);
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -65,7 +66,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_rows(out, op, "out", DType::kF32, N, H);
   check_stat(mean, N, op, "mean");
   check_stat(rstd, N, op, "rstd");
-  cpu::layernorm_forward(x, nullptr, weight, bias, eps, out, mean, rstd);
+  TESSERA_KERNEL(op, cpu::layernorm_forward(x, nullptr, weight, bias, eps, out, mean, rstd), x, weight, out);
 }
 
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -81,7 +82,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   check_rows(dx, op, "dx", DType::kF32, N, H);
   check_vector(dweight, op, "dweight", H, {DType::kF32});
   check_vector(dbias, op, "dbias", H, {DType::kF32});
-  cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
+  TESSERA_KERNEL(op, cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias), dout, x, weight, dx, dweight);
 }
 
 void add_rmsnorm_forward(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps,
@@ -93,7 +94,7 @@ void add_rmsnorm_forward(Tensor& residual, const Tensor& delta, const Tensor& we
   check_params(weight, nullptr, H, op);
   check_rows(out, op, "out", DType::kF32, N, H);
   check_stat(rstd, N, op, "rstd");
-  cpu::rmsnorm_forward(residual, &delta, weight, eps, out, rstd);
+  TESSERA_KERNEL(op, cpu::rmsnorm_forward(residual, &delta, weight, eps, out, rstd), residual, delta, weight, out);
 }
 
 void add_layernorm_forward(Tensor& residual, const Tensor& delta, const Tensor& weight,
@@ -107,7 +108,7 @@ void add_layernorm_forward(Tensor& residual, const Tensor& delta, const Tensor& 
   check_rows(out, op, "out", DType::kF32, N, H);
   check_stat(mean, N, op, "mean");
   check_stat(rstd, N, op, "rstd");
-  cpu::layernorm_forward(residual, &delta, weight, bias, eps, out, mean, rstd);
+  TESSERA_KERNEL(op, cpu::layernorm_forward(residual, &delta, weight, bias, eps, out, mean, rstd), residual, delta, weight, out);
 }
 
 }  // namespace tessera::kernels

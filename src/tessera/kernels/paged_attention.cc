@@ -1,6 +1,7 @@
 // Paged attention entry points: validate tensors, sequences and block tables, then run
 // the CPU kernels (kernels/cpu/paged_attention_cpu.cc).
 #include "tessera/kernels/paged_attention.h"
+#include "tessera/kernels/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -110,8 +111,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TESSERA_CHECK(p.decode_split >= 0, op, ": params.decode_split must be >= 0 (0 = auto), got ",
                 p.decode_split);
   check_sequences(seqs, q.size(0), d, op, /*reads_all_keys=*/true);
-  cpu::paged_attention_cpu(d, rows_view(q), cache_view(k_cache), cache_view(v_cache), seqs,
-                           rows_view(out), p, cpu::best_attention_isa());
+  TESSERA_KERNEL(op,
+                 cpu::paged_attention_cpu(d, rows_view(q), cache_view(k_cache), cache_view(v_cache),
+                                          seqs, rows_view(out), p, cpu::best_attention_isa()),
+                 q, k_cache, v_cache, out);
 }
 
 void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
@@ -142,8 +145,10 @@ void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSeq
                   op, ": token rows ", sorted[j - 1].token, " and ", sorted[j].token,
                   " both write block ", sorted[j].block, " row ", sorted[j].slot,
                   " (a shared block must be copied before it is written)");
-  cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cache_view(k_cache),
-                          cache_view(v_cache));
+  TESSERA_KERNEL(op,
+                 cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cache_view(k_cache),
+                                         cache_view(v_cache)),
+                 k, v, k_cache, v_cache);
 }
 
 void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
@@ -162,7 +167,8 @@ void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
   const auto dup = std::adjacent_find(dsts.begin(), dsts.end());
   TESSERA_CHECK(dup == dsts.end(), op, ": block ", dup == dsts.end() ? 0 : *dup,
                 " is the destination of more than one copy");
-  cpu::copy_kv_blocks_cpu(d, cache_view(k_cache), cache_view(v_cache), copies);
+  TESSERA_KERNEL(op, cpu::copy_kv_blocks_cpu(d, cache_view(k_cache), cache_view(v_cache), copies),
+                 k_cache, v_cache);
 }
 
 }  // namespace tessera::kernels

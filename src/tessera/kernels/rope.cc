@@ -1,5 +1,6 @@
 // Entry point of rope.h: checks the head layout and positions, then runs the CPU kernel.
 #include "tessera/kernels/rope.h"
+#include "tessera/kernels/dispatch.h"
 
 #include <cmath>
 
@@ -19,7 +20,7 @@ void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, float thet
   detail::check_vector(positions, op, "positions", x.size(0), {DType::kI32});
   TESSERA_CHECK(std::isfinite(theta) && theta > 0.f, op, ": theta must be positive, got ",
                 theta);
-  cpu::rope_apply(x, head_dim, positions, theta, inverse);
+  TESSERA_KERNEL(op, cpu::rope_apply(x, head_dim, positions, theta, inverse), x, positions);
 }
 
 }  // namespace tessera::kernels

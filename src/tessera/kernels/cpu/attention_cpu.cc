@@ -5,6 +5,7 @@
 // A "row block" is a few consecutive query positions of all the query heads that share
 // one kv head, so each K / V tile is loaded once for the whole GQA group. Row r of a
 // block is query i0 + r / G of head kvh * G + r % G (G = Hq / Hkv).
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/cpu/attention_cpu.h"
 
 #include <algorithm>
@@ -302,8 +303,7 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
 }  // namespace
 
 AttnIsa best_attention_isa() {
-  const auto& f = base::cpu_features();
-  return f.avx512f && f.avx512bw && f.avx512vl ? AttnIsa::kAvx512 : AttnIsa::kScalar;
+  return cpu_has(IsaLevel::kAvx512) ? AttnIsa::kAvx512 : AttnIsa::kScalar;  // dispatch.h
 }
 
 void attention_forward_cpu(const AttnDims& dims, const AttnView& q, const AttnView& k,

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tessera/kernels/dispatch.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
@@ -263,10 +264,9 @@ SkinnyIsa resolve(SkinnyIsa isa) {
 }  // namespace
 
 bool skinny_isa_supported(SkinnyIsa isa) {
-  const auto& f = base::cpu_features();
-  switch (isa) {
-    case SkinnyIsa::kAvx512: return f.avx512f && f.avx512bw && f.avx512vl;
-    case SkinnyIsa::kAvx2: return f.avx2 && f.fma;
+  switch (isa) {  // the kernels' one ISA level (dispatch.h)
+    case SkinnyIsa::kAvx512: return cpu_has(IsaLevel::kAvx512);
+    case SkinnyIsa::kAvx2: return cpu_has(IsaLevel::kAvx2);
     default: return true;
   }
 }

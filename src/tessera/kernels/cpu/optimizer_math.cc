@@ -1,4 +1,5 @@
 // The optimizer's element passes (optimizer_math.h).
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/optimizer_math.h"
 
 #include <atomic>
@@ -111,8 +112,7 @@ TESSERA_AVX2_FMA void adamw_avx2(float* p, const float* g, float* m, float* v, i
 std::atomic<AdamWKernel> g_adamw_kernel{AdamWKernel::kAuto};
 
 AdamWKernel pick_adamw_kernel() {
-  const auto& f = base::cpu_features();
-  const bool avx2 = f.avx2 && f.fma;
+  const bool avx2 = cpu_has(IsaLevel::kAvx2);  // the kernels' one ISA level (dispatch.h)
   switch (g_adamw_kernel.load(std::memory_order_relaxed)) {
     case AdamWKernel::kAvx512:
       return cpu::use_avx512() ? AdamWKernel::kAvx512 : AdamWKernel::kPortable;

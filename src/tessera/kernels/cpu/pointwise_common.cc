@@ -1,4 +1,5 @@
 // ISA selection and the deterministic column reduction of the CPU pointwise kernels.
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
 
 #include <atomic>
@@ -19,8 +20,7 @@ constexpr int64_t kMaxReduceBlocks = 64;
 }  // namespace
 
 Isa pointwise_isa() {
-  const auto& f = base::cpu_features();
-  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl;
+  const bool avx512 = cpu_has(IsaLevel::kAvx512);  // the kernels' one ISA level (dispatch.h)
   return avx512 && !g_force_scalar.load(std::memory_order_relaxed) ? Isa::kAvx512
                                                                    : Isa::kScalar;
 }
