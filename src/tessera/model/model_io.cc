@@ -73,8 +73,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
 
   std::set<std::string> used;
   // A tied head on a pipeline stage without the embeddings reads its copy from them.
-  const std::string embed_name =
-      hf_prefix(m.config_) + (m.config_.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+  const std::string embed_name = embedding_name(m.config_);
   for (auto& piece : m.weights_.pieces(m.config_, shard)) {
     std::string name = piece.name;
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings && !file.has(name)) name = embed_name;
@@ -208,7 +207,7 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed, TpSha
   // an untouched layout of it.
   std::map<std::string, std::vector<Piece>> mine;
   if (!whole) {
-    const std::string embed = hf_prefix(config) + (config.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+    const std::string embed = embedding_name(config);
     for (auto& p : m.weights_.pieces(config, shard)) {
       const std::string name = config.tie_word_embeddings && p.name == "lm_head.weight" ? embed : p.name;
       mine[name].push_back(std::move(p));

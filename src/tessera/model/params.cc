@@ -7,6 +7,10 @@ std::string hf_prefix(const ModelConfig& c) {
   return c.arch == Arch::kGpt2 ? "transformer." : "model.";
 }
 
+std::string embedding_name(const ModelConfig& c) {
+  return hf_prefix(c) + (c.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+}
+
 Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }

@@ -87,5 +87,8 @@ struct Params {
 
 // Names as `transformers` writes them for this architecture.
 std::string hf_prefix(const ModelConfig& config);  // "model." or "transformer."
+// The embedding table's name ("model.embed_tokens.weight", "transformer.wte.weight"): a
+// tied model's lm_head too (a pipeline's last-stage copy of it reads its values).
+std::string embedding_name(const ModelConfig& config);
 
 }  // namespace tessera::model

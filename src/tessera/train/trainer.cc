@@ -586,8 +586,7 @@ class Run {
       // Fills dst with state `kind` ("master.", "exp_avg.", ...) of `piece`.
       // A pipeline's last-stage copy of a tied table has the embedding's values and state
       // (the two take the same steps): it reads the embedding's, under any saved layout.
-      const std::string embed_name = model::hf_prefix(model_config_) +
-                                     (model_config_.arch == model::Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
+      const std::string embed_name = model::embedding_name(model_config_);
       auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece_in, Tensor& dst) {
         parallel::ShardPiece piece = piece_in;
         if (model_config_.tie_word_embeddings && piece.name == "lm_head.weight") {
