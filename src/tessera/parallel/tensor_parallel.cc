@@ -30,13 +30,18 @@ void CommTp::all_reduce_kv_replicas(Tensor& t) {
   }
 }
 
-void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
+// The row gather's checks and traffic count (blocking or started), and out as one vector.
+Tensor CommTp::gather_rows_target(const char* op, const Tensor& in, Tensor& out) {
   TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == out.dtype() &&
                     out.numel() == in.numel() * group_.size(),
-                "all_gather_rows: in ", in.describe(), " and out ", out.describe());
+                op, ": in ", in.describe(), " and out ", out.describe());
   ++traffic_.all_gathers;
   traffic_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
-  Tensor o = out.view({out.numel()});
+  return out.view({out.numel()});
+}
+
+void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
+  Tensor o = gather_rows_target("all_gather_rows", in, out);
   {
     const base::Timer timer;
     group_.all_gather(in.view({in.numel()}), o);
@@ -46,12 +51,7 @@ void CommTp::all_gather_rows(const Tensor& in, Tensor& out) {
 
 void CommTp::all_gather_rows_start(const Tensor& in, Tensor& out) {
   TESSERA_CHECK(!pending_gather_, "all_gather_rows_start: a gather is already in flight");
-  TESSERA_CHECK(in.is_contiguous() && out.is_contiguous() && in.dtype() == out.dtype() &&
-                    out.numel() == in.numel() * group_.size(),
-                "all_gather_rows_start: in ", in.describe(), " and out ", out.describe());
-  ++traffic_.all_gathers;
-  traffic_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
-  Tensor o = out.view({out.numel()});
+  Tensor o = gather_rows_target("all_gather_rows_start", in, out);
   const base::Timer timer;
   pending_gather_ = group_.all_gather_async(in.view({in.numel()}), o);
   traffic_.seconds += timer.seconds();  // issuing; the exposed wait is added below

@@ -44,6 +44,7 @@ class CommTp : public model::TpComm {
   void reset_traffic() { traffic_ = {}; }
 
  private:
+  Tensor gather_rows_target(const char* op, const Tensor& in, Tensor& out);
   comm::Communicator& group_;
   std::unique_ptr<comm::Communicator> kv_group_;
   TpTraffic traffic_;
