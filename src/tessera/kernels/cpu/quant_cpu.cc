@@ -1,0 +1,383 @@
+// Quantized products on the CPU. Decode is bound by the bytes of W it streams, so the
+// GEMV widens each 32-weight run to f32 in registers and FMAs it against f32 activations
+// (W8A16 / W4A16 keep the activations in float); the per-group scale multiplies the
+// group's partial sums and the zero point comes off as s z sum(x_group), precomputed per
+// row of x. Prefill dequantizes blocks of W into a float GEMM. W8A8 multiplies s8 by s8
+// into exact int32 sums (AVX2: |x| u8 times sign-adjusted w, vpmaddubsw, which cannot
+// saturate at 127 x 127 x 2).
+// GCC 12 warns about its own _mm256_undefined_* placeholders (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "tessera/kernels/cpu/quant_cpu.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/bf16_speed.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/kernels/reference/quant_ref.h"
+
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace tessera::kernels::cpu {
+namespace {
+
+// x as the weight's stored columns see it: permuted and smoothed into scratch when the
+// weight asks for it, else x itself. Rows of `ld` floats.
+struct Activations {
+  const float* x = nullptr;
+  int64_t ld = 0;
+  int64_t rows = 0;
+  bool permuted = false;  // x is scratch (thread_local: reused call after call)
+  std::vector<float> scratch;
+  std::vector<float> xsum;   // (rows, groups): sum of each group's x, for zero points
+  std::vector<int8_t> xq;    // W8A8: (rows, in) s8
+  std::vector<float> xscale; // W8A8: (rows)
+};
+
+void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
+  a.rows = x.size(0);
+  a.x = x.data<float>();
+  a.ld = a.rows > 1 ? x.stride(0) : w.in;
+  a.permuted = w.perm.defined() || w.smooth.defined();
+  if (a.permuted) {
+    a.scratch.resize(a.rows * w.in);
+    const int32_t* perm = w.perm.defined() ? w.perm.data<int32_t>() : nullptr;
+    const float* sm = w.smooth.defined() ? w.smooth.data<float>() : nullptr;
+    for (int64_t m = 0; m < a.rows; ++m) {
+      const float* src = a.x + m * a.ld;
+      float* dst = a.scratch.data() + m * w.in;
+      for (int64_t j = 0; j < w.in; ++j) {
+        const int64_t k = perm ? perm[j] : j;
+        dst[j] = sm ? src[k] / sm[k] : src[k];
+      }
+    }
+    a.x = a.scratch.data();
+    a.ld = w.in;
+  }
+  if (w.zeros.defined()) {
+    const int64_t G = w.groups();
+    a.xsum.assign(a.rows * G, 0.f);
+    for (int64_t m = 0; m < a.rows; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        float s = 0.f;
+        const float* p = a.x + m * a.ld + g * w.group;
+        for (int64_t i = 0; i < w.group; ++i) s += p[i];
+        a.xsum[m * G + g] = s;
+      }
+  }
+  if (w.scheme == QuantScheme::kW8A8) {
+    a.xq.resize(a.rows * w.in);
+    a.xscale.resize(a.rows);
+    for (int64_t m = 0; m < a.rows; ++m)
+      a.xscale[m] = reference::quantize_row_s8(a.x + m * a.ld, w.in, a.xq.data() + m * w.in);
+  }
+}
+
+// The code of stored weight j of a row (int4 unpacked) and its value before the scale.
+inline int code_at(QuantScheme s, const uint8_t* row, int64_t j) {
+  if (s == QuantScheme::kInt4) {
+    const uint8_t b = row[(j / 32) * 16 + (j % 32) % 16];
+    return (j % 32) < 16 ? (b & 0xF) : (b >> 4);
+  }
+  return row[j];
+}
+inline float unscaled(QuantScheme s, const uint8_t* row, int64_t j) {
+  const int c = code_at(s, row, j);
+  return s == QuantScheme::kFp8 ? fp8_e4m3_to_f32(static_cast<uint8_t>(c)) : static_cast<float>(c);
+}
+
+int64_t row_bytes(const QuantWeight& w) { return w.scheme == QuantScheme::kInt4 ? w.in / 2 : w.in; }
+
+// ---- float schemes (int8, int4, fp8), scalar -----------------------------------------
+
+void rows_scalar(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                 int64_t ldy, int64_t o0, int64_t o1) {
+  const int64_t G = w.groups(), rb = row_bytes(w);
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* row = w.q.data<uint8_t>() + o * rb;
+    for (int m = 0; m < mb; ++m) {
+      const float* x = a.x + (m0 + m) * a.ld;
+      float total = 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        float acc = 0.f;
+        for (int64_t j = g * w.group; j < (g + 1) * w.group; ++j) acc += x[j] * unscaled(w.scheme, row, j);
+        const float s = w.scales.data<float>()[o * G + g];
+        total += s * acc;
+        if (w.zeros.defined()) total -= s * w.zeros.data<float>()[o * G + g] * a.xsum[(m0 + m) * G + g];
+      }
+      y[(m0 + m) * ldy + o] = total;
+    }
+  }
+}
+
+// ---- float schemes, AVX2 -------------------------------------------------------------
+
+// 32 stored weights from byte offset `p` of a row, widened to f32 (before the scale).
+// fp8 values come out 2^-8 times too small (the e4m3 bits placed in an f16's); the
+// caller multiplies the scale by 256.
+template <QuantScheme S>
+TESSERA_TARGET_AVX2 inline void unpack32(const uint8_t* p, __m256 v[4]) {
+  if constexpr (S == QuantScheme::kInt8) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      v[i] = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i))));
+  } else if constexpr (S == QuantScheme::kInt4) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {  // kFp8: e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 256, exact)
+    const __m128i m7f = _mm_set1_epi16(0x7F), m80 = _mm_set1_epi16(0x80);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i)));
+      const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, m7f), 7),
+                                     _mm_slli_epi16(_mm_and_si128(b, m80), 8));
+      v[i] = _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+TESSERA_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// NR rows of W against MB rows of x. Four accumulators per (row, x row) inside a group
+// (one per 8-weight lane of the 32-run, so no FMA waits on the previous one), folded into
+// the running total with the group's scale at the group's end.
+template <QuantScheme S, int MB, int NR>
+TESSERA_TARGET_AVX2 void block_avx2(const QuantWeight& w, const Activations& a, int64_t m0,
+                                    float* y, int64_t ldy, int64_t o) {
+  const int64_t G = w.groups(), rb = row_bytes(w), gs = w.group;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = w.q.data<uint8_t>() + (o + r) * rb;
+  const float* sc = w.scales.data<float>() + o * G;
+  const float* zp = w.zeros.defined() ? w.zeros.data<float>() + o * G : nullptr;
+  const float unit = S == QuantScheme::kFp8 ? 256.f : 1.f;
+  __m256 total[NR][MB];
+  float corr[NR][MB] = {};
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) total[r][m] = _mm256_setzero_ps();
+  const int64_t per_byte = S == QuantScheme::kInt4 ? 2 : 1;
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 acc[NR][MB][4];
+    for (int r = 0; r < NR; ++r)
+      for (int m = 0; m < MB; ++m)
+        for (int i = 0; i < 4; ++i) acc[r][m][i] = _mm256_setzero_ps();
+    const int64_t j0 = g * gs, j1 = j0 + gs;
+    int64_t j = j0;
+    for (; j + 32 <= j1; j += 32) {
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + j / per_byte + 512), _MM_HINT_T0);
+        __m256 v[4];
+        unpack32<S>(rows[r] + j / per_byte, v);
+        for (int m = 0; m < MB; ++m) {
+          const float* x = a.x + (m0 + m) * a.ld + j;
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i)
+            acc[r][m][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * i), v[i], acc[r][m][i]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const float s = sc[r * G + g] * unit;
+      const __m256 sv = _mm256_set1_ps(s);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[r][m][0], acc[r][m][1]),
+                                         _mm256_add_ps(acc[r][m][2], acc[r][m][3]));
+        total[r][m] = _mm256_fmadd_ps(sum, sv, total[r][m]);
+        if (j < j1) {  // a group that is not a multiple of 32 (int8 / fp8 only)
+          const float* x = a.x + (m0 + m) * a.ld;
+          float t = 0.f;
+          for (int64_t jj = j; jj < j1; ++jj) t += x[jj] * unscaled(S, rows[r], jj);
+          corr[r][m] -= sc[r * G + g] * t;
+        }
+        if (zp) corr[r][m] += sc[r * G + g] * zp[r * G + g] * a.xsum[(m0 + m) * G + g];
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) y[(m0 + m) * ldy + o + r] = hsum8(total[r][m]) - corr[r][m];
+}
+
+template <QuantScheme S, int MB>
+void rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
+               int64_t o0, int64_t o1) {
+  constexpr int NR = MB == 1 ? 2 : 1;
+  int64_t o = o0;
+  for (; o + NR <= o1; o += NR) block_avx2<S, MB, NR>(w, a, m0, y, ldy, o);
+  for (; o < o1; ++o) block_avx2<S, MB, 1>(w, a, m0, y, ldy, o);
+}
+
+template <QuantScheme S>
+void rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+               int64_t ldy, int64_t o0, int64_t o1) {
+  switch (mb) {
+    case 1: rows_avx2<S, 1>(w, a, m0, y, ldy, o0, o1); break;
+    case 2: rows_avx2<S, 2>(w, a, m0, y, ldy, o0, o1); break;
+    case 3: rows_avx2<S, 3>(w, a, m0, y, ldy, o0, o1); break;
+    default: rows_avx2<S, 4>(w, a, m0, y, ldy, o0, o1); break;
+  }
+}
+
+// ---- W8A8 ----------------------------------------------------------------------------
+
+void rows_s8_scalar(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                    int64_t ldy, int64_t o0, int64_t o1) {
+  for (int64_t o = o0; o < o1; ++o) {
+    const int8_t* row = w.q.data<int8_t>() + o * w.in;
+    for (int m = 0; m < mb; ++m) {
+      const int8_t* xq = a.xq.data() + (m0 + m) * w.in;
+      int32_t acc = 0;
+      for (int64_t k = 0; k < w.in; ++k) acc += int32_t{xq[k]} * row[k];
+      y[(m0 + m) * ldy + o] = static_cast<float>(acc) * a.xscale[m0 + m] * w.scales.data<float>()[o];
+    }
+  }
+}
+
+TESSERA_TARGET_AVX2 inline int32_t hsum8_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+template <int MB>
+TESSERA_TARGET_AVX2 void rows_s8_avx2(const QuantWeight& w, const Activations& a, int64_t m0,
+                                      float* y, int64_t ldy, int64_t o0, int64_t o1) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t K = w.in, K32 = K / 32 * 32;
+  for (int64_t o = o0; o < o1; ++o) {
+    const int8_t* row = w.q.data<int8_t>() + o * K;
+    __m256i acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < K32; k += 32) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k));
+      for (int m = 0; m < MB; ++m) {
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq.data() + (m0 + m) * K + k));
+        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(p16, ones));
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* xq = a.xq.data() + (m0 + m) * K;
+      int32_t s = hsum8_epi32(acc[m]);
+      for (int64_t k = K32; k < K; ++k) s += int32_t{xq[k]} * row[k];
+      y[(m0 + m) * ldy + o] = static_cast<float>(s) * a.xscale[m0 + m] * w.scales.data<float>()[o];
+    }
+  }
+}
+
+void rows_s8_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                  int64_t ldy, int64_t o0, int64_t o1) {
+  switch (mb) {
+    case 1: rows_s8_avx2<1>(w, a, m0, y, ldy, o0, o1); break;
+    case 2: rows_s8_avx2<2>(w, a, m0, y, ldy, o0, o1); break;
+    case 3: rows_s8_avx2<3>(w, a, m0, y, ldy, o0, o1); break;
+    default: rows_s8_avx2<4>(w, a, m0, y, ldy, o0, o1); break;
+  }
+}
+
+// ---- dispatch over rows --------------------------------------------------------------
+
+void run_rows(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+              int64_t ldy, int64_t o0, int64_t o1, QuantIsa isa) {
+  if (w.scheme == QuantScheme::kW8A8) {
+    if (isa == QuantIsa::kAvx2)
+      rows_s8_avx2(w, a, m0, mb, y, ldy, o0, o1);
+    else
+      rows_s8_scalar(w, a, m0, mb, y, ldy, o0, o1);
+    return;
+  }
+  if (isa != QuantIsa::kAvx2) return rows_scalar(w, a, m0, mb, y, ldy, o0, o1);
+  switch (w.scheme) {
+    case QuantScheme::kInt8: rows_avx2<QuantScheme::kInt8>(w, a, m0, mb, y, ldy, o0, o1); break;
+    case QuantScheme::kInt4: rows_avx2<QuantScheme::kInt4>(w, a, m0, mb, y, ldy, o0, o1); break;
+    default: rows_avx2<QuantScheme::kFp8>(w, a, m0, mb, y, ldy, o0, o1); break;
+  }
+}
+
+// The GEMV over all of x, split over output rows across the workers.
+void gemv_all(const QuantWeight& w, const Activations& a, float* y, int64_t ldy, QuantIsa isa) {
+  base::parallel_for(w.out, 16, [&](int64_t o0, int64_t o1) {
+    for (int64_t m0 = 0; m0 < a.rows; m0 += 4)
+      run_rows(w, a, m0, static_cast<int>(std::min<int64_t>(4, a.rows - m0)), y, ldy, o0, o1, isa);
+  });
+}
+
+}  // namespace
+
+void dequantize_rows(const QuantWeight& w, int64_t o0, int64_t o1, Tensor& dst) {
+  const int64_t G = w.groups(), rb = row_bytes(w);
+  const bool bf = dst.dtype() == DType::kBF16;
+  base::parallel_for(o1 - o0, 8, [&](int64_t r0, int64_t r1) {
+    std::vector<float> tmp(w.in);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t o = o0 + r;
+      const float* sc = w.scales.data<float>() + o * G;
+      const float* zp = w.zeros.defined() ? w.zeros.data<float>() + o * G : nullptr;
+      if (w.scheme == QuantScheme::kW8A8) {
+        const int8_t* row = w.q.data<int8_t>() + o * w.in;
+        for (int64_t j = 0; j < w.in; ++j) tmp[j] = sc[0] * row[j];
+      } else {
+        const uint8_t* row = w.q.data<uint8_t>() + o * rb;
+        for (int64_t j = 0; j < w.in; ++j) {
+          const int64_t g = j / w.group;
+          tmp[j] = sc[g] * (unscaled(w.scheme, row, j) - (zp ? zp[g] : 0.f));
+        }
+      }
+      if (bf)
+        convert_elements(tmp.data(), DType::kF32, dst.data<bf16>() + r * w.in, DType::kBF16, w.in);
+      else
+        std::copy(tmp.begin(), tmp.end(), dst.data<float>() + r * w.in);
+    }
+  });
+}
+
+void quant_gemv(const Tensor& x, const QuantWeight& w, Tensor& y, QuantIsa isa) {
+  thread_local Activations a;
+  prepare(x, w, a);
+  gemv_all(w, a, y.data<float>(), x.size(0) > 1 ? y.stride(0) : w.out, isa);
+}
+
+void quant_gemm(const Tensor& x, const QuantWeight& w, Tensor& y, QuantIsa isa) {
+  thread_local Activations a;
+  prepare(x, w, a);
+  const int64_t M = a.rows, ldy = M > 1 ? y.stride(0) : w.out;
+  if (w.scheme == QuantScheme::kW8A8) {
+    gemv_all(w, a, y.data<float>(), ldy, isa);
+    return;
+  }
+  // Blocks of W small enough to stay in L2 once dequantized; bf16 where this CPU
+  // multiplies bf16 natively faster (AMX), with x converted to bf16 once.
+  const bool bf = bf16_native_gemm_faster();
+  const DType dt = bf ? DType::kBF16 : DType::kF32;
+  const int64_t nb = std::clamp<int64_t>((int64_t{2} << 20) / (w.in * 4) / 16 * 16, 64, 512);
+  Tensor xs = !a.permuted ? x : Tensor::from_blob(a.scratch.data(), {M, w.in}, DType::kF32, nullptr);
+  if (bf) xs = xs.to(DType::kBF16);
+  Tensor block = Tensor::empty({std::min(nb, w.out), w.in}, dt);
+  for (int64_t o0 = 0; o0 < w.out; o0 += nb) {
+    const int64_t o1 = std::min(w.out, o0 + nb);
+    Tensor blk = block.slice(0, 0, o1 - o0);
+    dequantize_rows(w, o0, o1, blk);
+    Tensor yb = y.slice(1, o0, o1);
+    matmul(xs, blk, yb, false, true);
+  }
+}
+
+}  // namespace tessera::kernels::cpu
