@@ -1,0 +1,152 @@
+// config.json's quantization_config, as AutoGPTQ and AutoAWQ write it.
+#include "tessera/io/quant_config.h"
+
+#include <cctype>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/base/error.h"
+#include "tessera/io/json_file.h"
+
+namespace tessera::io {
+
+// What every function needs of f, whatever it came from: `where` names the caller.
+void check_quant_format(const QuantCheckpointFormat& f, const std::string& where) {
+  TESSERA_CHECK(f.method == "gptq" || f.method == "awq", where, ": quant_method '", f.method,
+                "' is not supported (gptq or awq)");
+  if (f.method == "gptq") {
+    TESSERA_CHECK(f.bits == 4 || f.bits == 8, where, ": gptq bits = ", f.bits,
+                  " is not supported (4 or 8)");
+    TESSERA_CHECK(f.group_size == -1 || f.group_size > 0, where, ": group_size = ", f.group_size,
+                  " is not supported (-1 or a positive number of input features)");
+    TESSERA_CHECK(f.gptq_version == 1 || f.gptq_version == 2, where, ": gptq checkpoint format v",
+                  f.gptq_version, " is not supported (gptq or gptq_v2)");
+  } else {
+    TESSERA_CHECK(f.bits == 4, where, ": awq bits = ", f.bits, " is not supported (4)");
+    TESSERA_CHECK(f.group_size > 0, where, ": awq group_size = ", f.group_size,
+                  " is not supported (a positive number of input features)");
+    TESSERA_CHECK(!f.desc_act, where, ": awq has no act-order (desc_act must be false)");
+  }
+}
+
+// ---- quantization_config ---------------------------------------------------------------
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// An optional integer key: `dflt` when missing or null.
+int64_t json_int(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  TESSERA_CHECK(json_int_in(*it, -(int64_t{1} << 40), int64_t{1} << 40), where, ".", key,
+                ": expected an integer, got ", json_brief(*it));
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const std::string& source) {
+  const std::string where = source + ": quantization_config";
+  TESSERA_CHECK(j.is_object(), where, ": expected an object, got ", json_brief(j));
+  const auto unsupported = [&](const char* key, const std::string& want) {
+    fail(where, ".", key, " = ", json_brief(j.at(key)), " is not supported (", want, ")");
+  };
+  QuantCheckpointFormat f;
+  TESSERA_CHECK(j.contains("quant_method") && !j.at("quant_method").is_null(), where,
+                ".quant_method is missing (gptq or awq)");
+  f.method = lower(json_string(j, "quant_method", "", where));
+  if (f.method != "gptq" && f.method != "awq") unsupported("quant_method", "gptq or awq");
+  const bool gptq = f.method == "gptq";
+
+  // transformers' GPTQConfig requires bits; AwqConfig defaults to 4. Both default group 128.
+  TESSERA_CHECK(!gptq || (j.contains("bits") && !j.at("bits").is_null()), where, ".bits is missing (4 or 8)");
+  f.bits = static_cast<int>(std::clamp<int64_t>(json_int(j, "bits", 4, where), -1, 1 << 20));
+  if (gptq && f.bits != 4 && f.bits != 8) unsupported("bits", "4 or 8");
+  if (!gptq && f.bits != 4) unsupported("bits", "4 with quant_method awq");
+  f.group_size = json_int(j, "group_size", 128, where);
+  if (gptq && f.group_size != -1 && f.group_size <= 0)
+    unsupported("group_size", "-1 or a positive number of input features");
+  if (!gptq && f.group_size <= 0) unsupported("group_size", "a positive number of input features with awq");
+
+  f.desc_act = json_bool(j, "desc_act", false, where);
+  f.sym = json_bool(j, "sym", true, where);
+  json_bool(j, "true_sequential", true, where);
+  json_bool(j, "static_groups", false, where);
+  if (json_bool(j, "is_marlin_format", false, where))
+    unsupported("is_marlin_format", "false: Marlin's repacked layout is not read");
+  if (const auto it = j.find("damp_percent"); it != j.end() && !it->is_null())
+    TESSERA_CHECK(it->is_number() && it->get<double>() > 0 && it->get<double>() < 1, where,
+                  ".damp_percent = ", json_brief(*it), " is not a number in (0, 1)");
+  const std::string format = lower(json_string(j, "checkpoint_format", gptq ? "gptq" : "gemm", where));
+  if (gptq) {
+    if (format != "gptq" && format != "gptq_v2") unsupported("checkpoint_format", "gptq or gptq_v2");
+    f.gptq_version = format == "gptq_v2" ? 2 : 1;
+  } else {
+    if (format != "gemm") unsupported("checkpoint_format", "gemm with quant_method awq");
+    if (lower(json_string(j, "version", "gemm", where)) != "gemm")
+      unsupported("version", "gemm: AutoAWQ's GEMM layout");
+    if (!json_bool(j, "zero_point", true, where))
+      unsupported("zero_point", "true: AutoAWQ's GEMM layout has zero points");
+    if (f.desc_act) unsupported("desc_act", "false with quant_method awq");
+  }
+
+  if (const auto it = j.find("modules_to_not_convert"); it != j.end() && !it->is_null()) {
+    TESSERA_CHECK(it->is_array(), where, ".modules_to_not_convert: expected a list of module names, got ",
+                  json_brief(*it));
+    for (const auto& m : *it) {
+      TESSERA_CHECK(m.is_string(), where, ".modules_to_not_convert: expected module names, got ",
+                    json_brief(m));
+      f.modules_to_not_convert.push_back(m.get<std::string>());
+    }
+  }
+  // meta.quantizer (AutoGPTQ: a string, GPTQModel: a list): "tessera:NAME" is ours.
+  if (const auto it = j.find("meta"); it != j.end() && !it->is_null()) {
+    TESSERA_CHECK(it->is_object(), where, ".meta: expected an object, got ", json_brief(*it));
+    std::vector<std::string> names;
+    if (const auto q = it->find("quantizer"); q != it->end() && !q->is_null()) {
+      TESSERA_CHECK(q->is_string() || q->is_array(), where, ".meta.quantizer: expected a string or a list, got ",
+                    json_brief(*q));
+      for (const auto& v : q->is_string() ? nlohmann::json::array({*q}) : *q) {
+        TESSERA_CHECK(v.is_string(), where, ".meta.quantizer: expected strings, got ", json_brief(v));
+        names.push_back(v.get<std::string>());
+      }
+    }
+    for (const auto& n : names)
+      if (n.rfind("tessera:", 0) == 0 && f.quantizer.empty()) f.quantizer = n.substr(8);
+    if (f.quantizer.empty() && !names.empty()) f.quantizer = names[0];
+  }
+  return f;
+}
+
+nlohmann::json quantization_config_json(const QuantCheckpointFormat& f) {
+  check_quant_format(f, "quantization_config");
+  nlohmann::json j;
+  auto not_convert = f.modules_to_not_convert.empty() ? nlohmann::json(nullptr)
+                                                      : nlohmann::json(f.modules_to_not_convert);
+  if (f.method == "awq") {  // what AutoAWQ's to_transformers_dict writes
+    j = {{"quant_method", "awq"}, {"zero_point", true}, {"group_size", f.group_size},
+         {"bits", 4},             {"version", "gemm"},  {"modules_to_not_convert", not_convert}};
+  } else {  // AutoGPTQ's BaseQuantizeConfig.to_dict, less the search settings we have no value for
+    j = {{"quant_method", "gptq"},
+         {"bits", f.bits},
+         {"group_size", f.group_size},
+         {"desc_act", f.desc_act},
+         {"static_groups", false},
+         {"sym", f.sym},
+         {"checkpoint_format", f.gptq_version == 2 ? "gptq_v2" : "gptq"},
+         {"model_name_or_path", nullptr},
+         {"model_file_base_name", "model"}};
+    if (!not_convert.is_null()) j["modules_to_not_convert"] = not_convert;
+  }
+  if (!f.quantizer.empty())
+    j["meta"] = {{"quantizer", nlohmann::json::array({f.quantizer.find(':') == std::string::npos
+                                                          ? "tessera:" + f.quantizer
+                                                          : f.quantizer})}};
+  return j;
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,34 @@
+// config.json's quantization_config: which ecosystem layout a quantized checkpoint's
+// linears are stored in (AutoGPTQ "gptq", AutoAWQ "awq"). Parsing only: the tensors
+// themselves are io/quant_checkpoint.h's.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tessera::io {
+
+struct QuantCheckpointFormat {
+  std::string method = "gptq";  // "gptq" | "awq"
+  int bits = 4;                 // 4 or 8 (awq: 4)
+  int64_t group_size = 128;     // -1: one group per output channel (gptq only)
+  bool sym = false;             // gptq: symmetric (zero point 2^(bits-1))
+  bool desc_act = false;        // gptq: act-order (g_idx not k / group_size)
+  int gptq_version = 1;         // checkpoint_format "gptq" (v1: zeros stored minus 1) or "gptq_v2"
+  std::string quantizer;        // what made it here ("rtn", "gptq", "awq"); informational
+  // Linear modules kept in full precision (transformers' AWQ loader converts every other
+  // nn.Linear but lm_head); empty: none listed.
+  std::vector<std::string> modules_to_not_convert;
+};
+
+// config.json's quantization_config: one-line errors naming the field at fault (an
+// unsupported quant_method, bits, group_size, awq version, checkpoint_format ...).
+QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const std::string& source);
+nlohmann::json quantization_config_json(const QuantCheckpointFormat& f);
+// What every user of f needs of it (method, bits, group size, version in range): a
+// one-line error naming `where` otherwise.
+void check_quant_format(const QuantCheckpointFormat& f, const std::string& where);
+
+}  // namespace tessera::io
