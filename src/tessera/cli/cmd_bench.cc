@@ -59,7 +59,7 @@ int run_decode(const model::BenchOptions& o) {
   std::printf("model: %s, %lld layers, hidden %lld, weights %s\n",
               o.model_dir.empty() ? o.shape.c_str() : o.model_dir.c_str(),
               (long long)m.config().num_layers, (long long)m.config().hidden_size,
-              dtype_name(m.compute_dtype()));
+              m.weights_description().c_str());
   const auto r = model::bench_decode(m, o);
   std::printf("decode: %.2f tokens/s, %.1f MB weights/token, %.2f GB/s achieved\n",
               r.tokens_per_second, r.weight_bytes / 1e6, r.achieved_gbps);
@@ -71,6 +71,7 @@ int run_prefill(const model::BenchOptions& o) {
   print_machine();
   const auto m = model::bench_model(o);
   const auto r = model::bench_prefill(m, o);
+  std::printf("weights %s\n", m.weights_description().c_str());
   std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s achieved\n",
               (long long)o.prompt_tokens, r.tokens_per_second, r.gflops);
   std::printf("%s GEMM peak (same run, shared probe): %.1f GFLOP/s\nratio achieved/peak: %.3f\n",
@@ -194,10 +195,15 @@ void add_bench(CLI::App& app, Action& action) {
     c->add_option("--shape", o->shape, "Random model shape: small, 1b, gpt2-124m")->capture_default_str();
     c->add_option("--repeats", o->repeats, "Runs; the median is reported")->capture_default_str();
   };
+  auto weights_flag = [&](CLI::App* c) {
+    c->add_option("--weights", o->weights,
+                  "Quantize the block linears (round-to-nearest): int8, int4 (g128), fp8, w8a8");
+  };
   auto* decode = bench->add_subcommand("decode", "Decode tokens/s vs STREAM triad bandwidth");
   model_flags(decode);
   decode->add_option("--tokens", o->decode_tokens, "Tokens decoded per run")->capture_default_str();
   decode->add_option("--dtype", *dtype, "Weight dtype")->capture_default_str();
+  weights_flag(decode);
   decode->callback([&action, o, dtype] {
     action = [o, dtype] {
       o->dtype = parse_dtype(*dtype);
@@ -208,6 +214,7 @@ void add_bench(CLI::App& app, Action& action) {
   model_flags(prefill);
   prefill->add_option("--prompt", o->prompt_tokens, "Prompt tokens")->capture_default_str();
   prefill->add_option("--dtype", *dtype, "Weight dtype")->capture_default_str();
+  weights_flag(prefill);
   prefill->callback([&action, o, dtype] {
     action = [o, dtype] {
       o->dtype = parse_dtype(*dtype);

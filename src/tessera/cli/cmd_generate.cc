@@ -12,6 +12,7 @@
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/perplexity.h"
+#include "tessera/model/quantize.h"
 
 namespace tessera::cli {
 
@@ -55,6 +56,7 @@ struct GenerateFlags {
   bool no_prefix_caching = false;
   std::string draft_model;
   int tp = 1;
+  std::string quantization;
 };
 
 // A file of requests through the engine, all in flight at once.
@@ -159,7 +161,8 @@ int run_generate(const GenerateFlags& f) {
   return infer::run_tensor_parallel(f.tp, f.model, parse_dtype(f.dtype),
                                     [&](const model::Model& m, infer::TpGroup* tp) {
                                       return run_generate_one(f, m, tp);
-                                    });
+                                    },
+                                    f.quantization);
 }
 
 }  // namespace
@@ -182,6 +185,9 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
+  cmd->add_option("--quantization", f->quantization,
+                  "Quantize the block linears on load (round-to-nearest): int8, int4 (g128), fp8, "
+                  "w8a8; a quantized checkpoint (tessera quantize, AutoGPTQ) runs as stored");
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
                   "(docs/parallelism.md)")
@@ -195,7 +201,7 @@ void add_eval(CLI::App& app, Action& action) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("perplexity", "Mean negative log-likelihood and perplexity");
   struct Flags {
-    std::string model, ids, data, dtype = "f32";
+    std::string model, ids, data, dtype = "f32", quantization;
     int64_t ctx = 0;
   };
   auto f = std::make_shared<Flags>();
@@ -204,13 +210,15 @@ void add_eval(CLI::App& app, Action& action) {
   ppl->add_option("--ids", f->ids, "File of whitespace-separated token ids (instead of --data)");
   ppl->add_option("--ctx", f->ctx, "Window length (default: min(max positions, 1024))");
   ppl->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
+  ppl->add_option("--quantization", f->quantization, "Quantize on load: int8, int4, fp8, w8a8");
   ppl->callback([&action, f] {
     action = [f] {
       TESSERA_CHECK(f->data.empty() != f->ids.empty(), "give exactly one of --data FILE or --ids FILE");
       const auto ids = f->data.empty()
                            ? model::read_token_ids(f->ids)
                            : io::Tokenizer::load(f->model).encode(io::read_file_bytes(f->data), false);
-      const auto m = model::Model::load(f->model, parse_dtype(f->dtype));
+      auto m = model::Model::load(f->model, parse_dtype(f->dtype));
+      model::quantize_on_load(m, f->quantization);
       const int64_t ctx = f->ctx > 0 ? f->ctx : std::min<int64_t>(m.config().max_position_embeddings, 1024);
       const auto r = model::evaluate_perplexity(m, ids, ctx, true);
       std::printf("tokens %lld windows %lld ctx %lld\nmean_nll %.6f\nperplexity %.6f\n",

@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/model/quantize.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/config.h"
 #include "tessera/serve/jinja.h"
@@ -20,6 +21,7 @@ struct ServeFlags {
   infer::EngineConfig engine;
   bool no_prefix_caching = false;
   int tp = 1;
+  std::string quantization;
 };
 
 int run_serve(ServeFlags f) {
@@ -57,10 +59,12 @@ int run_serve(ServeFlags f) {
                                         serve::Server server(m, f.engine, tok ? &*tok : nullptr, *tmpl,
                                                              f.server, group);
                                         return server.run(true);
-                                      });
+                                      },
+                                      f.quantization);
   }
   if (!f.model.empty()) {
     model = model::Model::load(f.model, parse_dtype(f.dtype));
+    model::quantize_on_load(*model, f.quantization);
     if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
       tok = io::Tokenizer::load(f.model);
       tmpl = serve::ChatTemplate::from_tokenizer_config(f.model);
@@ -86,6 +90,9 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--model", f->model, "Hugging Face model directory");
   cmd->add_option("--shape", f->shape, "Serve random weights of a named shape (small, 1b, tiny) for benchmarks");
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
+  cmd->add_option("--quantization", f->quantization,
+                  "Quantize the block linears on load: int8, int4, fp8, w8a8 (a quantized "
+                  "checkpoint runs as stored)");
   cmd->add_option("--seed", f->seed, "Seed of the random weights (--shape)")->capture_default_str();
   auto& s = f->server;
   cmd->add_option("--host", s.host, "Address to bind (0.0.0.0 to expose)")->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
+#include "tessera/model/quantize.h"
 #include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera::infer {
@@ -143,9 +144,16 @@ int64_t TpGroup::run_worker(const model::Model& shard) {
 }
 
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
-                        const std::function<int(const model::Model&, TpGroup*)>& lead) {
+                        const std::function<int(const model::Model&, TpGroup*)>& lead,
+                        const std::string& quantization) {
   TESSERA_CHECK(tp >= 1, "--tp ", tp, " must be >= 1");
-  if (tp == 1 && !comm::running_under_mpi()) return lead(model::Model::load(dir, dtype), nullptr);
+  if (tp == 1 && !comm::running_under_mpi()) {
+    model::Model m = model::Model::load(dir, dtype);
+    model::quantize_on_load(m, quantization);
+    return lead(m, nullptr);
+  }
+  TESSERA_CHECK(quantization.empty() || quantization == "none", "--quantization ", quantization,
+                " with --tp ", tp, ": tensor-parallel quantized weights are not supported yet");
   int rc = 0;
   auto body = [&](comm::Communicator& comm) {
     const model::ModelConfig c = model::ModelConfig::load(dir);

@@ -66,7 +66,9 @@ class TpGroup {
 // `dtype`) and the group, while ranks 1..tp-1 serve as workers until it returns: ranks as
 // the processes of mpirun (its world must be tp ranks) or, outside mpirun, as tp threads
 // of this process. tp == 1 runs lead on the whole model with no group. Returns lead's value.
+// `quantization` (a scheme name, "" for none) quantizes the whole model on load (tp 1 only).
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
-                        const std::function<int(const model::Model&, TpGroup*)>& lead);
+                        const std::function<int(const model::Model&, TpGroup*)>& lead,
+                        const std::string& quantization = "");
 
 }  // namespace tessera::infer

@@ -1,5 +1,6 @@
 // Benchmarks over the model forward/backward.
 #include "tessera/model/benchmark.h"
+#include "tessera/model/quantize.h"
 
 #include <algorithm>
 #include <vector>
@@ -25,8 +26,10 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 }  // namespace
 
 Model bench_model(const BenchOptions& o) {
-  if (!o.model_dir.empty()) return Model::load(o.model_dir, o.dtype);
-  return Model::random(ModelConfig::named_shape(o.shape), o.dtype, 1234);
+  Model m = !o.model_dir.empty() ? Model::load(o.model_dir, o.dtype)
+                                 : Model::random(ModelConfig::named_shape(o.shape), o.dtype, 1234);
+  quantize_on_load(m, o.weights);
+  return m;
 }
 
 double forward_flops(const ModelConfig& c, int64_t tokens, int64_t ctx_start) {
@@ -55,8 +58,7 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
     rates.push_back(o.decode_tokens / t.seconds());
   }
   r.tokens_per_second = median(rates);
-  r.weight_bytes = static_cast<double>(c.matmul_weight_elements()) *
-                   dtype_size(model.compute_dtype());
+  r.weight_bytes = static_cast<double>(model.matmul_weight_bytes());
   r.achieved_gbps = r.weight_bytes * r.tokens_per_second / 1e9;
   r.stream_triad_gbps = kernels::measure_stream_triad_gbps();
   r.ratio = r.achieved_gbps / r.stream_triad_gbps;

@@ -11,6 +11,7 @@ struct BenchOptions {
   std::string model_dir;      // load this, or build `shape` with random weights
   std::string shape = "small";
   DType dtype = DType::kBF16;
+  std::string weights;          // quantize the block linears: int8 | int4 | fp8 | w8a8 ("" none)
   int64_t prompt_tokens = 512;  // prefill length; decode starts after a prompt of 32
   int64_t decode_tokens = 64;
   int repeats = 3;              // median of this many runs

@@ -147,6 +147,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
+  if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null())
+    c.quantization = io::parse_quantization_config(*q, source);
   c.validate(source);
   return c;
 }
@@ -244,6 +246,7 @@ json ModelConfig::to_json() const {
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
   j["torch_dtype"] = "float32";
+  if (quantization) j["quantization_config"] = io::quantization_config_json(*quantization);
   return j;
 }
 

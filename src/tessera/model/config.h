@@ -2,11 +2,13 @@
 // normalised into one struct the model code uses.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "tessera/base/checked.h"
+#include "tessera/io/quant_config.h"
 
 namespace tessera::model {
 
@@ -43,6 +45,9 @@ struct ModelConfig {
   bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
+  // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
+  std::optional<io::QuantCheckpointFormat> quantization;
 
   bool uses_layernorm() const { return arch == Arch::kGpt2; }  // else RMSNorm
   bool uses_rope() const { return arch != Arch::kGpt2; }

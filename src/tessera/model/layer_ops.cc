@@ -4,10 +4,12 @@
 #include "tessera/kernels/elementwise.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/norm.h"
+#include "tessera/kernels/quant.h"
 
 namespace tessera::model {
 
 int64_t linear_out_features(const Linear& lin) {
+  if (lin.quant) return lin.quant->out;
   return lin.in_out ? lin.weight.size(1) : lin.weight.size(0);
 }
 
@@ -33,6 +35,10 @@ Bf16Mode prepared_mode(Bf16Mode mode) {
 }
 
 void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
+  if (lin.quant) {  // activations stay f32 (W8A16 / W4A16; W8A8 quantizes them itself)
+    kernels::quant_matmul(x.dtype() == DType::kF32 ? x : x.to(DType::kF32), *lin.quant, y);
+    return;
+  }
   kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
 }
 

@@ -3,7 +3,10 @@
 // forward + backward over a batch for training.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +16,10 @@
 #include "tessera/model/precision.h"
 #include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
+
+namespace tessera::io {
+class SafetensorsModel;
+}
 
 namespace tessera::model {
 
@@ -125,6 +132,22 @@ class Model {
   // (file name, contents) of config.json and generation_config.json as save() writes them.
   std::vector<std::pair<std::string, std::string>> hf_json_files() const;
 
+  // Quantized inference: every block linear's weight W (out, in) f32, whole model, is
+  // replaced by quantize(layer, which, W) and freed; embeddings, norms and the head stay.
+  // `format` is how save() stores them (config.json's quantization_config and AutoGPTQ /
+  // AutoAWQ tensors); without one (fp8, w8a8) the model runs but cannot be saved.
+  // Whole models only (no tp shard or pipeline stage); training refuses quantized weights.
+  using LinearQuantizer =
+      std::function<kernels::QuantWeight(int64_t layer, int which, const Tensor& weight)>;
+  void quantize_linears(const LinearQuantizer& quantize,
+                        std::optional<io::QuantCheckpointFormat> format);
+  bool quantized() const { return quantized_; }
+  // The scheme of the quantized linears ("int4 g128", "bf16" when not quantized).
+  std::string weights_description() const;
+  // Bytes of matmul weights one decoded token reads: the block linears as stored
+  // (quantized or in the compute dtype) and the head.
+  int64_t matmul_weight_bytes() const;
+
   const ModelConfig& config() const { return config_; }
   // The sizes this rank computes with (the whole model's unless tensor-parallel).
   const LocalDims& dims() const { return dims_; }
@@ -235,6 +258,12 @@ class Model {
   bool has_compute_copy_ = false;
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
   bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
+  bool quantized_ = false;
+  // A quantized checkpoint's block linears (model/quantized.cc); their names into `used`.
+  void load_quantized_linears(const io::SafetensorsModel& file, const std::string& dir,
+                              std::set<std::string>& used);
+  // The AutoGPTQ / AutoAWQ tensors save() writes for the quantized linears.
+  std::vector<std::pair<std::string, Tensor>> quantized_tensors() const;
   Recompute recompute_ = Recompute::kNone;
   TrainHooks* hooks_ = nullptr;
 };

@@ -62,8 +62,15 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
   m.dims_ = local_dims(m.config_, shard);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
-  m.weights_ = Params::allocate(m.config_, dtype, m.dims_, true, stage);
+  const bool quantized = m.config_.quantization.has_value();
+  TESSERA_CHECK(!quantized || (shard.size == 1 && stage.whole()), dir,
+                ": quantized weights load whole (tensor or pipeline parallelism over them is "
+                "not supported yet)");
+  // Quantized: the float linears are dropped before anything touches their pages.
+  m.weights_ = Params::allocate(m.config_, dtype, m.dims_, !quantized, stage);
   const auto file = io::SafetensorsModel::open(dir);
+  std::set<std::string> used;
+  if (quantized) m.load_quantized_linears(file, dir, used);
 
   // GPT-2 checkpoints from the hub name tensors with or without "transformer.".
   std::string strip;
@@ -71,7 +78,6 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
       file.has("wte.weight"))
     strip = "transformer.";
 
-  std::set<std::string> used;
   // A tied head on a pipeline stage without the embeddings reads its copy from them.
   const std::string embed_name = embedding_name(m.config_);
   for (auto& piece : m.weights_.pieces(m.config_, shard)) {
@@ -108,6 +114,7 @@ void Model::set_sequence_parallel(bool on) {
 
 Model Model::stage(const PpStage& stage) const {
   TESSERA_CHECK(stage_.whole(), "Model::stage: this model is already a pipeline stage");
+  TESSERA_CHECK(!quantized_, "pipeline stages of quantized weights are not supported yet");
   Model m;
   m.config_ = config_;
   m.shard_ = shard_;
@@ -137,6 +144,7 @@ Model Model::stage(const PpStage& stage) const {
 
 Model Model::shard(TpShard shard) const {
   TESSERA_CHECK(shard_.size == 1, "Model::shard: this model is already a shard");
+  TESSERA_CHECK(!quantized_, "tensor-parallel shards of quantized weights are not supported yet");
   Model m;
   m.config_ = config_;
   m.shard_ = shard;
@@ -257,7 +265,10 @@ void save_hf_directory(const std::string& dir,
 }
 
 void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
-  save_hf_directory(dir, hf_json_files(), weights_.named(config_), max_shard_bytes);
+  auto tensors = weights_.named(config_);
+  if (quantized_)
+    for (auto& t : quantized_tensors()) tensors.push_back(std::move(t));
+  save_hf_directory(dir, hf_json_files(), tensors, max_shard_bytes);
 }
 
 Recompute parse_recompute(const std::string& name) {
@@ -355,6 +366,10 @@ void Model::refresh_compute_unit(int unit) {
     convert(src.o.weight, dst.o.weight);
     convert(src.up.weight, dst.up.weight);
     convert(src.down.weight, dst.down.weight);
+    dst.qkv.quant = src.qkv.quant;  // quantized linears are their own compute form
+    dst.o.quant = src.o.quant;
+    dst.up.quant = src.up.quant;
+    dst.down.quant = src.down.quant;
     // Biases are added in f32: the copy shares the master's (rebound by a ZeRO-3 gather).
     dst.qkv.bias = src.qkv.bias;
     dst.o.bias = src.o.bias;

@@ -11,6 +11,29 @@ std::string embedding_name(const ModelConfig& c) {
   return hf_prefix(c) + (c.arch == Arch::kGpt2 ? "wte.weight" : "embed_tokens.weight");
 }
 
+std::vector<LinearModule> linear_modules(const ModelConfig& c, int64_t layer, int which) {
+  TESSERA_CHECK(layer >= 0 && layer < c.num_layers && which >= 0 && which < 4,
+                "linear_modules: layer ", layer, " linear ", which, " out of range");
+  const std::string pre = hf_prefix(c), l = std::to_string(layer);
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), H = c.hidden_size, F = c.intermediate_size;
+  if (c.arch == Arch::kGpt2) {
+    const std::string h = pre + "h." + l + ".";
+    switch (which) {
+      case 0: return {{h + "attn.c_attn", Q + 2 * KV}};
+      case 1: return {{h + "attn.c_proj", H}};
+      case 2: return {{h + "mlp.c_fc", F}};
+      default: return {{h + "mlp.c_proj", H}};
+    }
+  }
+  const std::string b = pre + "layers." + l + ".";
+  switch (which) {
+    case 0: return {{b + "self_attn.q_proj", Q}, {b + "self_attn.k_proj", KV}, {b + "self_attn.v_proj", KV}};
+    case 1: return {{b + "self_attn.o_proj", H}};
+    case 2: return {{b + "mlp.gate_proj", F}, {b + "mlp.up_proj", F}};
+    default: return {{b + "mlp.down_proj", H}};
+  }
+}
+
 Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }
@@ -96,6 +119,8 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     if (t.defined()) add(name, t, t.shape(), std::vector<int64_t>(t.dim(), 0), shard.size);
   };
   const int64_t kvr = d.kv_replicas, kvi = d.kv_index;  // the kv block and its copies
+  // Rows [a, b) of t; nothing for an undefined t (a quantized linear has no float weight).
+  auto rows = [](const Tensor& t, int64_t a, int64_t b) { return t.defined() ? t.slice(0, a, b) : Tensor(); };
   const std::string pre = hf_prefix(c);
   if (c.arch == Arch::kGpt2) {
     add(pre + "wte.weight", embed, {V, H}, {d.vocab_begin, 0});
@@ -141,10 +166,10 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     if (!L.norm1_w.defined()) continue;  // another pipeline stage's layer
     const std::string l = pre + "layers." + std::to_string(i) + ".";
     whole(l + "input_layernorm.weight", L.norm1_w);
-    add(l + "self_attn.q_proj.weight", L.qkv.weight.slice(0, 0, d.q), {Q, H}, {r * d.q, 0});
-    add(l + "self_attn.k_proj.weight", L.qkv.weight.slice(0, d.q, d.q + d.kv), {KV, H},
+    add(l + "self_attn.q_proj.weight", rows(L.qkv.weight, 0, d.q), {Q, H}, {r * d.q, 0});
+    add(l + "self_attn.k_proj.weight", rows(L.qkv.weight, d.q, d.q + d.kv), {KV, H},
         {kvi * d.kv, 0}, kvr);
-    add(l + "self_attn.v_proj.weight", L.qkv.weight.slice(0, d.q + d.kv, d.qkv), {KV, H},
+    add(l + "self_attn.v_proj.weight", rows(L.qkv.weight, d.q + d.kv, d.qkv), {KV, H},
         {kvi * d.kv, 0}, kvr);
     if (L.qkv.bias.defined()) {
       add(l + "self_attn.q_proj.bias", L.qkv.bias.slice(0, 0, d.q), {Q}, {r * d.q});
@@ -154,8 +179,8 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
     whole(l + "post_attention_layernorm.weight", L.norm2_w);
-    add(l + "mlp.gate_proj.weight", L.up.weight.slice(0, 0, Fl), {F, H}, {r * Fl, 0});
-    add(l + "mlp.up_proj.weight", L.up.weight.slice(0, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
+    add(l + "mlp.gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
+    add(l + "mlp.up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
     add(l + "mlp.down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
   }
   whole(pre + "norm.weight", final_norm_w);

@@ -7,10 +7,12 @@
 // per-name gradients need no copies. GPT-2's Conv1D weights keep their (in, out)
 // layout (`in_out`), as in the checkpoint.
 #pragma once
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/quant.h"
 #include "tessera/model/config.h"
 #include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
@@ -18,9 +20,12 @@
 namespace tessera::model {
 
 struct Linear {
-  Tensor weight;        // (out, in), or (in, out) when in_out
+  Tensor weight;        // (out, in), or (in, out) when in_out; undefined when quantized
   Tensor bias;          // (out), or undefined
-  bool in_out = false;  // GPT-2 Conv1D layout
+  bool in_out = false;  // GPT-2 Conv1D layout (of weight; quant is always (out, in))
+  // Inference only: the weight quantized (Model::quantize or a quantized checkpoint).
+  // Shared by the model's compute copy; never changed once set.
+  std::shared_ptr<const kernels::QuantWeight> quant;
 };
 
 struct LayerParams {
@@ -84,6 +89,15 @@ struct Params {
   std::vector<Tensor*> matmul_weights();
   void zero();
 };
+
+// The Hugging Face modules block linear `which` (0 qkv, 1 o, 2 up, 3 down) of `layer` is
+// made of, in row order: their name prefixes ("model.layers.0.self_attn.q_proj") and output
+// rows (whole model). A quantized checkpoint stores each module's tensors under its prefix.
+struct LinearModule {
+  std::string name;
+  int64_t rows = 0;
+};
+std::vector<LinearModule> linear_modules(const ModelConfig& config, int64_t layer, int which);
 
 // Names as `transformers` writes them for this architecture.
 std::string hf_prefix(const ModelConfig& config);  // "model." or "transformer."

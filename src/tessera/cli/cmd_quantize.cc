@@ -1,0 +1,97 @@
+// `tessera quantize`: post-training quantization of a model directory into a quantized
+// one (AutoGPTQ layout: config.json's quantization_config and qweight / qzeros / scales /
+// g_idx tensors), which `generate`, `serve`, `eval` and `bench` load as they load any.
+#include <cstdio>
+#include <filesystem>
+
+#include "tessera/base/error.h"
+#include "tessera/base/timer.h"
+#include "tessera/cli/commands.h"
+#include "tessera/io/json_file.h"
+#include "tessera/io/tokenizer.h"
+#include "tessera/model/quantize.h"
+
+namespace tessera::cli {
+namespace {
+
+struct QuantizeFlags {
+  std::string model, out, method = "rtn", calib, dtype = "bf16";
+  int bits = 8;
+  int64_t group_size = 0;
+  int64_t calib_samples = 32, calib_seq = 256;
+  double damp = 0.01, alpha = 0.5;
+  bool act_order = false;
+};
+
+// calib_samples sequences of calib_seq tokens from the text, through the model's tokenizer.
+Tensor calibration_ids(const QuantizeFlags& f) {
+  TESSERA_CHECK(std::filesystem::exists(f.model + "/tokenizer.json"), "--calib: ", f.model,
+                " has no tokenizer.json to encode the calibration text with");
+  const auto tok = io::Tokenizer::load(f.model);
+  const auto ids = tok.encode(io::read_file_bytes(f.calib), false);
+  const int64_t need = f.calib_samples * f.calib_seq;
+  TESSERA_CHECK(static_cast<int64_t>(ids.size()) >= f.calib_seq, "--calib ", f.calib, ": ",
+                ids.size(), " tokens, fewer than one --calib-seq of ", f.calib_seq);
+  const int64_t B = std::min<int64_t>(f.calib_samples, static_cast<int64_t>(ids.size()) / f.calib_seq);
+  if (B * f.calib_seq < need)
+    std::fprintf(stderr, "quantize: %s holds %zu tokens: calibrating on %lld sequences of %lld\n",
+                 f.calib.c_str(), ids.size(), static_cast<long long>(B),
+                 static_cast<long long>(f.calib_seq));
+  Tensor t = Tensor::empty({B, f.calib_seq}, DType::kI32);
+  std::copy(ids.begin(), ids.begin() + B * f.calib_seq, t.data<int32_t>());
+  return t;
+}
+
+int run_quantize(const QuantizeFlags& f) {
+  namespace fs = std::filesystem;
+  model::QuantizeOptions o = model::quantize_options(f.method, f.bits, f.group_size);
+  o.damp_percent = f.damp;
+  o.act_order = f.act_order;
+  o.alpha = f.alpha;
+  TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
+                "--out ", f.out, " is the input model directory; write the quantized model elsewhere");
+  TESSERA_CHECK(f.method == "rtn" || !f.calib.empty(), "--method ", f.method,
+                " needs calibration text: --calib FILE");
+  const Tensor calib = f.calib.empty() ? Tensor() : calibration_ids(f);
+  base::Timer timer;
+  model::Model m = model::Model::load(f.model, parse_dtype(f.dtype));
+  TESSERA_CHECK(!m.quantized(), f.model, " is already quantized (", m.weights_description(), ")");
+  const int64_t before = m.matmul_weight_bytes();
+  base::ProgressBar bar("quantize " + f.method, m.config().num_layers);
+  model::quantize_model(m, o, calib, [&](int64_t done, int64_t) { bar.update(done); });
+  bar.finish();
+  m.save(f.out);
+  for (const char* extra : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::exists(fs::path(f.model) / extra))
+      fs::copy_file(fs::path(f.model) / extra, fs::path(f.out) / extra,
+                    fs::copy_options::overwrite_existing);
+  std::printf("quantized %s -> %s: %s, matmul weights %.1f MB -> %.1f MB (%.2fx smaller) in %.1f s\n",
+              f.model.c_str(), f.out.c_str(), m.weights_description().c_str(), before / 1e6,
+              m.matmul_weight_bytes() / 1e6, static_cast<double>(before) / m.matmul_weight_bytes(),
+              timer.seconds());
+  return 0;
+}
+
+}  // namespace
+
+void add_quantize(CLI::App& app, Action& action) {
+  auto f = std::make_shared<QuantizeFlags>();
+  auto* cmd = app.add_subcommand("quantize", "Quantize a model's linear layers (int8 / int4) into a new directory");
+  cmd->add_option("--model", f->model, "Hugging Face model directory (float weights)")->required();
+  cmd->add_option("--out", f->out, "Output directory (AutoGPTQ layout)")->required();
+  cmd->add_option("--method", f->method, "rtn, gptq, awq or smoothquant")->capture_default_str();
+  cmd->add_option("--bits", f->bits, "8 or 4")->capture_default_str();
+  cmd->add_option("--group-size", f->group_size,
+                  "Columns per scale (4 bits: default 128; 8 bits: default per channel; -1 per channel)");
+  cmd->add_option("--calib", f->calib, "Calibration text file (gptq, awq, smoothquant)");
+  cmd->add_option("--calib-samples", f->calib_samples, "Calibration sequences")->capture_default_str();
+  cmd->add_option("--calib-seq", f->calib_seq, "Tokens per calibration sequence")->capture_default_str();
+  cmd->add_option("--damp", f->damp, "GPTQ damping (fraction of the mean Hessian diagonal)")->capture_default_str();
+  cmd->add_flag("--act-order", f->act_order, "GPTQ: quantize columns in order of decreasing activation energy");
+  cmd->add_option("--alpha", f->alpha, "SmoothQuant migration strength")->capture_default_str();
+  cmd->add_option("--dtype", f->dtype, "dtype of the tensors left in float (embeddings, norms, head)")
+      ->capture_default_str();
+  cmd->callback([&action, f] { action = [f] { return run_quantize(*f); }; });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,95 @@
+// Post-training quantizers over the model's block linears.
+#include "tessera/model/quantize.h"
+
+#include "tessera/base/error.h"
+
+namespace tessera::model {
+
+using kernels::QuantScheme;
+
+QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size) {
+  QuantizeOptions o;
+  o.method = method;
+  TESSERA_CHECK(method == "rtn" || method == "gptq" || method == "awq" || method == "smoothquant",
+                "--method '", method, "' is not one of rtn, gptq, awq, smoothquant");
+  TESSERA_CHECK(bits == 8 || bits == 4, "--bits ", bits, " is not supported (8 or 4)");
+  TESSERA_CHECK(method != "awq" || bits == 4, "awq quantizes to 4 bits (--bits 4), not ", bits);
+  TESSERA_CHECK(method != "smoothquant" || bits == 8,
+                "smoothquant is W8A8 (--bits 8), not ", bits, " bits");
+  o.scheme = method == "smoothquant" ? QuantScheme::kW8A8
+             : bits == 4             ? QuantScheme::kInt4
+                                     : QuantScheme::kInt8;
+  TESSERA_CHECK(group_size == 0 || group_size == -1 || group_size >= 1,
+                "--group-size ", group_size, " must be positive or -1 (per channel)");
+  TESSERA_CHECK(group_size == 0 || bits == 4 || group_size == -1 || method != "smoothquant",
+                "smoothquant has one scale per output channel (no --group-size)");
+  TESSERA_CHECK(bits != 4 || group_size <= 0 || group_size % 32 == 0,
+                "--group-size ", group_size, " for 4 bits must be a multiple of 32 (32, 64, 128)");
+  o.group_size = group_size;
+  o.sym = o.scheme != QuantScheme::kInt4;
+  return o;
+}
+
+QuantizeOptions quantize_options_for_scheme(const std::string& scheme) {
+  QuantizeOptions o;
+  o.scheme = kernels::parse_quant_scheme(scheme);
+  o.sym = o.scheme != QuantScheme::kInt4;
+  return o;
+}
+
+namespace {
+
+// How save() stores the result: AutoGPTQ tensors for int8 / int4 (whatever chose the
+// integers), none for fp8 and w8a8 (they run, but do not save yet).
+std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions& o,
+                                                           int64_t group) {
+  if (o.scheme != QuantScheme::kInt8 && o.scheme != QuantScheme::kInt4) return std::nullopt;
+  io::QuantCheckpointFormat f;
+  f.method = "gptq";
+  f.bits = kernels::quant_bits(o.scheme);
+  f.group_size = group;
+  f.sym = o.sym;
+  f.desc_act = o.act_order;
+  f.quantizer = o.method;
+  return f;
+}
+
+}  // namespace
+
+void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
+                    const QuantizeProgress& progress) {
+  const auto& c = m.config();
+  // One group size for the whole model, as the checkpoint formats record one: every
+  // linear's input features must be a multiple of it (per channel: each linear's own).
+  const bool per_channel = o.scheme == QuantScheme::kW8A8 || o.group_size == -1 ||
+                           (o.group_size == 0 && o.scheme != QuantScheme::kInt4);
+  const int64_t group = per_channel ? -1 : o.group_size == 0 ? 128 : o.group_size;
+  if (!per_channel)
+    for (int64_t in : {c.hidden_size, c.q_dim(), c.intermediate_size})
+      TESSERA_CHECK(in % group == 0, "group size ", group, " does not divide the model's ", in,
+                    "-feature linears (use --group-size 32, 64 or -1)");
+  const int64_t L = c.num_layers;
+  if (o.method == "rtn") {
+    m.quantize_linears(
+        [&](int64_t layer, int which, const Tensor& w) {
+          // f16 scales: what the AutoGPTQ checkpoint stores, so saving changes nothing.
+          auto q = kernels::quantize_rtn(w, o.scheme, per_channel ? w.size(1) : group, o.sym,
+                                         /*f16_scales=*/true);
+          if (which == 3 && progress) progress(layer + 1, L);
+          return q;
+        },
+        checkpoint_format(o, group));
+    return;
+  }
+  TESSERA_CHECK(calib_ids.defined(), o.method, " needs calibration text (--calib FILE)");
+  fail("quantization method '", o.method, "' is not implemented yet");
+}
+
+void quantize_on_load(Model& m, const std::string& scheme) {
+  if (scheme.empty() || scheme == "none") return;
+  TESSERA_CHECK(!m.quantized(), "--quantization ", scheme, ": the model is already quantized (",
+                m.weights_description(), ") by its checkpoint");
+  quantize_model(m, quantize_options_for_scheme(scheme));
+}
+
+}  // namespace tessera::model

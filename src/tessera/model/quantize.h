@@ -1,0 +1,46 @@
+// Post-training quantization of a model's block linears (embeddings, norms and the head
+// stay in their float dtype): round-to-nearest, GPTQ (Frantar et al.), AWQ (Lin et al.)
+// and SmoothQuant W8A8 (Xiao et al.), the last three calibrated on token ids run through
+// the model layer by layer. `tessera quantize` saves the result as an AutoGPTQ / AutoAWQ
+// checkpoint; `generate`, `serve` and `bench` can also quantize a float model on load.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "tessera/kernels/quant.h"
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+
+struct QuantizeOptions {
+  std::string method = "rtn";  // rtn | gptq | awq | smoothquant
+  kernels::QuantScheme scheme = kernels::QuantScheme::kInt8;
+  int64_t group_size = 0;  // 0: the scheme's default (int4 128; int8, fp8: per channel); -1 per channel
+  bool sym = false;        // int4: asymmetric by default; int8 is always symmetric
+  double damp_percent = 0.01;  // gptq
+  bool act_order = false;      // gptq
+  int64_t block_size = 128;    // gptq lazy batch
+  double alpha = 0.5;          // smoothquant migration strength
+};
+
+// Options from the command line's spelling: `bits` 8 | 4 with `method`, or a scheme name
+// (int8 | int4 | fp8 | w8a8) for on-the-fly quantization; one-line errors for the rest
+// (e.g. awq at 8 bits, smoothquant at 4).
+QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size);
+QuantizeOptions quantize_options_for_scheme(const std::string& scheme);
+
+// Progress: (layers done, layers in all).
+using QuantizeProgress = std::function<void(int64_t, int64_t)>;
+
+// Quantizes m's block linears in place. calib_ids (B, T) i32 are the calibration tokens
+// (gptq, awq, smoothquant need them; rtn ignores them).
+void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids = Tensor(),
+                    const QuantizeProgress& progress = {});
+
+// `--quantization SCHEME` of generate / serve / eval / bench: round-to-nearest on load
+// (nothing for "" or "none"); a model already quantized by its checkpoint is a one-line
+// error (it runs as stored).
+void quantize_on_load(Model& m, const std::string& scheme);
+
+}  // namespace tessera::model

@@ -1,0 +1,123 @@
+// Quantized block linears: replacing float weights by quantized ones, and reading and
+// writing them as AutoGPTQ / AutoAWQ checkpoint tensors (one set per Hugging Face module,
+// stacked into Tessera's fused qkv and gate/up linears).
+#include <cstdio>
+
+#include "tessera/base/error.h"
+#include "tessera/io/quant_checkpoint.h"
+#include "tessera/io/safetensors.h"
+#include "tessera/model/model.h"
+
+namespace tessera::model {
+namespace {
+
+// The block linear's weight as (out, in) f32.
+Tensor out_in_f32(const Linear& lin) {
+  const Tensor w = lin.in_out ? lin.weight.transpose(0, 1) : lin.weight;
+  return w.to(DType::kF32).contiguous();
+}
+
+int64_t in_features(const Linear& lin) {
+  if (lin.quant) return lin.quant->in;
+  return lin.in_out ? lin.weight.size(0) : lin.weight.size(1);
+}
+
+}  // namespace
+
+void Model::quantize_linears(const LinearQuantizer& quantize,
+                             std::optional<io::QuantCheckpointFormat> format) {
+  TESSERA_CHECK(!quantized_, "the model's linears are already quantized");
+  TESSERA_CHECK(shard_.size == 1 && stage_.whole(),
+                "quantization needs the whole model (not a tensor-parallel shard or pipeline stage)");
+  TESSERA_CHECK(hooks_ == nullptr, "quantized weights are for inference, not under a training wrapper");
+  for (int64_t l = 0; l < config_.num_layers; ++l)
+    for (int which = 0; which < 4; ++which) {
+      Linear& lin = weights_.layers[l].linear(which);
+      TESSERA_CHECK(lin.weight.defined(), "quantize: layer ", l, " linear ", which, " has no weight");
+      const Tensor w = out_in_f32(lin);
+      auto q = std::make_shared<kernels::QuantWeight>(quantize(l, which, w));
+      q->validate("layer " + std::to_string(l) + " linear " + std::to_string(which));
+      TESSERA_CHECK(q->out == w.size(0) && q->in == w.size(1), "quantize: layer ", l, " linear ",
+                    which, " came back (", q->out, ", ", q->in, "), expected ", shape_str(w.shape()));
+      lin.quant = std::move(q);
+      lin.weight = Tensor();
+    }
+  quantized_ = true;
+  config_.quantization = std::move(format);
+  refresh_compute_weights();  // the compute copies point at the quantized linears too
+}
+
+std::string Model::weights_description() const {
+  if (!quantized_) return dtype_name(compute_dtype_);
+  const auto& q = *weights_.layers[0].qkv.quant;
+  std::string s = kernels::quant_scheme_name(q.scheme);
+  if (q.group != q.in) s += " g" + std::to_string(q.group);
+  if (config_.quantization && !config_.quantization->quantizer.empty())
+    s += " (" + config_.quantization->quantizer + ")";
+  return s;
+}
+
+int64_t Model::matmul_weight_bytes() const {
+  int64_t n = 0;
+  const int64_t es = static_cast<int64_t>(dtype_size(compute_dtype_));
+  for (const auto& L : weights_.layers)
+    for (int which = 0; which < 4; ++which) {
+      const Linear& lin = L.linear(which);
+      if (lin.quant)
+        n += lin.quant->nbytes();
+      else if (lin.weight.defined())
+        n += lin.weight.numel() * es;
+    }
+  const Tensor& head = compute_lm_head();
+  if (head.defined()) n += static_cast<int64_t>(head.nbytes());
+  return n;
+}
+
+void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::string& dir,
+                                   std::set<std::string>& used) {
+  const io::QuantCheckpointFormat& f = *config_.quantization;
+  for (int64_t l = 0; l < config_.num_layers; ++l)
+    for (int which = 0; which < 4; ++which) {
+      Linear& lin = weights_.layers[l].linear(which);
+      const int64_t in = in_features(lin);
+      std::vector<kernels::QuantWeight> parts;
+      for (const auto& mod : linear_modules(config_, l, which)) {
+        auto get = [&](const std::string& suffix) {
+          const std::string name = mod.name + "." + suffix;
+          TESSERA_CHECK(file.has(name), dir, ": tensor '", name, "' is missing from the ",
+                        f.method, " checkpoint");
+          used.insert(name);
+          return file.get(name);
+        };
+        parts.push_back(io::unpack_quant_linear(get, mod.rows, in, f, dir + ": " + mod.name));
+      }
+      auto q = std::make_shared<kernels::QuantWeight>(
+          parts.size() == 1 ? std::move(parts[0])
+                            : kernels::quant_stack_rows(parts, dir + ": layer " + std::to_string(l)));
+      q->validate(dir + ": layer " + std::to_string(l));
+      lin.quant = std::move(q);
+      lin.weight = Tensor();
+    }
+  quantized_ = true;
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::quantized_tensors() const {
+  TESSERA_CHECK(config_.quantization.has_value(), "saving ",
+                weights_description(), " weights is not supported (int8 and int4 save in AutoGPTQ's format)");
+  const io::QuantCheckpointFormat& f = *config_.quantization;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (int64_t l = 0; l < config_.num_layers; ++l)
+    for (int which = 0; which < 4; ++which) {
+      const auto& q = *weights_.layers[l].linear(which).quant;
+      int64_t row = 0;
+      for (const auto& mod : linear_modules(config_, l, which)) {
+        const kernels::QuantWeight part = kernels::quant_rows(q, row, row + mod.rows);
+        row += mod.rows;
+        for (auto& [suffix, t] : io::pack_quant_linear(part, f))
+          out.emplace_back(mod.name + "." + suffix, std::move(t));
+      }
+    }
+  return out;
+}
+
+}  // namespace tessera::model

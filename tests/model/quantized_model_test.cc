@@ -1,0 +1,119 @@
+// Quantized models: a model whose block linears are quantized computes the logits of the
+// float model holding the dequantized weights (the product is only the weights' storage,
+// not a different model), stays close to the float original, and saves as an AutoGPTQ
+// checkpoint that loads back to identical logits. Training and tensor parallelism refuse
+// quantized weights with one line.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "tessera/io/json_file.h"
+#include "tessera/model/model.h"
+#include "tessera/model/quantize.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> prompt() { return {1, 5, 9, 33, 2, 77, 100, 3, 4, 200, 17, 8}; }
+
+Tensor logits_of(const model::Model& m) {
+  auto cache = model::KVCache::create(m.config(), 32);
+  return m.forward(prompt(), cache, true);
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  float d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
+  return d;
+}
+
+float max_abs(const Tensor& a) {
+  float d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data<float>()[i]));
+  return d;
+}
+
+struct Case {
+  const char* scheme;
+  int64_t group;
+  float rel_tol_vs_float;  // logits against the unquantized model, relative to their range
+};
+
+TEST(QuantizedModel, ComputesTheDequantizedModelAndStaysNearTheFloatOne) {
+  const auto c = model::ModelConfig::named_shape("tiny");
+  const model::Model ref = model::Model::random(c, DType::kF32, 3);
+  const Tensor want = logits_of(ref);
+  for (const Case& k : {Case{"int8", 0, 0.02f}, Case{"int4", 32, 0.15f}, Case{"fp8", 0, 0.08f},
+                        Case{"w8a8", 0, 0.04f}}) {
+    model::Model q = model::Model::random(c, DType::kF32, 3);
+    auto o = model::quantize_options_for_scheme(k.scheme);
+    o.group_size = k.group;
+    model::quantize_model(q, o);
+    ASSERT_TRUE(q.quantized());
+    const Tensor got = logits_of(q);
+    // The float model with every block linear replaced by its dequantized weights.
+    model::Model d = model::Model::random(c, DType::kF32, 3);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      for (int w = 0; w < 4; ++w)
+        d.weights().layers[l].linear(w).weight.copy_from(
+            kernels::dequantize(*q.weights().layers[l].linear(w).quant));
+    const Tensor dense = logits_of(d);
+    const float range = max_abs(want);
+    // w8a8 also rounds the activations to int8, so it is compared at that precision.
+    const float dense_tol = std::string(k.scheme) == "w8a8" ? 0.03f * range : 2e-4f * range;
+    EXPECT_LT(max_abs_diff(got, dense), dense_tol) << k.scheme;
+    EXPECT_LT(max_abs_diff(got, want), k.rel_tol_vs_float * range) << k.scheme;
+    EXPECT_GT(max_abs_diff(got, want), 0.f) << k.scheme << ": quantization changed nothing";
+    EXPECT_LT(q.matmul_weight_bytes(), ref.matmul_weight_bytes()) << k.scheme;
+  }
+}
+
+TEST(QuantizedModel, SavesAsAutoGptqAndLoadsBackToIdenticalLogits) {
+  const auto c = model::ModelConfig::named_shape("tiny");
+  for (int bits : {8, 4}) {
+    const std::string dir = (fs::temp_directory_path() /
+                             ("tessera_qmodel_" + std::to_string(::getpid()) + "_" + std::to_string(bits)))
+                                .string();
+    fs::remove_all(dir);
+    model::Model q = model::Model::random(c, DType::kF32, 4);
+    model::quantize_model(q, model::quantize_options("rtn", bits, bits == 4 ? 64 : 0));
+    q.save(dir);
+    const auto cfg = io::read_json_file(dir + "/config.json");
+    const auto& qc = cfg.at("quantization_config");
+    EXPECT_EQ(qc.at("quant_method"), "gptq");
+    EXPECT_EQ(qc.at("bits"), bits);
+    EXPECT_EQ(qc.at("group_size"), bits == 4 ? 64 : -1);
+    const model::Model back = model::Model::load(dir);
+    ASSERT_TRUE(back.quantized());
+    EXPECT_EQ(max_abs_diff(logits_of(back), logits_of(q)), 0.f) << bits;
+    EXPECT_EQ(back.weights_description(), q.weights_description());
+    // Training and tensor-parallel splits refuse quantized weights, in one line.
+    EXPECT_THROW(back.shard(model::TpShard{0, 2}), std::exception);
+    try {
+      model::Model::load(dir, DType::kF32, model::TpShard{0, 2});
+      ADD_FAILURE() << "a tp shard of a quantized checkpoint loaded";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("quantized"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST(QuantizedModel, OptionsRejectWhatTheFormatsCannotHold) {
+  EXPECT_THROW(model::quantize_options("awq", 8, 0), std::exception);
+  EXPECT_THROW(model::quantize_options("smoothquant", 4, 0), std::exception);
+  EXPECT_THROW(model::quantize_options("rtn", 3, 0), std::exception);
+  EXPECT_THROW(model::quantize_options("rtn", 4, 48), std::exception);
+  EXPECT_THROW(model::quantize_options("magic", 4, 0), std::exception);
+  model::Model m = model::Model::random(model::ModelConfig::named_shape("tiny"), DType::kF32, 1);
+  // tiny has 64 hidden features: group 128 does not divide them.
+  EXPECT_THROW(model::quantize_model(m, model::quantize_options("rtn", 4, 128)), std::exception);
+  EXPECT_THROW(model::quantize_model(m, model::quantize_options("gptq", 4, 32)), std::exception);
+}
+
+}  // namespace
+}  // namespace tessera
