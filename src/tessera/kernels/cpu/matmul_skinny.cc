@@ -17,6 +17,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
+#include "tessera/kernels/cpu/avx2_math.h"
 #include "tessera/kernels/cpu/matmul_cpu.h"
 
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -171,12 +172,7 @@ TESSERA_TARGET_AVX2 inline __m256 load8(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
-TESSERA_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using avx2::hsum8;
 
 // 16 ymm registers: 2 weight rows x 4 a rows of accumulators + 4 a vectors + 1 b.
 template <int MB, int NR, typename BT>

@@ -19,6 +19,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/bf16_speed.h"
+#include "tessera/kernels/cpu/avx2_math.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/reference/quant_ref.h"
 
@@ -149,12 +150,7 @@ TESSERA_TARGET_AVX2 inline void unpack32(const uint8_t* p, __m256 v[4]) {
   }
 }
 
-TESSERA_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using avx2::hsum8;
 
 // NR rows of W against MB rows of x. Four accumulators per (row, x row) inside a group
 // (one per 8-weight lane of the 32-run, so no FMA waits on the previous one), folded into
