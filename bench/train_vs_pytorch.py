@@ -83,7 +83,7 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))  # the cores we may run on
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-optimizer", action="store_true", help="forward + backward only")
     ap.add_argument("--json", action="store_true", help="also print one JSON object with the results")

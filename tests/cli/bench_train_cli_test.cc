@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "tessera/io/json_file.h"
 #include "test_util/run_command.h"
 #include "train/trainer_test_util.h"
 
@@ -54,6 +55,18 @@ TEST(BenchTrainCli, PicksTheTrainersPrecisionModeAndKernelsForTheSameConfig) {
     const std::string json_mode = trained.find("native") != std::string::npos ? "native" : "emulated";
     EXPECT_NE(bench.out.find("\"bf16_mode\": \"" + json_mode + "\""), std::string::npos) << bench.out;
   }
+  // --trace: the timed steps (not the warm-up) with a span per kernel call inside them.
+  const std::string trace = root + "/bench_trace.json";
+  const auto traced = run_command(cli + " bench train --config " + root + "/run0.toml --repeats 2 --trace " + trace);
+  ASSERT_EQ(traced.code, 0) << traced.out;
+  const auto events = io::read_json_file(trace).at("traceEvents");
+  int steps = 0, matmuls = 0;
+  for (const auto& e : events) {
+    steps += e.at("name") == "train_step";
+    matmuls += e.at("name") == "matmul" && e.at("cat") == "kernel";
+  }
+  EXPECT_EQ(steps, 2);
+  EXPECT_GT(matmuls, 0);
   // Flags that --config decides are refused beside it, and bad modes name the flag.
   const auto both = run_command(cli + " bench train --config " + root + "/run0.toml --compute f32");
   EXPECT_NE(both.code, 0);

@@ -221,13 +221,20 @@ TEST(Trainer, WritesAChromeTraceOnRequest) {
   c.logging.trace = root + "/trace.json";
   run_training(c);
   const auto trace = io::read_json_file(root + "/trace.json");
-  std::map<std::string, int> count;
+  std::map<std::string, int> count, kernel_spans;
   for (const auto& e : trace.at("traceEvents")) {
     EXPECT_EQ(e.at("ph"), "X");
     EXPECT_GE(e.at("dur").get<int64_t>(), 0);
     ++count[e.at("name").get<std::string>()];
+    if (e.at("cat") == "kernel") ++kernel_spans[e.at("name").get<std::string>()];
   }
   EXPECT_EQ(count["step"], 3);
+  // Every kernel entry point is a span of its own (TESSERA_KERNEL): the 6 backward passes
+  // run one attention backward per layer; evaluation adds forwards.
+  EXPECT_GT(kernel_spans["matmul"], 0);
+  EXPECT_EQ(kernel_spans["attention_backward"] % 6, 0);
+  EXPECT_GE(kernel_spans["attention_backward"], 6);
+  EXPECT_GE(kernel_spans["attention_forward"], kernel_spans["attention_backward"]);
   EXPECT_EQ(count["forward_backward"], 6);  // 3 steps x 2 micro-batches
   EXPECT_EQ(count["optimizer_step"], 3);
   EXPECT_EQ(count["checkpoint_save"], 2);  // step 2 (async) and the final one

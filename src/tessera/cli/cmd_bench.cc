@@ -90,6 +90,7 @@ struct TrainFlags {
   std::string recompute = "none";
   bool no_optimizer = false;
   bool checkpoint = false;
+  std::string trace;  // Chrome trace of the timed steps
 };
 
 // The run config the benchmark's step is built from: --config FILE, or the defaults of
@@ -133,6 +134,7 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
   so.repeats = o.repeats;
   so.optimizer = !f.no_optimizer;
   so.checkpoint = f.checkpoint;
+  so.trace = f.trace;
   so.checkpoint_dir = std::filesystem::temp_directory_path() /
                       ("tessera_bench_ckpt_" + std::to_string(::getpid()));
   const auto r = train::bench_train_step(m, cfg, so);
@@ -246,6 +248,8 @@ void add_bench(CLI::App& app, Action& action) {
       ->excludes("--shape");
   train->add_flag("--no-optimizer", tf->no_optimizer, "Time forward + backward only");
   train->add_flag("--checkpoint", tf->checkpoint, "Also measure the stall of an async checkpoint");
+  train->add_option("--trace", tf->trace,
+                    "Write a Chrome trace (Perfetto) of the timed steps, one span per kernel call");
   train->callback([&action, o, tf] { action = [o, tf] { return run_train(*o, *tf); }; });
   add_bench_tokenizer(bench, action);
   add_bench_comm(bench, action);

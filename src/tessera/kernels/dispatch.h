@@ -8,6 +8,7 @@
 #pragma once
 #include <initializer_list>
 
+#include "tessera/base/trace.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::kernels {
@@ -30,9 +31,11 @@ Device kernel_device(const char* op, const T&... tensors) {
 }  // namespace tessera::kernels
 
 // Runs `cpu_call` when the tensors (the remaining arguments) live on the CPU; the other
-// devices' backends go here as they are added.
+// devices' backends go here as they are added. Each call is a span of category "kernel"
+// in a Chrome trace when one is recording (`op` must be a string literal).
 #define TESSERA_KERNEL(op, cpu_call, ...)                                      \
   do {                                                                        \
+    const ::tessera::base::TraceScope tessera_kernel_trace_(op, "kernel");    \
     const ::tessera::Device tessera_kernel_device_ =                          \
         ::tessera::kernels::kernel_device(op, __VA_ARGS__);                   \
     switch (tessera_kernel_device_) {                                         \

@@ -13,6 +13,7 @@
 #include "tessera/base/aligned_alloc.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
+#include "tessera/base/trace.h"
 
 namespace tessera {
 
@@ -195,6 +196,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
+  const base::TraceScope trace("tensor_convert", "kernel");
   Tensor t = empty(shape_, dtype);
   t.copy_from(*this);
   return t;

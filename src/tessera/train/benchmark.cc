@@ -7,6 +7,7 @@
 
 #include "tessera/base/memory.h"
 #include "tessera/base/timer.h"
+#include "tessera/base/trace.h"
 #include "tessera/comm/communicator.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/model/benchmark.h"
@@ -48,10 +49,15 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
   r.peak_dtype = model::matmul_peak_dtype(model.bf16_mode());
   std::vector<double> secs;
   for (int i = 0; i < o.repeats + 1; ++i) {
+    if (i == 1 && !o.trace.empty()) base::start_trace(o.trace);  // the timed steps only
     base::Timer t;
-    step();
+    {
+      const base::TraceScope span("train_step", "step");
+      step();
+    }
     if (i > 0) secs.push_back(t.seconds());
   }
+  if (!o.trace.empty()) base::stop_trace();
   r.step_seconds = base::median(secs);
   const double tokens = static_cast<double>(o.batch * o.seq * accum);
   r.tokens_per_second = tokens / r.step_seconds;

@@ -20,6 +20,7 @@ struct StepBenchOptions {
   bool checkpoint = false;      // also measure an async checkpoint save during steps
   std::string checkpoint_dir;   // where (a temporary run directory; removed after)
   bool measure_peak = true;     // bf16 (or f32) matmul peak for MFU
+  std::string trace;            // Chrome trace of the timed steps ("" = none): kernel spans
 };
 
 // One async checkpoint save measured on the steps that ran while it was in flight.
