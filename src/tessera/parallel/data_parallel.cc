@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -249,31 +250,42 @@ void DataParallel::broadcast_and_shard() {
 }
 
 void DataParallel::build_pieces() {
-  // Hugging Face tensors are contiguous row blocks of the storage tensors: find each one's
-  // flat range from its address while the weights are still bound (stage 3: re-gather).
+  // Hugging Face tensors are row blocks of the storage tensors: find each one's flat range
+  // from its address while the weights are still bound (stage 3: re-gather). A column block
+  // (GPT-2's fused c_attn under tensor parallelism: its q, k and v columns) is strided: each
+  // of its rows is a flat range of its own.
   const auto& c = model_.config();
   gather_all();
   struct Param {
-    std::string name;
+    std::string name, key;
     int64_t flat, numel;
+    int64_t block_start;  // the first element's offset inside the block (row-major)
     Shape shape;
     std::vector<int64_t> block_offset;
     Shape full;
   };
   std::vector<Param> params;
-  // Under tensor parallelism each tensor's block on this rank (GPT-2's fused c_attn blocks
-  // are column blocks, not contiguous: refused by the trainer's layout check).
+  std::map<std::string, int> blocks;  // of each tensor on this rank so far (tp_piece_key)
   for (const auto& piece : model_.weights().pieces(c, model_.tp_shard())) {
     const std::string name = piece.name;
+    const std::string key = tp_piece_key(name, model_.tp_shard(), blocks[name]++);
     const Tensor& view = piece.view;
     const char* p = static_cast<const char*>(view.raw_data());
     bool found = false;
     for (const Slot& s : slots_) {
       const char* base = static_cast<const char*>(s.w->raw_data());
       if (p >= base && p < base + s.numel * 4) {
-        TESSERA_CHECK(view.is_contiguous(), "data parallel: tensor ", name, " is not contiguous");
-        params.push_back({name, s.flat + (p - base) / 4, view.numel(), view.shape(), piece.offset,
-                          piece.full});
+        const int64_t flat = s.flat + (p - base) / 4;
+        if (view.is_contiguous()) {
+          params.push_back({name, key, flat, view.numel(), 0, view.shape(), piece.offset, piece.full});
+        } else {
+          TESSERA_CHECK(view.dim() == 2 && view.stride(1) == 1, "data parallel: tensor ", name,
+                        " is neither contiguous nor a block of whole rows");
+          const int64_t rows = view.size(0), cols = view.size(1);
+          for (int64_t r = 0; r < rows; ++r)
+            params.push_back({name, key, flat + r * view.stride(0), cols, r * cols, view.shape(),
+                              piece.offset, piece.full});
+        }
         found = true;
         break;
       }
@@ -289,8 +301,8 @@ void DataParallel::build_pieces() {
       const int64_t shard_pos = seg.own_offset + (lo - seg.own_begin);
       ShardPiece piece;
       piece.name = p.name;
-      piece.key = tp_piece_key(p.name, model_.tp_shard());
-      piece.offset = lo - p.flat;
+      piece.key = p.key;
+      piece.offset = p.block_start + (lo - p.flat);
       piece.tensor_shape = p.shape;
       piece.block_offset = p.block_offset;
       piece.full_shape = p.full;
@@ -306,7 +318,7 @@ void DataParallel::build_pieces() {
         piece.grad = grads_flat_.slice(0, lo, hi);
       else
         piece.grad = grads_shard_.slice(0, shard_pos, shard_pos + hi - lo);
-      if (hi - lo == p.numel) {
+      if (hi - lo == shape_numel(p.shape)) {
         piece.master = piece.master.view(p.shape);
         piece.grad = piece.grad.view(p.shape);
       }

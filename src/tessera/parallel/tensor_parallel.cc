@@ -127,9 +127,11 @@ void CommTp::all_gather_columns(const Tensor& in, Tensor& out) {
   }
 }
 
-std::string tp_piece_key(const std::string& name, model::TpShard shard) {
-  if (shard.size == 1) return name;
-  return name + "@tp" + std::to_string(shard.rank) + "of" + std::to_string(shard.size);
+std::string tp_piece_key(const std::string& name, model::TpShard shard, int block) {
+  if (shard.size == 1 && block == 0) return name;
+  std::string key = name + "@tp" + std::to_string(shard.rank) + "of" + std::to_string(shard.size);
+  if (block > 0) key += ".b" + std::to_string(block);
+  return key;
 }
 
 std::vector<std::pair<std::string, Tensor>> gather_whole_tensors(const model::Model& m,

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tessera/base/thread_pool.h"
+#include "tessera/comm/communicator.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/train/optimizer.h"
 
@@ -94,6 +95,36 @@ Tensor newton_schulz5(const Tensor& g, int steps) {
   return out;
 }
 
+Tensor Optimizer::orthogonalise_block(const ParamRef& ref, const Tensor& u) const {
+  // Every rank's block and where it sits, gathered; the whole matrix assembled (a block
+  // several ranks hold, a replicated kv head, lands twice with the same values); the
+  // Newton-Schulz iterations on it, identically on every rank; this rank's block of them.
+  comm::Communicator& g = *ref.tp_group;
+  const int64_t n = u.numel(), rows = u.size(0), cols = u.size(1);
+  TESSERA_CHECK(ref.block_offset.size() == 2 && ref.full_shape.size() == 2,
+                "muon: ", ref.name, " has no 2-D block geometry under tensor parallelism");
+  // Offsets travel as f32: exact below 2^24, which every matrix dim is (model::limits).
+  Tensor mine = Tensor::empty({n + 2}, DType::kF32);
+  mine.slice(0, 0, n).copy_from(u.view({n}));
+  mine.data<float>()[n] = static_cast<float>(ref.block_offset[0]);
+  mine.data<float>()[n + 1] = static_cast<float>(ref.block_offset[1]);
+  Tensor all = Tensor::empty({(n + 2) * g.size()}, DType::kF32);
+  g.all_gather(mine, all);
+  Tensor whole = Tensor::zeros(ref.full_shape, DType::kF32);
+  for (int r = 0; r < g.size(); ++r) {
+    const float* src = all.data<float>() + r * (n + 2);
+    const auto r0 = static_cast<int64_t>(src[n]), c0 = static_cast<int64_t>(src[n + 1]);
+    TESSERA_CHECK(r0 >= 0 && c0 >= 0 && r0 + rows <= ref.full_shape[0] && c0 + cols <= ref.full_shape[1],
+                  "muon: tp rank ", r, "'s block of ", ref.name, " lies outside ",
+                  shape_str(ref.full_shape));
+    whole.slice(0, r0, r0 + rows).slice(1, c0, c0 + cols).copy_from(
+        all.slice(0, r * (n + 2), r * (n + 2) + n).view({rows, cols}));
+  }
+  const Tensor o = newton_schulz5(whole, config_.muon_ns_steps);
+  const int64_t r0 = ref.block_offset[0], c0 = ref.block_offset[1];
+  return o.slice(0, r0, r0 + rows).slice(1, c0, c0 + cols).contiguous();
+}
+
 void Optimizer::step_muon(double lr) {
   const float w_momentum = static_cast<float>(1.0 - config_.muon_momentum);
   const float w_nesterov = static_cast<float>(config_.muon_momentum);
@@ -114,10 +145,13 @@ void Optimizer::step_muon(double lr) {
         up[k] = nesterov ? lerp(g[k], m[k], w_nesterov) : m[k];
       }
     });
-    const Tensor o = newton_schulz5(u, config_.muon_ns_steps);
-    // update *= sqrt(max(1, rows/cols)); p.mul_(1 - lr*wd); p.add_(update, alpha=-lr).
-    const float shape_scale =
-        static_cast<float>(std::sqrt(std::max(1.0, double(rows) / double(cols))));
+    const bool split = ref.tp_group && ref.full_shape != ref.param.shape();
+    const Tensor o = split ? orthogonalise_block(ref, u) : newton_schulz5(u, config_.muon_ns_steps);
+    // update *= sqrt(max(1, rows/cols)) of the whole matrix; p.mul_(1 - lr*wd);
+    // p.add_(update, alpha=-lr).
+    const double whole_rows = split ? double(ref.full_shape[0]) : double(rows);
+    const double whole_cols = split ? double(ref.full_shape[1]) : double(cols);
+    const float shape_scale = static_cast<float>(std::sqrt(std::max(1.0, whole_rows / whole_cols)));
     const float decay =
         static_cast<float>(1.0 - lr * (ref.decay ? config_.muon_weight_decay : 0.0));
     const float neg_lr = static_cast<float>(-lr);

@@ -10,6 +10,10 @@
 #include "tessera/kernels/optimizer_math.h"
 #include "tessera/tensor/tensor.h"
 
+namespace tessera::comm {
+class Communicator;
+}
+
 namespace tessera::train {
 
 // One trainable tensor. param and grad are f32, contiguous, on the CPU, same shape; the
@@ -24,6 +28,13 @@ struct ParamRef {
   // Its share of the global gradient norm's sum of squares: 1, or 1/tp for a tensor every
   // tensor-parallel rank holds whole (the sum over the tp group then counts it once).
   double norm_share = 1.0;
+  // Under tensor parallelism, a Muon matrix split over the tp group: param is this rank's
+  // block of the whole (full_shape) matrix at block_offset; Muon orthogonalises the whole
+  // update (gathered from the group's blocks) and keeps this block of it, as one process
+  // would. nullptr: param is the whole matrix.
+  comm::Communicator* tp_group = nullptr;
+  std::vector<int64_t> block_offset;
+  Shape full_shape;
 };
 
 // Field names are the TOML keys of the trainer's [optimizer] table.
@@ -72,6 +83,9 @@ class Optimizer {
   };
   void step_adamw(double lr);
   void step_muon(double lr);
+  // The orthogonalised update of a Muon matrix split over tensor-parallel ranks (this
+  // rank's block u of the whole update): collective over ref.tp_group.
+  Tensor orthogonalise_block(const ParamRef& ref, const Tensor& u) const;
 
   OptimizerConfig config_;
   std::vector<ParamRef> params_;

@@ -99,7 +99,8 @@ class Run {
                                        parallel::parse_pipe_schedule(c.parallel.pp_schedule),
                                        static_cast<int>(c.data.grad_accum))
                                  : nullptr),
-        refs_(dp_param_refs(dp_, flags_, c.optimizer.name)),
+        refs_(dp_param_refs(dp_, flags_, c.optimizer.name,
+                            tp_ ? &mesh_->group(parallel::Axis::kTp) : nullptr)),
         opt_(c.optimizer, refs_),
         scaler_(c.fp16_init_scale, 2.0, 0.5, c.fp16_growth_interval,
                 c.training.precision == "fp16"),

@@ -67,10 +67,6 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
   if (s.tp > 1) {
     TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
                   "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
-    TESSERA_CHECK(m.arch != model::Arch::kGpt2, src, ": [parallel] tp = ", s.tp,
-                  ": gpt2's fused c_attn cannot be trained tensor-parallel yet (llama and qwen2 can)");
-    TESSERA_CHECK(c.optimizer.name != "muon", src, ": [parallel] tp = ", s.tp,
-                  ": Muon orthogonalises whole matrices, and tp splits them (use adamw)");
   }
   const auto coords = parallel::DeviceMesh::coords_of(s, rank);
   const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};

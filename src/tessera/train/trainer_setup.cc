@@ -193,15 +193,20 @@ parallel::DataParallelConfig dp_config(const TrainConfig& c) {
 
 std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
                                     const std::map<std::string, ParamFlags>& flags,
-                                    const std::string& optimizer_name) {
+                                    const std::string& optimizer_name,
+                                    comm::Communicator* tp_group) {
   std::vector<ParamRef> refs;
   for (const auto& piece : dp.pieces()) {
     const ParamFlags f = flags.at(piece.name);
-    TESSERA_CHECK(!(f.muon && optimizer_name == "muon" && !piece.whole()),
+    const bool muon = f.muon && optimizer_name == "muon";
+    TESSERA_CHECK(!(muon && !piece.whole() && dp.config().zero_stage > 0),
                   "optimizer.name = \"muon\" needs whole matrices on each rank, but "
                   "parallel.zero_stage = ", dp.config().zero_stage, " splits ", piece.name,
                   " over ", dp.world_size(),
                   " ranks; use zero_stage = 0 with Muon");
+    TESSERA_CHECK(!(muon && !piece.whole()), "optimizer.name = \"muon\" under tensor parallelism ",
+                  "needs each rank's block of ", piece.name, " as one matrix, but it holds it as "
+                  "rows of a fused tensor (GPT-2's c_attn); use optimizer.name = \"adamw\"");
     ParamRef r;
     r.name = piece_key(piece.key, piece.offset, piece.whole());
     r.param = piece.master;
@@ -209,6 +214,11 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
     r.decay = f.decay;
     r.muon = f.muon;
     r.norm_share = f.tied_copy ? 0.0 : 1.0 / static_cast<double>(f.tp_copies);
+    if (muon && tp_group && tp_group->size() > 1) {
+      r.tp_group = tp_group;
+      r.block_offset = piece.block_offset;
+      r.full_shape = piece.full_shape;
+    }
     refs.push_back(std::move(r));
   }
   return refs;

@@ -56,10 +56,12 @@ std::map<std::string, ParamFlags> param_flags(const model::Model& m);
 // ZeRO stage, buckets, offload, and the compute precision with its bf16 mode.
 parallel::DataParallelConfig dp_config(const TrainConfig& c);
 // The optimizer's parameter list over dp.pieces() (this rank's shard), flagged as
-// param_flags() says; Muon needs whole matrices (an error names the split tensor).
+// param_flags() says; Muon needs each rank's tensor-parallel block whole (an error names
+// the split tensor), and orthogonalises the whole matrix over `tp_group` (nullptr at tp 1).
 std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
                                     const std::map<std::string, ParamFlags>& flags,
-                                    const std::string& optimizer_name);
+                                    const std::string& optimizer_name,
+                                    comm::Communicator* tp_group = nullptr);
 
 // The gradient half of a training step, as `tessera train` and `bench train` run it:
 // dp.start_step(), `accum` micro-batches from batch(micro) (ids, targets), the first
