@@ -108,7 +108,7 @@ TEST(Calibration, MemoryModelMatchesPerRankBytesOfDataParallelRuns) {
 TEST(Calibration, MemoryModelMatchesPerRankBytesOfModelParallelRuns) {
   // Rank 0's bytes (pipeline stage 0, tp rank 0) against the planner's stage 0, for the
   // model-parallel layouts the trainer runs: tp (+ SP), pp under GPipe and 1F1B (the
-  // activations of the micro-batches in flight), and their products with dp / ZeRO-1.
+  // activations of the micro-batches in flight), and their products with dp / ZeRO-1 and 3.
   const std::string root = train::temp_dir("plan_memory_mp");
   const std::string data = train::make_data(root);
   struct Case {
@@ -120,7 +120,8 @@ TEST(Calibration, MemoryModelMatchesPerRankBytesOfModelParallelRuns) {
   const Case cases[] = {{"tp2", 1, 2, 1, 0, false, "1f1b"},     {"tp2_sp", 1, 2, 1, 0, true, "1f1b"},
                         {"pp2_1f1b", 1, 1, 2, 0, false, "1f1b"}, {"pp2_gpipe", 1, 1, 2, 0, false, "gpipe"},
                         {"dp2pp2_z1", 2, 1, 2, 1, false, "1f1b"}, {"tp2pp2", 1, 2, 2, 0, false, "1f1b"},
-                        {"dp2tp2_z1", 2, 2, 1, 1, false, "1f1b"}};
+                        {"dp2tp2_z1", 2, 2, 1, 1, false, "1f1b"}, {"dp2tp2_z3", 2, 2, 1, 3, false, "1f1b"},
+                        {"dp2pp2_z3", 2, 1, 2, 3, false, "1f1b"}};
   std::printf("%-12s %12s %12s %12s %12s  (predicted / reported by the trainer)\n", "run", "weights",
               "grads", "optimizer", "activations");
   for (const Case& k : cases) {

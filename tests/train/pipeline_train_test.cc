@@ -43,9 +43,13 @@ TEST(PipelineTraining, EveryLayoutMatchesOneProcessOver20Steps) {
       {"pp2_interleaved", "pp = 2\npp_schedule = \"interleaved\"\npp_virtual_stages = 2", 2},
       {"pp4", "pp = 4", 4},
       {"dp2pp2_z1", "pp = 2\ndp = 2\nzero_stage = 1", 4},
+      {"dp2pp2_z3", "pp = 2\ndp = 2\nzero_stage = 3", 4},
+      {"dp2pp2_z3_interleaved",
+       "pp = 2\ndp = 2\nzero_stage = 3\npp_schedule = \"interleaved\"\npp_virtual_stages = 2", 4},
       {"tp2pp2", "pp = 2\ntp = 2", 4},
       {"tp2pp2_sp", "pp = 2\ntp = 2\nsequence_parallel = true", 4},
       {"dp2tp2pp2_z1", "pp = 2\ntp = 2\ndp = 2\nzero_stage = 1", 8},
+      {"dp2tp2pp2_z3", "pp = 2\ntp = 2\ndp = 2\nzero_stage = 3", 8},
   };
   for (const auto& k : cases) {
     const RunOut got = train(config(root, k.name, data, 20, k.parallel), k.ranks);
@@ -156,7 +160,8 @@ TEST(PipelineTraining, ACheckpointResumesOnTheSameCurveUnderAnotherLayout) {
   } cases[] = {{"dp2tp2_to_tp2pp2", "tp = 2\ndp = 2\nzero_stage = 1", 4, "tp = 2\npp = 2", 4},
                {"dp2tp2_to_one", "tp = 2\ndp = 2\nzero_stage = 1", 4, "zero_stage = 0", 0},
                {"pp2_to_dp2", "pp = 2", 2, "zero_stage = 1", 2},
-               {"tp2pp2_to_pp2", "tp = 2\npp = 2\nzero_stage = 1", 4, "pp = 2", 2}};
+               {"tp2pp2_to_pp2", "tp = 2\npp = 2\nzero_stage = 1", 4, "pp = 2", 2},
+               {"dp2pp2_z3_to_tp2", "pp = 2\ndp = 2\nzero_stage = 3", 4, "tp = 2", 2}};
   for (const auto& k : cases) {
     TrainOptions stop;
     stop.stop_after = 5;
@@ -195,8 +200,8 @@ TEST(PipelineTraining, LayoutsTheTrainerCannotRunAreOneLine) {
     int64_t accum;
     const char* want;
   } cases[] = {
-      {"pp = 2\nzero_stage = 3", "", 4, "ZeRO-3 inside pipeline parallelism is not available yet"},
       {"pp = 2\nzero_stage = 2", "tie_word_embeddings = true\n", 4, "use zero_stage <= 1"},
+      {"pp = 2\ndp = 2\nzero_stage = 3", "tie_word_embeddings = true\n", 4, "use zero_stage <= 1"},
       {"pp = 2", "", 1, "pp = 2 needs at least 2 micro-batches"},
       {"pp = 4\npp_virtual_stages = 2\npp_schedule = \"interleaved\"", "", 4, "exceeds the model's 4 layers"},
       {"pp = 2\npp_virtual_stages = 2", "", 4, "needs schedule = \"interleaved\""},

@@ -43,6 +43,8 @@ TEST(TensorParallelTraining, Tp2AndDp2xTp2MatchOneProcessOver20Steps) {
                {"tp4_kv_replicated", "tp = 4", 4},  // 2 kv heads: each on 2 ranks
                {"dp2tp2_z1", "tp = 2\ndp = 2\nzero_stage = 1", 4},
                {"dp2tp2_z2", "tp = 2\nzero_stage = 2", 4},
+               {"dp2tp2_z3", "tp = 2\nzero_stage = 3", 4},
+               {"dp2tp2_z3_sp", "tp = 2\nzero_stage = 3\nsequence_parallel = true", 4},
                {"dp2tp2_sp", "tp = 2\ndp = 2\nsequence_parallel = true\nzero_stage = 1", 4},
                {"tp4_sp", "tp = 4\nsequence_parallel = true", 4},
                {"dp2tp2_sp_overlap", "tp = 2\ndp = 2\nsequence_parallel = true\nsp_overlap = true\nzero_stage = 1", 4}};
@@ -170,7 +172,8 @@ TEST(TensorParallelTraining, ACheckpointResumesOnTheSameCurveUnderAnotherLayout)
                {"to_one", "tp = 2\nzero_stage = 1", 4, "zero_stage = 0", 0},
                {"to_dp2", "tp = 2\nzero_stage = 1", 4, "zero_stage = 2", 2},
                {"to_tp4", "tp = 2\nzero_stage = 1", 4, "tp = 4", 4},
-               {"from_one", "zero_stage = 0", 0, "tp = 2\nzero_stage = 1", 4}};
+               {"from_one", "zero_stage = 0", 0, "tp = 2\nzero_stage = 1", 4},
+               {"z3_to_tp4", "tp = 2\nzero_stage = 3", 4, "tp = 4", 4}};
   for (const auto& k : cases) {
     TrainOptions stop;
     stop.stop_after = 5;
@@ -191,7 +194,6 @@ TEST(TensorParallelTraining, LayoutsTheTrainerCannotRunAreOneLine) {
     const char* extra_model;
     const char* want;
   } cases[] = {
-      {"tp = 2\nzero_stage = 3", "", "ZeRO-3 inside tensor parallelism is not available yet"},
       {"tp = 3", "", "tp 3 = 3 does not divide the 4 ranks"},
       {"sequence_parallel = true", "", "sequence_parallel = true needs tp > 1"},
       {"tp = 2\nsp_overlap = true", "", "sp_overlap = true needs sequence_parallel = true"},

@@ -224,6 +224,7 @@ void DataParallel::broadcast_and_shard() {
     params_shard_ = comm_.alloc_shared({own_total_}, DType::kF32);  // the input of every gather
     for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
       Unit& unit = units_[u];
+      if (unit.segment < 0) continue;  // another pipeline stage's unit
       const Segment& seg = segments_[unit.segment];
       Tensor full = Tensor::empty({unit.end - unit.begin}, DType::kF32);
       for (int i : unit.slots) {
@@ -510,7 +511,7 @@ void DataParallel::acquire(int u) {
   if (next < 1 && backward_phase_) return;  // backward never reads the embeddings' weights
   if (next < 0 || next > head) return;
   Unit& n = units_[next];
-  if (n.refs == 0 && !n.resident && !n.gather) start_gather(next, true);
+  if (n.segment >= 0 && n.refs == 0 && !n.resident && !n.gather) start_gather(next, true);
 }
 
 void DataParallel::release(int u) {

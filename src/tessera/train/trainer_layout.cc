@@ -31,8 +31,6 @@ model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape&
                   "pp_layers need pp > 1");
     return {};
   }
-  TESSERA_CHECK(pa.zero_stage < 3, src, ": [parallel] pp = ", s.pp, " with zero_stage = 3: ",
-                "ZeRO-3 inside pipeline parallelism is not available yet (use zero_stage <= 2)");
   TESSERA_CHECK(!m.tie_word_embeddings || pa.zero_stage < 2, src, ": [parallel] pp = ", s.pp,
                 " with zero_stage = ", pa.zero_stage, ": the model ties its embeddings to lm_head, ",
                 "whose copies on the first and last stage are summed whole; use zero_stage <= 1");
@@ -65,8 +63,6 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                   " ranks: they must divide evenly");
   }
   if (s.tp > 1) {
-    TESSERA_CHECK(c.parallel.zero_stage < 3, src, ": [parallel] tp = ", s.tp, " with zero_stage = 3: ",
-                  "ZeRO-3 inside tensor parallelism is not available yet (use zero_stage <= 2)");
   }
   const auto coords = parallel::DeviceMesh::coords_of(s, rank);
   const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
