@@ -132,5 +132,28 @@ TEST_F(ElasticFault, HungRankIsCaughtByTheWatchdogAndTheJobShrinks) {
   expect_same_curve(losses_of(out), reference_);
 }
 
+TEST_F(ElasticFault, HungRankOfATensorParallelJobShrinksByAWholeReplica) {
+  // dp2 x tp2 on 4 ranks: a hung rank takes its tp group's replica with it, so the job
+  // comes back on 2 ranks (dp1 x tp2, the ZeRO-2 state resharded) and finishes on the
+  // one-process curve.
+  const std::string out = root_ + "/hang_tp";
+  const double timeout_s = 4;
+  std::string cfg = fault_config(out, data_, timeout_s);
+  cfg.replace(cfg.find("[parallel]\n"), 11, "[parallel]\ntp = 2\n");
+  io_write(out + ".toml", cfg);
+  Background job(std::string(TESSERA_CLI_PATH) + " train --config " + out +
+                 ".toml --nproc 4 --min-nproc 2 --max-restarts 1 --heartbeat-timeout 120 "
+                 "--heartbeat-interval 0.02");
+  const int64_t pid = wait_for_step(out + "/heartbeats", 3, 5, 120);
+  ASSERT_GT(pid, 0) << "rank 3 never reached step 5: " << job.join().out;
+  ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGSTOP), 0);
+  const auto& r = job.join();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("elastic: finished after 1 restart on 2 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train: mesh dp2 x tp2,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train: mesh tp2,"), std::string::npos) << r.out;  // after the shrink
+  expect_same_curve(losses_of(out), reference_);
+}
+
 }  // namespace
 }  // namespace tessera::train
