@@ -103,8 +103,13 @@ TEST(PipelineTraining, TiedEmbeddingsAndGpt2MatchOneProcess) {
       int ranks;
     } cases[] = {{"pp2", "pp = 2", 2},
                  {"pp4", "pp = 4", 4},
-                 {"dp2pp2_z1", "pp = 2\ndp = 2\nzero_stage = 1", 4}};
+                 {"dp2pp2_z1", "pp = 2\ndp = 2\nzero_stage = 1", 4},
+                 // ZeRO-2/3: each end's dp pieces of the table assembled, summed, cut back.
+                 {"dp2pp2_z2", "pp = 2\ndp = 2\nzero_stage = 2", 4},
+                 {"dp2pp2_z3", "pp = 2\ndp = 2\nzero_stage = 3", 4},
+                 {"dp2tp2pp2_z2", "pp = 2\ntp = 2\ndp = 2\nzero_stage = 2", 8}};
     for (const auto& k : cases) {
+      if (tag == "gpt2_" && std::string(k.name) == "dp2tp2pp2_z2") continue;  // 8 ranks once
       const RunOut got = train(with(config(root, tag + k.name, data, 10, k.parallel)), k.ranks);
       expect_close(got.losses, ref.losses, 1e-5, tag + k.name + " loss");
       expect_close(got.grad_norms, ref.grad_norms, 1e-5, tag + k.name + " grad norm");
@@ -200,8 +205,6 @@ TEST(PipelineTraining, LayoutsTheTrainerCannotRunAreOneLine) {
     int64_t accum;
     const char* want;
   } cases[] = {
-      {"pp = 2\nzero_stage = 2", "tie_word_embeddings = true\n", 4, "use zero_stage <= 1"},
-      {"pp = 2\ndp = 2\nzero_stage = 3", "tie_word_embeddings = true\n", 4, "use zero_stage <= 1"},
       {"pp = 2", "", 1, "pp = 2 needs at least 2 micro-batches"},
       {"pp = 4\npp_virtual_stages = 2\npp_schedule = \"interleaved\"", "", 4, "exceeds the model's 4 layers"},
       {"pp = 2\npp_virtual_stages = 2", "", 4, "needs schedule = \"interleaved\""},

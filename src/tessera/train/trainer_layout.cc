@@ -31,9 +31,6 @@ model::PpStage checked_pp_stage(const TrainConfig& c, const parallel::MeshShape&
                   "pp_layers need pp > 1");
     return {};
   }
-  TESSERA_CHECK(!m.tie_word_embeddings || pa.zero_stage < 2, src, ": [parallel] pp = ", s.pp,
-                " with zero_stage = ", pa.zero_stage, ": the model ties its embeddings to lm_head, ",
-                "whose copies on the first and last stage are summed whole; use zero_stage <= 1");
   try {
     parallel::check_pipe_shape(schedule, {static_cast<int>(s.pp), static_cast<int>(c.data.grad_accum), V});
     const auto coords = parallel::DeviceMesh::coords_of(s, rank);
@@ -125,11 +122,33 @@ GradientPass run_pipeline_step(const model::Model& m, parallel::DataParallel& dp
   dp.finish_gradients();
   if (embed_group) {
     // The tied table's two gradients (embedding lookups on stage 0, the head on the last
-    // stage) summed, so both copies take the same step; each is whole at ZeRO <= 1.
-    model::Params& g = dp.grads();
-    Tensor t = m.pp_stage().holds_embed() ? g.embed : g.lm_head;
+    // stage) summed, so both copies take the same step.
     base::TraceScope tied("tied_embedding_sum");
-    embed_group->all_reduce(t, comm::ReduceOp::kSum);
+    if (dp.config().zero_stage < 2 || dp.world_size() == 1) {  // each is whole here
+      model::Params& g = dp.grads();
+      Tensor t = m.pp_stage().holds_embed() ? g.embed : g.lm_head;
+      embed_group->all_reduce(t, comm::ReduceOp::kSum);
+    } else {
+      // ZeRO-2/3: each data-parallel rank holds its own pieces of the reduced gradient,
+      // cut differently at the two ends. Assembled whole over the dp group (every element
+      // is one rank's), summed between the ends, and each rank's pieces copied back.
+      const std::string name = m.pp_stage().holds_embed() ? model::embedding_name(m.config())
+                                                          : std::string("lm_head.weight");
+      // (V / tp, H): this rank's tp block of the table, whichever end holds it.
+      Tensor whole = Tensor::zeros({m.dims().vocab * m.config().hidden_size}, DType::kF32);
+      for (const auto& piece : dp.pieces()) {
+        if (piece.name != name) continue;
+        const int64_t n = piece.grad.numel();
+        whole.slice(0, piece.offset, piece.offset + n).copy_from(piece.grad.view({n}));
+      }
+      dp.comm().all_reduce(whole, comm::ReduceOp::kSum);
+      embed_group->all_reduce(whole, comm::ReduceOp::kSum);
+      for (auto& piece : dp.pieces()) {
+        if (piece.name != name) continue;
+        Tensor g = piece.grad.view({piece.grad.numel()});
+        g.copy_from(whole.slice(0, piece.offset, piece.offset + g.numel()));
+      }
+    }
   }
   GradientPass r;
   r.loss_sum = last.loss_sum;
