@@ -7,8 +7,10 @@
 # without SP); then tp2 / dp2 step time (the bar: at most 1.3). Then
 # pipeline parallelism: pp2 under each schedule at the same global batch (8 micro-batches
 # of 1 sequence), and 1F1B at m = 4, 8, 16 micro-batches: the step time, the measured bubble
-# (metrics pp_bubble: idle share of the pipeline span over both stages) beside the
-# formula (pp-1)/(v m+pp-1), the bytes sent and the time blocked receiving.
+# (metrics pp_bubble: idle share of the pipeline span over both stages; pp_bubble_critical:
+# the busiest stage's own idle share, the schedule's bubble once the faster stage's waiting
+# on the slower is set apart as stage_imbalance) beside the formula (pp-1)/(v m+pp-1), the
+# bytes sent and the time blocked receiving.
 # Usage: bench/parallel.sh [BUILD_DIR] [STEPS]
 set -euo pipefail
 BUILD=${1:-build}
@@ -123,10 +125,15 @@ for name, m in [("pp2_same", 8), ("pp2_gpipe_m8", 8), ("pp2_1f1b_m4", 4), ("pp2_
     recs = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl") if '"loss"' in l][3:]
     tps = statistics.median(r["tokens_per_s"] for r in recs)
     bubble = statistics.median(r["pp_bubble"] for r in recs)
+    critical = statistics.median(r["pp_bubble_critical"] for r in recs)
     formula = recs[-1]["pp_bubble_formula"]
+    busy = [statistics.median(r["pp_stage_busy_s"][i] for r in recs) for i in range(2)]
     out[name] = {"tokens_per_s": round(tps), "step_s": round(m * 256 / tps, 4),
                  "bubble_measured": round(bubble, 4), "bubble_formula": round(formula, 4),
                  "bubble_over_formula": round(bubble / formula, 3),
+                 "bubble_critical": round(critical, 4),
+                 "critical_over_formula": round(critical / formula, 3),
+                 "stage_imbalance": round(max(busy) / min(busy) - 1, 3),
                  "sent_mb_per_step": round(recs[-1]["pp_sent_bytes"] / 2**20, 2),
                  "recv_wait_s_per_step": round(statistics.median(r["pp_recv_wait_s"] for r in recs), 4),
                  "max_in_flight": recs[-1]["pp_max_in_flight"],

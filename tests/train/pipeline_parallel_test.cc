@@ -42,6 +42,8 @@ TEST(PipelineSchedule, EveryPassRunsOnceWithoutDeadlockAndTheBubbleIsTheFormulas
           // GPipe and 1F1B take (m + pp - 1)(F + B) exactly.
           EXPECT_NEAR(t.makespan, (m + pp - 1) * 3.0, 1e-9) << what;
           EXPECT_NEAR(t.bubble, parallel::ideal_bubble(shape), 1e-9) << what;
+          // Equal stages: the busiest rank idles exactly as much as the average one.
+          EXPECT_NEAR(parallel::critical_bubble(t.spans), parallel::ideal_bubble(shape), 1e-9) << what;
         } else if (m > pp) {
           // Interleaving shrinks the bubble by about v (Narayanan et al. 2021).
           EXPECT_NEAR(t.bubble, parallel::ideal_bubble(shape), 0.02) << what;
@@ -49,6 +51,16 @@ TEST(PipelineSchedule, EveryPassRunsOnceWithoutDeadlockAndTheBubbleIsTheFormulas
         if (s == PipeSchedule::kGpipe) EXPECT_EQ(t.max_in_flight, m) << what;
         if (s == PipeSchedule::k1F1B) EXPECT_LE(t.max_in_flight, std::min(pp, m)) << what;
       }
+}
+
+TEST(PipelineSchedule, TheCriticalBubbleIsTheBusiestRanksIdleShare) {
+  // Rank 0 busy 2 of the 3.5 s span, rank 1 (the slowest stage) 3: the pipeline's idle
+  // share over both ranks is 1 - 5 / 7, the busiest rank's 1 - 3 / 3.5.
+  const std::vector<std::vector<parallel::PipeSpan>> spans = {{{0.0, 1.0}, {2.0, 3.0}},
+                                                              {{0.5, 2.0}, {2.0, 3.5}}};
+  EXPECT_NEAR(parallel::measured_bubble(spans), 1.0 - 5.0 / 7.0, 1e-12);
+  EXPECT_NEAR(parallel::critical_bubble(spans), 1.0 - 3.0 / 3.5, 1e-12);
+  EXPECT_EQ(parallel::critical_bubble({}), 0.0);
 }
 
 TEST(PipelineSchedule, PrintsOneLinePerRankAndRejectsShapesItCannotRun) {

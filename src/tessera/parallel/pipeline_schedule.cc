@@ -188,6 +188,21 @@ double measured_bubble(const std::vector<std::vector<PipeSpan>>& spans) {
   return 1.0 - busy / (static_cast<double>(spans.size()) * (t1 - t0));
 }
 
+double critical_bubble(const std::vector<std::vector<PipeSpan>>& spans) {
+  double t0 = INFINITY, t1 = -INFINITY, busiest = 0;
+  for (const auto& r : spans) {
+    double busy = 0;
+    for (const PipeSpan& s : r) {
+      t0 = std::min(t0, s.start);
+      t1 = std::max(t1, s.end);
+      busy += s.end - s.start;
+    }
+    busiest = std::max(busiest, busy);
+  }
+  if (!(t1 > t0) || spans.empty()) return 0.0;
+  return 1.0 - busiest / (t1 - t0);
+}
+
 double ideal_bubble(const PipeShape& sh) {
   const double p = sh.pp, m = sh.micro_batches, v = sh.virtual_stages;
   return (p - 1) / (v * m + p - 1);

@@ -65,8 +65,14 @@ struct PipeTimeline {
 PipeTimeline simulate_schedule(const std::vector<std::vector<PipeAction>>& actions,
                                const PipeShape& shape, double forward = 1.0, double backward = 2.0);
 
-// The bubble of the measured spans (same definition as PipeTimeline::bubble).
+// The bubble of the measured spans (same definition as PipeTimeline::bubble): the idle
+// share of the pipeline's span summed over every rank.
 double measured_bubble(const std::vector<std::vector<PipeSpan>>& spans);
+// The idle share of the busiest rank alone: 1 - max busy / span. The formula assumes
+// equal stages; when they are not, the faster ones also wait on the slowest (imbalance,
+// in measured_bubble), while the slowest idles only where the schedule makes it: this is
+// the schedule's own bubble. Equal to measured_bubble when the stages are equally busy.
+double critical_bubble(const std::vector<std::vector<PipeSpan>>& spans);
 
 // The textbook bubble fraction: (pp - 1) / (v m + pp - 1) (v = 1 for GPipe and 1F1B).
 double ideal_bubble(const PipeShape& shape);

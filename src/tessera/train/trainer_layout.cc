@@ -180,6 +180,7 @@ void pipeline_metrics(nlohmann::json& rec, const parallel::Pipeline& pipe,
                       const std::vector<std::vector<parallel::PipeSpan>>& spans) {
   rec["pp_schedule"] = parallel::pipe_schedule_name(pipe.schedule());
   rec["pp_bubble"] = parallel::measured_bubble(spans);
+  rec["pp_bubble_critical"] = parallel::critical_bubble(spans);
   rec["pp_bubble_formula"] = parallel::ideal_bubble(pipe.shape());
   rec["pp_sent_bytes"] = last.sent_bytes;
   rec["pp_messages"] = last.sent_messages;
