@@ -1,7 +1,8 @@
 // Quantized weights: fp8 e4m3 codes against the format's formula, round-to-nearest
 // quantization against its definition, and every product path (GEMV, blocked GEMM, auto)
 // against the scalar reference and against dequantize-then-f32-GEMM, on odd shapes, per
-// scheme and group size, with act-order permutations and smoothing. The capped-ISA ctest
+// scheme and group size, with act-order permutations and smoothing, through every GEMV
+// row kernel the CPU can run (scalar, AVX2, AVX-512, AVX-512 VNNI). The capped-ISA ctest
 // runs (kernels_isa_avx2 / kernels_isa_scalar) take the same assertions down the AVX2
 // and scalar kernels.
 #include "tessera/kernels/quant.h"
@@ -13,6 +14,9 @@
 #include <numeric>
 #include <random>
 
+#include "tessera/base/cpu_features.h"
+#include "tessera/kernels/cpu/quant_cpu.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/reference/quant_ref.h"
 
@@ -135,6 +139,15 @@ void check_paths(const QuantWeight& q, int64_t M, uint32_t seed) {
   }
 }
 
+// Every GEMV row kernel this CPU can run (the capped-ISA runs drop the wider ones).
+std::vector<cpu::QuantIsa> runnable_isas() {
+  std::vector<cpu::QuantIsa> out = {cpu::QuantIsa::kScalar};
+  if (cpu_has(IsaLevel::kAvx2)) out.push_back(cpu::QuantIsa::kAvx2);
+  if (cpu_has(IsaLevel::kAvx512)) out.push_back(cpu::QuantIsa::kAvx512);
+  if (cpu_has(IsaLevel::kAvx512) && base::cpu_features().avx512_vnni) out.push_back(cpu::QuantIsa::kAvx512Vnni);
+  return out;
+}
+
 TEST(QuantMatmul, EveryPathMatchesTheReferenceOnOddShapes) {
   struct Case {
     QuantScheme s;
@@ -149,11 +162,18 @@ TEST(QuantMatmul, EveryPathMatchesTheReferenceOnOddShapes) {
       {QuantScheme::kFp8, 17, 256, 64},  {QuantScheme::kW8A8, 1, 33, 33},
       {QuantScheme::kW8A8, 129, 100, 100}, {QuantScheme::kW8A8, 40, 1029, 1029},
   };
-  uint32_t seed = 10;
-  for (const Case& c : cases) {
-    const QuantWeight q = quantize_rtn(random_tensor(c.out, c.in, seed++), c.s, c.group);
-    for (int64_t M : {1, 2, 3, 4, 5, 9, 33}) check_paths(q, M, seed++);
+  for (cpu::QuantIsa isa : runnable_isas()) {
+    SCOPED_TRACE("row kernels " + std::to_string(static_cast<int>(isa)));
+    cpu::force_quant_isa_for_testing(isa);
+    uint32_t seed = 10;
+    for (const Case& c : cases) {
+      const QuantWeight q = quantize_rtn(random_tensor(c.out, c.in, seed++), c.s, c.group);
+      for (int64_t M : {1, 2, 3, 4, 5, 9, 33}) check_paths(q, M, seed++);
+    }
   }
+  cpu::force_quant_isa_for_testing(std::nullopt);
+  // The default is the best this CPU has.
+  EXPECT_EQ(cpu::best_quant_isa(), runnable_isas().back());
 }
 
 TEST(QuantMatmul, ActOrderPermutationAndSmoothingAreApplied) {

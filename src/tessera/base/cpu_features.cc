@@ -44,6 +44,7 @@ CpuFeatures detect() {
   f.avx512f = zmm_ok && (b & (1u << 16));
   f.avx512bw = zmm_ok && (b & (1u << 30));
   f.avx512vl = zmm_ok && (b & (1u << 31));
+  f.avx512_vnni = zmm_ok && f.avx512f && (c & (1u << 11));
   f.amx_bf16 = d & (1u << 22);
   f.amx_tile = d & (1u << 24);
   f.amx_int8 = d & (1u << 25);
@@ -54,7 +55,7 @@ CpuFeatures detect() {
 
   if (const char* cap = std::getenv("TESSERA_ISA")) {
     if (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "scalar") == 0) {
-      f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = false;
+      f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = false;
       f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
       if (std::strcmp(cap, "scalar") == 0) f.avx2 = f.fma = false;
     } else if (std::strcmp(cap, "avx512") == 0) {
@@ -83,6 +84,7 @@ std::string describe_cpu_features() {
   add(f.fma, "fma");
   add(f.avx512f, "avx512f");
   add(f.avx512_bf16, "avx512_bf16");
+  add(f.avx512_vnni, "avx512_vnni");
   add(f.amx_tile, "amx_tile");
   add(f.amx_bf16, "amx_bf16");
   return s.empty() ? "scalar" : s;

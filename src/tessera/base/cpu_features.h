@@ -12,6 +12,7 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512_bf16 = false;
+  bool avx512_vnni = false;  // vpdpbusd: u8 x s8 dot products into int32
   bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_int8 = false;

@@ -328,7 +328,7 @@ void quant_matmul_with(QuantPath path, const Tensor& x, const QuantWeight& w, Te
     return;
   }
   if (path == QuantPath::kAuto) path = x.size(0) <= kGemvMaxRows ? QuantPath::kGemv : QuantPath::kGemm;
-  const cpu::QuantIsa isa = cpu_has(IsaLevel::kAvx2) ? cpu::QuantIsa::kAvx2 : cpu::QuantIsa::kScalar;
+  const cpu::QuantIsa isa = cpu::best_quant_isa();
   TESSERA_KERNEL("quant_matmul",
                  (path == QuantPath::kGemv ? cpu::quant_gemv(x, w, y, isa) : cpu::quant_gemm(x, w, y, isa)),
                  x, w.q, y);

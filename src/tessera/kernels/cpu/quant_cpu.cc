@@ -13,13 +13,17 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
+#include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/avx2_math.h"
+#include "tessera/kernels/cpu/quant_rows.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/reference/quant_ref.h"
 
@@ -27,19 +31,6 @@
 
 namespace tessera::kernels::cpu {
 namespace {
-
-// x as the weight's stored columns see it: permuted and smoothed into scratch when the
-// weight asks for it, else x itself. Rows of `ld` floats.
-struct Activations {
-  const float* x = nullptr;
-  int64_t ld = 0;
-  int64_t rows = 0;
-  bool permuted = false;  // x is scratch (thread_local: reused call after call)
-  std::vector<float> scratch;
-  std::vector<float> xsum;   // (rows, groups): sum of each group's x, for zero points
-  std::vector<int8_t> xq;    // W8A8: (rows, in) s8
-  std::vector<float> xscale; // W8A8: (rows)
-};
 
 void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
   a.rows = x.size(0);
@@ -79,21 +70,6 @@ void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
       a.xscale[m] = reference::quantize_row_s8(a.x + m * a.ld, w.in, a.xq.data() + m * w.in);
   }
 }
-
-// The code of stored weight j of a row (int4 unpacked) and its value before the scale.
-inline int code_at(QuantScheme s, const uint8_t* row, int64_t j) {
-  if (s == QuantScheme::kInt4) {
-    const uint8_t b = row[(j / 32) * 16 + (j % 32) % 16];
-    return (j % 32) < 16 ? (b & 0xF) : (b >> 4);
-  }
-  return row[j];
-}
-inline float unscaled(QuantScheme s, const uint8_t* row, int64_t j) {
-  const int c = code_at(s, row, j);
-  return s == QuantScheme::kFp8 ? fp8_e4m3_to_f32(static_cast<uint8_t>(c)) : static_cast<float>(c);
-}
-
-int64_t row_bytes(const QuantWeight& w) { return w.scheme == QuantScheme::kInt4 ? w.in / 2 : w.in; }
 
 // ---- float schemes (int8, int4, fp8), scalar -----------------------------------------
 
@@ -294,12 +270,15 @@ void rows_s8_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb
 void run_rows(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
               int64_t ldy, int64_t o0, int64_t o1, QuantIsa isa) {
   if (w.scheme == QuantScheme::kW8A8) {
-    if (isa == QuantIsa::kAvx2)
+    if (isa >= QuantIsa::kAvx512)
+      rows_s8_avx512(w, a, m0, mb, y, ldy, o0, o1, isa >= QuantIsa::kAvx512Vnni);
+    else if (isa == QuantIsa::kAvx2)
       rows_s8_avx2(w, a, m0, mb, y, ldy, o0, o1);
     else
       rows_s8_scalar(w, a, m0, mb, y, ldy, o0, o1);
     return;
   }
+  if (isa >= QuantIsa::kAvx512) return rows_avx512(w, a, m0, mb, y, ldy, o0, o1);
   if (isa != QuantIsa::kAvx2) return rows_scalar(w, a, m0, mb, y, ldy, o0, o1);
   switch (w.scheme) {
     case QuantScheme::kInt8: rows_avx2<QuantScheme::kInt8>(w, a, m0, mb, y, ldy, o0, o1); break;
@@ -317,6 +296,21 @@ void gemv_all(const QuantWeight& w, const Activations& a, float* y, int64_t ldy,
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_forced_isa{-1};
+}  // namespace
+
+void force_quant_isa_for_testing(std::optional<QuantIsa> isa) {
+  g_forced_isa = isa ? static_cast<int>(*isa) : -1;
+}
+
+QuantIsa best_quant_isa() {
+  if (const int f = g_forced_isa.load(); f >= 0) return static_cast<QuantIsa>(f);
+  if (cpu_has(IsaLevel::kAvx512))
+    return base::cpu_features().avx512_vnni ? QuantIsa::kAvx512Vnni : QuantIsa::kAvx512;
+  return cpu_has(IsaLevel::kAvx2) ? QuantIsa::kAvx2 : QuantIsa::kScalar;
+}
 
 void dequantize_rows(const QuantWeight& w, int64_t o0, int64_t o1, Tensor& dst) {
   const int64_t G = w.groups(), rb = row_bytes(w);

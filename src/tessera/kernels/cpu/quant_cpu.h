@@ -1,11 +1,18 @@
 // CPU kernels behind kernels::quant_matmul (internal to kernels/). Shapes and the
 // weight's layout are checked by quant.cc.
 #pragma once
+#include <optional>
+
 #include "tessera/kernels/quant.h"
 
 namespace tessera::kernels::cpu {
 
-enum class QuantIsa { kScalar, kAvx2 };
+// The GEMV's row kernels, best last (kAvx512Vnni: W8A8 through vpdpbusd).
+enum class QuantIsa { kScalar, kAvx2, kAvx512, kAvx512Vnni };
+// The best this CPU offers (the dispatch level, TESSERA_ISA-capped, and avx512_vnni).
+QuantIsa best_quant_isa();
+// Test hook: the quantized GEMV runs `isa` (one this CPU has) until reset with nullopt.
+void force_quant_isa_for_testing(std::optional<QuantIsa> isa);
 
 // Dequantize-in-register GEMV: reads each weight once per 4 rows of x.
 void quant_gemv(const Tensor& x, const QuantWeight& w, Tensor& y, QuantIsa isa);
