@@ -1,6 +1,7 @@
 // Quantized weights: checks, round-to-nearest quantization, dequantization, and the
 // product's dispatch (GEMV in registers, blocked GEMM, int8 W8A8, scalar reference).
 #include "tessera/kernels/quant.h"
+#include "tessera/kernels/quant_params.h"
 
 #include <algorithm>
 #include <cmath>
@@ -137,8 +138,6 @@ int32_t quantize_value(float w, float scale, float zero, int bits) {
   return static_cast<int32_t>(std::clamp(q, 0.f, maxq));
 }
 
-namespace {
-
 // GPTQ's Quantizer.find_params for one group of values: the range always includes 0.
 void int_params(const float* w, int64_t n, int bits, bool symmetric, bool f16, float& scale,
                 float& zero) {
@@ -164,8 +163,6 @@ void pack_int4(const int32_t* q, int64_t in, uint8_t* dst) {
     for (int j = 0; j < 16; ++j)
       dst[b / 2 + j] = static_cast<uint8_t>(q[b + j] | (q[b + j + 16] << 4));
 }
-
-}  // namespace
 
 QuantWeight quantize_rtn(const Tensor& w_in, QuantScheme scheme, int64_t group, bool symmetric,
                          bool f16_scales) {

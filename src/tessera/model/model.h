@@ -141,6 +141,11 @@ class Model {
       std::function<kernels::QuantWeight(int64_t layer, int which, const Tensor& weight)>;
   void quantize_linears(const LinearQuantizer& quantize,
                         std::optional<io::QuantCheckpointFormat> format);
+  // The same one layer at a time (calibrated quantizers run layer l over what the
+  // quantized layers before it produce): quantize_layer for every layer in any order, then
+  // finish_quantization once. Layer l's compute copies follow at once.
+  void quantize_layer(int64_t layer, const LinearQuantizer& quantize);
+  void finish_quantization(std::optional<io::QuantCheckpointFormat> format);
   bool quantized() const { return quantized_; }
   // The scheme of the quantized linears ("int4 g128", "bf16" when not quantized).
   std::string weights_description() const;

@@ -2,6 +2,7 @@
 #include "tessera/model/quantize.h"
 
 #include "tessera/base/error.h"
+#include "tessera/model/gptq_model.h"
 
 namespace tessera::model {
 
@@ -82,6 +83,20 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
     return;
   }
   TESSERA_CHECK(calib_ids.defined(), o.method, " needs calibration text (--calib FILE)");
+  if (o.method == "gptq") {
+    kernels::GptqOptions g;
+    g.group = per_channel ? 0 : group;
+    g.symmetric = o.sym;
+    g.act_order = o.act_order;
+    g.percdamp = o.damp_percent;
+    g.block = o.block_size;
+    g.f16_scales = true;  // what the AutoGPTQ checkpoint stores, so saving changes nothing
+    quantize_model_gptq(m, g, o.scheme, calib_ids, [&](int64_t done) {
+      if (progress) progress(done, L);
+    });
+    m.finish_quantization(checkpoint_format(o, group));
+    return;
+  }
   fail("quantization method '", o.method, "' is not implemented yet");
 }
 

@@ -26,22 +26,35 @@ int64_t in_features(const Linear& lin) {
 
 void Model::quantize_linears(const LinearQuantizer& quantize,
                              std::optional<io::QuantCheckpointFormat> format) {
+  for (int64_t l = 0; l < config_.num_layers; ++l) quantize_layer(l, quantize);
+  finish_quantization(std::move(format));
+}
+
+void Model::quantize_layer(int64_t l, const LinearQuantizer& quantize) {
   TESSERA_CHECK(!quantized_, "the model's linears are already quantized");
   TESSERA_CHECK(shard_.size == 1 && stage_.whole(),
                 "quantization needs the whole model (not a tensor-parallel shard or pipeline stage)");
   TESSERA_CHECK(hooks_ == nullptr, "quantized weights are for inference, not under a training wrapper");
+  TESSERA_CHECK(l >= 0 && l < config_.num_layers, "quantize: layer ", l, " out of range");
+  for (int which = 0; which < 4; ++which) {
+    Linear& lin = weights_.layers[l].linear(which);
+    TESSERA_CHECK(lin.weight.defined(), "quantize: layer ", l, " linear ", which, " has no weight");
+    const Tensor w = out_in_f32(lin);
+    auto q = std::make_shared<kernels::QuantWeight>(quantize(l, which, w));
+    q->validate("layer " + std::to_string(l) + " linear " + std::to_string(which));
+    TESSERA_CHECK(q->out == w.size(0) && q->in == w.size(1), "quantize: layer ", l, " linear ",
+                  which, " came back (", q->out, ", ", q->in, "), expected ", shape_str(w.shape()));
+    lin.quant = std::move(q);
+    lin.weight = Tensor();
+  }
+  if (has_compute_copy_) refresh_compute_unit(static_cast<int>(l) + 1);
+}
+
+void Model::finish_quantization(std::optional<io::QuantCheckpointFormat> format) {
   for (int64_t l = 0; l < config_.num_layers; ++l)
-    for (int which = 0; which < 4; ++which) {
-      Linear& lin = weights_.layers[l].linear(which);
-      TESSERA_CHECK(lin.weight.defined(), "quantize: layer ", l, " linear ", which, " has no weight");
-      const Tensor w = out_in_f32(lin);
-      auto q = std::make_shared<kernels::QuantWeight>(quantize(l, which, w));
-      q->validate("layer " + std::to_string(l) + " linear " + std::to_string(which));
-      TESSERA_CHECK(q->out == w.size(0) && q->in == w.size(1), "quantize: layer ", l, " linear ",
-                    which, " came back (", q->out, ", ", q->in, "), expected ", shape_str(w.shape()));
-      lin.quant = std::move(q);
-      lin.weight = Tensor();
-    }
+    for (int which = 0; which < 4; ++which)
+      TESSERA_CHECK(weights_.layers[l].linear(which).quant, "quantize: layer ", l, " linear ",
+                    which, " was not quantized");
   quantized_ = true;
   config_.quantization = std::move(format);
   refresh_compute_weights();  // the compute copies point at the quantized linears too
