@@ -15,23 +15,13 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_util.h"
 #include "tessera/base/timer.h"
 #include "tessera/kernels/matmul.h"
 
 using namespace tessera;
 
 namespace {
-
-// Evicts the caches: writes and reads a buffer larger than any last-level cache.
-void flush_caches() {
-  static std::vector<float> junk(64 << 20);
-  float s = 0;
-  for (size_t i = 0; i < junk.size(); i += 16) {
-    junk[i] += 1.f;
-    s += junk[i];
-  }
-  if (s == -1.f) std::puts("");
-}
 
 Tensor filled(Shape shape, DType dt, float v) {
   Tensor t = Tensor::empty(shape, DType::kF32);
@@ -48,7 +38,7 @@ void time_case(const char* what, const Tensor& a, const Tensor& b, Tensor& c, bo
   kernels::matmul(a, b, c, ta, tb);  // primitive creation
   std::vector<double> cold, warm;
   for (int i = 0; i < repeats; ++i) {
-    flush_caches();
+    tessera::bench::flush_caches();
     base::Timer t;
     kernels::matmul(a, b, c, ta, tb);
     cold.push_back(t.seconds());

@@ -14,22 +14,13 @@
 #include <vector>
 
 #include "tessera/base/thread_pool.h"
+#include "bench_util.h"
 #include "tessera/base/timer.h"
 
 namespace {
 
 using dnnl::memory;
 using tessera::base::median;
-
-void flush_caches() {
-  static std::vector<float> junk(64 << 20);
-  float s = 0;
-  for (size_t i = 0; i < junk.size(); i += 16) {
-    junk[i] += 1.f;
-    s += junk[i];
-  }
-  if (s == -1.f) std::puts("");
-}
 
 struct Shape {
   const char* name;
@@ -78,7 +69,7 @@ int main(int argc, char** argv) {
       fn();
       std::vector<double> t;
       for (int i = 0; i < repeats; ++i) {
-        flush_caches();
+        tessera::bench::flush_caches();
         tessera::base::Timer timer;
         fn();
         t.push_back(timer.seconds());

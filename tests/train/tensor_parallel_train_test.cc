@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
-#include <tuple>
 
 #include "tessera/base/error.h"
 #include "tessera/model/model.h"
@@ -70,6 +70,35 @@ TEST(TensorParallelTraining, Tp2AndDp2xTp2MatchOneProcessOver20Steps) {
   }
 }
 
+struct Layout {
+  const char* name;
+  const char* parallel;
+  int ranks;
+};
+using MakeConfig = std::function<std::string(const std::string& name, const std::string& parallel)>;
+
+// Each layout's run of make(name, parallel) follows ref's loss and gradient norm within 1e-5.
+void expect_layouts_match(const RunOut& ref, const std::vector<Layout>& layouts, const MakeConfig& make) {
+  for (const Layout& k : layouts) {
+    const RunOut got = train(make(k.name, k.parallel), k.ranks);
+    expect_close(got.losses, ref.losses, 1e-5, std::string(k.name) + " loss");
+    expect_close(got.grad_norms, ref.grad_norms, 1e-5, std::string(k.name) + " grad norm");
+  }
+}
+
+// make(name, first) stopped after 5 steps, resumed as make(name, then): ref's steps 6 on.
+void expect_resume_matches(const RunOut& ref, const std::string& name, const std::string& first,
+                           int first_ranks, const std::string& then, int then_ranks,
+                           const MakeConfig& make) {
+  TrainOptions stop;
+  stop.stop_after = 5;
+  train(make(name, first), first_ranks, stop);
+  TrainOptions resume;
+  resume.resume = true;
+  const RunOut got = train(make(name, then), then_ranks, resume);
+  expect_close(got.losses, {ref.losses.begin() + 5, ref.losses.end()}, 1e-5, name + " resumed");
+}
+
 TEST(TensorParallelTraining, Gpt2MatchesOneProcessOver20Steps) {
   // GPT-2's Conv1D weights are (in, out): c_attn's q, k and v blocks are column blocks of
   // one tensor, and its biases, learned positions and layernorm biases ride along.
@@ -82,31 +111,15 @@ TEST(TensorParallelTraining, Gpt2MatchesOneProcessOver20Steps) {
   };
   const RunOut ref = train(gpt2("single", "zero_stage = 0"), 0);
   ASSERT_EQ(ref.losses.size(), 20u);
-  const struct {
-    const char* name;
-    const char* parallel;
-    int ranks;
-  } cases[] = {{"tp2", "tp = 2", 2},
-               {"dp2tp2_z1_sp", "tp = 2\ndp = 2\nsequence_parallel = true\nzero_stage = 1", 4},
-               {"tp4_z2", "tp = 4\nzero_stage = 2", 4}};
-  for (const auto& k : cases) {
-    const RunOut got = train(gpt2(k.name, k.parallel), k.ranks);
-    expect_close(got.losses, ref.losses, 1e-5, std::string(k.name) + " loss");
-    expect_close(got.grad_norms, ref.grad_norms, 1e-5, std::string(k.name) + " grad norm");
-  }
+  expect_layouts_match(ref,
+                       {{"tp2", "tp = 2", 2},
+                        {"dp2tp2_z1_sp", "tp = 2\ndp = 2\nsequence_parallel = true\nzero_stage = 1", 4},
+                        {"tp4_z2", "tp = 4\nzero_stage = 2", 4}},
+                       gpt2);
   // A dp2 x tp2 checkpoint (each rank's q, k and v blocks saved apart) resumes in one
   // process and at tp4 on the same curve.
-  for (const auto& [name, then, ranks] : {std::tuple{"to_one", "zero_stage = 0", 0},
-                                          std::tuple{"to_tp4", "tp = 4", 4}}) {
-    TrainOptions stop;
-    stop.stop_after = 5;
-    train(gpt2(name, "tp = 2\nzero_stage = 1"), 4, stop);
-    TrainOptions resume;
-    resume.resume = true;
-    const RunOut got = train(gpt2(name, then), ranks, resume);
-    expect_close(got.losses, {ref.losses.begin() + 5, ref.losses.end()}, 1e-5,
-                 std::string("gpt2 dp2 x tp2 resumed ") + name);
-  }
+  expect_resume_matches(ref, "gpt2_to_one", "tp = 2\nzero_stage = 1", 4, "zero_stage = 0", 0, gpt2);
+  expect_resume_matches(ref, "gpt2_to_tp4", "tp = 2\nzero_stage = 1", 4, "tp = 4", 4, gpt2);
 }
 
 TEST(TensorParallelTraining, MuonMatchesOneProcessOver20Steps) {
@@ -121,26 +134,13 @@ TEST(TensorParallelTraining, MuonMatchesOneProcessOver20Steps) {
   };
   const RunOut ref = train(muon("single", "zero_stage = 0"), 0);
   ASSERT_EQ(ref.losses.size(), 20u);
-  const struct {
-    const char* name;
-    const char* parallel;
-    int ranks;
-  } cases[] = {{"tp2", "tp = 2", 2},
-               {"tp4_kv_replicated", "tp = 4", 4},
-               {"dp2tp2_sp", "tp = 2\ndp = 2\nsequence_parallel = true", 4}};
-  for (const auto& k : cases) {
-    const RunOut got = train(muon(k.name, k.parallel), k.ranks);
-    expect_close(got.losses, ref.losses, 1e-5, std::string(k.name) + " loss");
-    expect_close(got.grad_norms, ref.grad_norms, 1e-5, std::string(k.name) + " grad norm");
-  }
+  expect_layouts_match(ref,
+                       {{"tp2", "tp = 2", 2},
+                        {"tp4_kv_replicated", "tp = 4", 4},
+                        {"dp2tp2_sp", "tp = 2\ndp = 2\nsequence_parallel = true", 4}},
+                       muon);
   // Resumed at another tp (the momentum blocks resharded) on the same curve.
-  TrainOptions stop;
-  stop.stop_after = 5;
-  train(muon("resume", "tp = 2"), 2, stop);
-  TrainOptions resume;
-  resume.resume = true;
-  const RunOut got = train(muon("resume", "tp = 4"), 4, resume);
-  expect_close(got.losses, {ref.losses.begin() + 5, ref.losses.end()}, 1e-5, "muon tp2 -> tp4");
+  expect_resume_matches(ref, "muon_tp2_to_tp4", "tp = 2", 2, "tp = 4", 4, muon);
   // GPT-2's fused c_attn is held as rows of q, k and v blocks under tp: one line.
   std::string gpt2 = muon("gpt2", "tp = 2");
   gpt2.replace(gpt2.find("[model]\n"), 8, "[model]\narch = \"gpt2\"\n");
