@@ -1,6 +1,7 @@
 // The collective watchdog (watchdog.h) and Communicator::set_timeout_handler.
 #include "tessera/comm/watchdog.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,8 @@ struct WatchdogRegistry {
   std::multimap<WatchdogScope::Clock::time_point, WatchdogScope*> open;
   bool thread_started = false;
   Communicator::TimeoutHandler handler;  // empty: std::abort()
+  int firing = 0;  // timeouts the watchdog thread is reporting right now (fire_timeout)
+  std::condition_variable fired_cv;
 
   static WatchdogRegistry& get() {
     static WatchdogRegistry* r = new WatchdogRegistry;
@@ -47,6 +50,14 @@ struct WatchdogRegistry {
     std::lock_guard<std::mutex> lk(mu);
     if (s->registered_) open.erase(s->slot_);
     s->registered_ = false;
+  }
+
+  // Blocks while the watchdog thread is reporting a timeout (its handler may abort the
+  // process: a waiter that saw the same deadline must not race past it and throw first).
+  // Bounded, so a handler that never returns cannot hang the waiter forever.
+  void wait_for_firing() {
+    std::unique_lock<std::mutex> lk(mu);
+    fired_cv.wait_for(lk, std::chrono::seconds(10), [this] { return firing == 0; });
   }
 
   // True when the caller is the one that fires `s` (it was not fired yet).
@@ -78,9 +89,12 @@ struct WatchdogRegistry {
       s->fired_ = true;
       // The scope may close once the lock is released: report from a copy.
       const std::string msg = s->message();
+      ++firing;
       lk.unlock();
       fire_timeout(msg);
       lk.lock();
+      --firing;
+      fired_cv.notify_all();
     }
   }
 };
@@ -114,7 +128,11 @@ std::string WatchdogScope::message() const {
 
 void WatchdogScope::expire() {
   const std::string msg = message();
-  if (WatchdogRegistry::get().claim(this)) fire_timeout(msg);
+  WatchdogRegistry& r = WatchdogRegistry::get();
+  if (r.claim(this))
+    fire_timeout(msg);
+  else
+    r.wait_for_firing();  // the watchdog thread reports it: let its handler act first
   throw Error(msg);
 }
 
