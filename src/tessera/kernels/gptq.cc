@@ -40,26 +40,30 @@ bool cholesky_lower(std::vector<double>& a, int64_t n) {
 std::vector<double> inverse_upper_cholesky(std::vector<double> h, int64_t n) {
   TESSERA_CHECK(cholesky_lower(h, n), "gptq: the damped Hessian is not positive definite "
                 "(raise percdamp or give more calibration rows)");
-  // Linv = L^-1 (lower), column by column.
-  std::vector<double> linv(n * n, 0.0);
+  // Linv = L^-1 (lower), held transposed (linv_t[c][i] = Linv[i][c]) so that every inner
+  // loop below reads rows: column c of Linv by forward substitution.
+  std::vector<double> linv_t(n * n, 0.0);
   base::parallel_for(n, 8, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      linv[c * n + c] = 1.0 / h[c * n + c];
+      double* col = linv_t.data() + c * n;
+      col[c] = 1.0 / h[c * n + c];
       for (int64_t i = c + 1; i < n; ++i) {
+        const double* li = h.data() + i * n;
         double s = 0;
-        for (int64_t k = c; k < i; ++k) s -= h[i * n + k] * linv[k * n + c];
-        linv[i * n + c] = s / h[i * n + i];
+        for (int64_t k = c; k < i; ++k) s -= li[k] * col[k];
+        col[i] = s / li[i];
       }
     }
   });
-  // Hinv = Linv^T Linv.
+  // Hinv = Linv^T Linv: Hinv[i][j] = sum over k >= max(i, j) of Linv[k][i] Linv[k][j].
   std::vector<double> hinv(n * n);
   base::parallel_for(n, 8, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j <= i; ++j) {
+        const double *a = linv_t.data() + i * n, *b = linv_t.data() + j * n;
         double s = 0;
-        for (int64_t k = std::max(i, j); k < n; ++k) s += linv[k * n + i] * linv[k * n + j];
-        hinv[i * n + j] = s;
+        for (int64_t k = i; k < n; ++k) s += a[k] * b[k];
+        hinv[i * n + j] = hinv[j * n + i] = s;
       }
   });
   TESSERA_CHECK(cholesky_lower(hinv, n), "gptq: the inverse Hessian is not positive definite");
@@ -151,11 +155,12 @@ QuantWeight quantize_gptq(const Tensor& w_in, const std::vector<double>& hessian
           for (int64_t k = i; k < count; ++k) w1[k] -= e * U[c * in + i1 + k];
           err[row * count + i] = e;
         }
-        // The columns after the block take the block's errors (lazy batch update).
-        for (int64_t k = i2; k < in; ++k) {
-          double s = 0;
-          for (int64_t i = 0; i < count; ++i) s += err[row * count + i] * U[(i1 + i) * in + k];
-          w[k] -= s;
+        // The columns after the block take the block's errors (lazy batch update), read
+        // along the rows of U.
+        for (int64_t i = 0; i < count; ++i) {
+          const double e = err[row * count + i];
+          const double* u = U.data() + (i1 + i) * in;
+          for (int64_t k = i2; k < in; ++k) w[k] -= e * u[k];
         }
       }
     });
