@@ -131,10 +131,10 @@ QuantWeight quantize_gptq(const Tensor& w_in, const std::vector<double>& hessian
   const float maxq = static_cast<float>((1 << bits) - 1);
   for (int64_t i1 = 0; i1 < in; i1 += o.block) {
     const int64_t i2 = std::min(in, i1 + o.block), count = i2 - i1;
-    std::vector<double> err(out * count);
     // Rows are independent: each row's columns are quantized in order.
     base::parallel_for(out, 16, [&](int64_t r0, int64_t r1) {
       std::vector<float> grp(group);
+      std::vector<double> err(count);  // this row's scaled errors over the block
       for (int64_t row = r0; row < r1; ++row) {
         double* w = W.data() + row * in;
         // The block's columns, updated within the block as each is quantized (W1).
@@ -153,12 +153,12 @@ QuantWeight quantize_gptq(const Tensor& w_in, const std::vector<double>& hessian
           const double q = static_cast<double>(s) * (qc - z);
           const double e = (x - q) / U[c * in + c];
           for (int64_t k = i; k < count; ++k) w1[k] -= e * U[c * in + i1 + k];
-          err[row * count + i] = e;
+          err[i] = e;
         }
         // The columns after the block take the block's errors (lazy batch update), read
         // along the rows of U.
         for (int64_t i = 0; i < count; ++i) {
-          const double e = err[row * count + i];
+          const double e = err[i];
           const double* u = U.data() + (i1 + i) * in;
           for (int64_t k = i2; k < in; ++k) w[k] -= e * u[k];
         }

@@ -31,6 +31,9 @@ struct Activations {
   Tensor hf;                // (N, H) final norm output
 };
 
+// (B * T) i32: start, start + 1, ... for each of the B sequences of T tokens.
+Tensor make_positions(int64_t B, int64_t T, int64_t start);
+
 // Training-path forward; fills `acts` and returns the final hidden states hf (N, H).
 // Under sequence parallelism the residual-stream activations hold this rank's rows
 // (acts.hf too); the returned hf is every row.

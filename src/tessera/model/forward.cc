@@ -14,7 +14,6 @@
 #include "tessera/model/layer_ops.h"
 
 namespace tessera::model {
-namespace {
 
 Tensor make_positions(int64_t B, int64_t T, int64_t start) {
   Tensor p = Tensor::empty({B * T}, DType::kI32);
@@ -23,8 +22,6 @@ Tensor make_positions(int64_t B, int64_t T, int64_t start) {
     for (int64_t t = 0; t < T; ++t) d[b * T + t] = static_cast<int32_t>(start + t);
   return p;
 }
-
-}  // namespace
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
   const auto& c = config_;

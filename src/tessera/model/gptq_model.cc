@@ -36,10 +36,7 @@ void quantize_model_gptq(Model& m, const kernels::GptqOptions& o, kernels::Quant
   Activations acts;
   acts.B = B, acts.T = T;
   acts.ids = calib_ids.contiguous().view({N});
-  acts.positions = Tensor::empty({N}, DType::kI32);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) acts.positions.data<int32_t>()[b * T + t] = static_cast<int32_t>(t);
-  acts.layers.assign(c.num_layers, LayerActivations{});
+  acts.positions = make_positions(B, T, 0);
   BlockState s;
   s.x = embed_tokens(m, acts.ids, acts.positions);
   for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -113,7 +113,9 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
   auto add = [&](const std::string& name, const Tensor& t, Shape full, std::vector<int64_t> off,
                  int64_t copies = 1) {
     if (!t.defined()) return;
-    out.push_back(Piece{name, t, std::move(full), std::move(off), copies});
+    int block = 0;
+    for (const Piece& p : out) block += p.name == name;
+    out.push_back(Piece{name, t, std::move(full), std::move(off), copies, block});
   };
   auto whole = [&](const std::string& name, const Tensor& t) {
     if (t.defined()) add(name, t, t.shape(), std::vector<int64_t>(t.dim(), 0), shard.size);

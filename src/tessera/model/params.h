@@ -51,6 +51,7 @@ struct Piece {
   Shape full;
   std::vector<int64_t> offset;
   int64_t copies = 1;  // tp ranks holding this same block (tp for a replicated tensor)
+  int block = 0;       // earlier pieces of the same tensor in this list (GPT-2's c_attn: 0-2)
   bool whole() const { return view.shape() == full; }
   // The block of a tensor of shape `full` that this piece covers.
   Tensor block_of(const Tensor& whole_tensor) const;

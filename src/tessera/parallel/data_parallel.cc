@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -266,10 +265,9 @@ void DataParallel::build_pieces() {
     Shape full;
   };
   std::vector<Param> params;
-  std::map<std::string, int> blocks;  // of each tensor on this rank so far (tp_piece_key)
   for (const auto& piece : model_.weights().pieces(c, model_.tp_shard())) {
     const std::string name = piece.name;
-    const std::string key = tp_piece_key(name, model_.tp_shard(), blocks[name]++);
+    const std::string key = tp_piece_key(name, model_.tp_shard(), piece.block);
     const Tensor& view = piece.view;
     const char* p = static_cast<const char*>(view.raw_data());
     bool found = false;

@@ -176,31 +176,43 @@ PipeTimeline simulate_schedule(const std::vector<std::vector<PipeAction>>& actio
   return t;
 }
 
-double measured_bubble(const std::vector<std::vector<PipeSpan>>& spans) {
-  double t0 = INFINITY, t1 = -INFINITY, busy = 0;
-  for (const auto& r : spans)
-    for (const PipeSpan& s : r) {
+namespace {
+
+// The pipeline's span (first start to last end over every rank) and each rank's busy time.
+struct SpanBusy {
+  double span = 0;
+  std::vector<double> busy;  // per rank
+};
+SpanBusy span_and_busy(const std::vector<std::vector<PipeSpan>>& spans) {
+  double t0 = INFINITY, t1 = -INFINITY;
+  SpanBusy r;
+  for (const auto& rank : spans) {
+    double b = 0;
+    for (const PipeSpan& s : rank) {
       t0 = std::min(t0, s.start);
       t1 = std::max(t1, s.end);
-      busy += s.end - s.start;
+      b += s.end - s.start;
     }
-  if (!(t1 > t0) || spans.empty()) return 0.0;
-  return 1.0 - busy / (static_cast<double>(spans.size()) * (t1 - t0));
+    r.busy.push_back(b);
+  }
+  r.span = t1 > t0 ? t1 - t0 : 0.0;
+  return r;
+}
+
+}  // namespace
+
+double measured_bubble(const std::vector<std::vector<PipeSpan>>& spans) {
+  const SpanBusy sb = span_and_busy(spans);
+  if (sb.span <= 0 || spans.empty()) return 0.0;
+  double busy = 0;
+  for (double b : sb.busy) busy += b;
+  return 1.0 - busy / (static_cast<double>(spans.size()) * sb.span);
 }
 
 double critical_bubble(const std::vector<std::vector<PipeSpan>>& spans) {
-  double t0 = INFINITY, t1 = -INFINITY, busiest = 0;
-  for (const auto& r : spans) {
-    double busy = 0;
-    for (const PipeSpan& s : r) {
-      t0 = std::min(t0, s.start);
-      t1 = std::max(t1, s.end);
-      busy += s.end - s.start;
-    }
-    busiest = std::max(busiest, busy);
-  }
-  if (!(t1 > t0) || spans.empty()) return 0.0;
-  return 1.0 - busiest / (t1 - t0);
+  const SpanBusy sb = span_and_busy(spans);
+  if (sb.span <= 0 || spans.empty()) return 0.0;
+  return 1.0 - *std::max_element(sb.busy.begin(), sb.busy.end()) / sb.span;
 }
 
 double ideal_bubble(const PipeShape& sh) {

@@ -60,8 +60,7 @@ std::vector<std::pair<std::string, Tensor>> gather_whole_tensors(const model::Mo
 // The name a tensor-parallel piece's training state is saved under: the Hugging Face name
 // at tp 1, "NAME@tpRofN" otherwise (every tp rank holds a different block of NAME). A rank
 // holding several blocks of one tensor (GPT-2's fused c_attn: its q, k and v columns)
-// names the block-th one after the first "NAME@tpRofN.bBLOCK" (block counts the earlier
-// pieces of NAME in Params::pieces' order).
+// names the block-th one after the first "NAME@tpRofN.bBLOCK" (model::Piece::block).
 std::string tp_piece_key(const std::string& name, model::TpShard shard, int block = 0);
 
 }  // namespace tessera::parallel

@@ -102,14 +102,12 @@ std::map<std::string, std::vector<std::pair<std::string, Box>>> tp_blocks(
     const model::TpShard shard{r, static_cast<int>(tp)};
     // Untouched memory: only the pieces' geometry is read.
     const auto p = model::Params::allocate(config, DType::kF32, model::local_dims(config, shard), false);
-    std::map<std::string, int> blocks;  // of each tensor on this rank so far
     for (const auto& piece : p.pieces(config, shard)) {
       Box box{piece.offset, piece.view.shape()};
       auto& list = out[piece.name];
-      const int block = blocks[piece.name]++;
       bool seen = false;
       for (const auto& [key, b] : list) seen |= b.offset == box.offset && b.extent == box.extent;
-      if (!seen) list.emplace_back(parallel::tp_piece_key(piece.name, shard, block), std::move(box));
+      if (!seen) list.emplace_back(parallel::tp_piece_key(piece.name, shard, piece.block), std::move(box));
     }
   }
   return out;

@@ -59,8 +59,6 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                   "micro-batch's ", rows, " tokens (batch_size / dp x seq_len) over tp = ", s.tp,
                   " ranks: they must divide evenly");
   }
-  if (s.tp > 1) {
-  }
   const auto coords = parallel::DeviceMesh::coords_of(s, rank);
   const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
   try {

@@ -288,6 +288,9 @@ void run_rows(const QuantWeight& w, const Activations& a, int64_t m0, int mb, fl
 }
 
 // The GEMV over all of x, split over output rows across the workers.
+// force_quant_isa_for_testing's level, or -1.
+std::atomic<int> g_forced_isa{-1};
+
 void gemv_all(const QuantWeight& w, const Activations& a, float* y, int64_t ldy, QuantIsa isa) {
   base::parallel_for(w.out, 16, [&](int64_t o0, int64_t o1) {
     for (int64_t m0 = 0; m0 < a.rows; m0 += 4)
@@ -295,10 +298,6 @@ void gemv_all(const QuantWeight& w, const Activations& a, float* y, int64_t ldy,
   });
 }
 
-}  // namespace
-
-namespace {
-std::atomic<int> g_forced_isa{-1};
 }  // namespace
 
 void force_quant_isa_for_testing(std::optional<QuantIsa> isa) {
