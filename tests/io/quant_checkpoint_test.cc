@@ -445,10 +445,102 @@ TEST(QuantizationConfig, WritesWhatReadsBack) {
   EXPECT_NE(error_of([&] { quantization_config_json(bad); }).find("bits = 3 is not supported"), std::string::npos);
 }
 
+// config.json's quantization_config as llm-compressor writes it for its W8A8 int8 scheme
+// (compressed-tensors 0.9), with `top` added to the top level and `weights` / `acts`
+// added to (and overriding) the weights' and input activations' arguments.
+std::string ct_config(const std::string& top = "", const std::string& weights = "",
+                      const std::string& acts = "") {
+  const auto args = [](const std::string& base, const std::string& extra) {
+    nlohmann::json j = nlohmann::json::parse("{" + base + "}");
+    if (!extra.empty()) j.update(nlohmann::json::parse("{" + extra + "}"));
+    return j.dump();
+  };
+  nlohmann::json j = nlohmann::json::parse(R"({"config_groups": {"group_0": {
+      "input_activations": "ACTS", "output_activations": null, "targets": ["Linear"], "weights": "WEIGHTS"}},
+      "format": "int-quantized", "global_compression_ratio": 1.4579, "ignore": ["lm_head"],
+      "kv_cache_scheme": null, "quant_method": "compressed-tensors", "quantization_status": "compressed"})");
+  std::string text = j.dump();
+  const std::string w = args(R"("actorder": null, "block_structure": null, "dynamic": false, "group_size": null,
+      "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": "channel", "symmetric": true, "type": "int")", weights);
+  const std::string a = args(R"("actorder": null, "block_structure": null, "dynamic": true, "group_size": null,
+      "num_bits": 8, "observer": null, "observer_kwargs": {}, "strategy": "token", "symmetric": true, "type": "int")", acts);
+  text.replace(text.find("\"ACTS\""), 6, a);
+  text.replace(text.find("\"WEIGHTS\""), 9, w);
+  if (!top.empty()) {
+    nlohmann::json t = nlohmann::json::parse(text);
+    t.update(nlohmann::json::parse("{" + top + "}"));
+    text = t.dump();
+  }
+  return text;
+}
+
+TEST(QuantizationConfig, ReadsAndWritesLlmCompressorsW8A8) {
+  const auto f = parse_quantization_config(parse(ct_config()), "x/config.json");
+  EXPECT_EQ(f.method, "compressed-tensors");
+  EXPECT_EQ(f.bits, 8);
+  EXPECT_EQ(f.group_size, -1);
+  EXPECT_TRUE(f.sym);
+  // Ours reads back, and has the fields vLLM's compressed-tensors loader looks at.
+  QuantCheckpointFormat w;
+  w.method = kCompressedTensors, w.bits = 8, w.group_size = -1, w.sym = true, w.quantizer = "smoothquant";
+  const nlohmann::json j = quantization_config_json(w);
+  const auto& grp = j.at("config_groups").at("group_0");
+  EXPECT_EQ(grp.at("targets"), nlohmann::json::array({"Linear"}));
+  EXPECT_EQ(grp.at("weights").at("strategy"), "channel");
+  EXPECT_EQ(grp.at("input_activations").at("dynamic"), true);
+  EXPECT_EQ(j.at("ignore"), nlohmann::json::array({"lm_head"}));
+  const auto back = parse_quantization_config(j, "x");
+  EXPECT_EQ(back.method, "compressed-tensors");
+  EXPECT_EQ(back.quantizer, "smoothquant");
+}
+
+TEST(QuantCheckpoint, CompressedTensorsW8A8RoundTripsAndChecksItsTensors) {
+  QuantCheckpointFormat f;
+  f.method = kCompressedTensors, f.bits = 8, f.group_size = -1, f.sym = true;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  Tensor wf = Tensor::empty({24, 80}, DType::kF32);
+  for (int64_t i = 0; i < wf.numel(); ++i) wf.data<float>()[i] = nd(rng);
+  const QuantWeight w = kernels::quantize_rtn(wf, kernels::QuantScheme::kW8A8, 0);
+  const Named t = pack_quant_linear(w, f);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(find(t, "weight").dtype(), DType::kI8);
+  EXPECT_EQ(find(t, "weight_scale").shape(), (Shape{24, 1}));
+  const auto get = [](const Named& n) {
+    return [&n](const std::string& s) { return find(n, s); };
+  };
+  const QuantWeight back = unpack_quant_linear(get(t), 24, 80, f, "m.q_proj");
+  EXPECT_EQ(std::memcmp(back.q.raw_data(), w.q.raw_data(), w.q.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(back.scales.raw_data(), w.scales.raw_data(), w.scales.nbytes()), 0);
+  // W = s q, each weight within half a step of the float one.
+  const Tensor d = kernels::dequantize(back);
+  for (int64_t o = 0; o < 24; ++o)
+    for (int64_t k = 0; k < 80; ++k)
+      ASSERT_NEAR(d.data<float>()[o * 80 + k], wf.data<float>()[o * 80 + k], 0.5f * back.scales.data<float>()[o] + 1e-6f);
+  // bf16 scales of shape (out) read too; llm-compressor's -128 reads as -127.
+  Named other = replaced(t, "weight_scale", find(t, "weight_scale").view({24}).to(DType::kBF16));
+  Tensor q = find(t, "weight").clone();
+  q.data<int8_t>()[7] = -128;
+  other = replaced(other, "weight", q);
+  const QuantWeight b2 = unpack_quant_linear(get(other), 24, 80, f, "m.q_proj");
+  EXPECT_EQ(b2.q.data<int8_t>()[7], -127);
+  expect_module_error(replaced(t, "weight", Tensor::zeros({24, 80}, DType::kF32)), 24, 80, f,
+                      ".weight: is f32(24, 80), expected i8(24, 80)");
+  expect_module_error(replaced(t, "weight_scale", Tensor::zeros({24, 2}, DType::kF32)), 24, 80, f,
+                      ".weight_scale: is f32(24, 2), expected a float (24, 1)");
+  Tensor nan_scale = find(t, "weight_scale").clone();
+  nan_scale.data<float>()[3] = NAN;
+  expect_module_error(replaced(t, "weight_scale", nan_scale), 24, 80, f, ".weight_scale: value nan of output 3");
+  // Only w8a8 weights have this layout.
+  EXPECT_NE(error_of([&] { pack_quant_linear(kernels::quantize_rtn(wf, kernels::QuantScheme::kInt8, 0, true), f); })
+                .find("no compressed-tensors W8A8 layout"),
+            std::string::npos);
+}
+
 TEST(QuantizationConfig, UnsupportedValuesAreOneLineErrorsNamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"quant_method": "bitsandbytes", "load_in_4bit": true})",
-       "DIR/config.json: quantization_config.quant_method = \"bitsandbytes\" is not supported (gptq or awq)"},
+       "DIR/config.json: quantization_config.quant_method = \"bitsandbytes\" is not supported (gptq, awq or compressed-tensors)"},
       {R"({"bits": 4})", "DIR/config.json: quantization_config.quant_method is missing"},
       {R"({"quant_method": "gptq"})", "DIR/config.json: quantization_config.bits is missing"},
       {R"({"quant_method": "gptq", "bits": 3})",
@@ -470,6 +562,15 @@ TEST(QuantizationConfig, UnsupportedValuesAreOneLineErrorsNamingTheField) {
       {R"({"quant_method": "awq", "modules_to_not_convert": "lm_head"})", "quantization_config.modules_to_not_convert: expected a list"},
       {R"({"quant_method": "gptq", "bits": 4, "meta": {"quantizer": 3}})", "quantization_config.meta.quantizer: expected"},
       {R"([1, 2])", "DIR/config.json: quantization_config: expected an object"},
+      // compressed-tensors: only the W8A8 int8 scheme, each departure named.
+      {ct_config("\"format\": \"float-quantized\""), "quantization_config.format = \"float-quantized\" is not supported"},
+      {ct_config("", "\"strategy\": \"tensor\""), "config_groups.group_0.weights.strategy = \"tensor\" is not supported (\"channel\""},
+      {ct_config("", "\"num_bits\": 4"), "config_groups.group_0.weights.num_bits = 4 is not supported (8"},
+      {ct_config("", "", "\"dynamic\": false"), "config_groups.group_0.input_activations.dynamic = false is not supported (true"},
+      {ct_config("", "", "\"type\": \"float\""), "input_activations.type = \"float\" is not supported (\"int\""},
+      {ct_config("\"ignore\": [\"lm_head\", \"model.layers.0.mlp.down_proj\"]"), "quantization_config.ignore: \"model.layers.0.mlp.down_proj\" is not supported"},
+      {ct_config("\"kv_cache_scheme\": {\"num_bits\": 8}"), "quantization_config.kv_cache_scheme = an object is not supported"},
+      {ct_config("\"quantization_status\": \"frozen\""), "quantization_status = \"frozen\" is not supported"},
   };
   for (const auto& [text, want] : cases) {
     const std::string e = error_of([&] { parse_quantization_config(parse(text), "DIR/config.json"); });

@@ -12,6 +12,7 @@
 
 #include "tessera/io/json_file.h"
 #include "tessera/kernels/bf16_speed.h"
+#include "tessera/model/calibrated_quant.h"
 #include "tessera/model/model.h"
 #include "tessera/model/quantize.h"
 
@@ -171,8 +172,119 @@ TEST(QuantizedModel, GptqCalibratedLayerByLayerBeatsRoundToNearestAndSaves) {
   EXPECT_THROW(model::quantize_model(none, model::quantize_options("gptq", 4, 32)), std::exception);
 }
 
+// tiny's shape with every query head its own key-value head, or as GPT-2 (LayerNorm with
+// biases, Conv1D weights stored (in, out), a GELU MLP: down's input does not fold).
+model::ModelConfig tiny_variant(const std::string& which) {
+  auto c = model::ModelConfig::named_shape("tiny");
+  if (which == "mha") c.num_kv_heads = c.num_heads;
+  if (which == "gpt2") {
+    c.arch = model::Arch::kGpt2, c.model_type = "gpt2";
+    c.num_kv_heads = c.num_heads;
+    c.tie_word_embeddings = true;
+  }
+  return c;
+}
+
+TEST(QuantizedModel, InputScalesFoldIntoThePreviousOperationsExactly) {
+  // AWQ and SmoothQuant multiply a linear's input columns by s and divide what produces
+  // the input by s: norm weights and biases, v's rows (no GQA), up's rows (gated MLP).
+  // In f32 the model must compute the same logits.
+  for (const std::string variant : {"gqa", "mha", "gpt2"}) {
+    SCOPED_TRACE(variant);
+    const auto c = tiny_variant(variant);
+    model::Model m = model::Model::random(c, DType::kF32, 11);
+    const Tensor before = logits_of(m);
+    std::mt19937 rng(12);
+    std::uniform_real_distribution<float> u(0.25f, 4.f);
+    int folded = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      model::LayerScales sc;
+      for (int which = 0; which < 4; ++which) {
+        const int64_t in = which == 0 || which == 2 ? c.hidden_size : which == 1 ? c.q_dim() : c.intermediate_size;
+        if (!model::input_scale_foldable(c, which)) {
+          sc.s[which].assign(in, 2.f);
+          model::LayerScales bad;
+          bad.s[which] = sc.s[which];
+          EXPECT_THROW(model::scale_layer_inputs(m, l, bad), std::exception);
+          sc.s[which].clear();
+          continue;
+        }
+        for (int64_t j = 0; j < in; ++j) sc.s[which].push_back(u(rng));
+        ++folded;
+      }
+      model::scale_layer_inputs(m, l, sc);
+    }
+    EXPECT_EQ(folded, c.num_layers * (variant == "mha" ? 4 : 3));
+    const Tensor after = logits_of(m);
+    EXPECT_LE(max_abs_diff(after, before), 2e-5f * max_abs(before));
+  }
+}
+
+// A random model whose norms give a few channels 12x the others' magnitude (as trained
+// LLMs' activations have): what AWQ and SmoothQuant are for.
+model::Model outlier_model(const model::ModelConfig& c) {
+  model::Model m = model::Model::random(c, DType::kF32, 21);
+  for (auto& L : m.weights().layers)
+    for (Tensor* t : {&L.norm1_w, &L.norm2_w})
+      for (int64_t j : {3, 17, 40}) t->data<float>()[j] *= 12.f;
+  return m;
+}
+
+TEST(QuantizedModel, AwqAndSmoothQuantBeatRoundToNearestOnOutlierChannels) {
+  for (const std::string variant : {"mha", "gqa", "gpt2"}) {
+    SCOPED_TRACE(variant);
+    const auto c = tiny_variant(variant);
+    const model::Model ref = outlier_model(c);
+    const Tensor calib = random_ids(16, 32, c.vocab_size, 3), held_out = random_ids(8, 32, c.vocab_size, 4);
+    model::Model rtn = outlier_model(c);
+    model::quantize_model(rtn, model::quantize_options("rtn", 4, 32));
+    model::Model awq = outlier_model(c);
+    int64_t layers_done = 0;
+    model::quantize_model(awq, model::quantize_options("awq", 4, 32), calib,
+                          [&](int64_t done, int64_t) { layers_done = done; });
+    EXPECT_EQ(layers_done, c.num_layers);
+    EXPECT_NE(awq.weights_description().find("int4 g32 (awq)"), std::string::npos) << awq.weights_description();
+    const double e_rtn = logit_mse(ref, rtn, held_out), e_awq = logit_mse(ref, awq, held_out);
+    model::Model w8a8 = outlier_model(c);
+    model::quantize_model(w8a8, model::quantize_options_for_scheme("w8a8"));
+    model::Model sq = outlier_model(c);
+    model::quantize_model(sq, model::quantize_options("smoothquant", 8, 0), calib);
+    EXPECT_NE(sq.weights_description().find("w8a8"), std::string::npos) << sq.weights_description();
+    const double e_w8a8 = logit_mse(ref, w8a8, held_out), e_sq = logit_mse(ref, sq, held_out);
+    std::printf("%s logit MSE vs float: int4 g32 rtn %.3e awq %.3e (%.2fx); w8a8 rtn %.3e smoothquant %.3e (%.2fx)\n",
+                variant.c_str(), e_rtn, e_awq, e_awq / e_rtn, e_w8a8, e_sq, e_sq / e_w8a8);
+    EXPECT_LT(e_awq, 0.8 * e_rtn);
+    EXPECT_LT(e_sq, 0.8 * e_w8a8);
+    // AWQ saves as an AutoAWQ checkpoint and loads back to the same logits.
+    const std::string dir =
+        (fs::temp_directory_path() / ("tessera_qawq_" + std::to_string(::getpid()) + variant)).string();
+    fs::remove_all(dir);
+    awq.save(dir);
+    const auto qc = io::read_json_file(dir + "/config.json").at("quantization_config");
+    EXPECT_EQ(qc.at("quant_method"), "awq");
+    EXPECT_EQ(qc.at("version"), "gemm");
+    EXPECT_EQ(qc.at("group_size"), 32);
+    const model::Model back = model::Model::load(dir);
+    EXPECT_EQ(max_abs_diff(logits_of(back), logits_of(awq)), 0.f);
+    // SmoothQuant saves as llm-compressor's compressed-tensors W8A8 (int8 weights, int8
+    // per-token dynamic activations) and loads back to the same logits.
+    fs::remove_all(dir);
+    sq.save(dir);
+    const auto ct = io::read_json_file(dir + "/config.json").at("quantization_config");
+    EXPECT_EQ(ct.at("quant_method"), "compressed-tensors");
+    EXPECT_EQ(ct.at("format"), "int-quantized");
+    EXPECT_EQ(ct.at("config_groups").at("group_0").at("input_activations").at("strategy"), "token");
+    const model::Model sq_back = model::Model::load(dir);
+    EXPECT_NE(sq_back.weights_description().find("w8a8 (smoothquant)"), std::string::npos)
+        << sq_back.weights_description();
+    EXPECT_EQ(max_abs_diff(logits_of(sq_back), logits_of(sq)), 0.f);
+    fs::remove_all(dir);
+  }
+}
+
 TEST(QuantizedModel, OptionsRejectWhatTheFormatsCannotHold) {
   EXPECT_THROW(model::quantize_options("awq", 8, 0), std::exception);
+  EXPECT_THROW(model::quantize_options("awq", 4, -1), std::exception);
   EXPECT_THROW(model::quantize_options("smoothquant", 4, 0), std::exception);
   EXPECT_THROW(model::quantize_options("rtn", 3, 0), std::exception);
   EXPECT_THROW(model::quantize_options("rtn", 4, 48), std::exception);

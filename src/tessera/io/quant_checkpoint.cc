@@ -1,5 +1,4 @@
-// AutoGPTQ / AutoAWQ checkpoint tensors <-> kernels::QuantWeight, and config.json's
-// quantization_config. The layouts are those AutoGPTQ's QuantLinear.pack and AutoAWQ's
+// AutoGPTQ / AutoAWQ / compressed-tensors (W8A8) checkpoint tensors <-> kernels::QuantWeight. The layouts are those AutoGPTQ's QuantLinear.pack and AutoAWQ's
 // WQLinear_GEMM.from_linear write and their kernels read (tests/parity/quant_pack_reference.py
 // transcribes both).
 #include "tessera/io/quant_checkpoint.h"
@@ -86,12 +85,52 @@ Tensor fetch(const std::function<Tensor(const std::string&)>& get, const std::st
   return t.contiguous();
 }
 
+// compressed-tensors W8A8: weight (out, in) I8 and weight_scale (out, 1), W = s q.
+std::vector<std::pair<std::string, Tensor>> pack_compressed_tensors(const QuantWeight& w,
+                                                                    const std::string& what) {
+  TESSERA_CHECK(w.scheme == QuantScheme::kW8A8, what, ": ", kernels::quant_scheme_name(w.scheme),
+                " weights have no compressed-tensors W8A8 layout (w8a8)");
+  w.validate(what);
+  TESSERA_CHECK(!w.smooth.defined() && !w.perm.defined(), what,
+                ": smoothing scales or a column order have no place in a compressed-tensors checkpoint");
+  return {{"weight", w.q.clone()}, {"weight_scale", w.scales.view({w.out, 1}).clone()}};
+}
+
+QuantWeight unpack_compressed_tensors(const std::function<Tensor(const std::string&)>& get,
+                                      int64_t out, int64_t in, const std::string& module) {
+  const std::string layout = "compressed-tensors W8A8 weight (" + std::to_string(out) + ", " +
+                             std::to_string(in) + ")";
+  QuantWeight w;
+  w.scheme = QuantScheme::kW8A8;
+  w.out = out, w.in = in, w.group = in;
+  w.q = fetch(get, module, "weight", {out, in}, {DType::kI8}, layout).clone();
+  const Tensor scale = get("weight_scale");
+  TESSERA_CHECK(scale.defined() &&
+                    (scale.dtype() == DType::kF32 || scale.dtype() == DType::kBF16 || scale.dtype() == DType::kF16) &&
+                    (scale.shape() == Shape{out, 1} || scale.shape() == Shape{out}),
+                module, ".weight_scale: is ", scale.defined() ? scale.describe() : "missing",
+                ", expected a float (", out, ", 1) (", layout, ")");
+  w.scales = scale.to(DType::kF32).contiguous().view({out, 1}).clone();
+  for (int64_t o = 0; o < out; ++o) {
+    const float v = w.scales.data<float>()[o];
+    TESSERA_CHECK(std::isfinite(v) && v >= 0, module, ".weight_scale: value ", v, " of output ", o,
+                  " is not a finite non-negative scale");
+  }
+  // llm-compressor's int8 range is [-128, 127]; the int8 kernels negate codes, so -128
+  // (a value at exactly -absmax, rare) becomes -127: one code step on that weight.
+  int8_t* q = w.q.data<int8_t>();
+  for (int64_t i = 0; i < w.q.numel(); ++i) q[i] = std::max<int8_t>(q[i], -127);
+  w.validate(module);
+  return w;
+}
+
 }  // namespace
 
 // ---- tensors ---------------------------------------------------------------------------
 
 std::vector<std::string> quant_linear_suffixes(const QuantCheckpointFormat& f) {
   check_quant_format(f, "quant_linear_suffixes");
+  if (f.method == kCompressedTensors) return {"weight", "weight_scale"};
   if (f.method == "awq") return {"qweight", "qzeros", "scales"};
   return {"qweight", "qzeros", "scales", "g_idx"};
 }
@@ -100,6 +139,7 @@ std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const QuantWeight&
                                                               const QuantCheckpointFormat& f) {
   const std::string what = "pack_quant_linear";
   check_quant_format(f, what);
+  if (f.method == kCompressedTensors) return pack_compressed_tensors(w, what);
   TESSERA_CHECK(w.scheme == QuantScheme::kInt8 || w.scheme == QuantScheme::kInt4, what, ": ",
                 kernels::quant_scheme_name(w.scheme), " weights have no ", f.method,
                 " layout (int8 or int4)");
@@ -177,6 +217,7 @@ std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const QuantWeight&
 QuantWeight unpack_quant_linear(const std::function<Tensor(const std::string&)>& get, int64_t out,
                                 int64_t in, const QuantCheckpointFormat& f, const std::string& module) {
   check_quant_format(f, module);
+  if (f.method == kCompressedTensors) return unpack_compressed_tensors(get, out, in, module);
   check_layout(f, out, in, module);
   const bool gptq = f.method == "gptq";
   const int bits = f.bits;

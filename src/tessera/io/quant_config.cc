@@ -1,4 +1,4 @@
-// config.json's quantization_config, as AutoGPTQ and AutoAWQ write it.
+// config.json's quantization_config, as AutoGPTQ, AutoAWQ and llm-compressor write it.
 #include "tessera/io/quant_config.h"
 
 #include <cctype>
@@ -12,9 +12,12 @@ namespace tessera::io {
 
 // What every function needs of f, whatever it came from: `where` names the caller.
 void check_quant_format(const QuantCheckpointFormat& f, const std::string& where) {
-  TESSERA_CHECK(f.method == "gptq" || f.method == "awq", where, ": quant_method '", f.method,
-                "' is not supported (gptq or awq)");
-  if (f.method == "gptq") {
+  TESSERA_CHECK(f.method == "gptq" || f.method == "awq" || f.method == kCompressedTensors, where,
+                ": quant_method '", f.method, "' is not supported (gptq, awq or compressed-tensors)");
+  if (f.method == kCompressedTensors) {
+    TESSERA_CHECK(f.bits == 8 && f.group_size == -1 && f.sym && !f.desc_act, where,
+                  ": compressed-tensors is read and written as W8A8 only (8 bits, symmetric, per channel)");
+  } else if (f.method == "gptq") {
     TESSERA_CHECK(f.bits == 4 || f.bits == 8, where, ": gptq bits = ", f.bits,
                   " is not supported (4 or 8)");
     TESSERA_CHECK(f.group_size == -1 || f.group_size > 0, where, ": group_size = ", f.group_size,
@@ -47,6 +50,80 @@ int64_t json_int(const nlohmann::json& j, const char* key, int64_t dflt, const s
   return it->get<int64_t>();
 }
 
+// meta.quantizer (AutoGPTQ: a string, GPTQModel: a list): "tessera:NAME" is ours.
+std::string quantizer_of(const nlohmann::json& j, const std::string& where) {
+  std::string quantizer;
+  if (const auto it = j.find("meta"); it != j.end() && !it->is_null()) {
+    TESSERA_CHECK(it->is_object(), where, ".meta: expected an object, got ", json_brief(*it));
+    std::vector<std::string> names;
+    if (const auto q = it->find("quantizer"); q != it->end() && !q->is_null()) {
+      TESSERA_CHECK(q->is_string() || q->is_array(), where, ".meta.quantizer: expected a string or a list, got ",
+                    json_brief(*q));
+      for (const auto& v : q->is_string() ? nlohmann::json::array({*q}) : *q) {
+        TESSERA_CHECK(v.is_string(), where, ".meta.quantizer: expected strings, got ", json_brief(v));
+        names.push_back(v.get<std::string>());
+      }
+    }
+    for (const auto& n : names)
+      if (n.rfind("tessera:", 0) == 0 && quantizer.empty()) quantizer = n.substr(8);
+    if (quantizer.empty() && !names.empty()) quantizer = names[0];
+  }
+  return quantizer;
+}
+
+// llm-compressor's W8A8 int8 scheme (what vLLM runs as CompressedTensorsW8A8Int8):
+// one config group targeting Linear, int8 symmetric weights per output channel, int8
+// symmetric activations per token, quantized at run time. Anything else names its field.
+QuantCheckpointFormat parse_compressed_tensors(const nlohmann::json& j, const std::string& where) {
+  QuantCheckpointFormat f;
+  f.method = kCompressedTensors;
+  f.bits = 8, f.group_size = -1, f.sym = true;
+  const auto need = [&](const nlohmann::json& obj, const std::string& path, const char* key,
+                        const nlohmann::json& want) {
+    const auto it = obj.find(key);
+    const nlohmann::json got = it == obj.end() ? nlohmann::json(nullptr) : *it;
+    TESSERA_CHECK(got == want, where, ".", path, path.empty() ? "" : ".", key, " = ", json_brief(got),
+                  " is not supported (", json_brief(want), ": W8A8 int8, per-channel weights, per-token dynamic activations)");
+  };
+  need(j, "", "format", "int-quantized");
+  if (const auto it = j.find("quantization_status"); it != j.end() && !it->is_null())
+    need(j, "", "quantization_status", "compressed");
+  if (const auto it = j.find("kv_cache_scheme"); it != j.end())
+    TESSERA_CHECK(it->is_null(), where, ".kv_cache_scheme = ", json_brief(*it),
+                  " is not supported (null: the KV cache dtype is a serving flag here)");
+  const auto groups = j.find("config_groups");
+  TESSERA_CHECK(groups != j.end() && groups->is_object() && groups->size() == 1, where,
+                ".config_groups: expected one group, got ",
+                groups == j.end() ? std::string("nothing") : json_brief(*groups));
+  const std::string g = "config_groups." + groups->begin().key();
+  const nlohmann::json& grp = groups->begin().value();
+  TESSERA_CHECK(grp.is_object(), where, ".", g, ": expected an object, got ", json_brief(grp));
+  need(grp, g, "targets", nlohmann::json::array({"Linear"}));
+  for (const char* side : {"weights", "input_activations"}) {
+    const auto it = grp.find(side);
+    TESSERA_CHECK(it != grp.end() && it->is_object(), where, ".", g, ".", side,
+                  ": expected an object (W8A8 int8)");
+    const std::string path = g + "." + side;
+    const bool w = std::string(side) == "weights";
+    need(*it, path, "num_bits", 8);
+    need(*it, path, "type", "int");
+    need(*it, path, "symmetric", true);
+    need(*it, path, "strategy", w ? "channel" : "token");
+    need(*it, path, "dynamic", !w);
+    if (const auto gs = it->find("group_size"); gs != it->end()) need(*it, path, "group_size", nullptr);
+  }
+  if (const auto it = grp.find("output_activations"); it != grp.end())
+    need(grp, g, "output_activations", nullptr);
+  if (const auto it = j.find("ignore"); it != j.end() && !it->is_null()) {
+    TESSERA_CHECK(it->is_array(), where, ".ignore: expected a list of module names, got ", json_brief(*it));
+    for (const auto& m : *it)
+      TESSERA_CHECK(m.is_string() && m.get<std::string>() == "lm_head", where, ".ignore: ", json_brief(m),
+                    " is not supported (only lm_head stays unquantized here)");
+  }
+  f.quantizer = quantizer_of(j, where);
+  return f;
+}
+
 }  // namespace
 
 QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const std::string& source) {
@@ -57,9 +134,10 @@ QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const s
   };
   QuantCheckpointFormat f;
   TESSERA_CHECK(j.contains("quant_method") && !j.at("quant_method").is_null(), where,
-                ".quant_method is missing (gptq or awq)");
+                ".quant_method is missing (gptq, awq or compressed-tensors)");
   f.method = lower(json_string(j, "quant_method", "", where));
-  if (f.method != "gptq" && f.method != "awq") unsupported("quant_method", "gptq or awq");
+  if (f.method == kCompressedTensors) return parse_compressed_tensors(j, where);
+  if (f.method != "gptq" && f.method != "awq") unsupported("quant_method", "gptq, awq or compressed-tensors");
   const bool gptq = f.method == "gptq";
 
   // transformers' GPTQConfig requires bits; AwqConfig defaults to 4. Both default group 128.
@@ -103,22 +181,7 @@ QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const s
       f.modules_to_not_convert.push_back(m.get<std::string>());
     }
   }
-  // meta.quantizer (AutoGPTQ: a string, GPTQModel: a list): "tessera:NAME" is ours.
-  if (const auto it = j.find("meta"); it != j.end() && !it->is_null()) {
-    TESSERA_CHECK(it->is_object(), where, ".meta: expected an object, got ", json_brief(*it));
-    std::vector<std::string> names;
-    if (const auto q = it->find("quantizer"); q != it->end() && !q->is_null()) {
-      TESSERA_CHECK(q->is_string() || q->is_array(), where, ".meta.quantizer: expected a string or a list, got ",
-                    json_brief(*q));
-      for (const auto& v : q->is_string() ? nlohmann::json::array({*q}) : *q) {
-        TESSERA_CHECK(v.is_string(), where, ".meta.quantizer: expected strings, got ", json_brief(v));
-        names.push_back(v.get<std::string>());
-      }
-    }
-    for (const auto& n : names)
-      if (n.rfind("tessera:", 0) == 0 && f.quantizer.empty()) f.quantizer = n.substr(8);
-    if (f.quantizer.empty() && !names.empty()) f.quantizer = names[0];
-  }
+  f.quantizer = quantizer_of(j, where);
   return f;
 }
 
@@ -127,7 +190,27 @@ nlohmann::json quantization_config_json(const QuantCheckpointFormat& f) {
   nlohmann::json j;
   auto not_convert = f.modules_to_not_convert.empty() ? nlohmann::json(nullptr)
                                                       : nlohmann::json(f.modules_to_not_convert);
-  if (f.method == "awq") {  // what AutoAWQ's to_transformers_dict writes
+  if (f.method == kCompressedTensors) {  // what llm-compressor writes for its W8A8 scheme
+    const auto args = [](bool weights) {
+      return nlohmann::json{{"num_bits", 8},       {"type", "int"},
+                            {"symmetric", true},   {"strategy", weights ? "channel" : "token"},
+                            {"dynamic", !weights}, {"group_size", nullptr},
+                            {"block_structure", nullptr}, {"actorder", nullptr},
+                            {"observer", weights ? nlohmann::json("minmax") : nlohmann::json(nullptr)},
+                            {"observer_kwargs", nlohmann::json::object()}};
+    };
+    j = {{"quant_method", kCompressedTensors},
+         {"format", "int-quantized"},
+         {"quantization_status", "compressed"},
+         {"config_groups",
+          {{"group_0",
+            {{"targets", {"Linear"}},
+             {"weights", args(true)},
+             {"input_activations", args(false)},
+             {"output_activations", nullptr}}}}},
+         {"ignore", {"lm_head"}},
+         {"kv_cache_scheme", nullptr}};
+  } else if (f.method == "awq") {  // what AutoAWQ's to_transformers_dict writes
     j = {{"quant_method", "awq"}, {"zero_point", true}, {"group_size", f.group_size},
          {"bits", 4},             {"version", "gemm"},  {"modules_to_not_convert", not_convert}};
   } else {  // AutoGPTQ's BaseQuantizeConfig.to_dict, less the search settings we have no value for

@@ -1,6 +1,7 @@
 // config.json's quantization_config: which ecosystem layout a quantized checkpoint's
-// linears are stored in (AutoGPTQ "gptq", AutoAWQ "awq"). Parsing only: the tensors
-// themselves are io/quant_checkpoint.h's.
+// linears are stored in (AutoGPTQ "gptq", AutoAWQ "awq", and llm-compressor's
+// "compressed-tensors" for W8A8: int8 weights per output channel, int8 activations per
+// token at run time). Parsing only: the tensors themselves are io/quant_checkpoint.h's.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,10 +11,12 @@
 
 namespace tessera::io {
 
+constexpr const char* kCompressedTensors = "compressed-tensors";
+
 struct QuantCheckpointFormat {
-  std::string method = "gptq";  // "gptq" | "awq"
-  int bits = 4;                 // 4 or 8 (awq: 4)
-  int64_t group_size = 128;     // -1: one group per output channel (gptq only)
+  std::string method = "gptq";  // "gptq" | "awq" | "compressed-tensors"
+  int bits = 4;                 // 4 or 8 (awq: 4; compressed-tensors: 8)
+  int64_t group_size = 128;     // -1: one group per output channel (gptq; compressed-tensors)
   bool sym = false;             // gptq: symmetric (zero point 2^(bits-1))
   bool desc_act = false;        // gptq: act-order (g_idx not k / group_size)
   int gptq_version = 1;         // checkpoint_format "gptq" (v1: zeros stored minus 1) or "gptq_v2"

@@ -2,7 +2,7 @@
 #include "tessera/model/quantize.h"
 
 #include "tessera/base/error.h"
-#include "tessera/model/gptq_model.h"
+#include "tessera/model/calibrated_quant.h"
 
 namespace tessera::model {
 
@@ -15,6 +15,8 @@ QuantizeOptions quantize_options(const std::string& method, int bits, int64_t gr
                 "--method '", method, "' is not one of rtn, gptq, awq, smoothquant");
   TESSERA_CHECK(bits == 8 || bits == 4, "--bits ", bits, " is not supported (8 or 4)");
   TESSERA_CHECK(method != "awq" || bits == 4, "awq quantizes to 4 bits (--bits 4), not ", bits);
+  TESSERA_CHECK(method != "awq" || group_size != -1,
+                "awq keeps one scale per group (--group-size 32, 64 or 128), not per channel");
   TESSERA_CHECK(method != "smoothquant" || bits == 8,
                 "smoothquant is W8A8 (--bits 8), not ", bits, " bits");
   o.scheme = method == "smoothquant" ? QuantScheme::kW8A8
@@ -41,12 +43,20 @@ QuantizeOptions quantize_options_for_scheme(const std::string& scheme) {
 namespace {
 
 // How save() stores the result: AutoGPTQ tensors for int8 / int4 (whatever chose the
-// integers), none for fp8 and w8a8 (they run, but do not save yet).
+// integers; AutoAWQ's for AWQ), compressed-tensors for w8a8, none for fp8 (it runs, but
+// does not save yet).
 std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions& o,
                                                            int64_t group) {
+  if (o.scheme == QuantScheme::kW8A8) {
+    io::QuantCheckpointFormat f;
+    f.method = io::kCompressedTensors;
+    f.bits = 8, f.group_size = -1, f.sym = true;
+    f.quantizer = o.method;
+    return f;
+  }
   if (o.scheme != QuantScheme::kInt8 && o.scheme != QuantScheme::kInt4) return std::nullopt;
   io::QuantCheckpointFormat f;
-  f.method = "gptq";
+  f.method = o.method == "awq" ? "awq" : "gptq";  // AWQ models save as AutoAWQ's GEMM layout
   f.bits = kernels::quant_bits(o.scheme);
   f.group_size = group;
   f.sym = o.sym;
@@ -97,7 +107,21 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
     m.finish_quantization(checkpoint_format(o, group));
     return;
   }
-  fail("quantization method '", o.method, "' is not implemented yet");
+  if (o.method == "awq") {
+    kernels::AwqOptions a;
+    a.group = group;
+    a.symmetric = o.sym;
+    quantize_model_awq(m, a, o.scheme, calib_ids, [&](int64_t done) {
+      if (progress) progress(done, L);
+    });
+    m.finish_quantization(checkpoint_format(o, group));
+    return;
+  }
+  TESSERA_CHECK(o.method == "smoothquant", "quantization method '", o.method, "' is not implemented");
+  quantize_model_smoothquant(m, o.alpha, calib_ids, [&](int64_t done) {
+    if (progress) progress(done, L);
+  });
+  m.finish_quantization(checkpoint_format(o, group));
 }
 
 void quantize_on_load(Model& m, const std::string& scheme) {
