@@ -71,7 +71,8 @@ struct Batch {
 // Lays the sequences out one after another with a spare (NaN) row before each, gives each a
 // shuffled block table, fills cached keys directly and writes this step's keys with
 // write_kv_cache. Unused cache slots and spare rows hold NaN, so reading them shows.
-Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layout_seed) {
+Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layout_seed,
+                 KvCacheDtype kv = KvCacheDtype::kF32) {
   Batch b;
   b.d = d;
   std::mt19937 rng(layout_seed);
@@ -84,10 +85,13 @@ Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layo
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  b.k_cache = Tensor::empty({num_blocks, d.bs, d.Hkv, d.D}, DType::kF32);
-  b.v_cache = Tensor::empty({num_blocks, d.bs, d.Hkv, d.D}, DType::kF32);
-  b.k_cache.fill(kNaN);
-  b.v_cache.fill(kNaN);
+  b.k_cache = make_kv_cache(num_blocks, d.bs, d.Hkv, d.D, kv);
+  b.v_cache = make_kv_cache(num_blocks, d.bs, d.Hkv, d.D, kv);
+  // All-ones bytes are NaN in every form (f32, bf16, fp8 codes, and int8's scale).
+  std::memset(b.k_cache.raw_data(), 0xFF, b.k_cache.nbytes());
+  std::memset(b.v_cache.raw_data(), 0xFF, b.v_cache.nbytes());
+  const cpu::KvCacheView kview = cpu::kv_cache_view(b.k_cache), vview = cpu::kv_cache_view(b.v_cache);
+  std::vector<float> kr(d.D), vr(d.D);
   const int64_t W = (d.Hq + 2 * d.Hkv) * d.D + 3, row = d.Hkv * d.D;
   b.qkv = Tensor::empty({ntok, W}, DType::kF32);
   b.qkv.fill(kNaN);
@@ -103,13 +107,13 @@ Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layo
     for (int64_t t = 0; t < (s.context_len + d.bs - 1) / d.bs; ++t)
       table.push_back(perm[next_block++]);
     const int64_t first = s.context_len - s.q_len;
-    for (int64_t t = 0; t < first; ++t) {
-      const int64_t off = (table[t / d.bs] * d.bs + t % d.bs) * row;
-      for (int64_t e = 0; e < row; ++e) {
-        b.k_cache.data<float>()[off + e] = key_val(s, t, e);
-        b.v_cache.data<float>()[off + e] = value_val(s, t, e);
+    for (int64_t t = 0; t < first; ++t)
+      for (int64_t h = 0; h < d.Hkv; ++h) {
+        for (int64_t e = 0; e < d.D; ++e)
+          kr[e] = key_val(s, t, h * d.D + e), vr[e] = value_val(s, t, h * d.D + e);
+        cpu::kv_row_from_f32(kv, kr.data(), d.D, kview.row(table[t / d.bs], t % d.bs, h));
+        cpu::kv_row_from_f32(kv, vr.data(), d.D, vview.row(table[t / d.bs], t % d.bs, h));
       }
-    }
     float* base = b.qkv.data<float>();
     for (int64_t i2 = 0; i2 < s.q_len; ++i2) {
       float* r = base + (q_begin + i2) * W;
@@ -147,19 +151,17 @@ void run_portable(Batch& b, const PagedAttentionParams& p) {
   pd.Hq = b.d.Hq, pd.Hkv = b.d.Hkv, pd.D = b.d.D;
   pd.num_blocks = b.k_cache.size(0), pd.block_size = b.d.bs;
   auto rows = [](const Tensor& t) { return cpu::AttnView{t.data<float>(), 0, t.stride(0)}; };
-  auto cache = [](const Tensor& t) {
-    return cpu::AttnView{t.data<float>(), t.stride(0), t.stride(1)};
-  };
-  cpu::paged_attention_cpu(pd, rows(b.q), cache(b.k_cache), cache(b.v_cache), b.seqs, rows(b.out),
+  cpu::paged_attention_cpu(pd, rows(b.q), cpu::kv_cache_view(b.k_cache), cpu::kv_cache_view(b.v_cache), b.seqs, rows(b.out),
                            p, cpu::AttnIsa::kScalar);
 }
 
 // Runs the kernel on the batch and compares every covered row with the reference.
 void check_batch(const std::vector<SeqSpec>& specs, const Dims& d, const PagedAttentionParams& p,
-                 uint32_t layout_seed, bool portable = false) {
+                 uint32_t layout_seed, bool portable = false, KvCacheDtype kv = KvCacheDtype::kF32) {
   SCOPED_TRACE(d.str() + " invariant=" + std::to_string(p.batch_invariant) +
-               " split=" + std::to_string(p.decode_split) + (portable ? " [scalar]" : ""));
-  Batch b = make_batch(specs, d, layout_seed);
+               " split=" + std::to_string(p.decode_split) + (portable ? " [scalar]" : "") +
+               " kv=" + kv_cache_dtype_name(kv));
+  Batch b = make_batch(specs, d, layout_seed, kv);
   if (portable)
     run_portable(b, p);
   else
@@ -232,6 +234,64 @@ TEST(PagedAttention, PortableKernelsMatchReference) {
       check_batch(mixed_specs(seed * 100), d, params_for(d, invariant, 0), seed, true);
       ++seed;
     }
+}
+
+TEST(PagedAttention, Bf16Int8Fp8CachesMatchReferenceOnTheirStoredValues) {
+  // The kernels widen each stored key and value tile to f32; the reference decodes the
+  // same bytes from the format's definition. Both paths, odd head dims, GQA, odd blocks.
+  const Dims dims[] = {{8, 2, 40, 7}, {4, 4, 64, 16}, {6, 3, 72, 16}};
+  uint32_t seed = 150;
+  for (auto kv : {KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
+    for (const Dims& d : dims)
+      for (bool portable : {false, true}) {
+        check_batch(mixed_specs(seed * 100), d, params_for(d, seed % 2 == 0, 0), seed, portable, kv);
+        ++seed;
+      }
+}
+
+TEST(PagedAttention, CacheWritesRoundWithinEachFormatsBound) {
+  // write_kv_cache into each form, decoded by the reference: bf16 rounds to nearest
+  // (half an ulp: relative 2^-8), int8 to within half a step of absmax / 127 per (token, head) row,
+  // fp8 e4m3 to within half its 3-bit mantissa (relative 2^-4) above its subnormals.
+  const Dims d{4, 2, 40, 7};
+  const std::vector<SeqSpec> specs = {{5, 5, 1}, {9, 9, 2}};
+  const Batch ref = make_batch(specs, d, 9, KvCacheDtype::kF32);
+  for (auto kv : {KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8}) {
+    SCOPED_TRACE(kv_cache_dtype_name(kv));
+    const Batch b = make_batch(specs, d, 9, kv);
+    EXPECT_EQ(kv_cache_head_dim(b.k_cache), d.D);
+    EXPECT_EQ(static_cast<int64_t>(b.k_cache.nbytes()) / (b.k_cache.size(0) * d.bs * d.Hkv),
+              kv_cache_row_bytes(kv, d.D));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      for (const auto* caches : {&ref.k_cache, &ref.v_cache}) {
+        const bool keys = caches == &ref.k_cache;
+        const std::vector<double> want = reference::gather_paged(*caches, ref.seqs[i]);
+        const std::vector<double> got = reference::gather_paged(keys ? b.k_cache : b.v_cache, b.seqs[i]);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t r = 0; r < want.size() / d.D; ++r) {
+          double amax = 0;
+          for (int64_t e = 0; e < d.D; ++e) amax = std::max(amax, std::fabs(want[r * d.D + e]));
+          for (int64_t e = 0; e < d.D; ++e) {
+            const double w = want[r * d.D + e], g = got[r * d.D + e];
+            const double bound = kv == KvCacheDtype::kBF16  ? std::ldexp(std::fabs(w), -8)
+                                 : kv == KvCacheDtype::kInt8 ? 0.5 * amax / 127 * (1 + 1e-6)
+                                                             : std::max(std::ldexp(std::fabs(w), -4),
+                                                                        amax / 448 * std::ldexp(1.0, -9));
+            ASSERT_LE(std::fabs(g - w), bound) << "row " << r << " element " << e << ": " << g << " vs " << w;
+          }
+        }
+      }
+    }
+    // Copy-on-write copies whole blocks, scales and all.
+    Tensor kc = b.k_cache.clone(), vc = b.v_cache.clone();
+    const int32_t src = b.tables[1][0], dst = b.tables[0][0];
+    copy_kv_blocks(kc, vc, {{src, dst}});
+    const int64_t block = b.k_cache.nbytes() / b.k_cache.size(0);
+    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(kc.raw_data()) + dst * block,
+                          static_cast<uint8_t*>(b.k_cache.raw_data()) + src * block, block), 0);
+  }
+  EXPECT_THROW(parse_kv_cache_dtype("int4"), std::exception);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8"), KvCacheDtype::kFp8);
 }
 
 TEST(PagedAttention, LoneLongSequencesAcrossThreadCounts) {

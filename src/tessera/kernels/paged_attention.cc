@@ -34,24 +34,26 @@ PagedDims check_caches(const Tensor& k_cache, const Tensor& v_cache, const char*
     TESSERA_CHECK(t->defined(), op, ": ", name, " is undefined");
     TESSERA_CHECK(t->dim() == 4, op, ": ", name, " must be (num_blocks, block_size, Hkv, D), got ",
                   shape_str(t->shape()));
-    TESSERA_CHECK(t->dtype() == DType::kF32, op, ": ", name, " must be f32, got ",
+    TESSERA_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16 || t->dtype() == DType::kI8 ||
+                      t->dtype() == DType::kU8,
+                  op, ": ", name, " must be f32, bf16, i8 (int8) or u8 (fp8), got ",
                   dtype_name(t->dtype()));
     TESSERA_CHECK(t->device() == Device::kCPU, op, ": ", name, " must be on the CPU");
     TESSERA_CHECK(t->is_contiguous(), op, ": ", name, " ", shape_str(t->shape()),
                   " must be contiguous");
   }
-  TESSERA_CHECK(k_cache.shape() == v_cache.shape(), op, ": v_cache ", shape_str(v_cache.shape()),
-                " must have the shape of k_cache ", shape_str(k_cache.shape()));
+  TESSERA_CHECK(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), op,
+                ": v_cache ", v_cache.describe(), " must have the shape and dtype of k_cache ",
+                k_cache.describe());
   PagedDims d;
   d.num_blocks = k_cache.size(0), d.block_size = k_cache.size(1);
-  d.Hkv = k_cache.size(2), d.D = k_cache.size(3);
+  d.Hkv = k_cache.size(2), d.D = kv_cache_head_dim(k_cache);
   TESSERA_CHECK(d.block_size > 0 && d.Hkv > 0 && d.D > 0, op, ": k_cache ",
                 shape_str(k_cache.shape()), " needs block_size, Hkv and D > 0");
   return d;
 }
 
 AttnView rows_view(const Tensor& t) { return AttnView{t.data<float>(), 0, t.stride(0)}; }
-AttnView cache_view(const Tensor& c) { return AttnView{c.data<float>(), c.stride(0), c.stride(1)}; }
 
 // Query ranges inside [0, ntok) and pairwise disjoint; context_len >= q_len; the block
 // table entries for keys [first_key, context_len) name real blocks. first_key is 0 for
@@ -88,6 +90,67 @@ void check_sequences(const std::vector<PagedSequence>& seqs, int64_t ntok, const
 
 }  // namespace
 
+const char* kv_cache_dtype_name(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kF32: return "f32";
+    case KvCacheDtype::kBF16: return "bf16";
+    case KvCacheDtype::kInt8: return "int8";
+    case KvCacheDtype::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
+  for (auto d : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
+    if (name == kv_cache_dtype_name(d)) return d;
+  if (name == "fp8_e4m3") return KvCacheDtype::kFp8;
+  fail("--kv-cache-dtype '", name, "' is not one of bf16, int8, fp8, f32");
+}
+
+int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t D) {
+  switch (d) {
+    case KvCacheDtype::kF32: return 4 * D;
+    case KvCacheDtype::kBF16: return 2 * D;
+    default: return D + 4;  // codes, then the f32 scale
+  }
+}
+
+Tensor make_kv_cache(int64_t num_blocks, int64_t block_size, int64_t heads, int64_t D, KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kF32: return Tensor::empty({num_blocks, block_size, heads, D}, DType::kF32);
+    case KvCacheDtype::kBF16: return Tensor::empty({num_blocks, block_size, heads, D}, DType::kBF16);
+    case KvCacheDtype::kInt8: return Tensor::empty({num_blocks, block_size, heads, D + 4}, DType::kI8);
+    case KvCacheDtype::kFp8: return Tensor::empty({num_blocks, block_size, heads, D + 4}, DType::kU8);
+  }
+  fail("make_kv_cache: unknown dtype");
+}
+
+KvCacheDtype kv_cache_dtype(const Tensor& cache) {
+  switch (cache.dtype()) {
+    case DType::kF32: return KvCacheDtype::kF32;
+    case DType::kBF16: return KvCacheDtype::kBF16;
+    case DType::kI8: return KvCacheDtype::kInt8;
+    case DType::kU8: return KvCacheDtype::kFp8;
+    default: fail("KV cache ", cache.describe(), ": not f32, bf16, i8 (int8) or u8 (fp8)");
+  }
+}
+
+int64_t kv_cache_head_dim(const Tensor& cache) {
+  const KvCacheDtype d = kv_cache_dtype(cache);
+  return d == KvCacheDtype::kInt8 || d == KvCacheDtype::kFp8 ? cache.size(3) - 4 : cache.size(3);
+}
+
+Tensor kv_cache_to_f32(const Tensor& cache) {
+  const int64_t D = kv_cache_head_dim(cache);
+  Tensor out = Tensor::empty({cache.size(0), cache.size(1), cache.size(2), D}, DType::kF32);
+  const Tensor c = cache.contiguous();
+  const cpu::KvCacheView v = cpu::kv_cache_view(c);
+  const int64_t rows = cache.size(0) * cache.size(1) * cache.size(2);
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::kv_row_to_f32(v.dtype, v.data + r * v.row_bytes, D, out.data<float>() + r * D, false);
+  return out;
+}
+
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const std::vector<PagedSequence>& seqs, Tensor& out,
                      const PagedAttentionParams& p) {
@@ -112,7 +175,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                 p.decode_split);
   check_sequences(seqs, q.size(0), d, op, /*reads_all_keys=*/true);
   TESSERA_KERNEL(op,
-                 cpu::paged_attention_cpu(d, rows_view(q), cache_view(k_cache), cache_view(v_cache),
+                 cpu::paged_attention_cpu(d, rows_view(q), cpu::kv_cache_view(k_cache), cpu::kv_cache_view(v_cache),
                                           seqs, rows_view(out), p, cpu::best_attention_isa()),
                  q, k_cache, v_cache, out);
 }
@@ -146,8 +209,8 @@ void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSeq
                   " both write block ", sorted[j].block, " row ", sorted[j].slot,
                   " (a shared block must be copied before it is written)");
   TESSERA_KERNEL(op,
-                 cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cache_view(k_cache),
-                                         cache_view(v_cache)),
+                 cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cpu::kv_cache_view(k_cache),
+                                         cpu::kv_cache_view(v_cache)),
                  k, v, k_cache, v_cache);
 }
 
@@ -167,7 +230,7 @@ void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
   const auto dup = std::adjacent_find(dsts.begin(), dsts.end());
   TESSERA_CHECK(dup == dsts.end(), op, ": block ", dup == dsts.end() ? 0 : *dup,
                 " is the destination of more than one copy");
-  TESSERA_KERNEL(op, cpu::copy_kv_blocks_cpu(d, cache_view(k_cache), cache_view(v_cache), copies),
+  TESSERA_KERNEL(op, cpu::copy_kv_blocks_cpu(cpu::kv_cache_view(k_cache), cpu::kv_cache_view(v_cache), copies),
                  k_cache, v_cache);
 }
 

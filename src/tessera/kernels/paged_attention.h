@@ -3,6 +3,7 @@
 // values through its own block table. Also the cache writes and copy-on-write copies.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -10,9 +11,32 @@
 
 namespace tessera::kernels {
 
-// KV cache pool of one layer: k_cache, v_cache (num_blocks, block_size, Hkv, D) f32
-// contiguous. A sequence's logical token t lives in physical block
-// block_table[t / block_size], row t % block_size.
+// What a KV cache stores, told by the cache tensor's dtype. One (token, head) row of D
+// values is one of:
+//   kF32  f32 (num_blocks, block_size, Hkv, D)
+//   kBF16 bf16 (num_blocks, block_size, Hkv, D), rounded to nearest even
+//   kInt8 i8 (num_blocks, block_size, Hkv, D + 4): D codes, then the row's f32 scale
+//         absmax / 127 (little-endian bytes); value = scale * code
+//   kFp8  u8 (num_blocks, block_size, Hkv, D + 4): D fp8 e4m3 codes, then the row's f32
+//         scale absmax / 448; value = scale * e4m3(code)
+// Scales live inside their row, so a block is self-contained: copy-on-write and prefix
+// sharing copy or share bytes, whatever the dtype. Attention reads the stored form and
+// widens each key and value tile to f32 as it goes.
+enum class KvCacheDtype : uint8_t { kF32, kBF16, kInt8, kFp8 };
+const char* kv_cache_dtype_name(KvCacheDtype d);  // "f32" | "bf16" | "int8" | "fp8"
+KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // one-line error otherwise
+// Bytes one (token, head) row of head dim D takes.
+int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t D);
+// An uninitialised cache of one layer's K or V (pages are touched as blocks are written).
+Tensor make_kv_cache(int64_t num_blocks, int64_t block_size, int64_t heads, int64_t D, KvCacheDtype d);
+KvCacheDtype kv_cache_dtype(const Tensor& cache);  // from its dtype; one-line error otherwise
+int64_t kv_cache_head_dim(const Tensor& cache);    // D (size(3), less the scale bytes)
+// The cache's values as f32 (num_blocks, block_size, Hkv, D): tests and debugging.
+Tensor kv_cache_to_f32(const Tensor& cache);
+
+// KV cache pool of one layer: k_cache, v_cache (num_blocks, block_size, Hkv, D) in one of
+// the forms above, contiguous, the same dtype. A sequence's logical token t lives in
+// physical block block_table[t / block_size], row t % block_size.
 struct PagedSequence {
   int64_t q_begin = 0;      // first row of this sequence's queries in q / out
   int64_t q_len = 0;        // query tokens this step (1 = decode)
@@ -49,7 +73,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 
 // Writes this step's keys / values into the cache: row q_begin + i of k, v (Ntok, Hkv, D)
 // (token stride free, head stride D) goes to slot (block_table[pos / bs], pos % bs) with
-// pos = context_len - q_len + i. Two tokens may not write the same slot.
+// pos = context_len - q_len + i, converted to the cache's form (bf16 rounding; int8 / fp8
+// with the row's own scale). Two tokens may not write the same slot.
 void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
                     Tensor& k_cache, Tensor& v_cache);
 

@@ -161,7 +161,9 @@ TESSERA_AVX512 void accumulate_pv_avx512(int64_t R, int64_t n, const float* p, i
 struct Job {
   PagedDims d;
   int64_t G = 1;
-  AttnView q, k, v, out;
+  AttnView q, out;
+  KvCacheView k, v;
+  bool avx512 = false;
   const std::vector<PagedSequence>* seqs = nullptr;
   float scale = 1.f;
   const AttnTileOps* ops = nullptr;
@@ -185,23 +187,30 @@ void for_each_run(const PagedSequence& s, int64_t bs, int64_t t0, int64_t n, Fn&
   }
 }
 
-// K^T of keys [t0, t0 + n) of (sequence, kv head) into dst (D, kKeyTile). When every run
-// starts on a 16-column boundary it is transposed straight from the cache (a pack zero-fills
-// only past its own last column); otherwise the keys are gathered into `gather` (n, D) first.
+// K^T of keys [t0, t0 + n) of (sequence, kv head) into dst (D, kKeyTile). An f32 cache
+// whose runs all start on a 16-column boundary is transposed straight from the cache (a
+// pack zero-fills only past its own last column); otherwise the keys are gathered (and
+// widened to f32) into `gather` (n, D) first.
 void pack_key_tile(const Job& job, const PagedSequence& s, int64_t kvh, int64_t t0, int64_t n,
                    float* dst, float* gather) {
   const int64_t D = job.d.D, bs = job.d.block_size;
   const AttnTileOps& ops = *job.ops;
-  if (bs % 16 == 0 && t0 % 16 == 0) {
+  const bool f32 = job.k.dtype == KvCacheDtype::kF32;
+  if (f32 && bs % 16 == 0 && t0 % 16 == 0) {
     for_each_run(s, bs, t0, n, [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
-      ops.pack_transposed(job.k.row(blk, slot, kvh, D), job.k.token_stride, len, D, dst + col,
-                          kKeyTile);
+      ops.pack_transposed(reinterpret_cast<const float*>(job.k.row(blk, slot, kvh)),
+                          job.k.token_bytes / 4, len, D, dst + col, kKeyTile);
     });
     return;
   }
   for_each_run(s, bs, t0, n, [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
-    for (int64_t j = 0; j < len; ++j)
-      std::memcpy(gather + (col + j) * D, job.k.row(blk, slot + j, kvh, D), sizeof(float) * D);
+    for (int64_t j = 0; j < len; ++j) {
+      const uint8_t* src = job.k.row(blk, slot + j, kvh);
+      if (f32)
+        std::memcpy(gather + (col + j) * D, src, sizeof(float) * D);
+      else
+        kv_row_to_f32(job.k.dtype, src, D, gather + (col + j) * D, job.avx512);
+    }
   });
   ops.pack_transposed(gather, D, n, D, dst, kKeyTile);
 }
@@ -218,20 +227,21 @@ void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t p
 // Per-thread buffers, sized for the largest row block.
 struct Buffers {
   explicit Buffers(int64_t R, int64_t D)
-      : mem(3 * R * D + 4 * R + D * kKeyTile + R * kKeyTile + kKeyTile * D) {
+      : mem(3 * R * D + 4 * R + D * kKeyTile + R * kKeyTile + 2 * kKeyTile * D) {
     qs = mem.get();
     o = qs + R * D;
     ao = o + R * D;
     kt = ao + R * D;
     s = kt + D * kKeyTile;
     gather = s + R * kKeyTile;
-    m = gather + kKeyTile * D;
+    vt = gather + kKeyTile * D;
+    m = vt + kKeyTile * D;
     l = m + R;
     am = l + R;
     al = am + R;
   }
   Scratch mem;
-  float *qs, *o, *ao, *kt, *s, *gather, *m, *l, *am, *al;
+  float *qs, *o, *ao, *kt, *s, *gather, *vt, *m, *l, *am, *al;
 };
 
 // Online softmax of the block's rows over the keys of partition `part`; leaves o (R, D)
@@ -258,11 +268,21 @@ void run_partition(const Job& job, const RowBlock& rb, int64_t part, Buffers& bu
     ops.gemm(R, n, D, buf.qs, D, 1, ktile, kKeyTile, buf.s, kKeyTile, false);  // S = (scale Q) K^T
     if (kt0 + n - 1 > pos0) mask_tile(buf.s, kKeyTile, R, n, G, pos0, kt0);
     ops.softmax_update(buf.s, kKeyTile, R, n, m, l, o, D, D);
+    // Value rows are read in place from an f32 cache, else widened into vt first.
     const float* v_rows[kKeyTile];
+    const bool f32 = job.v.dtype == KvCacheDtype::kF32;
     for_each_run(s, job.d.block_size, kt0, n,
                  [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
-                   for (int64_t j = 0; j < len; ++j)
-                     v_rows[col + j] = job.v.row(blk, slot + j, rb.kvh, D);
+                   for (int64_t j = 0; j < len; ++j) {
+                     const uint8_t* src = job.v.row(blk, slot + j, rb.kvh);
+                     if (f32) {
+                       v_rows[col + j] = reinterpret_cast<const float*>(src);
+                     } else {
+                       float* row = buf.vt + (col + j) * D;
+                       kv_row_to_f32(job.v.dtype, src, D, row, job.avx512);
+                       v_rows[col + j] = row;
+                     }
+                   }
                  });
     job.accumulate_pv(R, n, buf.s, kKeyTile, v_rows, D, o);  // O += P V
   }
@@ -402,14 +422,15 @@ int64_t paged_partition_keys(int64_t context_len, const PagedAttentionParams& p)
   return std::clamp<int64_t>(ceil_div(ceil_div(context_len, 16), kKeyTile) * kKeyTile, 256, 1024);
 }
 
-void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const AttnView& k_cache,
-                         const AttnView& v_cache, const std::vector<PagedSequence>& seqs,
+void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCacheView& k_cache,
+                         const KvCacheView& v_cache, const std::vector<PagedSequence>& seqs,
                          const AttnView& out, const PagedAttentionParams& p, AttnIsa isa) {
   if (dims.Hq == 0 || dims.D == 0) return;
   Job job;
   job.d = dims;
   job.G = dims.Hq / dims.Hkv;
   job.q = q, job.k = k_cache, job.v = v_cache, job.out = out;
+  job.avx512 = isa == AttnIsa::kAvx512;
   job.seqs = &seqs;
   job.scale = p.scale;
   job.ops = isa == AttnIsa::kAvx512 ? &avx512_tile_ops() : &scalar_tile_ops();
@@ -489,28 +510,32 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const AttnVie
 }
 
 void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView& v,
-                        const std::vector<KvSlotWrite>& writes, const AttnView& k_cache,
-                        const AttnView& v_cache) {
-  const int64_t row = dims.Hkv * dims.D;  // head stride D: a token's heads are one run
+                        const std::vector<KvSlotWrite>& writes, const KvCacheView& k_cache,
+                        const KvCacheView& v_cache) {
+  const int64_t D = dims.D;
   base::parallel_for(static_cast<int64_t>(writes.size()), 64, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const KvSlotWrite& x = writes[w];
-      std::memcpy(k_cache.row(x.block, x.slot, 0, dims.D), k.row(0, x.token, 0, dims.D),
-                  sizeof(float) * row);
-      std::memcpy(v_cache.row(x.block, x.slot, 0, dims.D), v.row(0, x.token, 0, dims.D),
-                  sizeof(float) * row);
+      if (k_cache.dtype == KvCacheDtype::kF32) {  // head stride D: a token's heads are one run
+        std::memcpy(k_cache.row(x.block, x.slot, 0), k.row(0, x.token, 0, D), sizeof(float) * dims.Hkv * D);
+        std::memcpy(v_cache.row(x.block, x.slot, 0), v.row(0, x.token, 0, D), sizeof(float) * dims.Hkv * D);
+        continue;
+      }
+      for (int64_t h = 0; h < dims.Hkv; ++h) {
+        kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h));
+        kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h));
+      }
     }
   });
 }
 
-void copy_kv_blocks_cpu(const PagedDims& dims, const AttnView& k_cache, const AttnView& v_cache,
+void copy_kv_blocks_cpu(const KvCacheView& k_cache, const KvCacheView& v_cache,
                         const std::vector<std::pair<int32_t, int32_t>>& copies) {
   // In list order: a block may be copied after it was itself a destination.
-  const size_t bytes = sizeof(float) * dims.block_size * dims.Hkv * dims.D;
   for (const auto& [src, dst] : copies) {
     if (src == dst) continue;
-    std::memcpy(k_cache.row(dst, 0, 0, dims.D), k_cache.row(src, 0, 0, dims.D), bytes);
-    std::memcpy(v_cache.row(dst, 0, 0, dims.D), v_cache.row(src, 0, 0, dims.D), bytes);
+    std::memcpy(k_cache.row(dst, 0, 0), k_cache.row(src, 0, 0), k_cache.block_bytes);
+    std::memcpy(v_cache.row(dst, 0, 0), v_cache.row(src, 0, 0), v_cache.block_bytes);
   }
 }
 

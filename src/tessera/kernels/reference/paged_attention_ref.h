@@ -9,7 +9,8 @@
 
 namespace tessera::kernels::reference {
 
-// Keys (or values) [0, context_len) of one sequence from a (num_blocks, bs, Hkv, D) cache,
+// Keys (or values) [0, context_len) of one sequence from a (num_blocks, bs, Hkv, D) cache of
+// any KV cache dtype (decoded here from the format's definition),
 // as a contiguous (context_len, Hkv, D) array.
 std::vector<double> gather_paged(const Tensor& cache, const PagedSequence& s);
 

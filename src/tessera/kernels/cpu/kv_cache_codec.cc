@@ -1,0 +1,115 @@
+// A KV cache row's stored form <-> f32 (paged_attention.h lists the forms). Writes happen
+// once per token, reads once per key tile per query row block, so the widening loops are
+// the ones that matter: AVX-512 for bf16 and int8, a 256-entry table for fp8.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tessera/kernels/cpu/avx512_math.h"
+#include "tessera/kernels/cpu/paged_attention_cpu.h"
+#include "tessera/kernels/quant.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+float row_scale(const uint8_t* row, int64_t D) {
+  float s;
+  std::memcpy(&s, row + D, sizeof(float));
+  return s;
+}
+
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
+  }
+};
+const Fp8Table& fp8_table() {
+  static const Fp8Table t;
+  return t;
+}
+
+TESSERA_AVX512 void bf16_to_f32_avx512(const uint16_t* src, int64_t D, float* dst) {
+  int64_t e = 0;
+  for (; e + 16 <= D; e += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + e)));
+    _mm512_storeu_ps(dst + e, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+  for (; e < D; ++e) dst[e] = bf16_to_f32(src[e]);
+}
+
+TESSERA_AVX512 void int8_to_f32_avx512(const int8_t* src, int64_t D, float scale, float* dst) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  int64_t e = 0;
+  for (; e + 16 <= D; e += 16) {
+    const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + e)));
+    _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_cvtepi32_ps(w), vs));
+  }
+  for (; e < D; ++e) dst[e] = scale * src[e];
+}
+
+}  // namespace
+
+KvCacheView kv_cache_view(const Tensor& cache) {
+  KvCacheView v;
+  v.dtype = kv_cache_dtype(cache);
+  v.data = static_cast<uint8_t*>(cache.raw_data());
+  const int64_t es = static_cast<int64_t>(dtype_size(cache.dtype()));
+  v.row_bytes = cache.size(3) * es;
+  v.token_bytes = cache.size(2) * v.row_bytes;
+  v.block_bytes = cache.size(1) * v.token_bytes;
+  return v;
+}
+
+void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bool avx512) {
+  switch (d) {
+    case KvCacheDtype::kF32:
+      std::memcpy(dst, src, sizeof(float) * D);
+      return;
+    case KvCacheDtype::kBF16: {
+      const auto* b = reinterpret_cast<const uint16_t*>(src);
+      if (avx512) return bf16_to_f32_avx512(b, D, dst);
+      for (int64_t e = 0; e < D; ++e) dst[e] = bf16_to_f32(b[e]);
+      return;
+    }
+    case KvCacheDtype::kInt8: {
+      const float s = row_scale(src, D);
+      const auto* q = reinterpret_cast<const int8_t*>(src);
+      if (avx512) return int8_to_f32_avx512(q, D, s, dst);
+      for (int64_t e = 0; e < D; ++e) dst[e] = s * q[e];
+      return;
+    }
+    case KvCacheDtype::kFp8: {
+      const float s = row_scale(src, D);
+      const float* t = fp8_table().v;
+      for (int64_t e = 0; e < D; ++e) dst[e] = s * t[src[e]];
+      return;
+    }
+  }
+}
+
+void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst) {
+  if (d == KvCacheDtype::kF32) {
+    std::memcpy(dst, src, sizeof(float) * D);
+    return;
+  }
+  if (d == KvCacheDtype::kBF16) {
+    auto* b = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t e = 0; e < D; ++e) b[e] = f32_to_bf16(src[e]);
+    return;
+  }
+  float amax = 0.f;
+  for (int64_t e = 0; e < D; ++e) amax = std::max(amax, std::fabs(src[e]));
+  const float s = amax / (d == KvCacheDtype::kInt8 ? 127.f : 448.f);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  if (d == KvCacheDtype::kInt8) {
+    auto* q = reinterpret_cast<int8_t*>(dst);
+    for (int64_t e = 0; e < D; ++e)
+      q[e] = static_cast<int8_t>(std::clamp(std::nearbyint(src[e] * inv), -127.f, 127.f));
+  } else {
+    for (int64_t e = 0; e < D; ++e) dst[e] = f32_to_fp8_e4m3(src[e] * inv);
+  }
+  std::memcpy(dst + D, &s, sizeof(float));
+}
+
+}  // namespace tessera::kernels::cpu
