@@ -35,7 +35,8 @@ struct ServeFlags {
 // Flags of one mode only; the other mode refuses them rather than ignoring them.
 const char* const kOfflineOnly[] = {"--shape", "--dtype", "--repetitive-prompts", "--repeat-segment",
                                     "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-                                    "--kv-cache-memory", "--block-size", "--no-prefix-caching",
+                                    "--kv-cache-memory", "--kv-cache-dtype", "--compare-kv-cache-dtype",
+                                    "--block-size", "--no-prefix-caching",
                                     "--compare-prefix-caching", "--speculative", "--num-speculative-tokens",
                                     "--draft-model", "--compare-speculative", "--baseline-requests"};
 const char* const kUrlOnly[] = {"--dataset", "--dataset-path", "--tokenizer", "--request-rate",
@@ -142,6 +143,16 @@ void add_bench_serve(CLI::App* bench, Action& action) {
       ->capture_default_str();
   c->add_option("--kv-cache-memory", f->kv_cache_memory, "KV pool bytes; 0: a fraction of free memory")
       ->capture_default_str();
+  c->add_option_function<std::string>(
+       "--kv-cache-dtype", [&o](const std::string& s) { o.engine.kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
+       "KV cache storage: bf16 (default), int8, fp8 or f32")
+      ->type_name("DTYPE");
+  c->add_option_function<std::string>(
+       "--compare-kv-cache-dtype",
+       [&o](const std::string& s) { o.compare_kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
+       "Run the measured phase again with the KV cache in this dtype (same --kv-cache-memory); print the "
+       "throughput ratio")
+      ->type_name("DTYPE");
   c->add_option("--block-size", o.engine.block_size, "Tokens per KV block")->capture_default_str();
   c->add_flag("--no-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
   c->add_flag("--compare-prefix-caching", o.compare_prefix_caching,

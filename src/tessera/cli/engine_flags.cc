@@ -5,6 +5,10 @@ namespace tessera::cli {
 
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching) {
   cmd->add_option("--kv-cache-memory", e.kv_cache_memory, "KV cache bytes (0 = half the free memory)");
+  cmd->add_option_function<std::string>(
+         "--kv-cache-dtype", [&e](const std::string& s) { e.kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
+         "KV cache storage: bf16 (default), int8, fp8 (e4m3, per-token scales) or f32")
+      ->type_name("DTYPE");
   cmd->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--max-num-seqs", e.max_num_seqs, "Running sequences at most")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", e.max_num_batched_tokens, "Token budget per engine step")

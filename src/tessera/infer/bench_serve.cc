@@ -340,7 +340,9 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
   const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
 
   res.main = run_phase(model, draft, o.engine, reqs, warmup, false, "concurrent", &res.kv_blocks_total);
-  res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(model.config(), o.engine.block_size);
+  res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(model.config(), o.engine.block_size,
+                                                                      model.dims().kv_heads,
+                                                                      o.engine.kv_cache_dtype);
   if (o.compare_prefix_caching) {
     EngineConfig c = o.engine;
     c.prefix_caching = !c.prefix_caching;
@@ -357,6 +359,15 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
     res.no_speculation = run_phase(model, nullptr, c, reqs, warmup, false, "no speculation", nullptr);
     if (res.no_speculation->output_tokens_per_s > 0)
       res.spec_speedup = res.main.output_tokens_per_s / res.no_speculation->output_tokens_per_s;
+  }
+  if (o.compare_kv_cache_dtype) {
+    EngineConfig c = o.engine;
+    c.kv_cache_dtype = *o.compare_kv_cache_dtype;
+    res.other_kv_dtype = run_phase(model, draft, c, reqs, warmup, false,
+                                   std::string("kv cache ") + kernels::kv_cache_dtype_name(c.kv_cache_dtype),
+                                   &res.other_kv_blocks_total);
+    if (res.other_kv_dtype->total_tokens_per_s > 0)
+      res.kv_dtype_speedup = res.main.total_tokens_per_s / res.other_kv_dtype->total_tokens_per_s;
   }
   const int64_t m = o.baseline_requests < 0 ? std::min<int64_t>(o.num_requests, 4) : o.baseline_requests;
   if (m > 0) {
@@ -392,9 +403,10 @@ std::string format_serve_bench(const ServeBenchResult& r) {
            (long long)o.num_requests, range_text(o.prompt_len).c_str(),
            o.repetitive_prompts ? base::strprintf(" (repeating a %lld-token segment)", (long long)o.repeat_segment).c_str() : "",
            range_text(o.output_len).c_str(), (long long)o.shared_prefix, (unsigned long long)o.seed);
-  s += base::strprintf("engine: block size %lld, kv pool %lld blocks (%.2f GB), max_model_len %lld, max_num_seqs %lld, "
+  s += base::strprintf("engine: block size %lld, kv cache %s, kv pool %lld blocks (%.2f GB), max_model_len %lld, max_num_seqs %lld, "
            "max_num_batched_tokens %lld, prefix caching %s, speculative %s\n",
-           (long long)r.block_size, (long long)r.kv_blocks_total, static_cast<double>(r.kv_bytes_total) / 1e9,
+           (long long)r.block_size, kernels::kv_cache_dtype_name(e.kv_cache_dtype), (long long)r.kv_blocks_total,
+           static_cast<double>(r.kv_bytes_total) / 1e9,
            (long long)r.max_model_len, (long long)e.max_num_seqs, (long long)e.max_num_batched_tokens,
            e.prefix_caching ? "on" : "off",
            e.speculative_method.empty()
@@ -408,6 +420,13 @@ std::string format_serve_bench(const ServeBenchResult& r) {
   if (r.no_speculation) {
     s += phase_lines(*r.no_speculation, false);
     s += base::strprintf("speculative speed-up (output tokens/s, with / without): %.2fx\n", r.spec_speedup);
+  }
+  if (r.other_kv_dtype) {
+    s += phase_lines(*r.other_kv_dtype, true);
+    s += base::strprintf("total throughput, kv cache %s (%lld blocks) / %s (%lld blocks): %.2fx\n",
+                         kernels::kv_cache_dtype_name(e.kv_cache_dtype), (long long)r.kv_blocks_total,
+                         kernels::kv_cache_dtype_name(*o.compare_kv_cache_dtype),
+                         (long long)r.other_kv_blocks_total, r.kv_dtype_speedup);
   }
   if (r.baseline) {
     s += phase_lines(*r.baseline, false);
@@ -430,6 +449,12 @@ std::string serve_bench_json(const ServeBenchResult& r) {
   if (r.no_speculation) {
     j["no_speculation"] = phase_json(*r.no_speculation);
     j["spec_speedup"] = r.spec_speedup;
+  }
+  j["kv_cache_dtype"] = kernels::kv_cache_dtype_name(r.options.engine.kv_cache_dtype);
+  if (r.other_kv_dtype) {
+    j["other_kv_dtype"] = phase_json(*r.other_kv_dtype);
+    j["other_kv_blocks_total"] = r.other_kv_blocks_total;
+    j["kv_dtype_speedup"] = r.kv_dtype_speedup;
   }
   if (r.baseline) {
     j["baseline"] = phase_json(*r.baseline);

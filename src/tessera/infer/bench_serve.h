@@ -36,6 +36,9 @@ struct ServeBenchOptions {
   int64_t baseline_requests = -1;    // one-at-a-time baseline; -1: min(N, 4); 0: skip it
   bool compare_prefix_caching = false;  // measured phase again with prefix caching flipped
   bool compare_speculative = false;     // measured phase again without speculative decoding
+  // Measured phase again with the KV cache in this dtype (same byte budget), e.g. bf16
+  // against --kv-cache-dtype int8.
+  std::optional<kernels::KvCacheDtype> compare_kv_cache_dtype;
   uint64_t seed = 0;                 // prompts and lengths
   EngineConfig engine;               // block size, pool, budgets, prefix caching, speculation
 };
@@ -90,6 +93,9 @@ struct ServeBenchResult {
   PhaseResult main;
   std::optional<PhaseResult> prefix_flipped;  // --compare-prefix-caching
   std::optional<PhaseResult> no_speculation;  // --compare-speculative
+  std::optional<PhaseResult> other_kv_dtype;  // --compare-kv-cache-dtype
+  int64_t other_kv_blocks_total = 0;
+  double kv_dtype_speedup = 0;                // total tokens/s, main / other_kv_dtype
   std::optional<PhaseResult> baseline;        // one at a time
   double speedup_vs_one_at_a_time = 0;        // main / baseline total tokens/s
   double ttft_p50_off_over_on = 0;            // prefix caching off / on

@@ -2,6 +2,8 @@
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
 // by forking (copy-on-write blocks).
 #include "tessera/infer/engine.h"
+
+#include "tessera/base/strings.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>
@@ -32,6 +34,18 @@ struct Engine::Seq {
   std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
   int64_t draft_valid = 0;                      // its tokens that are still the sequence's
 };
+
+std::string Engine::kv_cache_summary() const {
+  const int64_t per_block = KvPool::bytes_per_block(model_.config(), pool_.block_size, model_.dims().kv_heads,
+                                                    pool_.dtype);
+  const int64_t tokens = pool_.num_blocks * pool_.block_size;
+  return base::strprintf("KV cache %s: %lld blocks of %lld tokens (%.1f MB, %lld bytes per token), "
+                         "%lld requests of %lld tokens at once",
+                         kernels::kv_cache_dtype_name(pool_.dtype), (long long)pool_.num_blocks,
+                         (long long)pool_.block_size, pool_.num_blocks * per_block / 1e6,
+                         (long long)(per_block / pool_.block_size), (long long)(tokens / max_len_),
+                         (long long)max_len_);
+}
 
 void EngineConfig::validate() const {
   TESSERA_CHECK(block_size >= 1 && block_size <= 1024, "block_size must be in [1, 1024], got ",
@@ -70,16 +84,17 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   int64_t num_blocks = 0;
   const int64_t kv_heads = model_.dims().kv_heads;  // this rank's (tensor parallelism: 1/tp)
   if (config_.kv_cache_memory > 0) {
-    num_blocks = kv_blocks_for_memory(c, bs, config_.kv_cache_memory, kv_heads);
+    num_blocks = kv_blocks_for_memory(c, bs, config_.kv_cache_memory, kv_heads, config_.kv_cache_dtype);
   } else {
     const int64_t budget = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) *
                                                 config_.kv_cache_fraction);
-    num_blocks = std::max<int64_t>(blocks_per_seq, budget / KvPool::bytes_per_block(c, bs, kv_heads));
+    num_blocks = std::max<int64_t>(
+        blocks_per_seq, budget / KvPool::bytes_per_block(c, bs, kv_heads, config_.kv_cache_dtype));
     // More than every running sequence at full length only feeds the prefix cache.
     num_blocks = std::min(num_blocks, 2 * config_.max_num_seqs * blocks_per_seq);
   }
-  pool_ = KvPool::create(c, num_blocks, bs, kv_heads);
-  if (tp_) tp_->send_pool(num_blocks, bs);
+  pool_ = KvPool::create(c, num_blocks, bs, kv_heads, config_.kv_cache_dtype);
+  if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);
   blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config_.max_num_batched_tokens;

@@ -27,6 +27,9 @@ struct EngineConfig {
   int64_t block_size = 16;               // tokens per KV block
   int64_t kv_cache_memory = 0;           // bytes for the KV pool; 0 = kv_cache_fraction of free memory
   double kv_cache_fraction = 0.5;        // of MemAvailable, when kv_cache_memory is 0
+  // What the paged KV cache stores: bf16 (default), int8 or fp8 (per-token per-head scales),
+  // or f32 (exact; what Model::forward's own cache holds).
+  kernels::KvCacheDtype kv_cache_dtype = kernels::KvCacheDtype::kBF16;
   int64_t max_num_batched_tokens = 2048; // token budget per step
   int64_t max_num_seqs = 64;             // running sequences at most
   int64_t max_model_len = 0;             // context length; 0 = the model's max_position_embeddings
@@ -99,6 +102,9 @@ class Engine {
   EngineStats stats() const;
   KvUsage kv_usage() const;  // O(blocks held); for benchmarks, not every step of a server
   const EngineConfig& config() const { return config_; }
+  // "KV cache bf16: 812 blocks of 16 tokens (53.2 MB, 4096 bytes per token), 6 requests of
+  // 2048 tokens at once": what the pool holds, for start-up logs.
+  std::string kv_cache_summary() const;
   const model::Model& model() const { return model_; }
   int64_t max_model_len() const { return max_len_; }
 

@@ -9,32 +9,35 @@
 
 namespace tessera::infer {
 
-int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads) {
-  return 2 * c.num_layers * block_size * (kv_heads > 0 ? kv_heads : c.num_kv_heads) * c.head_dim *
-         static_cast<int64_t>(sizeof(float));
+int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads,
+                                kernels::KvCacheDtype dtype) {
+  return 2 * c.num_layers * block_size * (kv_heads > 0 ? kv_heads : c.num_kv_heads) *
+         kernels::kv_cache_row_bytes(dtype, c.head_dim);
 }
 
 KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size,
-                      int64_t kv_heads) {
+                      int64_t kv_heads, kernels::KvCacheDtype dtype) {
   if (kv_heads <= 0) kv_heads = c.num_kv_heads;
   TESSERA_CHECK(num_blocks >= 1 && block_size >= 1, "KV cache: need at least one block of at least one token, got ",
                 num_blocks, " blocks of ", block_size);
   KvPool p;
   p.num_blocks = num_blocks;
   p.block_size = block_size;
+  p.dtype = dtype;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     // Pages are touched as blocks are first written, so a large pool costs nothing upfront.
-    p.k.push_back(Tensor::empty({num_blocks, block_size, kv_heads, c.head_dim}, DType::kF32));
-    p.v.push_back(Tensor::empty({num_blocks, block_size, kv_heads, c.head_dim}, DType::kF32));
+    p.k.push_back(kernels::make_kv_cache(num_blocks, block_size, kv_heads, c.head_dim, dtype));
+    p.v.push_back(kernels::make_kv_cache(num_blocks, block_size, kv_heads, c.head_dim, dtype));
   }
   return p;
 }
 
 int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes,
-                             int64_t kv_heads) {
-  const int64_t per = KvPool::bytes_per_block(c, block_size, kv_heads);
+                             int64_t kv_heads, kernels::KvCacheDtype dtype) {
+  const int64_t per = KvPool::bytes_per_block(c, block_size, kv_heads, dtype);
   TESSERA_CHECK(bytes >= per, "--kv-cache-memory ", bytes, " bytes does not hold one KV block (",
-                per, " bytes for ", block_size, " tokens of this model)");
+                per, " bytes for ", block_size, " tokens of this model in ",
+                kernels::kv_cache_dtype_name(dtype), ")");
   return bytes / per;
 }
 

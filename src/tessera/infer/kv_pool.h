@@ -12,21 +12,24 @@
 namespace tessera::infer {
 
 struct KvPool {
-  std::vector<Tensor> k, v;  // per layer: (num_blocks, block_size, Hkv, D) f32
+  // per layer: (num_blocks, block_size, Hkv, D) in `dtype`'s form (kernels/paged_attention.h)
+  std::vector<Tensor> k, v;
   int64_t num_blocks = 0, block_size = 0;
+  kernels::KvCacheDtype dtype = kernels::KvCacheDtype::kBF16;
 
   // kv_heads: the heads this rank caches (model::LocalDims::kv_heads under tensor
   // parallelism); 0 = the config's.
   static KvPool create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size,
-                       int64_t kv_heads = 0);
-  // Bytes one block costs across all layers (K and V).
-  static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size,
-                                 int64_t kv_heads = 0);
+                       int64_t kv_heads, kernels::KvCacheDtype dtype);
+  // Bytes one block costs across all layers (K and V; int8 / fp8 scales included); the
+  // defaults are the config's heads and the engine's default dtype.
+  static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads = 0,
+                                 kernels::KvCacheDtype dtype = kernels::KvCacheDtype::kBF16);
 };
 
 // Blocks that fit in `bytes` (at least 1; throws naming the budget when not even one fits).
 int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes,
-                             int64_t kv_heads = 0);
+                             int64_t kv_heads, kernels::KvCacheDtype dtype);
 // MemAvailable from /proc/meminfo (0 when unknown).
 int64_t available_memory_bytes();
 

@@ -39,11 +39,12 @@ TpGroup::~TpGroup() {
   }
 }
 
-void TpGroup::send_pool(int64_t num_blocks, int64_t block_size) {
+void TpGroup::send_pool(int64_t num_blocks, int64_t block_size, kernels::KvCacheDtype dtype) {
   TESSERA_CHECK(comm_.rank() == 0, "tp serving: only rank 0 runs the engine");
   Tensor h = Tensor::zeros({kHeader}, DType::kI64);
   h.data<int64_t>()[0] = kPool;
   h.data<int64_t>()[1] = num_blocks;
+  h.data<int64_t>()[2] = static_cast<int64_t>(dtype);
   h.data<int64_t>()[7] = block_size;
   comm_.broadcast(h, 0);
 }
@@ -108,7 +109,8 @@ int64_t TpGroup::run_worker(const model::Model& shard) {
     const int64_t* hd = h.data<int64_t>();
     if (hd[0] == kStop) return steps;
     if (hd[0] == kPool) {
-      pool = KvPool::create(shard.config(), hd[1], hd[7], shard.dims().kv_heads);
+      pool = KvPool::create(shard.config(), hd[1], hd[7], shard.dims().kv_heads,
+                            static_cast<kernels::KvCacheDtype>(hd[2]));
       continue;
     }
     TESSERA_CHECK(hd[0] == kStep && pool.num_blocks > 0, "tp serving: unexpected message ", hd[0]);

@@ -48,7 +48,8 @@ class TpGroup {
   int size() const { return comm_.size(); }
 
   // Rank 0.
-  void send_pool(int64_t num_blocks, int64_t block_size);  // workers create their caches
+  // Workers create their caches.
+  void send_pool(int64_t num_blocks, int64_t block_size, kernels::KvCacheDtype dtype);
   void send_step(const StepPlan& plan);
   void stop();  // workers return from run_worker (once; later calls do nothing)
 

@@ -348,6 +348,7 @@ int Server::Impl::run(bool handle_signals) {
       stop();
     });
   }
+  std::fprintf(stderr, "tessera serve: %s\n", engine_.kv_cache_summary().c_str());
   std::fprintf(stderr, "tessera serve: listening on http://%s:%d\n", config_.host.c_str(), port);
   std::fflush(stderr);
   http_.listen_after_bind();  // until stop(): then waits for the in-flight handlers
