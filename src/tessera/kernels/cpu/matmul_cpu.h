@@ -11,8 +11,8 @@ namespace tessera::kernels::cpu {
 //   c(M, N) = alpha * op(a)(M, K) @ op(b)(K, N) + beta * c; beta == 0 never reads c.
 // a is (M, K) with row stride lda, or (K, M) when trans_a; b is (K, N) with row
 // stride ldb, or (N, K) when trans_b; c is f32 (M, N) with row stride ldc.
-// a and b have the same dtype (f32 or bf16) except in the skinny kernel, which
-// accepts any combination.
+// a and b have the same dtype (f32 or bf16; i8 through oneDNN: the exact int32 sums,
+// converted to f32) except in the skinny kernel, which accepts any combination.
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;

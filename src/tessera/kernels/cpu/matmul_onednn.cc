@@ -107,6 +107,7 @@ memory::data_type to_dnnl(DType dt) {
   switch (dt) {
     case DType::kF32: return memory::data_type::f32;
     case DType::kBF16: return memory::data_type::bf16;
+    case DType::kI8: return memory::data_type::s8;  // int32 sums, written to f32 c
     default: fail("matmul (oneDNN): unsupported dtype ", dtype_name(dt));
   }
 }

@@ -22,15 +22,35 @@
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/avx2_math.h"
+#include "tessera/kernels/cpu/matmul_cpu.h"
 #include "tessera/kernels/cpu/quant_rows.h"
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/reference/quant_ref.h"
 
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_TARGET_AVX512_Q __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 namespace tessera::kernels::cpu {
 namespace {
+
+// reference::quantize_row_s8 sixteen values at a time, to the same bits: x / s rounded
+// to nearest even (vcvtps2dq under the default rounding mode, as nearbyint) and clamped.
+TESSERA_TARGET_AVX512_Q float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q) {
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (int64_t t = k; t < n; ++t) amax = std::max(amax, std::fabs(x[t]));
+  const float s = amax > 0 ? amax / 127.f : 1.f;
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+  for (k = 0; k + 16 <= n; k += 16) {
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), vs), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  for (; k < n; ++k) q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] / s), -127.f, 127.f));
+  return s;
+}
 
 void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
   a.rows = x.size(0);
@@ -66,8 +86,17 @@ void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
   if (w.scheme == QuantScheme::kW8A8) {
     a.xq.resize(a.rows * w.in);
     a.xscale.resize(a.rows);
-    for (int64_t m = 0; m < a.rows; ++m)
-      a.xscale[m] = reference::quantize_row_s8(a.x + m * a.ld, w.in, a.xq.data() + m * w.in);
+    // (a is thread_local: the workers get its buffers, not its name.)
+    const bool avx512 = cpu_has(IsaLevel::kAvx512);
+    const float* xs = a.x;
+    const int64_t ld = a.ld, in = w.in;
+    int8_t* xq = a.xq.data();
+    float* xscale = a.xscale.data();
+    base::parallel_for(a.rows, 16, [=](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m)
+        xscale[m] = avx512 ? quantize_row_s8_avx512(xs + m * ld, in, xq + m * in)
+                           : reference::quantize_row_s8(xs + m * ld, in, xq + m * in);
+    });
   }
 }
 
@@ -348,8 +377,33 @@ void quant_gemm(const Tensor& x, const QuantWeight& w, Tensor& y, QuantIsa isa) 
   thread_local Activations a;
   prepare(x, w, a);
   const int64_t M = a.rows, ldy = M > 1 ? y.stride(0) : w.out;
-  if (w.scheme == QuantScheme::kW8A8) {
+  if (w.scheme == QuantScheme::kW8A8 && isa < QuantIsa::kAvx512Vnni) {
+    // Without VNNI oneDNN multiplies s8 by s8 through vpmaddubsw on x + 128, whose int16
+    // pair sums saturate (wrong results, seen under DNNL_MAX_CPU_ISA=AVX2): the exact
+    // row kernels instead.
     gemv_all(w, a, y.data<float>(), ldy, isa);
+    return;
+  }
+  if (w.scheme == QuantScheme::kW8A8) {
+    // s8 x s8 through oneDNN's int8 GEMM (VNNI, or AMX-int8 where the CPU has it): exact
+    // int32 sums, then each (token, channel) scaled by its two scales.
+    GemmArgs g;
+    g.m = M, g.n = w.out, g.k = w.in;
+    g.a = a.xq.data(), g.a_dtype = DType::kI8, g.lda = w.in;
+    g.b = w.q.data<int8_t>(), g.b_dtype = DType::kI8, g.ldb = w.in, g.trans_b = true;
+    g.c = y.data<float>(), g.ldc = ldy;
+    gemm_onednn(g);
+    // (a is thread_local: the workers below must not name it.)
+    const float* ws = w.scales.data<float>();
+    const float* xscale = a.xscale.data();
+    float* yd = y.data<float>();
+    base::parallel_for(M, 4, [=](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        float* row = yd + m * ldy;
+        const float xs = xscale[m];
+        for (int64_t o = 0; o < w.out; ++o) row[o] *= xs * ws[o];
+      }
+    });
     return;
   }
   // Blocks of W small enough to stay in L2 once dequantized; bf16 where this CPU
