@@ -10,6 +10,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include "tessera/kernels/cpu/quant_rows.h"
 
@@ -187,7 +189,208 @@ void rows_s8_any(const QuantWeight& w, const Activations& a, int64_t m0, int mb,
 #undef TESSERA_S8_CASE
 }
 
+// ---- integer-dot GEMV (int4, int8 codes x s8 runs of x) ------------------------------
+
+// Columns per product chunk: 64 packed bytes of int4 (two nibbles each), 64 int8 codes.
+int64_t int_dot_chunk(const QuantWeight& w) { return w.scheme == QuantScheme::kInt4 ? 128 : 64; }
+
+// 4-byte groups of u8 w times s8 x, summed into 16 int32 lanes: vpdpbusd, or without VNNI
+// vpmaddubsw (int16 pair sums: exact for int4 codes) and vpmaddwd.
+TESSERA_TARGET_AVX512_VNNI inline __m512i udot_vnni(__m512i acc, __m512i w, __m512i x) {
+  return _mm512_dpbusd_epi32(acc, w, x);
+}
+TESSERA_TARGET_AVX512 inline __m512i udot_bw(__m512i acc, __m512i w, __m512i x) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+TESSERA_TARGET_AVX512_VNNI inline __m128i udot128_vnni(__m128i acc, __m128i w, __m128i x) {
+  return _mm_dpbusd_epi32(acc, w, x);
+}
+TESSERA_TARGET_AVX512 inline __m128i udot128_bw(__m128i acc, __m128i w, __m128i x) {
+  return _mm_add_epi32(acc, _mm_madd_epi16(_mm_maddubs_epi16(w, x), _mm_set1_epi16(1)));
+}
+TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1));
+  return _mm_cvtsi128_si32(v);
+}
+
+// NR output rows against MB rows of x. Per chunk and row: the codes' int32 lane sums,
+// widened and multiplied by (x's run scale) x (the weight's group scale) per lane, into
+// f32 totals; runs past the last whole chunk go 32 columns at a time.
+#define TESSERA_INT_DOT_BLOCK(NAME, TARGET, UDOT, UDOT128)                                       \
+  template <QuantScheme S, int MB, int NR>                                                       \
+  TARGET void NAME(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy, \
+                   int64_t o) {                                                                  \
+    constexpr bool kInt4 = S == QuantScheme::kInt4;                                              \
+    constexpr int64_t kChunk = kInt4 ? 128 : 64;                                                 \
+    const int64_t in = w.in, G = w.groups(), gs = w.group, rb = row_bytes(w);                    \
+    const int64_t chunks = in / kChunk, runs = in / 32;                                          \
+    const uint8_t* rows[NR];                                                                     \
+    for (int r = 0; r < NR; ++r) rows[r] = w.q.data<uint8_t>() + (o + r) * rb;                   \
+    const float* sc = w.scales.data<float>() + o * G;                                            \
+    /* Lane l of a chunk covers columns [c0, c0 + 8) (int4: run l / 4) or [4 l, 4 l + 4). */     \
+    alignas(64) int32_t idx[16];                                                                 \
+    for (int l = 0; l < 16; ++l)                                                                 \
+      idx[l] = gs >= kChunk ? 0 : static_cast<int32_t>((kInt4 ? 32 * (l / 4) : 4 * l) / gs);     \
+    const __m512i vidx = _mm512_load_si512(idx);                                                 \
+    const __mmask16 smask = static_cast<__mmask16>((1u << (gs >= kChunk ? 1 : kChunk / gs)) - 1); \
+    const __m512i nib = _mm512_set1_epi8(0x0F);                                                  \
+    __m512 total[NR][MB];                                                                        \
+    float tail[NR][MB] = {};                                                                     \
+    for (int r = 0; r < NR; ++r)                                                                 \
+      for (int m = 0; m < MB; ++m) total[r][m] = _mm512_setzero_ps();                            \
+    for (int64_t c = 0; c < chunks; ++c) {                                                       \
+      const int64_t j0 = c * kChunk;                                                             \
+      __m512i x0[MB], x1[MB];                                                                    \
+      __m512 xs[MB];                                                                             \
+      for (int m = 0; m < MB; ++m) {                                                             \
+        const int8_t* xr = a.xd.data() + (m0 + m) * in + j0;                                     \
+        x0[m] = _mm512_loadu_si512(xr);                                                          \
+        if (kInt4) x1[m] = _mm512_loadu_si512(xr + 64);                                          \
+        xs[m] = _mm512_loadu_ps(a.lane_scale.data() + ((m0 + m) * chunks + c) * 16);             \
+      }                                                                                          \
+      for (int r = 0; r < NR; ++r) {                                                             \
+        const uint8_t* p = rows[r] + (kInt4 ? j0 / 2 : j0);                                      \
+        _mm_prefetch(reinterpret_cast<const char*>(p + 2048), _MM_HINT_T0);                      \
+        const __m512i wv = _mm512_loadu_si512(p);                                                \
+        const __m512 ws = _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + j0 / gs)); \
+        __m512i lo = wv, hi = wv;                                                                \
+        if (kInt4) {                                                                             \
+          lo = _mm512_and_si512(wv, nib);                                                        \
+          hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);                                  \
+        }                                                                                        \
+        for (int m = 0; m < MB; ++m) {                                                           \
+          __m512i acc = UDOT(_mm512_setzero_si512(), lo, x0[m]);                                 \
+          if (kInt4) acc = UDOT(acc, hi, x1[m]);                                                 \
+          total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(xs[m], ws), total[r][m]); \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+    for (int64_t t = chunks * kChunk / 32; t < runs; ++t) {                                      \
+      for (int r = 0; r < NR; ++r) {                                                             \
+        const float s = sc[r * G + 32 * t / gs];                                                 \
+        __m128i w0, w1;                                                                          \
+        if (kInt4) {                                                                             \
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 16 * t)); \
+          w0 = _mm_and_si128(b, _mm_set1_epi8(0x0F));                                            \
+          w1 = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));                         \
+        } else {                                                                                 \
+          w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 32 * t));              \
+          w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 32 * t + 16));         \
+        }                                                                                        \
+        for (int m = 0; m < MB; ++m) {                                                           \
+          const int8_t* xr = a.xd.data() + (m0 + m) * in + 32 * t;                               \
+          __m128i acc = UDOT128(_mm_setzero_si128(), w0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr))); \
+          acc = UDOT128(acc, w1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + 16)));    \
+          tail[r][m] += static_cast<float>(hsum128(acc)) * a.run_scale[(m0 + m) * runs + t] * s; \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+    for (int r = 0; r < NR; ++r)                                                                 \
+      for (int m = 0; m < MB; ++m) {                                                             \
+        float corr = 0.f;                                                                        \
+        for (int64_t g = 0; g < G; ++g)                                                          \
+          corr += sc[r * G + g] * w.zeros.data<float>()[(o + r) * G + g] * a.xsum[(m0 + m) * G + g]; \
+        y[(m0 + m) * ldy + o + r] = _mm512_reduce_add_ps(total[r][m]) + tail[r][m] - corr;       \
+      }                                                                                          \
+  }
+TESSERA_INT_DOT_BLOCK(int_dot_bw, TESSERA_TARGET_AVX512, udot_bw, udot128_bw)
+TESSERA_INT_DOT_BLOCK(int_dot_vnni, TESSERA_TARGET_AVX512_VNNI, udot_vnni, udot128_vnni)
+#undef TESSERA_INT_DOT_BLOCK
+
+template <QuantScheme S, int MB, bool VNNI>
+void int_dot_rows(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
+                  int64_t o0, int64_t o1) {
+  constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  const auto run = [&](auto nr, int64_t o) {
+    if constexpr (VNNI)
+      int_dot_vnni<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+    else
+      int_dot_bw<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+  };
+  int64_t o = o0;
+  for (; o + NR <= o1; o += NR) run(std::integral_constant<int, NR>{}, o);
+  for (; o < o1; ++o) run(std::integral_constant<int, 1>{}, o);
+}
+
+template <QuantScheme S, bool VNNI>
+void int_dot_scheme(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                    int64_t ldy, int64_t o0, int64_t o1) {
+  switch (mb) {
+    case 1: int_dot_rows<S, 1, VNNI>(w, a, m0, y, ldy, o0, o1); break;
+    case 2: int_dot_rows<S, 2, VNNI>(w, a, m0, y, ldy, o0, o1); break;
+    case 3: int_dot_rows<S, 3, VNNI>(w, a, m0, y, ldy, o0, o1); break;
+    default: int_dot_rows<S, 4, VNNI>(w, a, m0, y, ldy, o0, o1); break;
+  }
+}
+
 }  // namespace
+
+bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa) {
+  // A chunk's lanes must see whole groups or lie inside one (the per-lane scale pattern is
+  // then the same in every chunk).
+  const int64_t chunk = int_dot_chunk(w);
+  if (w.in % 32 != 0 || w.group % 32 != 0 || !w.zeros.defined()) return false;
+  if (w.group % chunk != 0 && chunk % w.group != 0) return false;
+  if (w.scheme == QuantScheme::kInt4) return isa >= QuantIsa::kAvx512;
+  return w.scheme == QuantScheme::kInt8 && isa >= QuantIsa::kAvx512Vnni;
+}
+
+TESSERA_TARGET_AVX512 float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q) {
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (int64_t t = k; t < n; ++t) amax = std::max(amax, std::fabs(x[t]));
+  const float s = amax > 0 ? amax / 127.f : 1.f;
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+  for (k = 0; k + 16 <= n; k += 16) {
+    // x / s rounded to nearest even (vcvtps2dq under the default rounding mode, as nearbyint).
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), vs), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  for (; k < n; ++k) q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] / s), -127.f, 127.f));
+  return s;
+}
+
+void prepare_int_dot(const QuantWeight& w, Activations& a) {
+  const int64_t in = w.in, runs = in / 32, chunk = int_dot_chunk(w), chunks = in / chunk;
+  const bool int4 = w.scheme == QuantScheme::kInt4;
+  a.xd.resize(a.rows * in);
+  a.run_scale.resize(a.rows * runs);
+  a.lane_scale.resize(a.rows * chunks * 16);
+  int8_t q[32];
+  for (int64_t m = 0; m < a.rows; ++m) {
+    const float* x = a.x + m * a.ld;
+    int8_t* xd = a.xd.data() + m * in;
+    float* rs = a.run_scale.data() + m * runs;
+    for (int64_t t = 0; t < runs; ++t) {
+      rs[t] = quantize_row_s8_avx512(x + 32 * t, 32, q);
+      const int64_t c = (32 * t) / chunk, i = t % 4;
+      if (int4 && c < chunks) {  // run i of a 128-column chunk: first half, then second half
+        std::copy(q, q + 16, xd + c * 128 + 16 * i);
+        std::copy(q + 16, q + 32, xd + c * 128 + 64 + 16 * i);
+      } else {
+        std::copy(q, q + 32, xd + 32 * t);
+      }
+    }
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int l = 0; l < 16; ++l)
+        a.lane_scale[(m * chunks + c) * 16 + l] = rs[int4 ? 4 * c + l / 4 : 2 * c + l / 8];
+  }
+}
+
+void rows_int_dot_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                         int64_t ldy, int64_t o0, int64_t o1, bool vnni) {
+  if (w.scheme == QuantScheme::kInt4) {
+    if (vnni)
+      int_dot_scheme<QuantScheme::kInt4, true>(w, a, m0, mb, y, ldy, o0, o1);
+    else
+      int_dot_scheme<QuantScheme::kInt4, false>(w, a, m0, mb, y, ldy, o0, o1);
+  } else {
+    int_dot_scheme<QuantScheme::kInt8, true>(w, a, m0, mb, y, ldy, o0, o1);
+  }
+}
 
 void rows_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
                  int64_t ldy, int64_t o0, int64_t o1) {

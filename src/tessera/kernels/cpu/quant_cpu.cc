@@ -29,28 +29,9 @@
 #include "tessera/kernels/reference/quant_ref.h"
 
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TESSERA_TARGET_AVX512_Q __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 namespace tessera::kernels::cpu {
 namespace {
-
-// reference::quantize_row_s8 sixteen values at a time, to the same bits: x / s rounded
-// to nearest even (vcvtps2dq under the default rounding mode, as nearbyint) and clamped.
-TESSERA_TARGET_AVX512_Q float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q) {
-  __m512 vmax = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-  float amax = _mm512_reduce_max_ps(vmax);
-  for (int64_t t = k; t < n; ++t) amax = std::max(amax, std::fabs(x[t]));
-  const float s = amax > 0 ? amax / 127.f : 1.f;
-  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
-  for (k = 0; k + 16 <= n; k += 16) {
-    const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), vs), lo), hi);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
-  }
-  for (; k < n; ++k) q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] / s), -127.f, 127.f));
-  return s;
-}
 
 void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
   a.rows = x.size(0);
@@ -307,6 +288,8 @@ void run_rows(const QuantWeight& w, const Activations& a, int64_t m0, int mb, fl
       rows_s8_scalar(w, a, m0, mb, y, ldy, o0, o1);
     return;
   }
+  if (gemv_quantizes_activations(w, isa))
+    return rows_int_dot_avx512(w, a, m0, mb, y, ldy, o0, o1, isa >= QuantIsa::kAvx512Vnni);
   if (isa >= QuantIsa::kAvx512) return rows_avx512(w, a, m0, mb, y, ldy, o0, o1);
   if (isa != QuantIsa::kAvx2) return rows_scalar(w, a, m0, mb, y, ldy, o0, o1);
   switch (w.scheme) {
@@ -370,6 +353,7 @@ void dequantize_rows(const QuantWeight& w, int64_t o0, int64_t o1, Tensor& dst) 
 void quant_gemv(const Tensor& x, const QuantWeight& w, Tensor& y, QuantIsa isa) {
   thread_local Activations a;
   prepare(x, w, a);
+  if (gemv_quantizes_activations(w, isa)) prepare_int_dot(w, a);
   gemv_all(w, a, y.data<float>(), x.size(0) > 1 ? y.stride(0) : w.out, isa);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessera/kernels/cpu/quant_cpu.h"
 #include "tessera/kernels/quant.h"
 
 namespace tessera::kernels::cpu {
@@ -19,6 +20,15 @@ struct Activations {
   std::vector<float> xsum;   // (rows, groups): sum of each group's x, for zero points
   std::vector<int8_t> xq;    // W8A8: (rows, in) s8
   std::vector<float> xscale; // W8A8: (rows)
+  // The integer-dot GEMV's x (gemv_quantizes_activations), from prepare_int_dot: each run
+  // of 32 stored columns quantized to s8 with its own scale. int4 lays each 128 columns
+  // out as the four runs' first halves, then their second halves (what the low and high
+  // nibbles of 64 packed bytes multiply); int8 and int4's last partial 128 keep column
+  // order. lane_scale holds, per chunk of a product (128 int4 / 64 int8 columns), the run
+  // scale of each of the 16 int32 lanes.
+  std::vector<int8_t> xd;           // (rows, in)
+  std::vector<float> run_scale;     // (rows, in / 32)
+  std::vector<float> lane_scale;    // (rows, chunks, 16)
 };
 
 // The code of stored weight j of a row (int4 unpacked) and its value before the scale.
@@ -43,5 +53,19 @@ void rows_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb,
                  int64_t ldy, int64_t o0, int64_t o1);
 void rows_s8_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
                     int64_t ldy, int64_t o0, int64_t o1, bool vnni);
+
+// Whether the GEMV at this ISA level multiplies int8 / int4 codes by x quantized to s8 per
+// run of 32 columns (llama.cpp's Q8_0 x Q4_0 route: 64 products per instruction, so
+// decode is bound by the bytes of the weights, not by widening them to f32): int4 from
+// AVX-512 (vpmaddubsw; its int16 pair sums cannot saturate at 15 x 127 x 2), int8 with
+// VNNI (vpdpbusd; 255 x 127 x 2 would saturate vpmaddubsw). The result is
+// reference::quant_matmul_a8_runs's.
+bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa);
+// Fills a.xd, run_scale and lane_scale from a.x (AVX-512).
+void prepare_int_dot(const QuantWeight& w, Activations& a);
+void rows_int_dot_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
+                         int64_t ldy, int64_t o0, int64_t o1, bool vnni);
+// reference::quantize_row_s8 sixteen values at a time, to the same bits.
+float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q);
 
 }  // namespace tessera::kernels::cpu

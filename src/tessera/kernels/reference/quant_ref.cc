@@ -84,4 +84,34 @@ void quant_matmul(const Tensor& x, const QuantWeight& w, Tensor& y) {
   }
 }
 
+void quant_matmul_a8_runs(const Tensor& x, const QuantWeight& w, Tensor& y) {
+  const int64_t M = x.size(0), G = w.in / w.group;
+  std::vector<float> xs(w.in);
+  std::vector<int8_t> xq(w.in);
+  std::vector<float> sx(w.in / 32);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x.data<float>() + m * x.stride(0);
+    for (int64_t j = 0; j < w.in; ++j) {
+      const int64_t k = column_of(w, j);
+      xs[j] = w.smooth.defined() ? xr[k] / w.smooth.data<float>()[k] : xr[k];
+    }
+    for (int64_t b = 0; b < w.in / 32; ++b) sx[b] = quantize_row_s8(xs.data() + 32 * b, 32, xq.data() + 32 * b);
+    float* yr = y.data<float>() + m * y.stride(0);
+    for (int64_t o = 0; o < w.out; ++o) {
+      double acc = 0;
+      for (int64_t b = 0; b < w.in / 32; ++b) {
+        int64_t dot = 0;
+        for (int64_t j = 32 * b; j < 32 * b + 32; ++j) dot += int64_t{xq[j]} * stored_code(w, o, j);
+        acc += static_cast<double>(dot) * sx[b] * w.scales.data<float>()[o * G + (32 * b) / w.group];
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        double sum = 0;
+        for (int64_t j = g * w.group; j < (g + 1) * w.group; ++j) sum += xs[j];
+        acc -= static_cast<double>(w.scales.data<float>()[o * G + g]) * w.zeros.data<float>()[o * G + g] * sum;
+      }
+      yr[o] = static_cast<float>(acc);
+    }
+  }
+}
+
 }  // namespace tessera::kernels::reference
