@@ -17,6 +17,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/quant_cpu.h"
+#include "tessera/kernels/cpu/quant_rows.h"
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/reference/quant_ref.h"
@@ -144,6 +145,24 @@ void check_paths(const QuantWeight& q, int64_t M, uint32_t seed) {
   // blocked GEMM rounds x and the dequantized rows to bf16: each product is then off by at
   // most 2 x 2^-8 of |x||w|, so the bound is 2^-7 sum |x||w| per output.
   const Tensor abs_bound = bf16_gemm_bound(xs, dequantize(q));
+  // The int8 / int4 GEMV that multiplies codes by x quantized per 32-column run (where this
+  // ISA level does): its own reference, and against the float product a bound of half an
+  // int8 step of the row's largest |x| per weight: max|x_m| / 254 sum_k |w_ok|.
+  const bool a8 = cpu::gemv_quantizes_activations(q, cpu::best_quant_isa());
+  Tensor ref_a8 = Tensor::empty({M, q.out}, DType::kF32), a8_bound = Tensor::zeros({M, q.out}, DType::kF32);
+  if (a8) {
+    reference::quant_matmul_a8_runs(x, q, ref_a8);
+    const Tensor wd = dequantize(q);
+    for (int64_t m = 0; m < M; ++m) {
+      float xmax = 0;
+      for (int64_t k = 0; k < q.in; ++k) xmax = std::max(xmax, std::fabs(xs.data<float>()[m * q.in + k]));
+      for (int64_t o = 0; o < q.out; ++o) {
+        double wsum = 0;
+        for (int64_t k = 0; k < q.in; ++k) wsum += std::fabs(wd.data<float>()[o * q.in + k]);
+        a8_bound.data<float>()[m * q.out + o] = static_cast<float>(xmax / 254.0 * wsum);
+      }
+    }
+  }
   for (QuantPath p : {QuantPath::kGemv, QuantPath::kGemm, QuantPath::kAuto}) {
     Tensor y = Tensor::empty({M, q.out}, DType::kF32);
     y.fill(std::nanf(""));
@@ -151,10 +170,12 @@ void check_paths(const QuantWeight& q, int64_t M, uint32_t seed) {
     const bool gemm = q.scheme != QuantScheme::kW8A8 &&
                       (p == QuantPath::kGemm || (p == QuantPath::kAuto && M > 8)) &&
                       bf16_native_gemm_faster();
+    const bool gemv_a8 = a8 && (p == QuantPath::kGemv || (p == QuantPath::kAuto && M <= 8));
+    const Tensor& want = gemv_a8 ? ref_a8 : ref;
     for (int64_t i = 0; i < M * q.out; ++i) {
-      const float r = ref.data<float>()[i], v = y.data<float>()[i];
-      const float bf16_tol = gemm ? abs_bound.data<float>()[i] : 0.f;
-      ASSERT_NEAR(v, r, 2e-5f * (1 + scale) + 1e-5f * std::fabs(r) + bf16_tol)
+      const float r = want.data<float>()[i], v = y.data<float>()[i];
+      const float bf16_tol = gemm ? abs_bound.data<float>()[i] : gemv_a8 ? a8_bound.data<float>()[i] : 0.f;
+      ASSERT_NEAR(v, r, 2e-5f * (1 + scale) + 1e-5f * std::fabs(r) + (gemv_a8 ? 0.f : bf16_tol))
           << quant_scheme_name(q.scheme) << " g" << q.group << " (" << M << "x" << q.in << " @ "
           << q.out << ") path " << static_cast<int>(p) << " at " << i;
       ASSERT_NEAR(v, dense.data<float>()[i], dense_tol + bf16_tol) << quant_scheme_name(q.scheme) << " at " << i;
@@ -179,6 +200,10 @@ TEST(QuantMatmul, EveryPathMatchesTheReferenceOnOddShapes) {
   const Case cases[] = {
       {QuantScheme::kInt4, 1, 32, 32},   {QuantScheme::kInt4, 7, 256, 64},
       {QuantScheme::kInt4, 129, 384, 128}, {QuantScheme::kInt4, 33, 128, 32},
+      // The integer-dot GEMV's chunks (128 int4 / 64 int8 columns) and runs past them.
+      {QuantScheme::kInt4, 9, 160, 32},  {QuantScheme::kInt4, 6, 512, 256},
+      {QuantScheme::kInt4, 5, 224, 32},  {QuantScheme::kInt8, 11, 192, 64},
+      {QuantScheme::kInt8, 5, 2080, 2080}, {QuantScheme::kInt8, 7, 96, 32},
       {QuantScheme::kInt8, 1, 1, 1},     {QuantScheme::kInt8, 7, 100, 100},
       {QuantScheme::kInt8, 129, 96, 32}, {QuantScheme::kInt8, 65, 1029, 1029},
       {QuantScheme::kFp8, 3, 47, 47},    {QuantScheme::kFp8, 129, 256, 256},
@@ -230,15 +255,18 @@ TEST(QuantMatmul, StridedRowsOfXAndY) {
   xv.copy_from(x);
   Tensor ywide = Tensor::empty({6, 50}, DType::kF32);
   Tensor yv = ywide.slice(1, 5, 45);
-  Tensor ref = Tensor::empty({6, 40}, DType::kF32);
+  Tensor ref = Tensor::empty({6, 40}, DType::kF32), ref_a8 = ref.clone();
   reference::quant_matmul(x, q, ref);
+  reference::quant_matmul_a8_runs(x, q, ref_a8);
   const Tensor bound = bf16_gemm_bound(x, dequantize(q));
   for (QuantPath p : {QuantPath::kGemv, QuantPath::kGemm}) {
     quant_matmul_with(p, xv, q, yv);
     const bool bf16 = p == QuantPath::kGemm && bf16_native_gemm_faster();
+    const Tensor& want =
+        p == QuantPath::kGemv && cpu::gemv_quantizes_activations(q, cpu::best_quant_isa()) ? ref_a8 : ref;
     for (int64_t m = 0; m < 6; ++m)
       for (int64_t o = 0; o < 40; ++o)
-        ASSERT_NEAR(ywide.data<float>()[m * 50 + 5 + o], ref.data<float>()[m * 40 + o],
+        ASSERT_NEAR(ywide.data<float>()[m * 50 + 5 + o], want.data<float>()[m * 40 + o],
                     1e-4f + (bf16 ? bound.data<float>()[m * 40 + o] : 0.f))
             << "path " << static_cast<int>(p) << " at " << m << "," << o;
   }
