@@ -80,7 +80,7 @@ TESSERA_TARGET_AVX512 void block(const QuantWeight& w, const Activations& a, int
       }
       for (int r = 0; r < NR; ++r) {
         const uint8_t* p = rows[r] + j / per_byte;
-        _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 16384), _MM_HINT_T0);
         __m512 v0, v1;
         unpack32<S>(p, v0, v1);
         for (int m = 0; m < MB; ++m) {
@@ -220,7 +220,7 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
 #define TESSERA_INT_DOT_BLOCK(NAME, TARGET, UDOT, UDOT128)                                       \
   template <QuantScheme S, int MB, int NR>                                                       \
   TARGET void NAME(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy, \
-                   int64_t o) {                                                                  \
+                   int64_t o, const int32_t* idx, __mmask16 smask) {                            \
     constexpr bool kInt4 = S == QuantScheme::kInt4;                                              \
     constexpr int64_t kChunk = kInt4 ? 128 : 64;                                                 \
     const int64_t in = w.in, G = w.groups(), gs = w.group, rb = row_bytes(w);                    \
@@ -228,12 +228,8 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     const uint8_t* rows[NR];                                                                     \
     for (int r = 0; r < NR; ++r) rows[r] = w.q.data<uint8_t>() + (o + r) * rb;                   \
     const float* sc = w.scales.data<float>() + o * G;                                            \
-    /* Lane l of a chunk covers columns [c0, c0 + 8) (int4: run l / 4) or [4 l, 4 l + 4). */     \
-    alignas(64) int32_t idx[16];                                                                 \
-    for (int l = 0; l < 16; ++l)                                                                 \
-      idx[l] = gs >= kChunk ? 0 : static_cast<int32_t>((kInt4 ? 32 * (l / 4) : 4 * l) / gs);     \
-    const __m512i vidx = _mm512_load_si512(idx);                                                 \
-    const __mmask16 smask = static_cast<__mmask16>((1u << (gs >= kChunk ? 1 : kChunk / gs)) - 1); \
+    const float* zp = w.zeros.data<float>() + o * G;                                             \
+    const __m512i vidx = _mm512_loadu_si512(idx);                                                \
     const __m512i nib = _mm512_set1_epi8(0x0F);                                                  \
     __m512 total[NR][MB];                                                                        \
     float tail[NR][MB] = {};                                                                     \
@@ -251,7 +247,7 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
       }                                                                                          \
       for (int r = 0; r < NR; ++r) {                                                             \
         const uint8_t* p = rows[r] + (kInt4 ? j0 / 2 : j0);                                      \
-        _mm_prefetch(reinterpret_cast<const char*>(p + 2048), _MM_HINT_T0);                      \
+        _mm_prefetch(reinterpret_cast<const char*>(p + 16384), _MM_HINT_T0);                     \
         const __m512i wv = _mm512_loadu_si512(p);                                                \
         const __m512 ws = _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + j0 / gs)); \
         __m512i lo = wv, hi = wv;                                                                \
@@ -289,8 +285,8 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     for (int r = 0; r < NR; ++r)                                                                 \
       for (int m = 0; m < MB; ++m) {                                                             \
         float corr = 0.f;                                                                        \
-        for (int64_t g = 0; g < G; ++g)                                                          \
-          corr += sc[r * G + g] * w.zeros.data<float>()[(o + r) * G + g] * a.xsum[(m0 + m) * G + g]; \
+        const float* xsum = a.xsum.data() + (m0 + m) * G;                                        \
+        for (int64_t g = 0; g < G; ++g) corr += sc[r * G + g] * zp[r * G + g] * xsum[g];         \
         y[(m0 + m) * ldy + o + r] = _mm512_reduce_add_ps(total[r][m]) + tail[r][m] - corr;       \
       }                                                                                          \
   }
@@ -302,11 +298,19 @@ template <QuantScheme S, int MB, bool VNNI>
 void int_dot_rows(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
                   int64_t o0, int64_t o1) {
   constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  constexpr int64_t kChunk = S == QuantScheme::kInt4 ? 128 : 64;
+  // Lane l of a chunk covers 8 columns of int4 run l / 4, or int8 columns [4 l, 4 l + 4):
+  // the offset of its weight group from the chunk's first, and how many groups to load.
+  const int64_t gs = w.group;
+  int32_t idx[16];
+  for (int l = 0; l < 16; ++l)
+    idx[l] = gs >= kChunk ? 0 : static_cast<int32_t>((S == QuantScheme::kInt4 ? 32 * (l / 4) : 4 * l) / gs);
+  const auto smask = static_cast<__mmask16>((1u << (gs >= kChunk ? 1 : kChunk / gs)) - 1);
   const auto run = [&](auto nr, int64_t o) {
     if constexpr (VNNI)
-      int_dot_vnni<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+      int_dot_vnni<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o, idx, smask);
     else
-      int_dot_bw<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+      int_dot_bw<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o, idx, smask);
   };
   int64_t o = o0;
   for (; o + NR <= o1; o += NR) run(std::integral_constant<int, NR>{}, o);
