@@ -1,11 +1,6 @@
 // Writing safetensors files (single and sharded) in the byte layout the reference library
 // writes, via a temporary file and a rename so a crash never leaves a torn checkpoint.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -13,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/error.h"
+#include "tessera/io/atomic_file.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 
@@ -63,55 +59,6 @@ std::string build_header(const std::string& path,
   return text;
 }
 
-class FileWriter {
- public:
-  explicit FileWriter(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(path_, ": cannot create: ", std::strerror(errno));
-  }
-  ~FileWriter() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());  // only reached when an error interrupted the write
-    }
-  }
-  void write(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail(path_, ": write failed: ", std::strerror(errno));
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  // fsync + close, then rename over `final_path`.
-  void commit(const std::string& final_path) {
-    int rc = ::fsync(fd_);
-    int err = errno;
-    if (::close(fd_) != 0 && rc == 0) {
-      rc = -1;
-      err = errno;
-    }
-    fd_ = -1;
-    if (rc != 0) {
-      ::unlink(path_.c_str());
-      fail(path_, ": cannot flush to disk: ", std::strerror(err));
-    }
-    if (std::rename(path_.c_str(), final_path.c_str()) != 0) {
-      err = errno;
-      ::unlink(path_.c_str());
-      fail(final_path, ": cannot rename ", path_, " into place: ", std::strerror(err));
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
 std::string shard_name(size_t k, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k, n);
@@ -146,13 +93,13 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const std::string prefix = safetensors_prefix(path, tensors, metadata);
-  FileWriter w(path + ".tmp");
+  AtomicFileWriter w(path);
   w.write(prefix.data(), prefix.size());
   for (const auto& [name, t] : tensors) {
     const Tensor c = t.contiguous();
     if (c.nbytes() > 0) w.write(c.raw_data(), c.nbytes());
   }
-  w.commit(path);
+  w.commit();
 }
 
 void save_safetensors_sharded(const std::string& dir,
