@@ -7,7 +7,8 @@ independent Python reference (tests/parity/tokenizer_reference.py: needs the `re
 
 Input layouts (see each *_fuzz.cc): openai_request = one byte (odd: chat, even:
 completions) + body; jinja = template NUL variables-JSON; tokenizer = tokenizer.json
-[NUL text [NUL tokenizer_config.json]]; model_config = config.json; run_config = TOML.
+[NUL text [NUL tokenizer_config.json]]; model_config = config.json; run_config = TOML;
+gguf = a GGUF file's bytes.
 """
 import argparse
 import json
@@ -409,6 +410,80 @@ trace = "runs/zero3/trace.json"
 }
 
 
+# ----------------------------------------------------------------------------------- gguf
+
+def g_str(v):
+    v = v.encode() if isinstance(v, str) else v
+    return struct.pack("<Q", len(v)) + v
+
+
+def g_kv(key, typ, payload):
+    return g_str(key) + struct.pack("<I", typ) + payload
+
+
+def g_tensor(name, ne, typ, offset):
+    return g_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne) + struct.pack(
+        "<IQ", typ, offset)
+
+
+def gguf(kvs, tensors, data_len, version=3, align=32):
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(tensors)
+    head += b"\0" * ((align - len(head) % align) % align)
+    return head + bytes(range(256)) * (data_len // 256) + bytes(range(data_len % 256))
+
+
+def g_strings(items):
+    return struct.pack("<IQ", 8, len(items)) + b"".join(g_str(i) for i in items)
+
+
+def g_i32s(items):
+    return struct.pack("<IQ", 5, len(items)) + b"".join(struct.pack("<i", i) for i in items)
+
+
+# A two-layer llama header with a 260-token byte-level tokenizer (the byte alphabet, two
+# merges, two special tokens): what a model load reads first.
+def gguf_llama():
+    u32 = lambda k, v: g_kv(k, 4, struct.pack("<I", v))
+    kvs = [g_kv("general.architecture", 8, g_str("llama")), u32("llama.block_count", 1),
+           u32("llama.embedding_length", 32), u32("llama.feed_forward_length", 64),
+           u32("llama.attention.head_count", 2), u32("llama.attention.head_count_kv", 1),
+           g_kv("llama.attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5)),
+           g_kv("tokenizer.ggml.model", 8, g_str("gpt2")), g_kv("tokenizer.ggml.pre", 8, g_str("gpt-2"))]
+    alpha = ["%c" % c for c in range(0x21, 0x7F)] + ["%c" % c for c in range(0xA1, 0xAD)] + [
+        "%c" % c for c in range(0xAE, 0x100)]
+    alpha += ["%c" % (0x100 + i) for i in range(256 - len(alpha))]
+    tokens = alpha + ["he", "\u0120t", "<|endoftext|>", "<|im_start|>"]
+    kvs += [g_kv("tokenizer.ggml.tokens", 9, g_strings(tokens)),
+            g_kv("tokenizer.ggml.token_type", 9, g_i32s([1] * 258 + [3, 3])),
+            g_kv("tokenizer.ggml.merges", 9, g_strings(["h e", "\u0120 t"])),
+            u32("tokenizer.ggml.eos_token_id", 258)]
+    tensors = [g_tensor("token_embd.weight", [32, 260], 8, 0), g_tensor("output_norm.weight", [32], 0, 9376)]
+    return gguf(kvs, tensors, 9376 + 128)
+
+
+GGUF = {
+    "valid_empty": gguf([], [], 0),
+    "valid_v2": gguf([], [], 0, version=2),
+    "valid_types": gguf([g_kv("u8", 0, b"\x07"), g_kv("i16", 3, b"\xff\xff"), g_kv("f64", 12, struct.pack("<d", 0.5)),
+                         g_kv("b", 7, b"\x01"), g_kv("s", 8, g_str("x")), g_kv("a", 9, g_strings(["p", "q"])),
+                         g_kv("nested", 9, struct.pack("<IQ", 9, 1) + g_i32s([1, 2]))], [], 0),
+    "valid_blocks": gguf([g_kv("general.alignment", 4, struct.pack("<I", 64))],
+                         [g_tensor("f", [4, 2], 0, 0), g_tensor("q8", [32], 8, 64), g_tensor("q4k", [256], 12, 128),
+                          g_tensor("q6k", [256], 14, 320), g_tensor("bf", [3], 30, 576)], 582, align=64),
+    "valid_llama": gguf_llama(),
+    "bad_magic": b"GGML" + gguf([], [], 0)[4:],
+    "bad_version": gguf([], [], 0, version=1),
+    "bad_count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1 << 60),
+    "bad_unaligned": gguf([], [g_tensor("t", [4], 0, 8)], 64),
+    "bad_overlap": gguf([], [g_tensor("a", [16], 0, 0), g_tensor("b", [16], 0, 32)], 96),
+    "bad_type": gguf([], [g_tensor("t", [32], 4, 0)], 64),
+    "bad_row": gguf([], [g_tensor("t", [48], 2, 0)], 64),
+    "bad_past_end": gguf([], [g_tensor("t", [64], 0, 0)], 100),
+    # Found by the fuzzer: a zero row length used to hide an overflowing product of rows.
+    "regress_zero_row_overflow": gguf([], [g_tensor("t", [0, 1 << 40, 1 << 40], 0, 0)], 0),
+}
+
+
 def example_toml():
     with open(os.path.join(ROOT, "configs", "example.toml"), "rb") as f:
         return f.read()
@@ -422,6 +497,7 @@ def corpora():
         "tokenizer": tokenizer_seeds,
         "model_config": lambda: MODEL_CONFIG,
         "run_config": lambda: dict(RUN_CONFIG, example=example_toml()),
+        "gguf": lambda: GGUF,
     }
 
 

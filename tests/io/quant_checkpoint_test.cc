@@ -365,6 +365,9 @@ TEST(QuantCheckpoint, PackRefusesWhatTheFormatCannotHold) {
   EXPECT_NE(pack_error(w, v2.format()).find("zero point 16 of (output 1, group 1)"), std::string::npos);
   const Case awq{"awq", 4, 32, 1, false};
   EXPECT_NE(pack_error(w, awq.format()).find("zero point 16"), std::string::npos);
+  w.zeros.data<float>()[3] = 2.5f;  // a GGUF Q4_K zero point: no integer to store
+  EXPECT_NE(pack_error(w, v2.format()).find("zero point 2.5 of (output 1, group 1) is not an integer"),
+            std::string::npos);
   const QuantWeight ok = weight_for(v1, 32, 16, 64);
   auto f8 = v1.format();
   f8.bits = 8;

@@ -285,8 +285,8 @@ TEST(QuantWeightValidate, NamesWhatIsWrong) {
   const QuantWeight good = quantize_rtn(random_tensor(4, 64, 1), QuantScheme::kInt4, 32);
   QuantWeight q = good;
   q.zeros = good.zeros.clone();
-  q.zeros.data<float>()[0] = 17;
-  expect_error(q, "zero point 17");
+  q.zeros.data<float>()[0] = std::nanf("");
+  expect_error(q, "zero point 0 is nan");
   q = good;
   q.perm = Tensor::from_vector(std::vector<int32_t>(64, 0), {64});
   expect_error(q, "not a permutation");

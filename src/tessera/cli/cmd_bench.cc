@@ -193,7 +193,7 @@ void add_bench(CLI::App& app, Action& action) {
   gemm->callback([&action, min_seconds] { action = [min_seconds] { return run_gemm(*min_seconds); }; });
 
   auto model_flags = [&](CLI::App* c) {
-    c->add_option("--model", o->model_dir, "Model directory (instead of --shape)");
+    c->add_option("--model", o->model_dir, "Model directory or GGUF file (instead of --shape)");
     c->add_option("--shape", o->shape, "Random model shape: small, 1b, gpt2-124m")->capture_default_str();
     c->add_option("--repeats", o->repeats, "Runs; the median is reported")->capture_default_str();
   };

@@ -9,6 +9,7 @@
 #include "tessera/infer/generate.h"
 #include "tessera/infer/offline.h"
 #include "tessera/infer/tp_serving.h"
+#include "tessera/io/gguf_tokenizer.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/perplexity.h"
@@ -63,8 +64,7 @@ struct GenerateFlags {
 int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer::TpGroup* tp) {
   TESSERA_CHECK(!f.output.empty(), "--input needs --output FILE for the results");
   TESSERA_CHECK(f.prompt.empty() && f.prompt_ids.empty(), "--input cannot be combined with --prompt / --prompt-ids");
-  std::optional<io::Tokenizer> tok;
-  if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
+  const std::optional<io::Tokenizer> tok = io::load_model_tokenizer(f.model);
   const auto requests = infer::read_offline_requests(f.input, tok ? &*tok : nullptr, f.max_tokens);
   std::optional<model::Model> draft;
   if (!f.draft_model.empty()) draft = model::Model::load(f.draft_model, parse_dtype(f.dtype));
@@ -96,11 +96,11 @@ int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer:
 
 int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::TpGroup* tp) {
   if (!f.input.empty()) return run_generate_batch(f, model, tp);
-  std::optional<io::Tokenizer> tok;
-  if (std::filesystem::exists(f.model + "/tokenizer.json")) tok = io::Tokenizer::load(f.model);
+  const std::optional<io::Tokenizer> tok = io::load_model_tokenizer(f.model);
   std::vector<int32_t> prompt;
   if (!f.prompt.empty()) {
-    TESSERA_CHECK(tok, "--prompt: ", f.model, " has no tokenizer.json; pass token ids with --prompt-ids");
+    TESSERA_CHECK(tok, "--prompt: ", f.model, " has no tokenizer (tokenizer.json, or a GGUF file's ",
+                  "tokenizer.ggml.*); pass token ids with --prompt-ids");
     prompt = tok->encode(f.prompt);
     TESSERA_CHECK(!prompt.empty(), "--prompt: the prompt encodes to no tokens");
   } else {
@@ -170,7 +170,7 @@ int run_generate(const GenerateFlags& f) {
 void add_generate(CLI::App& app, Action& action) {
   auto f = std::make_shared<GenerateFlags>();
   auto* cmd = app.add_subcommand("generate", "Generate tokens from a model directory");
-  cmd->add_option("--model", f->model, "Hugging Face model directory")->required();
+  cmd->add_option("--model", f->model, "Hugging Face model directory or GGUF file")->required();
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma separated");
   cmd->add_option("--prompt", f->prompt, "Text prompt (encoded with DIR/tokenizer.json)");
   cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->capture_default_str();
@@ -205,7 +205,7 @@ void add_eval(CLI::App& app, Action& action) {
     int64_t ctx = 0;
   };
   auto f = std::make_shared<Flags>();
-  ppl->add_option("--model", f->model, "Hugging Face model directory")->required();
+  ppl->add_option("--model", f->model, "Hugging Face model directory or GGUF file")->required();
   ppl->add_option("--data", f->data, "Text file, encoded with the model's tokenizer.json");
   ppl->add_option("--ids", f->ids, "File of whitespace-separated token ids (instead of --data)");
   ppl->add_option("--ctx", f->ctx, "Window length (default: min(max positions, 1024))");
@@ -214,9 +214,15 @@ void add_eval(CLI::App& app, Action& action) {
   ppl->callback([&action, f] {
     action = [f] {
       TESSERA_CHECK(f->data.empty() != f->ids.empty(), "give exactly one of --data FILE or --ids FILE");
-      const auto ids = f->data.empty()
-                           ? model::read_token_ids(f->ids)
-                           : io::Tokenizer::load(f->model).encode(io::read_file_bytes(f->data), false);
+      std::vector<int32_t> ids;
+      if (f->data.empty()) {
+        ids = model::read_token_ids(f->ids);
+      } else {
+        const auto tok = io::load_model_tokenizer(f->model);
+        TESSERA_CHECK(tok, "--data: ", f->model, " has no tokenizer (tokenizer.json, or a GGUF file's ",
+                      "tokenizer.ggml.*); pass token ids with --ids");
+        ids = tok->encode(io::read_file_bytes(f->data), false);
+      }
       auto m = model::Model::load(f->model, parse_dtype(f->dtype));
       model::quantize_on_load(m, f->quantization);
       const int64_t ctx = f->ctx > 0 ? f->ctx : std::min<int64_t>(m.config().max_position_embeddings, 1024);

@@ -7,6 +7,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/timer.h"
 #include "tessera/cli/commands.h"
+#include "tessera/io/gguf_tokenizer.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/quantize.h"
@@ -25,10 +26,11 @@ struct QuantizeFlags {
 
 // calib_samples sequences of calib_seq tokens from the text, through the model's tokenizer.
 Tensor calibration_ids(const QuantizeFlags& f) {
-  TESSERA_CHECK(std::filesystem::exists(f.model + "/tokenizer.json"), "--calib: ", f.model,
-                " has no tokenizer.json to encode the calibration text with");
-  const auto tok = io::Tokenizer::load(f.model);
-  const auto ids = tok.encode(io::read_file_bytes(f.calib), false);
+  const auto tok = io::load_model_tokenizer(f.model);
+  TESSERA_CHECK(tok.has_value(), "--calib: ", f.model,
+                " has no tokenizer (tokenizer.json, or a GGUF file's tokenizer.ggml.*) to encode the "
+                "calibration text with");
+  const auto ids = tok->encode(io::read_file_bytes(f.calib), false);
   const int64_t need = f.calib_samples * f.calib_seq;
   TESSERA_CHECK(static_cast<int64_t>(ids.size()) >= f.calib_seq, "--calib ", f.calib, ": ",
                 ids.size(), " tokens, fewer than one --calib-seq of ", f.calib_seq);
@@ -61,10 +63,14 @@ int run_quantize(const QuantizeFlags& f) {
   model::quantize_model(m, o, calib, [&](int64_t done, int64_t) { bar.update(done); });
   bar.finish();
   m.save(f.out);
-  for (const char* extra : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-    if (fs::exists(fs::path(f.model) / extra))
-      fs::copy_file(fs::path(f.model) / extra, fs::path(f.out) / extra,
-                    fs::copy_options::overwrite_existing);
+  if (fs::is_directory(f.model)) {
+    for (const char* extra : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      if (fs::exists(fs::path(f.model) / extra))
+        fs::copy_file(fs::path(f.model) / extra, fs::path(f.out) / extra,
+                      fs::copy_options::overwrite_existing);
+  } else if (const auto tok = io::load_model_tokenizer(f.model)) {
+    tok->save(f.out);  // a GGUF file's tokenizer, as tokenizer.json
+  }
   std::printf("quantized %s -> %s: %s, matmul weights %.1f MB -> %.1f MB (%.2fx smaller) in %.1f s\n",
               f.model.c_str(), f.out.c_str(), m.weights_description().c_str(), before / 1e6,
               m.matmul_weight_bytes() / 1e6, static_cast<double>(before) / m.matmul_weight_bytes(),
@@ -77,7 +83,7 @@ int run_quantize(const QuantizeFlags& f) {
 void add_quantize(CLI::App& app, Action& action) {
   auto f = std::make_shared<QuantizeFlags>();
   auto* cmd = app.add_subcommand("quantize", "Quantize a model's linear layers (int8 / int4) into a new directory");
-  cmd->add_option("--model", f->model, "Hugging Face model directory (float weights)")->required();
+  cmd->add_option("--model", f->model, "Hugging Face model directory or GGUF file (float weights)")->required();
   cmd->add_option("--out", f->out, "Output directory (AutoGPTQ layout)")->required();
   cmd->add_option("--method", f->method, "rtn, gptq, awq or smoothquant")->capture_default_str();
   cmd->add_option("--bits", f->bits, "8 or 4")->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/io/gguf_tokenizer.h"
 #include "tessera/model/quantize.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/config.h"
@@ -23,6 +24,24 @@ struct ServeFlags {
   int tp = 1;
   std::string quantization;
 };
+
+// The model's tokenizer and chat template: DIR/tokenizer.json and tokenizer_config.json, or
+// a GGUF file's tokenizer.ggml.* and tokenizer.chat_template. Neither when it has no tokenizer.
+void load_tokenizer(const std::string& model, std::optional<io::Tokenizer>& tok,
+                    std::optional<serve::ChatTemplate>& tmpl) {
+  tok = io::load_model_tokenizer(model);
+  if (!tok) return;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) {
+    tmpl = serve::ChatTemplate::from_tokenizer_config(model);
+    return;
+  }
+  const nlohmann::json cfg = tok->config_json();
+  auto text = [&](const char* key) {
+    return cfg.contains(key) && cfg[key].is_string() ? cfg[key].get<std::string>() : std::string();
+  };
+  if (!text("chat_template").empty()) tmpl = serve::ChatTemplate(text("chat_template"), text("bos_token"), text("eos_token"));
+}
 
 int run_serve(ServeFlags f) {
   namespace fs = std::filesystem;
@@ -47,10 +66,7 @@ int run_serve(ServeFlags f) {
   if (f.tp > 1) {
     // Tensor-parallel: every rank loads its shard; rank 0 serves, the others run its steps.
     TESSERA_CHECK(!f.model.empty(), "--tp needs --model DIR (the shards are read from it)");
-    if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
-      tok = io::Tokenizer::load(f.model);
-      tmpl = serve::ChatTemplate::from_tokenizer_config(f.model);
-    }
+    load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (!tmpl) tmpl = serve::ChatTemplate::chatml();
     tmpl->set_limits(template_limits);
@@ -65,10 +81,7 @@ int run_serve(ServeFlags f) {
   if (!f.model.empty()) {
     model = model::Model::load(f.model, parse_dtype(f.dtype));
     model::quantize_on_load(*model, f.quantization);
-    if (fs::exists(fs::path(f.model) / "tokenizer.json")) {
-      tok = io::Tokenizer::load(f.model);
-      tmpl = serve::ChatTemplate::from_tokenizer_config(f.model);
-    }
+    load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().parent_path().filename().string();
   } else {
@@ -87,7 +100,7 @@ int run_serve(ServeFlags f) {
 void add_serve(CLI::App& app, Action& action) {
   auto f = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (see docs/serving.md)");
-  cmd->add_option("--model", f->model, "Hugging Face model directory");
+  cmd->add_option("--model", f->model, "Hugging Face model directory or GGUF file");
   cmd->add_option("--shape", f->shape, "Serve random weights of a named shape (small, 1b, tiny) for benchmarks");
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   cmd->add_option("--quantization", f->quantization,

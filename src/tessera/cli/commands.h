@@ -23,6 +23,7 @@ void add_train(CLI::App& app, Action& action);      // cmd_train.cc
 void add_plot(CLI::App& app, Action& action);       // cmd_plot.cc
 void add_plan(CLI::App& app, Action& action);       // cmd_plan.cc
 void add_quantize(CLI::App& app, Action& action);   // cmd_quantize.cc
+void add_export(CLI::App& app, Action& action);     // cmd_export.cc
 
 void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
 // --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).

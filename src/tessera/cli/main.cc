@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_plot(app, action);
   tessera::cli::add_plan(app, action);
   tessera::cli::add_quantize(app, action);
+  tessera::cli::add_export(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

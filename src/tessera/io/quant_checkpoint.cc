@@ -171,6 +171,9 @@ std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const QuantWeight&
       TESSERA_CHECK(std::isfinite(f16_to_f32(h)), what, ": scale ", s[o * G + g], " of (output ", o,
                     ", group ", g, ") overflows f16");
       scales.data<f16>()[g * out + o].bits = h;
+      TESSERA_CHECK(z[o * G + g] == std::floor(z[o * G + g]), what, ": zero point ", z[o * G + g],
+                    " of (output ", o, ", group ", g, ") is not an integer (", f.method,
+                    " stores integer zero points; GGUF K-quants' are not)");
       const int zi = static_cast<int>(z[o * G + g]);
       TESSERA_CHECK(zi >= zlo && zi <= zhi, what, ": zero point ", zi, " of (output ", o, ", group ",
                     g, ") does not fit ", f.method, gptq ? (z_offset ? " (v1, stores z - 1)" : " v2") : "",

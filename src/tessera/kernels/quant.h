@@ -36,7 +36,7 @@ struct QuantWeight {
   // (high nibble), as llama.cpp's Q4_0 blocks.
   Tensor q;
   Tensor scales;  // (out, in / group) f32
-  Tensor zeros;   // (out, in / group) f32 holding integers; kInt8 / kInt4 only
+  Tensor zeros;   // (out, in / group) f32, kInt8 / kInt4 only: integers except from GGUF's K-quants
   Tensor perm;    // (in) i32, or undefined: stored column j is W's column perm[j]
   Tensor smooth;  // (in) f32, or undefined: x[k] / smooth[k] is what W multiplies
 

@@ -2,12 +2,15 @@
 #include "tessera/model/config.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "tessera/base/checked.h"
 #include "tessera/base/error.h"
+#include "tessera/io/gguf.h"
 #include "tessera/io/json_file.h"
+#include "tessera/model/gguf_model.h"
 
 namespace tessera::model {
 
@@ -207,6 +210,9 @@ int64_t ModelConfig::num_parameters() const {
 }
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec) && io::is_gguf_path(model_dir))
+    return gguf_model_config(io::GgufFile::open(model_dir)->header(), model_dir);
   const std::string path = model_dir + "/config.json";
   return from_json(io::read_json_file(path), path);
 }

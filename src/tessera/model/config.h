@@ -62,7 +62,7 @@ struct ModelConfig {
 
   // Throws with a message naming `source` and the key at fault.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
-  static ModelConfig load(const std::string& model_dir);  // DIR/config.json
+  static ModelConfig load(const std::string& model_dir);  // DIR/config.json, or a GGUF file's metadata
   nlohmann::json to_json() const;                           // Hugging Face layout
   // Named Llama shapes for benchmarks: "small", "1b"; "tiny" for tests.
   static ModelConfig named_shape(const std::string& name);

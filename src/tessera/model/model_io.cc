@@ -12,6 +12,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/logging.h"
 #include "tessera/base/thread_pool.h"
+#include "tessera/io/gguf.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/model/model.h"
@@ -51,6 +52,14 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
 }
 
 Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec) && io::is_gguf_path(dir)) {
+    // A GGUF file holds the whole model in one piece: shards and stages are cut from it.
+    Model m = load_gguf(dir, dtype);
+    if (shard.size > 1) m = m.shard(shard);
+    if (!stage.whole()) m = m.stage(stage);
+    return m;
+  }
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,

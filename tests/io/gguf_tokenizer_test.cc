@@ -1,0 +1,145 @@
+// Byte-level BPE tokenizers through GGUF metadata (tokenizer.ggml.*): what export writes
+// is what llama.cpp's converter writes (token types, "[PAD<id>]" fillers, the pre-tokenizer's
+// name), and the tokenizer built back from it encodes and decodes as the original does.
+#include "tessera/io/gguf_tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "io_test_util.h"
+
+namespace tessera::io {
+namespace {
+
+using testing::error_of;
+using testing::TempDir;
+
+// The split patterns of Llama 3's and Qwen2's tokenizer.json files.
+const char* kLlama3 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+const char* kText =
+    "The quick brown fox jumps over the lazy dog. It's 2026 and the numbers 12345 split.\n"
+    "Caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80  spaces\tand\ttabs.\n";
+
+Tokenizer trained(const TempDir& dir, const std::string& pattern) {
+  const std::string corpus = dir.file("corpus.txt");
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 30; ++i) out << kText;
+  }
+  BpeTrainOptions o;
+  o.vocab_size = 290;
+  o.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  o.pattern = pattern;
+  o.progress = false;
+  return train_bpe({corpus}, o);
+}
+
+GgufHeader header_of(GgufMetadata md) {
+  GgufHeader h;
+  h.metadata = std::move(md);
+  return h;
+}
+
+TEST(GgufTokenizer, RoundTripsEncodingForEachPreTokenizer) {
+  TempDir dir;
+  const std::string probes[] = {kText, "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
+                                "   leading spaces and 7 numbers 0123456789!", "<|endoftext|>"};
+  for (const auto& [pattern, name] : {std::pair<std::string, std::string>{"", "gpt-2"},
+                                      {kLlama3, "llama-bpe"}, {kQwen2, "qwen2"}}) {
+    SCOPED_TRACE(name);
+    const Tokenizer tok = trained(dir, pattern);
+    const int64_t vocab = tok.vocab_size() + 5;  // a model vocabulary padded past the tokenizer's
+    const GgufHeader h = header_of(gguf_tokenizer_metadata(tok, vocab));
+    EXPECT_EQ(h.find("tokenizer.ggml.model")->as_string(""), "gpt2");
+    EXPECT_EQ(h.find("tokenizer.ggml.pre")->as_string(""), name);
+    const auto& tokens = h.find("tokenizer.ggml.tokens")->as_strings("");
+    ASSERT_EQ(static_cast<int64_t>(tokens.size()), vocab);
+    const GgufValue& types = *h.find("tokenizer.ggml.token_type");
+    const int32_t eot = tok.token_to_id("<|endoftext|>");
+    EXPECT_EQ(tokens[eot], "<|endoftext|>");
+    EXPECT_EQ(types.int_at(eot, ""), 3);                      // CONTROL
+    EXPECT_EQ(types.int_at(tok.token_to_id("a"), ""), 1);     // NORMAL
+    EXPECT_EQ(tokens[vocab - 1], "[PAD" + std::to_string(vocab - 1) + "]");
+    EXPECT_EQ(types.int_at(vocab - 1, ""), 5);                // UNUSED
+    EXPECT_EQ(h.find("tokenizer.ggml.merges")->size(), tok.to_json()["model"]["merges"].size());
+    EXPECT_EQ(h.find("tokenizer.ggml.eos_token_id")->as_uint(""), static_cast<uint64_t>(tok.eos_id()));
+
+    const Tokenizer back = tokenizer_from_gguf(h, "t.gguf");
+    EXPECT_EQ(back.eos_id(), tok.eos_id());
+    EXPECT_EQ(back.bos_id(), tok.bos_id());
+    EXPECT_EQ(back.add_bos(), tok.add_bos());
+    for (const std::string& s : probes) {
+      EXPECT_EQ(back.encode(s), tok.encode(s)) << s;
+      EXPECT_EQ(back.decode(tok.encode(s)), tok.decode(tok.encode(s)));
+    }
+    // ... and again from a written file, through the model-path lookup.
+    const std::string path = dir.file(name + ".gguf");
+    write_gguf(path, h.metadata, {}, [](size_t) { return std::string(); });
+    const auto again = load_model_tokenizer(path);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->encode(probes[1]), tok.encode(probes[1]));
+  }
+}
+
+TEST(GgufTokenizer, CarriesTheChatTemplateAndAddBos) {
+  TempDir dir;
+  const Tokenizer tok = trained(dir, "");
+  nlohmann::json cfg = tok.config_json();
+  cfg["chat_template"] = "{{ messages[0]['content'] }}";
+  cfg["bos_token"] = "<|im_start|>";
+  cfg["add_bos_token"] = true;
+  const Tokenizer with = Tokenizer::from_json(tok.to_json(), "tok", cfg);
+  const GgufHeader h = header_of(gguf_tokenizer_metadata(with, with.vocab_size()));
+  EXPECT_EQ(h.find("tokenizer.chat_template")->as_string(""), "{{ messages[0]['content'] }}");
+  EXPECT_TRUE(h.find("tokenizer.ggml.add_bos_token")->as_bool(""));
+  const Tokenizer back = tokenizer_from_gguf(h, "t.gguf");
+  EXPECT_EQ(back.config_json()["chat_template"], "{{ messages[0]['content'] }}");
+  EXPECT_TRUE(back.add_bos());
+  EXPECT_EQ(back.encode("hi there"), with.encode("hi there"));
+  EXPECT_EQ(back.encode("hi there").front(), with.token_to_id("<|im_start|>"));
+}
+
+TEST(GgufTokenizer, UnsupportedTokenizersAreOneLineErrors) {
+  TempDir dir;
+  const Tokenizer tok = trained(dir, "");
+  const GgufMetadata good = gguf_tokenizer_metadata(tok, tok.vocab_size());
+  auto with = [&](const std::string& key, GgufValue v) {
+    GgufMetadata md = good;
+    for (auto& [k, val] : md)
+      if (k == key) val = v;
+    return error_of([&] { tokenizer_from_gguf(header_of(md), "t.gguf"); });
+  };
+  EXPECT_NE(with("tokenizer.ggml.model", GgufValue::string("llama")).find("not SentencePiece (\"llama\")"),
+            std::string::npos);
+  EXPECT_NE(with("tokenizer.ggml.pre", GgufValue::string("falcon")).find("tokenizer.ggml.pre 'falcon' is not supported"),
+            std::string::npos);
+  EXPECT_NE(with("tokenizer.ggml.tokens", GgufValue::u32(3)).find("tokenizer.ggml.tokens: expected an array of strings"),
+            std::string::npos);
+  EXPECT_NE(with("tokenizer.ggml.token_type", GgufValue::i32s({1, 1})).find("has 2 entries for"), std::string::npos);
+  EXPECT_NE(with("tokenizer.ggml.eos_token_id", GgufValue::u32(1u << 30)).find("outside the"), std::string::npos);
+  GgufMetadata md = good;
+  for (auto& [k, v] : md)
+    if (k == "tokenizer.ggml.tokens") {
+      std::vector<std::string> t = v.as_strings("");
+      t[1] = t[0];
+      v = GgufValue::strings(t);
+    }
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf(header_of(md), "t.gguf"); }).find("at ids 0 and 1"), std::string::npos);
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf(header_of({}), "t.gguf"); }).find("no metadata key 'tokenizer.ggml.model'"),
+            std::string::npos);
+
+  // Export: a split pattern llama.cpp has no name for.
+  const Tokenizer custom = trained(dir, R"(\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+)");
+  EXPECT_NE(error_of([&] { gguf_tokenizer_metadata(custom, custom.vocab_size()); }).find("llama.cpp has no name for"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { gguf_tokenizer_metadata(tok, 10); }).find("more than the model's vocabulary of 10"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::io
