@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Quantization quality on a model trained here (docs/quantization.md, "Quality"): trains a
+# ~22M-parameter Llama-shaped model on the `fortunes` corpus (95% of it; the last 5% is
+# held out), then quantizes it with each method and prints the held-out perplexity of
+# every variant beside the float model's.
+#
+#   bench/quant_quality.sh [BUILD=build] [OUT=runs/quant_quality]
+#   STEPS=400 bench/quant_quality.sh      # training steps (default 400)
+#
+# Re-running reuses the trained model when OUT/run/model exists.
+set -euo pipefail
+BUILD=${1:-build}
+OUT=${2:-runs/quant_quality}
+STEPS=${STEPS:-400}
+T=$BUILD/bin/tessera
+FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
+mkdir -p "$OUT"
+
+if [ ! -d "$OUT/run/model" ]; then
+  # Every fortune file, "%" separators dropped, in a fixed order; 95% train, 5% held out.
+  find "$FORTUNES" -maxdepth 1 -type f ! -name '*.*' | sort | xargs cat | grep -v '^%$' > "$OUT/all.txt"
+  total=$(wc -l < "$OUT/all.txt")
+  head -n $((total * 95 / 100)) "$OUT/all.txt" > "$OUT/train.txt"
+  tail -n +$((total * 95 / 100 + 1)) "$OUT/all.txt" > "$OUT/heldout.txt"
+  "$T" tokenizer train --input "$OUT/train.txt" --vocab-size 4096 --out "$OUT/tok"
+  rm -rf "$OUT/data"
+  "$T" data prepare --tokenizer "$OUT/tok" --input "$OUT/train.txt" --out "$OUT/data" --quiet
+  cat > "$OUT/train.toml" <<EOF
+[run]
+out_dir = "$OUT/run"
+[model]
+shape = "tiny"
+hidden_size = 512
+num_layers = 6
+num_heads = 8
+num_kv_heads = 4
+intermediate_size = 1408
+max_position_embeddings = 512
+tie_word_embeddings = false
+[data]
+dir = "$OUT/data"
+seq_len = 256
+batch_size = 8
+[optimizer]
+name = "adamw"
+lr = 0.002
+weight_decay = 0.1
+[schedule]
+kind = "cosine"
+warmup_steps = $((STEPS / 10))
+min_lr_ratio = 0.1
+[training]
+steps = $STEPS
+precision = "bf16"
+eval_every = $((STEPS / 4))
+eval_batches = 8
+[checkpoint]
+every = $((STEPS / 2))
+keep = 1
+EOF
+  "$T" train --config "$OUT/train.toml"
+fi
+
+M="$OUT/run/model"
+ppl() {  # ppl LABEL MODEL [FLAGS...]: the held-out perplexity line
+  local label=$1 model=$2
+  shift 2
+  printf '%-28s %s\n' "$label" "$("$T" eval perplexity --model "$model" --data "$OUT/heldout.txt" --ctx 256 "$@" | grep -o 'perplexity [0-9.]*')"
+}
+quant() {  # quant NAME FLAGS...: tessera quantize into OUT/q_NAME
+  local name=$1
+  shift
+  rm -rf "$OUT/q_$name"
+  "$T" quantize --model "$M" --out "$OUT/q_$name" --dtype f32 "$@" > "$OUT/q_$name.log" 2>&1
+}
+CALIB=(--calib "$OUT/train.txt" --calib-samples 64 --calib-seq 256)
+quant int8_rtn --method rtn --bits 8
+quant w8a8_sq --method smoothquant --bits 8 "${CALIB[@]}"
+quant int4_rtn --method rtn --bits 4 --group-size 128
+quant int4_gptq --method gptq --bits 4 --group-size 128 "${CALIB[@]}"
+quant int4_awq --method awq --bits 4 --group-size 128 "${CALIB[@]}"
+
+echo "held-out perplexity ($(wc -c < "$OUT/heldout.txt") bytes of fortunes, windows of 256 tokens)"
+ppl "f32" "$M"
+ppl "bf16" "$M" --dtype bf16
+ppl "int8 W8A16 (rtn)" "$OUT/q_int8_rtn"
+ppl "int8 W8A8 (smoothquant)" "$OUT/q_w8a8_sq"
+ppl "int4 g128 (rtn)" "$OUT/q_int4_rtn"
+ppl "int4 g128 (gptq)" "$OUT/q_int4_gptq"
+ppl "int4 g128 (awq)" "$OUT/q_int4_awq"
