@@ -25,43 +25,13 @@ import struct
 import sys
 
 import numpy as np
+from safetensors_np import load as _st_load, save as st_save  # this directory
 
 F = np.float32
-_NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "U8": np.uint8}
-_TAG = {np.dtype(v): k for k, v in _NP.items()}
-
-# ---- safetensors (numpy only) -------------------------------------------------------------
 
 
 def st_load(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, info in header.items():
-        b, e = info["data_offsets"]
-        dt = np.int16 if info["dtype"] == "BF16" else _NP[info["dtype"]]
-        a = np.frombuffer(data[8 + n + b:8 + n + e], dtype=dt).reshape(info["shape"])
-        if info["dtype"] == "BF16":
-            a = (a.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        out[name] = a.copy()
-    return out
-
-
-def st_save(tensors, path):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        raw = a.tobytes()
-        header[name] = {"dtype": _TAG[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return _st_load(path)[0]
 
 
 # ---- GGUF ---------------------------------------------------------------------------------

@@ -22,41 +22,10 @@ NAME.deq_f16 (out, in) from NAME.ours.*, and for 4-bit gptq NAME.exllama_x_map (
 and NAME.exllama_deq (out, in) f16.
 """
 import json
-import struct
 import sys
 
 import numpy as np
-
-_NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "U8": np.uint8}
-_TAG = {np.dtype(v): k for k, v in _NP.items()}
-
-
-def load(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, info in header.items():
-        b, e = info["data_offsets"]
-        raw = data[8 + n + b:8 + n + e]
-        out[name] = np.frombuffer(raw, dtype=_NP[info["dtype"]]).reshape(info["shape"]).copy()
-    return out, meta
-
-
-def save(tensors, path):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        raw = a.tobytes()
-        header[name] = {"dtype": _TAG[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+from safetensors_np import load, save  # this directory
 
 
 # ---- AutoGPTQ -----------------------------------------------------------------------------
