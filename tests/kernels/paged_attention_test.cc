@@ -111,8 +111,9 @@ Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layo
       for (int64_t h = 0; h < d.Hkv; ++h) {
         for (int64_t e = 0; e < d.D; ++e)
           kr[e] = key_val(s, t, h * d.D + e), vr[e] = value_val(s, t, h * d.D + e);
-        cpu::kv_row_from_f32(kv, kr.data(), d.D, kview.row(table[t / d.bs], t % d.bs, h));
-        cpu::kv_row_from_f32(kv, vr.data(), d.D, vview.row(table[t / d.bs], t % d.bs, h));
+        const bool avx512 = cpu::best_attention_isa() == cpu::AttnIsa::kAvx512;
+        cpu::kv_row_from_f32(kv, kr.data(), d.D, kview.row(table[t / d.bs], t % d.bs, h), avx512);
+        cpu::kv_row_from_f32(kv, vr.data(), d.D, vview.row(table[t / d.bs], t % d.bs, h), avx512);
       }
     float* base = b.qkv.data<float>();
     for (int64_t i2 = 0; i2 < s.q_len; ++i2) {

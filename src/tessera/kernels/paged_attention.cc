@@ -140,17 +140,6 @@ int64_t kv_cache_head_dim(const Tensor& cache) {
   return d == KvCacheDtype::kInt8 || d == KvCacheDtype::kFp8 ? cache.size(3) - 4 : cache.size(3);
 }
 
-Tensor kv_cache_to_f32(const Tensor& cache) {
-  const int64_t D = kv_cache_head_dim(cache);
-  Tensor out = Tensor::empty({cache.size(0), cache.size(1), cache.size(2), D}, DType::kF32);
-  const Tensor c = cache.contiguous();
-  const cpu::KvCacheView v = cpu::kv_cache_view(c);
-  const int64_t rows = cache.size(0) * cache.size(1) * cache.size(2);
-  for (int64_t r = 0; r < rows; ++r)
-    cpu::kv_row_to_f32(v.dtype, v.data + r * v.row_bytes, D, out.data<float>() + r * D, false);
-  return out;
-}
-
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const std::vector<PagedSequence>& seqs, Tensor& out,
                      const PagedAttentionParams& p) {
@@ -210,7 +199,7 @@ void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSeq
                   " (a shared block must be copied before it is written)");
   TESSERA_KERNEL(op,
                  cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cpu::kv_cache_view(k_cache),
-                                         cpu::kv_cache_view(v_cache)),
+                                         cpu::kv_cache_view(v_cache), cpu::best_attention_isa()),
                  k, v, k_cache, v_cache);
 }
 

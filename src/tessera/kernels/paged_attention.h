@@ -16,7 +16,7 @@ namespace tessera::kernels {
 //   kF32  f32 (num_blocks, block_size, Hkv, D)
 //   kBF16 bf16 (num_blocks, block_size, Hkv, D), rounded to nearest even
 //   kInt8 i8 (num_blocks, block_size, Hkv, D + 4): D codes, then the row's f32 scale
-//         absmax / 127 (little-endian bytes); value = scale * code
+//         absmax / 127 (little-endian bytes; 1 for a row of zeros); value = scale * code
 //   kFp8  u8 (num_blocks, block_size, Hkv, D + 4): D fp8 e4m3 codes, then the row's f32
 //         scale absmax / 448; value = scale * e4m3(code)
 // Scales live inside their row, so a block is self-contained: copy-on-write and prefix
@@ -31,8 +31,6 @@ int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t D);
 Tensor make_kv_cache(int64_t num_blocks, int64_t block_size, int64_t heads, int64_t D, KvCacheDtype d);
 KvCacheDtype kv_cache_dtype(const Tensor& cache);  // from its dtype; one-line error otherwise
 int64_t kv_cache_head_dim(const Tensor& cache);    // D (size(3), less the scale bytes)
-// The cache's values as f32 (num_blocks, block_size, Hkv, D): tests and debugging.
-Tensor kv_cache_to_f32(const Tensor& cache);
 
 // KV cache pool of one layer: k_cache, v_cache (num_blocks, block_size, Hkv, D) in one of
 // the forms above, contiguous, the same dtype. A sequence's logical token t lives in

@@ -4,20 +4,17 @@
 #include "tessera/model/calibrated_quant.h"
 
 #include "tessera/base/error.h"
-#include "tessera/kernels/matmul.h"
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
 
 namespace tessera::model {
 namespace {
 
-// X^T X of the rows of x (N, in) f32, accumulated in f32 by the GEMM as AutoGPTQ does,
-// widened to f64 for the factorisation.
+// X^T X of the rows of x (N, in) f32 (input_stats' Gram matrix, accumulated in f32 by the
+// GEMM as AutoGPTQ does), widened to f64 for the factorisation.
 std::vector<double> gram(const Tensor& x) {
-  const int64_t in = x.size(1);
-  Tensor h = Tensor::empty({in, in}, DType::kF32);
-  kernels::matmul(x, x, h, true, false);
-  return std::vector<double>(h.data<float>(), h.data<float>() + in * in);
+  const Tensor h = kernels::input_stats(x).gram;
+  return std::vector<double>(h.data<float>(), h.data<float>() + h.numel());
 }
 
 // t[j] /= s[j] for a norm's weight or bias (any float dtype; undefined: nothing).

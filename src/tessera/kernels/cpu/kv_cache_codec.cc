@@ -7,7 +7,9 @@
 
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/paged_attention_cpu.h"
+#include "tessera/kernels/cpu/quant_rows.h"
 #include "tessera/kernels/quant.h"
+#include "tessera/kernels/reference/quant_ref.h"
 
 namespace tessera::kernels::cpu {
 namespace {
@@ -88,28 +90,31 @@ void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bo
   }
 }
 
-void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst) {
-  if (d == KvCacheDtype::kF32) {
-    std::memcpy(dst, src, sizeof(float) * D);
-    return;
+void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, bool avx512) {
+  switch (d) {
+    case KvCacheDtype::kF32:
+      std::memcpy(dst, src, sizeof(float) * D);
+      return;
+    case KvCacheDtype::kBF16: {
+      auto* b = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t e = 0; e < D; ++e) b[e] = f32_to_bf16(src[e]);
+      return;
+    }
+    case KvCacheDtype::kInt8: {  // W8A8's per-row activation quantizer: absmax / 127
+      auto* q = reinterpret_cast<int8_t*>(dst);
+      const float s = avx512 ? quantize_row_s8_avx512(src, D, q) : reference::quantize_row_s8(src, D, q);
+      std::memcpy(dst + D, &s, sizeof(float));
+      return;
+    }
+    case KvCacheDtype::kFp8: {
+      float amax = 0.f;
+      for (int64_t e = 0; e < D; ++e) amax = std::max(amax, std::fabs(src[e]));
+      const float s = amax > 0.f ? amax / 448.f : 1.f;
+      for (int64_t e = 0; e < D; ++e) dst[e] = f32_to_fp8_e4m3(src[e] / s);
+      std::memcpy(dst + D, &s, sizeof(float));
+      return;
+    }
   }
-  if (d == KvCacheDtype::kBF16) {
-    auto* b = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t e = 0; e < D; ++e) b[e] = f32_to_bf16(src[e]);
-    return;
-  }
-  float amax = 0.f;
-  for (int64_t e = 0; e < D; ++e) amax = std::max(amax, std::fabs(src[e]));
-  const float s = amax / (d == KvCacheDtype::kInt8 ? 127.f : 448.f);
-  const float inv = s > 0.f ? 1.f / s : 0.f;
-  if (d == KvCacheDtype::kInt8) {
-    auto* q = reinterpret_cast<int8_t*>(dst);
-    for (int64_t e = 0; e < D; ++e)
-      q[e] = static_cast<int8_t>(std::clamp(std::nearbyint(src[e] * inv), -127.f, 127.f));
-  } else {
-    for (int64_t e = 0; e < D; ++e) dst[e] = f32_to_fp8_e4m3(src[e] * inv);
-  }
-  std::memcpy(dst + D, &s, sizeof(float));
 }
 
 }  // namespace tessera::kernels::cpu

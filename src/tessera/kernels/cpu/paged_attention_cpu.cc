@@ -511,8 +511,9 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
 
 void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView& v,
                         const std::vector<KvSlotWrite>& writes, const KvCacheView& k_cache,
-                        const KvCacheView& v_cache) {
+                        const KvCacheView& v_cache, AttnIsa isa) {
   const int64_t D = dims.D;
+  const bool avx512 = isa == AttnIsa::kAvx512;
   base::parallel_for(static_cast<int64_t>(writes.size()), 64, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const KvSlotWrite& x = writes[w];
@@ -522,8 +523,8 @@ void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView
         continue;
       }
       for (int64_t h = 0; h < dims.Hkv; ++h) {
-        kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h));
-        kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h));
+        kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h), avx512);
+        kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h), avx512);
       }
     }
   });

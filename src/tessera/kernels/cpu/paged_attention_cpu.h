@@ -27,9 +27,9 @@ struct KvCacheView {
 KvCacheView kv_cache_view(const Tensor& cache);  // a contiguous cache tensor
 
 // One cached row of D values to f32 and back (the row's scale included for int8 / fp8).
-// avx512: the CPU has AVX-512 (widening bf16 / int8 16 values at a time).
+// avx512: the CPU has AVX-512 (16 values at a time).
 void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bool avx512);
-void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst);
+void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, bool avx512);
 
 // Keys per partition for a sequence with `context_len` keys (see PagedAttentionParams).
 int64_t paged_partition_keys(int64_t context_len, const PagedAttentionParams& p);
@@ -48,7 +48,7 @@ struct KvSlotWrite {
 // k, v: (Ntok, Hkv, D) as AttnView{data, 0, token_stride}; caches as above.
 void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView& v,
                         const std::vector<KvSlotWrite>& writes, const KvCacheView& k_cache,
-                        const KvCacheView& v_cache);
+                        const KvCacheView& v_cache, AttnIsa isa);
 void copy_kv_blocks_cpu(const KvCacheView& k_cache, const KvCacheView& v_cache,
                         const std::vector<std::pair<int32_t, int32_t>>& copies);
 
