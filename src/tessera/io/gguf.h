@@ -128,8 +128,8 @@ struct GgufHeader {
 // Never reads outside [data, data+size). Errors: "SOURCE: ..." naming the key or tensor.
 GgufHeader parse_gguf_header(const uint8_t* data, size_t size, const std::string& source);
 
-// A path to open as GGUF: its name ends in ".gguf", or it is a regular file starting with
-// "GGUF" (what a model path that is not a directory is checked with).
+// A path to open as GGUF: not a directory, and its name ends in ".gguf" or it is a regular
+// file starting with "GGUF".
 bool is_gguf_path(const std::string& path);
 
 // One mmap'd GGUF file; tensor data is read in place.

@@ -18,8 +18,9 @@
 namespace tessera::io {
 
 bool is_gguf_path(const std::string& path) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return true;
   std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return false;  // a model directory, whatever its name
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return true;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream f(path, std::ios::binary);
   char magic[4] = {};

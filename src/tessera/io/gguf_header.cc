@@ -346,14 +346,21 @@ class Reader {
   }
   uint32_t u32(const std::string& what) { return static_cast<uint32_t>(read_le(take(4, what), 4, false)); }
   uint64_t u64(const std::string& what) { return read_le(take(8, what), 8, false); }
-  std::string str(const std::string& what) {
+  // A string: u64 length, then its bytes. index >= 0 names element `index` of array `what`;
+  // the label is built only for an error (a tokenizer's arrays hold ~10^5 strings).
+  std::string str(const std::string& what, int64_t index = -1) {
+    const auto label = [&] { return index < 0 ? what : what + "[" + std::to_string(index) + "]"; };
     const size_t at = pos_;
-    const uint64_t n = u64(what + " length");
+    if (left() < 8)
+      fail(source_, ": ", label(), " length at byte ", pos_, " needs 8 bytes, but the file ends at byte ", size_);
+    const uint64_t n = read_le(data_ + pos_, 8, false);
+    pos_ += 8;
     if (n > left())
-      fail(source_, ": ", what, " at byte ", at, " has length ", n, ", past the end of the file (",
+      fail(source_, ": ", label(), " at byte ", at, " has length ", n, ", past the end of the file (",
            left(), " bytes left)");
-    const uint8_t* p = take(n, what);
-    return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
+    const char* p = reinterpret_cast<const char*>(data_ + pos_);
+    pos_ += static_cast<size_t>(n);
+    return std::string(p, static_cast<size_t>(n));
   }
 
   GgufValue value(GgufType t, const std::string& what, int depth, uint64_t& nested_budget) {
@@ -372,7 +379,7 @@ class Reader {
     if (elem == GgufType::kString) {
       std::vector<std::string> items;
       items.reserve(static_cast<size_t>(count));
-      for (uint64_t i = 0; i < count; ++i) items.push_back(str(what + "[" + std::to_string(i) + "]"));
+      for (uint64_t i = 0; i < count; ++i) items.push_back(str(what, static_cast<int64_t>(i)));
       return GgufValue::strings(std::move(items));
     }
     if (elem == GgufType::kArray) {

@@ -149,8 +149,9 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h, const std::string& source) {
   json vocab = json::object();
   json added = json::array();
   std::map<std::string, int64_t> seen;
+  const std::string types_what = what("tokenizer.ggml.token_type");
   for (size_t id = 0; id < tokens.size(); ++id) {
-    const int64_t type = types ? types->int_at(id, what("tokenizer.ggml.token_type")) : 1;
+    const int64_t type = types ? types->int_at(id, types_what) : 1;
     if (type == static_cast<int64_t>(GgufTokenType::kUnused)) continue;
     const std::string& t = tokens[id];
     const auto [it, fresh] = seen.emplace(t, static_cast<int64_t>(id));

@@ -2,7 +2,6 @@
 #include "tessera/model/config.h"
 
 #include <cmath>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -210,8 +209,7 @@ int64_t ModelConfig::num_parameters() const {
 }
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(model_dir, ec) && io::is_gguf_path(model_dir))
+  if (io::is_gguf_path(model_dir))
     return gguf_model_config(io::GgufFile::open(model_dir)->header(), model_dir);
   const std::string path = model_dir + "/config.json";
   return from_json(io::read_json_file(path), path);

@@ -52,8 +52,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
 }
 
 Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec) && io::is_gguf_path(dir)) {
+  if (io::is_gguf_path(dir)) {
     // A GGUF file holds the whole model in one piece: shards and stages are cut from it.
     Model m = load_gguf(dir, dtype);
     if (shard.size > 1) m = m.shard(shard);
