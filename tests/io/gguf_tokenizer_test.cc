@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "io_test_util.h"
@@ -13,6 +14,8 @@ namespace tessera::io {
 namespace {
 
 using testing::error_of;
+using testing::read_bytes;
+using testing::write_bytes;
 using testing::TempDir;
 
 // The split patterns of Llama 3's and Qwen2's tokenizer.json files.
@@ -102,6 +105,45 @@ TEST(GgufTokenizer, CarriesTheChatTemplateAndAddBos) {
   EXPECT_TRUE(back.add_bos());
   EXPECT_EQ(back.encode("hi there"), with.encode("hi there"));
   EXPECT_EQ(back.encode("hi there").front(), with.token_to_id("<|im_start|>"));
+}
+
+// A template stored as Hugging Face's list of named templates, or in chat_template.jinja,
+// travels too (export used to keep only the plain-string form).
+TEST(GgufTokenizer, CarriesListAndJinjaFileTemplates) {
+  TempDir dir;
+  const Tokenizer tok = trained(dir, "");
+  const std::string model = dir.file("model");
+  tok.save(model);
+  nlohmann::json cfg = tok.config_json();
+  cfg["chat_template"] = nlohmann::json::array({{{"name", "tool_use"}, {"template", "TOOLS"}},
+                                                {{"name", "default"}, {"template", "DEFAULT {{ bos_token }}"}}});
+  write_bytes(model + "/tokenizer_config.json", cfg.dump());
+  const Tokenizer listed = Tokenizer::load(model);
+  EXPECT_EQ(listed.chat_template(), "DEFAULT {{ bos_token }}");
+  EXPECT_EQ(header_of(gguf_tokenizer_metadata(listed, listed.vocab_size())).find("tokenizer.chat_template")->as_string(""),
+            "DEFAULT {{ bos_token }}");
+
+  cfg.erase("chat_template");
+  write_bytes(model + "/tokenizer_config.json", cfg.dump());
+  write_bytes(model + "/chat_template.jinja", "FROM THE FILE");
+  const Tokenizer filed = Tokenizer::load(model);
+  EXPECT_EQ(filed.chat_template(), "FROM THE FILE");
+  EXPECT_EQ(header_of(gguf_tokenizer_metadata(filed, filed.vocab_size())).find("tokenizer.chat_template")->as_string(""),
+            "FROM THE FILE");
+  // Saved back as the plain string, which every reader understands.
+  filed.save(dir.file("again"));
+  EXPECT_EQ(nlohmann::json::parse(read_bytes(dir.file("again") + "/tokenizer_config.json"))["chat_template"], "FROM THE FILE");
+
+  // No template anywhere: none is written.
+  std::filesystem::remove(model + "/chat_template.jinja");
+  const Tokenizer none = Tokenizer::load(model);
+  EXPECT_EQ(none.chat_template(), "");
+  EXPECT_EQ(header_of(gguf_tokenizer_metadata(none, none.vocab_size())).find("tokenizer.chat_template"), nullptr);
+
+  cfg["chat_template"] = nlohmann::json::array({{{"name", "tool_use"}, {"template", "TOOLS"}}});
+  write_bytes(model + "/tokenizer_config.json", cfg.dump());
+  EXPECT_NE(error_of([&] { Tokenizer::load(model); }).find("is a list without a \"default\" template"),
+            std::string::npos);
 }
 
 TEST(GgufTokenizer, UnsupportedTokenizersAreOneLineErrors) {

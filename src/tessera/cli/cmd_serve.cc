@@ -25,22 +25,12 @@ struct ServeFlags {
   std::string quantization;
 };
 
-// The model's tokenizer and chat template: DIR/tokenizer.json and tokenizer_config.json, or
-// a GGUF file's tokenizer.ggml.* and tokenizer.chat_template. Neither when it has no tokenizer.
+// The model's tokenizer (DIR/tokenizer.json or a GGUF file's tokenizer.ggml.*) and the chat
+// template it carries. Neither when the model has no tokenizer.
 void load_tokenizer(const std::string& model, std::optional<io::Tokenizer>& tok,
                     std::optional<serve::ChatTemplate>& tmpl) {
   tok = io::load_model_tokenizer(model);
-  if (!tok) return;
-  std::error_code ec;
-  if (std::filesystem::is_directory(model, ec)) {
-    tmpl = serve::ChatTemplate::from_tokenizer_config(model);
-    return;
-  }
-  const nlohmann::json cfg = tok->config_json();
-  auto text = [&](const char* key) {
-    return cfg.contains(key) && cfg[key].is_string() ? cfg[key].get<std::string>() : std::string();
-  };
-  if (!text("chat_template").empty()) tmpl = serve::ChatTemplate(text("chat_template"), text("bos_token"), text("eos_token"));
+  if (tok) tmpl = serve::ChatTemplate::from_tokenizer(*tok);
 }
 
 int run_serve(ServeFlags f) {

@@ -108,9 +108,7 @@ GgufMetadata gguf_tokenizer_metadata(const Tokenizer& tok, int64_t vocab_size) {
   if (tok.eos_id() >= 0) md.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(tok.eos_id())));
   md.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(tok.add_bos()));
   md.emplace_back("tokenizer.ggml.add_eos_token", GgufValue::boolean(false));
-  const json cfg = tok.config_json();
-  if (cfg.is_object() && cfg.contains("chat_template") && cfg["chat_template"].is_string())
-    md.emplace_back("tokenizer.chat_template", GgufValue::string(cfg["chat_template"].get<std::string>()));
+  if (!tok.chat_template().empty()) md.emplace_back("tokenizer.chat_template", GgufValue::string(tok.chat_template()));
   return md;
 }
 

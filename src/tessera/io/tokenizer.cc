@@ -302,6 +302,8 @@ bool Tokenizer::is_special(int32_t id) const {
 
 nlohmann::json Tokenizer::to_json() const { return impl_->json; }
 
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+
 nlohmann::json Tokenizer::config_json() const {
   if (!impl_->config.is_null()) return impl_->config;
   const Impl& m = *impl_;
@@ -324,7 +326,10 @@ void Tokenizer::save(const std::string& dir) const {
                 ec ? ": " + ec.message() : std::string(" (a file has that name)"));
   const auto dump = [](const nlohmann::json& j) { return j.dump(2) + "\n"; };
   write_file_atomic(dir + "/tokenizer.json", dump(to_json()));
-  write_file_atomic(dir + "/tokenizer_config.json", dump(config_json()));
+  nlohmann::json config = config_json();
+  // A template read from a list entry or chat_template.jinja is saved as the plain string.
+  if (!chat_template().empty()) config["chat_template"] = chat_template();
+  write_file_atomic(dir + "/tokenizer_config.json", dump(config));
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -336,7 +341,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string config_path = (fs::path(file).parent_path() / "tokenizer_config.json").string();
   nlohmann::json config;
   if (fs::is_regular_file(config_path, ec)) config = read_json_file(config_path);
-  return from_json(read_json_file(file), file, config);
+  return build(read_json_file(file), file, config, fs::path(file).parent_path().string());
 }
 
 size_t complete_utf8_prefix(std::string_view b) {

@@ -1,6 +1,7 @@
 // Builds a Tokenizer from Hugging Face's tokenizer.json (+ tokenizer_config.json), checking
 // every field it relies on and naming the key at fault.
 #include <algorithm>
+#include <filesystem>
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
@@ -79,12 +80,38 @@ void read_post_processor(const nlohmann::json& p, const std::string& where, std:
 
 }  // namespace
 
+std::string chat_template_source(const nlohmann::json& config, const std::string& config_source,
+                                 const std::string& dir) {
+  constexpr size_t kMaxTemplateBytes = size_t{4} << 20;  // real templates: < 20 kB
+  const auto it = config.is_object() ? config.find("chat_template") : config.end();
+  if (config.is_object() && it != config.end() && !it->is_null()) {
+    if (it->is_string()) return it->get<std::string>();
+    TESSERA_CHECK(it->is_array(), config_source,
+                  ": key 'chat_template' must be a string or a list of {\"name\", \"template\"}");
+    for (const auto& t : *it)
+      if (t.is_object() && t.contains("name") && t["name"] == "default" && t.contains("template") &&
+          t["template"].is_string())
+        return t["template"].get<std::string>();
+    fail(config_source, ": key 'chat_template' is a list without a \"default\" template");
+  }
+  if (dir.empty()) return "";
+  const std::string jinja = (std::filesystem::path(dir) / "chat_template.jinja").string();
+  std::error_code ec;
+  return std::filesystem::is_regular_file(jinja, ec) ? read_file_bytes(jinja, kMaxTemplateBytes) : "";
+}
+
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& source,
                                const nlohmann::json& config) {
+  return build(j, source, config, "");
+}
+
+Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, const nlohmann::json& config,
+                           const std::string& dir) {
   auto m = std::make_shared<Impl>();
   m->source = source;
   m->json = j;
   m->config = config;
+  m->chat_template = chat_template_source(config, source + " (tokenizer_config.json)", dir);
   TESSERA_CHECK(j.is_object(), source, ": expected a JSON object");
   TESSERA_CHECK(j.contains("model") && j["model"].is_object(), source, ": missing \"model\"");
   const auto& model = j["model"];

@@ -12,8 +12,6 @@
 namespace tessera::serve {
 namespace {
 
-constexpr size_t kMaxTemplateBytes = size_t{4} << 20;  // real templates: < 20 kB
-
 const char* kChatML =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -56,33 +54,25 @@ ChatTemplate ChatTemplate::chatml() { return ChatTemplate(kChatML); }
 ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(model_dir) / "tokenizer_config.json").string();
-  const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
   nlohmann::json cfg = nlohmann::json::object();
   if (fs::exists(path)) cfg = io::read_json_file(path);
   TESSERA_CHECK(cfg.is_object(), path, ": expected a JSON object");
-  const std::string bos = token_string(cfg, "bos_token", path), eos = token_string(cfg, "eos_token", path);
-  std::string source, source_file = path;
-  auto it = cfg.find("chat_template");
-  if (it != cfg.end() && it->is_string()) {
-    source = it->get<std::string>();
-  } else if (it != cfg.end() && it->is_array()) {
-    for (const auto& t : *it)
-      if (t.is_object() && t.contains("name") && t["name"] == "default" && t.contains("template") &&
-          t["template"].is_string())
-        source = t["template"].get<std::string>();
-    TESSERA_CHECK(!source.empty(), path, ": key 'chat_template' is a list without a \"default\" template");
-  } else if (it != cfg.end() && !it->is_null()) {
-    fail(path, ": key 'chat_template' must be a string or a list of {\"name\", \"template\"}");
-  } else if (fs::exists(jinja_path)) {
-    source = io::read_file_bytes(jinja_path, kMaxTemplateBytes);
-    source_file = jinja_path;
-  } else {
-    source = kChatML;
-  }
+  const bool in_config = cfg.contains("chat_template") && !cfg["chat_template"].is_null();
+  return from_config(cfg, io::chat_template_source(cfg, path, model_dir),
+                     in_config ? path : (fs::path(model_dir) / "chat_template.jinja").string());
+}
+
+ChatTemplate ChatTemplate::from_tokenizer(const io::Tokenizer& tok) {
+  return from_config(tok.config_json(), tok.chat_template(), "the tokenizer config");
+}
+
+ChatTemplate ChatTemplate::from_config(const nlohmann::json& cfg, const std::string& source,
+                                       const std::string& where) {
+  const std::string bos = token_string(cfg, "bos_token", where), eos = token_string(cfg, "eos_token", where);
   try {
-    return ChatTemplate(source, bos, eos);
+    return ChatTemplate(source.empty() ? std::string(kChatML) : source, bos, eos);
   } catch (const Error& e) {
-    fail(source_file, ": ", e.what());
+    fail(where, ": ", e.what());
   }
 }
 

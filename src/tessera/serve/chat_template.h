@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/io/tokenizer.h"
 #include "tessera/serve/jinja.h"
 
 namespace tessera::serve {
@@ -16,6 +17,9 @@ class ChatTemplate {
   // {"name", "template"} from which "default" is taken), else DIR/chat_template.jinja, else
   // ChatML. bos/eos come from the same config (strings or AddedToken objects).
   static ChatTemplate from_tokenizer_config(const std::string& model_dir);
+  // The template a loaded tokenizer carries (io::Tokenizer::chat_template: from its model
+  // directory or GGUF file), else ChatML; bos/eos from its config.
+  static ChatTemplate from_tokenizer(const io::Tokenizer& tok);
   // The ChatML template transformers used as its default.
   static ChatTemplate chatml();
   // Throws tessera::Error on a template syntax error. `limits` bound every render (the
@@ -36,6 +40,8 @@ class ChatTemplate {
   void set_limits(const jinja::Limits& limits) { limits_ = limits; }
 
  private:
+  // `source` ("" = ChatML) with bos/eos from `cfg`; errors name `where`.
+  static ChatTemplate from_config(const nlohmann::json& cfg, const std::string& source, const std::string& where);
   std::string source_, bos_token_, eos_token_;
   jinja::Limits limits_;
   std::shared_ptr<const jinja::Template> template_;  // parsed once, shared by copies
