@@ -82,6 +82,18 @@ std::string random_blocks(GgmlType t, int64_t rows, int64_t cols, uint32_t seed)
   return b;
 }
 
+// w in the int8 group-16 form quant_stack_rows gives it when stacked beside an int8 g16
+// part (a fused linear whose q is Q4_K and whose v is Q6_K): w's rows of the stack.
+kernels::QuantWeight widened(const kernels::QuantWeight& w) {
+  const kernels::QuantWeight g16 =
+      kernels::quantize_rtn(Tensor::from_vector(std::vector<float>(static_cast<size_t>(w.in), 0.5f), {1, w.in}),
+                            kernels::QuantScheme::kInt8, 16);
+  const kernels::QuantWeight stacked = kernels::quant_stack_rows({w, g16}, "test");
+  EXPECT_EQ(stacked.scheme, kernels::QuantScheme::kInt8);
+  EXPECT_EQ(stacked.group, 16);
+  return kernels::quant_rows(stacked, 0, w.out);
+}
+
 TEST(GgufBlocks, MatchTheNumPyTranscriptionBitForBit) {
   TempDir dir;
   const auto in = inputs();
@@ -157,7 +169,7 @@ TEST(GgufBlocks, MatchTheNumPyTranscriptionBitForBit) {
       ASSERT_LE(std::fabs(w.data<float>()[k] - want[k]), tol) << "element " << k;
     // ... and so does its int8 form with finer groups (how differently stored parts of a
     // fused linear are stacked).
-    const Tensor wide = kernels::dequantize(widen_quant_weight(*q, 16));
+    const Tensor wide = kernels::dequantize(widened(*q));
     EXPECT_EQ(std::memcmp(wide.raw_data(), w.raw_data(), w.nbytes()), 0);
   }
   EXPECT_EQ(quantized_compared, 14);  // f16, bf16, q8_0, q4_0 of 3 inputs, q4_k of 2
@@ -179,7 +191,7 @@ TEST(GgufBlocks, KernelFormsMultiplyAsTheirValues) {
     const std::string b = random_blocks(t, out, cols, seed++);
     const auto q = gguf_quant_weight(t, reinterpret_cast<const uint8_t*>(b.data()), out, cols);
     ASSERT_TRUE(q.has_value());
-    for (const kernels::QuantWeight& w : {*q, widen_quant_weight(*q, 16)}) {
+    for (const kernels::QuantWeight& w : {*q, widened(*q)}) {
       std::vector<float> wd(static_cast<size_t>(out * cols));
       dequantize_rows(t, reinterpret_cast<const uint8_t*>(b.data()), out, cols, wd.data(), "w");
       for (int64_t M : {1, 3, 9}) {

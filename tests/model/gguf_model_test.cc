@@ -154,15 +154,22 @@ TEST(GgufModel, F32ExportHoldsTheCheckpointAndLoadsBackToIdenticalLogits) {
     EXPECT_EQ(max_abs_diff(logits_of(back), logits_of(m)), 0.f);
     const model::Model bf = model::Model::load(path, DType::kBF16);
     EXPECT_EQ(bf.dtype(), DType::kBF16);
-    // A tensor-parallel shard is cut from the whole file: the blocks the directory gives.
-    const model::TpShard shard{1, 2};
-    const model::Model from_file = model::Model::load(path, DType::kF32, shard);
-    const model::Model from_dir = model::Model::load(hf, DType::kF32, shard);
-    const auto a = from_file.weights().pieces(c, shard), b = from_dir.weights().pieces(c, shard);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      const Tensor x = a[i].view.contiguous(), y = b[i].view.contiguous();
-      EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << a[i].name;
+    // A tensor-parallel shard (kv heads split at tp 2, replicated at tp 4) or a pipeline
+    // stage reads its blocks from the file: the blocks the directory gives.
+    const std::pair<model::TpShard, int> layouts[] = {{{1, 2}, -1}, {{3, 4}, -1}, {{0, 2}, 1}, {{0, 1}, 0}};
+    for (const auto& [shard, stage_rank] : layouts) {
+      SCOPED_TRACE("tp rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.size) +
+                   ", pp rank " + std::to_string(stage_rank));
+      const model::PpStage stage = stage_rank < 0 ? model::PpStage{} : model::pipeline_stage(c, stage_rank, 2);
+      const model::Model from_file = model::Model::load(path, DType::kBF16, shard, stage);
+      const model::Model from_dir = model::Model::load(hf, DType::kBF16, shard, stage);
+      const auto a = from_file.weights().pieces(c, shard), b = from_dir.weights().pieces(c, shard);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].name, b[i].name);
+        const Tensor x = a[i].view.contiguous(), y = b[i].view.contiguous();
+        EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << a[i].name;
+      }
     }
   }
 }
@@ -214,6 +221,13 @@ TEST(GgufModel, QuantizedExportsRunQuantizedWithTheirDequantizedValues) {
       ADD_FAILURE() << "a GGUF-quantized model saved";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
+    }
+    // ... and so is a tensor-parallel shard of them.
+    try {
+      model::Model::load(path, DType::kF32, model::TpShard{0, 2});
+      ADD_FAILURE() << "a GGUF-quantized model loaded as a tp shard";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("quantized weights load whole"), std::string::npos) << e.what();
     }
   }
 }

@@ -59,8 +59,6 @@ class GgufValue {
  public:
   GgufValue() = default;
   static GgufValue u32(uint32_t v);
-  static GgufValue i32(int32_t v);
-  static GgufValue u64(uint64_t v);
   static GgufValue f32(float v);
   static GgufValue boolean(bool v);
   static GgufValue string(std::string v);
@@ -73,7 +71,6 @@ class GgufValue {
   static GgufValue array_of_arrays(std::vector<GgufValue> items);
 
   GgufType type() const { return type_; }
-  GgufType elem_type() const { return elem_; }  // arrays
   uint64_t size() const;                          // arrays: element count
 
   bool is_integer() const;  // any of the eight integer types
@@ -86,7 +83,6 @@ class GgufValue {
   const std::vector<std::string>& as_strings(const std::string& what) const;  // array of strings
   // Element i of an array of integers.
   int64_t int_at(uint64_t i, const std::string& what) const;
-  const std::vector<GgufValue>& as_arrays(const std::string& what) const;
 
   // The value's bytes as GGUF stores them after the u32 type tag.
   void append_to(std::string& out) const;
@@ -135,6 +131,8 @@ bool is_gguf_path(const std::string& path);
 // One mmap'd GGUF file; tensor data is read in place.
 class GgufFile {
  public:
+  // While a file is held, opening the same unchanged path again returns it (one header
+  // parse for a command's config, weights and tokenizer, and for in-process tp ranks).
   static std::shared_ptr<GgufFile> open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -143,15 +141,17 @@ class GgufFile {
   const GgufHeader& header() const { return header_; }
   const std::string& path() const { return path_; }
   const GgufValue* find(const std::string& key) const { return header_.find(key); }
-  const GgufValue& get(const std::string& key) const;  // throws "PATH: no metadata key 'K'"
   const GgufTensorInfo* tensor(const std::string& name) const;  // nullptr when absent
   const uint8_t* data(const GgufTensorInfo& t) const;
 
  private:
   GgufFile() = default;
+  static std::shared_ptr<GgufFile> open_uncached(const std::string& path);
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
+  uint64_t ino_ = 0, dev_ = 0;
+  int64_t mtime_ns_ = 0;
   GgufHeader header_;
   std::unordered_map<std::string, size_t> index_;
 };

@@ -12,6 +12,7 @@
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/quant_params.h"
 #include "tessera/tensor/dtype.h"
+#include "tessera/tensor/tensor.h"
 
 namespace tessera::io {
 
@@ -266,12 +267,8 @@ void dequantize_row(GgmlType t, const uint8_t* src, int64_t n, float* dst) {
   const int64_t nb = n / ggml_type_traits(static_cast<uint32_t>(t))->block;
   switch (t) {
     case GgmlType::kF32: std::memcpy(dst, src, n * 4); return;
-    case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(src + 2 * i));
-      return;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(src + 2 * i));
-      return;
+    case GgmlType::kF16: return convert_elements(src, DType::kF16, dst, DType::kF32, n);
+    case GgmlType::kBF16: return convert_elements(src, DType::kBF16, dst, DType::kF32, n);
     case GgmlType::kQ8_0: return dequant_q8_0(src, nb, dst);
     case GgmlType::kQ4_0: return dequant_q4_0(src, nb, dst);
     case GgmlType::kQ4_K: return dequant_q4_k(src, nb, dst);
@@ -284,12 +281,8 @@ void quantize_row(GgmlType t, const float* src, int64_t n, uint8_t* dst) {
   const int64_t nb = n / ggml_type_traits(static_cast<uint32_t>(t))->block;
   switch (t) {
     case GgmlType::kF32: std::memcpy(dst, src, n * 4); return;
-    case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, f32_to_f16(src[i]));
-      return;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, f32_to_bf16(src[i]));
-      return;
+    case GgmlType::kF16: return convert_elements(src, DType::kF32, dst, DType::kF16, n);
+    case GgmlType::kBF16: return convert_elements(src, DType::kF32, dst, DType::kBF16, n);
     case GgmlType::kQ8_0: return quant_q8_0(src, nb, dst);
     case GgmlType::kQ4_0: return quant_q4_0(src, nb, dst);
     case GgmlType::kQ4_K: return quant_q4_k(src, nb, dst);
@@ -410,39 +403,5 @@ std::optional<kernels::QuantWeight> gguf_quant_weight(GgmlType t, const uint8_t*
   return w;
 }
 
-kernels::QuantWeight widen_quant_weight(const kernels::QuantWeight& w, int64_t group) {
-  using kernels::QuantScheme;
-  TESSERA_CHECK((w.scheme == QuantScheme::kInt8 || w.scheme == QuantScheme::kInt4) && !w.perm.defined() &&
-                    group > 0 && w.group % group == 0,
-                "widen_quant_weight: cannot regroup ", kernels::quant_scheme_name(w.scheme), " g", w.group,
-                " to int8 g", group);
-  kernels::QuantWeight r;
-  r.scheme = QuantScheme::kInt8;
-  r.out = w.out;
-  r.in = w.in;
-  r.group = group;
-  r.smooth = w.smooth;
-  const int64_t G = w.groups(), split = w.group / group;
-  r.q = Tensor::empty({w.out, w.in}, DType::kU8);
-  r.scales = Tensor::empty({w.out, G * split}, DType::kF32);
-  r.zeros = Tensor::empty({w.out, G * split}, DType::kF32);
-  for (int64_t o = 0; o < w.out; ++o) {
-    uint8_t* dst = r.q.data<uint8_t>() + o * w.in;
-    if (w.scheme == QuantScheme::kInt4) {
-      const uint8_t* src = w.q.data<uint8_t>() + o * (w.in / 2);
-      for (int64_t j = 0; j < w.in; ++j) {
-        const uint8_t b = src[(j / 32) * 16 + (j % 32) % 16];
-        dst[j] = (j % 32) < 16 ? (b & 0xF) : (b >> 4);
-      }
-    } else {
-      std::memcpy(dst, w.q.data<uint8_t>() + o * w.in, w.in);
-    }
-    for (int64_t g = 0; g < G * split; ++g) {
-      r.scales.data<float>()[o * G * split + g] = w.scales.data<float>()[o * G + g / split];
-      r.zeros.data<float>()[o * G * split + g] = w.zeros.data<float>()[o * G + g / split];
-    }
-  }
-  return r;
-}
 
 }  // namespace tessera::io

@@ -45,8 +45,4 @@ std::string quantize_rows(GgmlType t, const float* src, int64_t rows, int64_t co
 std::optional<kernels::QuantWeight> gguf_quant_weight(GgmlType t, const uint8_t* src, int64_t rows,
                                                       int64_t cols);
 
-// w (kInt8 or kInt4) as kInt8 with `group` (which divides w.group): the same values, so
-// weights quantized differently can be stacked into one fused linear.
-kernels::QuantWeight widen_quant_weight(const kernels::QuantWeight& w, int64_t group);
-
 }  // namespace tessera::io

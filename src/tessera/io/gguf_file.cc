@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <unordered_set>
 
 #include "tessera/base/error.h"
@@ -16,6 +18,13 @@
 #include "tessera/io/gguf.h"
 
 namespace tessera::io {
+namespace {
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
 
 bool is_gguf_path(const std::string& path) {
   std::error_code ec;
@@ -28,6 +37,28 @@ bool is_gguf_path(const std::string& path) {
 }
 
 std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
+  // Opened files are shared while someone holds them: the tensor-parallel ranks of one
+  // process, and a command reading the config, the weights and the tokenizer, parse the
+  // header once. A file replaced since (another inode, size or mtime) is opened afresh.
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<GgufFile>> open_files;
+  std::lock_guard<std::mutex> lock(mu);
+  struct stat now;
+  if (::stat(path.c_str(), &now) == 0) {
+    auto it = open_files.find(path);
+    if (it != open_files.end())
+      if (auto f = it->second.lock(); f && f->ino_ == now.st_ino && f->dev_ == now.st_dev &&
+                                      f->map_bytes_ == static_cast<size_t>(now.st_size) &&
+                                      f->mtime_ns_ == mtime_ns(now))
+        return f;
+  }
+  std::shared_ptr<GgufFile> f = open_uncached(path);
+  for (auto it = open_files.begin(); it != open_files.end();) it = it->second.expired() ? open_files.erase(it) : std::next(it);
+  open_files[path] = f;
+  return f;
+}
+
+std::shared_ptr<GgufFile> GgufFile::open_uncached(const std::string& path) {
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -53,6 +84,9 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   if (m == MAP_FAILED) fail(path, ": mmap of ", bytes, " bytes failed: ", std::strerror(err));
   f->map_ = m;
   f->map_bytes_ = bytes;
+  f->ino_ = st.st_ino;
+  f->dev_ = st.st_dev;
+  f->mtime_ns_ = mtime_ns(st);
   f->header_ = parse_gguf_header(static_cast<const uint8_t*>(m), bytes, path);
   for (size_t i = 0; i < f->header_.tensors.size(); ++i) f->index_.emplace(f->header_.tensors[i].name, i);
   return f;
@@ -60,12 +94,6 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
 
 GgufFile::~GgufFile() {
   if (map_) ::munmap(map_, map_bytes_);
-}
-
-const GgufValue& GgufFile::get(const std::string& key) const {
-  const GgufValue* v = find(key);
-  TESSERA_CHECK(v, path_, ": no metadata key '", key, "'");
-  return *v;
 }
 
 const GgufTensorInfo* GgufFile::tensor(const std::string& name) const {

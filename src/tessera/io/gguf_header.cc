@@ -125,16 +125,6 @@ GgufValue GgufValue::u32(uint32_t x) {
   return scalar(GgufType::kU32, reinterpret_cast<const uint8_t*>(b.data()));
 }
 
-GgufValue GgufValue::i32(int32_t x) {
-  const std::string b = put_le(static_cast<uint32_t>(x), 4);
-  return scalar(GgufType::kI32, reinterpret_cast<const uint8_t*>(b.data()));
-}
-
-GgufValue GgufValue::u64(uint64_t x) {
-  const std::string b = put_le(x, 8);
-  return scalar(GgufType::kU64, reinterpret_cast<const uint8_t*>(b.data()));
-}
-
 GgufValue GgufValue::f32(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
@@ -256,12 +246,6 @@ int64_t GgufValue::int_at(uint64_t i, const std::string& what) const {
   TESSERA_CHECK(is_signed(elem_) || v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
                 what, ": element ", i, " (", v, ") does not fit in a 64-bit signed integer");
   return static_cast<int64_t>(v);
-}
-
-const std::vector<GgufValue>& GgufValue::as_arrays(const std::string& what) const {
-  TESSERA_CHECK(type_ == GgufType::kArray && elem_ == GgufType::kArray, what,
-                ": expected an array of arrays, got ", describe());
-  return arrays_;
 }
 
 void GgufValue::append_to(std::string& out) const {

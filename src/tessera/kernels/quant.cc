@@ -246,8 +246,60 @@ QuantWeight quant_rows(const QuantWeight& w, int64_t o0, int64_t o1) {
   return r;
 }
 
-QuantWeight quant_stack_rows(const std::vector<QuantWeight>& parts, const std::string& what) {
-  TESSERA_CHECK(!parts.empty(), what, ": nothing to stack");
+// w (kInt8 or kInt4) as kInt8 with `group` (which divides w.group): the same values.
+QuantWeight widen_to_int8(const QuantWeight& w, int64_t group) {
+  TESSERA_CHECK((w.scheme == QuantScheme::kInt8 || w.scheme == QuantScheme::kInt4) && !w.perm.defined() &&
+                    group > 0 && w.group % group == 0,
+                "quant_stack_rows: cannot regroup ", quant_scheme_name(w.scheme), " g", w.group,
+                " to int8 g", group);
+  QuantWeight r;
+  r.scheme = QuantScheme::kInt8;
+  r.out = w.out;
+  r.in = w.in;
+  r.group = group;
+  r.smooth = w.smooth;
+  const int64_t G = w.groups(), split = w.group / group;
+  r.q = Tensor::empty({w.out, w.in}, DType::kU8);
+  r.scales = Tensor::empty({w.out, G * split}, DType::kF32);
+  r.zeros = Tensor::empty({w.out, G * split}, DType::kF32);
+  for (int64_t o = 0; o < w.out; ++o) {
+    uint8_t* dst = r.q.data<uint8_t>() + o * w.in;
+    if (w.scheme == QuantScheme::kInt4) {
+      const uint8_t* src = w.q.data<uint8_t>() + o * (w.in / 2);
+      for (int64_t j = 0; j < w.in; ++j) {
+        const uint8_t b = src[(j / 32) * 16 + (j % 32) % 16];
+        dst[j] = (j % 32) < 16 ? (b & 0xF) : (b >> 4);
+      }
+    } else {
+      std::memcpy(dst, w.q.data<uint8_t>() + o * w.in, w.in);
+    }
+    for (int64_t g = 0; g < G * split; ++g) {
+      r.scales.data<float>()[o * G * split + g] = w.scales.data<float>()[o * G + g / split];
+      r.zeros.data<float>()[o * G * split + g] = w.zeros.data<float>()[o * G + g / split];
+    }
+  }
+  return r;
+}
+
+QuantWeight quant_stack_rows(const std::vector<QuantWeight>& given, const std::string& what) {
+  TESSERA_CHECK(!given.empty(), what, ": nothing to stack");
+  // Integer parts in different forms (a GGUF Q4_K q beside a Q6_K v) share the finest:
+  // int8 at the smallest group, the same values.
+  const bool mixed = std::any_of(given.begin(), given.end(), [&](const QuantWeight& p) {
+    return p.scheme != given[0].scheme || p.group != given[0].group;
+  });
+  const bool widenable = std::all_of(given.begin(), given.end(), [&](const QuantWeight& p) {
+    return (p.scheme == QuantScheme::kInt8 || p.scheme == QuantScheme::kInt4) && !p.perm.defined() &&
+           p.in == given[0].in;
+  });
+  std::vector<QuantWeight> widened;
+  if (mixed && widenable) {
+    int64_t group = given[0].group;
+    for (const auto& p : given) group = std::min(group, p.group);
+    if (std::all_of(given.begin(), given.end(), [&](const QuantWeight& p) { return p.group % group == 0; }))
+      for (const auto& p : given) widened.push_back(widen_to_int8(p, group));
+  }
+  const std::vector<QuantWeight>& parts = widened.empty() ? given : widened;
   const QuantWeight& a = parts[0];
   QuantWeight r = a;
   int64_t out = 0;

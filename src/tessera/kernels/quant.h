@@ -64,7 +64,9 @@ int32_t quantize_value(float w, float scale, float zero, int bits);
 
 // Output rows [o0, o1) of w (copies), and the rows of several weights stacked (one fused
 // linear from its parts: q, k, v or gate, up). Stacked parts must agree on everything
-// but `out` (scheme, in, group, perm, smooth): a one-line error naming `what` otherwise.
+// but `out` (scheme, in, group, perm, smooth), except that int8 / int4 parts of different
+// schemes or groups (one dividing the others) are stacked as int8 at the smallest group,
+// the same values; a one-line error naming `what` otherwise.
 QuantWeight quant_rows(const QuantWeight& w, int64_t o0, int64_t o1);
 QuantWeight quant_stack_rows(const std::vector<QuantWeight>& parts, const std::string& what);
 

@@ -1,6 +1,7 @@
 // The GGUF side of a model's description: its configuration from the metadata, llama.cpp's
 // tensor names, and Llama's q / k row order. No tensor data (the config fuzz target and
 // ModelConfig::load build this file on its own).
+#include <cstring>
 #include <regex>
 
 #include "tessera/base/checked.h"
@@ -138,6 +139,18 @@ std::vector<int64_t> llama_gguf_row_order(int64_t heads, int64_t rows) {
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j) order[h * hd + 2 * i + j] = h * hd + j * half + i;
   return order;
+}
+
+void reorder_llama_rows(const uint8_t* src, uint8_t* dst, int64_t heads, int64_t rows, int64_t row_bytes,
+                        bool to_gguf) {
+  const std::vector<int64_t> order = llama_gguf_row_order(heads, rows);
+  const auto n = static_cast<size_t>(row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (to_gguf)
+      std::memcpy(dst + r * row_bytes, src + order[r] * row_bytes, n);
+    else
+      std::memcpy(dst + order[r] * row_bytes, src + r * row_bytes, n);
+  }
 }
 
 io::GgmlType parse_gguf_export_type(const std::string& name) {

@@ -153,10 +153,9 @@ GgufExportReport export_gguf(const Model& m, const io::Tokenizer* tok, const std
     Tensor t = it.values();
     const int64_t rows = t.dim() == 2 ? t.size(0) : t.numel(), cols = t.dim() == 2 ? t.size(1) : 1;
     if (it.permute_heads > 0) {
-      const std::vector<int64_t> order = llama_gguf_row_order(it.permute_heads, rows);
       Tensor p = Tensor::empty(t.shape(), DType::kF32);
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(t.data<float>() + order[r] * cols, cols, p.data<float>() + r * cols);
+      reorder_llama_rows(reinterpret_cast<const uint8_t*>(t.data<float>()), reinterpret_cast<uint8_t*>(p.data<float>()),
+                         it.permute_heads, rows, cols * static_cast<int64_t>(sizeof(float)), true);
       t = p;
     }
     return io::quantize_rows(it.type, t.data<float>(), t.dim() == 2 ? rows : 1, t.dim() == 2 ? cols : rows,

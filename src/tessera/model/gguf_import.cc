@@ -15,15 +15,6 @@ namespace tessera::model {
 
 namespace {
 
-// Rows of `rows` x `row_bytes` bytes reordered so that output row order[r] is input row r:
-// a Llama q / k tensor (any type: rows are whole blocks) back in Hugging Face's order.
-std::string unpermute_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, const std::vector<int64_t>& order) {
-  std::string out(static_cast<size_t>(rows * row_bytes), '\0');
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.data() + order[r] * row_bytes, src + r * row_bytes, static_cast<size_t>(row_bytes));
-  return out;
-}
-
 bool keeps_quantization(io::GgmlType t) {
   return t == io::GgmlType::kQ8_0 || t == io::GgmlType::kQ4_0 || t == io::GgmlType::kQ4_K ||
          t == io::GgmlType::kQ6_K;
@@ -45,40 +36,56 @@ class Reader {
   }
 
   // The tensor's bytes in Hugging Face row order: in place in the mapping, or for a Llama
-  // q / k tensor (`heads` > 0) unpermuted into `keep`.
+  // q / k tensor (`heads` > 0) reordered into `keep`.
   const uint8_t* bytes(const io::GgufTensorInfo& t, int64_t heads, std::string& keep) const {
     const uint8_t* p = f_.data(t);
     if (heads == 0) return p;
-    // A vector's elements are its rows: only element types without blocks can be reordered.
+    check_reorderable(t);
     const int64_t rows = t.ne.size() > 1 ? t.rows() : t.ne[0];
-    TESSERA_CHECK(t.ne.size() > 1 || io::ggml_type_traits(static_cast<uint32_t>(t.type))->block == 1, f_.path(),
-                  ": tensor '", t.name, "' is a ", io::ggml_type_name(t.type), " vector, whose blocks cannot be "
-                  "reordered to Hugging Face's rope order");
-    keep = unpermute_rows(p, rows, static_cast<int64_t>(t.nbytes) / rows, llama_gguf_row_order(heads, rows));
+    keep.resize(t.nbytes);
+    reorder_llama_rows(p, reinterpret_cast<uint8_t*>(keep.data()), heads, rows, static_cast<int64_t>(t.nbytes) / rows,
+                       false);
     return reinterpret_cast<const uint8_t*>(keep.data());
   }
 
-  // Dequantizes the tensor into dst ((rows, cols), or (cols) for a vector; f32 or bf16),
-  // a few hundred rows at a time so no whole f32 copy of a bf16 embedding is made.
-  void load_float(const io::GgufTensorInfo& t, int64_t heads, Tensor dst) const {
-    std::string keep;
-    const uint8_t* src = bytes(t, heads, keep);
-    const int64_t cols = t.ne[0], rows = t.rows();
+  // The block `piece` covers of tensor t (whose Hugging Face shape is piece.full) into
+  // piece.view, converted to its dtype. A matrix is read a few hundred rows at a time,
+  // only the piece's rows (a tensor-parallel shard reads its slice, never the whole).
+  void load_piece(const io::GgufTensorInfo& t, int64_t heads, const Piece& piece) const {
     const std::string what = f_.path() + ": tensor '" + t.name + "'";
-    const int64_t rb = io::ggml_row_bytes(t.type, cols, what);
-    Tensor d = dst.view({rows, cols});
-    if (d.dtype() == DType::kF32) {
-      io::dequantize_rows(t.type, src, rows, cols, d.data<float>(), what);
+    if (piece.full.size() == 1) {  // a vector: small, read whole
+      std::string keep;
+      const uint8_t* src = bytes(t, heads, keep);
+      Tensor v = Tensor::empty({piece.full[0]}, DType::kF32);
+      io::dequantize_rows(t.type, src, 1, piece.full[0], v.data<float>(), what);
+      Tensor dst = piece.view;
+      dst.copy_from(piece.block_of(v));
       return;
     }
-    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
-    Tensor tmp = Tensor::empty({std::min(chunk, rows), cols}, DType::kF32);
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t r1 = std::min(rows, r0 + chunk);
-      Tensor part = tmp.slice(0, 0, r1 - r0);
-      io::dequantize_rows(t.type, src + r0 * rb, r1 - r0, cols, part.data<float>(), what);
-      Tensor out = d.slice(0, r0, r1);
-      out.copy_from(part);
+    const int64_t rows = piece.full[0], cols = piece.full[1];
+    const int64_t r0 = piece.offset[0], nr = piece.view.size(0);
+    const int64_t c0 = piece.offset[1], nc = piece.view.size(1);
+    const int64_t rb = io::ggml_row_bytes(t.type, cols, what);
+    // Chunks of whole heads when the rows are reordered (head-aligned: tp splits by heads).
+    const int64_t unit = heads > 0 ? rows / heads : 1;
+    if (heads > 0) check_reorderable(t);
+    TESSERA_CHECK(r0 % unit == 0 && nr % unit == 0, what, ": rows ", r0, "-", r0 + nr,
+                  " do not cover whole heads");
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1) / unit) * unit;
+    Tensor tmp = Tensor::empty({std::min(chunk, nr), cols}, DType::kF32);
+    std::vector<uint8_t> reordered(heads > 0 ? static_cast<size_t>(std::min(chunk, nr) * rb) : 0);
+    const uint8_t* base = f_.data(t);
+    for (int64_t a = r0; a < r0 + nr; a += chunk) {
+      const int64_t b = std::min(r0 + nr, a + chunk);
+      const uint8_t* src = base + a * rb;
+      if (heads > 0) {
+        reorder_llama_rows(src, reordered.data(), (b - a) / unit, b - a, rb, false);
+        src = reordered.data();
+      }
+      Tensor part = tmp.slice(0, 0, b - a);
+      io::dequantize_rows(t.type, src, b - a, cols, part.data<float>(), what);
+      Tensor out = piece.view.slice(0, a - r0, b - r0);
+      out.copy_from(nc == cols ? part : part.slice(1, c0, c0 + nc));
     }
   }
 
@@ -92,6 +99,12 @@ class Reader {
   const std::set<std::string>& used() const { return used_; }
 
  private:
+  // A vector's elements are its rows: only element types without blocks can be reordered.
+  void check_reorderable(const io::GgufTensorInfo& t) const {
+    TESSERA_CHECK(t.ne.size() > 1 || io::ggml_type_traits(static_cast<uint32_t>(t.type))->block == 1, f_.path(),
+                  ": tensor '", t.name, "' is a ", io::ggml_type_name(t.type), " vector, whose blocks cannot be "
+                  "reordered to Hugging Face's rope order");
+  }
   static std::string dims(const std::vector<int64_t>& ne) {
     std::string s = "[";
     for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
@@ -104,18 +117,18 @@ class Reader {
 
 }  // namespace
 
-Model Model::load_gguf(const std::string& path, DType dtype) {
+Model Model::load_gguf(const std::string& path, DType dtype, TpShard shard, const PpStage& stage) {
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   const auto file = io::GgufFile::open(path);
   Model m;
   m.config_ = gguf_model_config(file->header(), path);
   const ModelConfig& c = m.config_;
-  m.dims_ = local_dims(c, {});
+  m.shard_ = shard;
+  m.stage_ = stage;
+  m.dims_ = local_dims(c, shard);
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
-  // Not zeroed: the pages of linears that stay quantized are never touched.
-  m.weights_ = Params::allocate(c, dtype, m.dims_, false);
   Reader rd(*file, c);
 
   // The block linears keep their quantization only if every one of them can: Tessera's
@@ -140,61 +153,48 @@ Model Model::load_gguf(const std::string& path, DType dtype) {
     TESSERA_LOG(kWarn, path, ": ", total - quantizable, " of ", total, " block linear tensors (", first_float,
                 ", ...) have no quantized form in Tessera's kernels: every block linear is dequantized to ",
                 dtype_name(dtype));
+  TESSERA_CHECK(!quantized || (shard.size == 1 && stage.whole()), path,
+                ": quantized weights load whole (tensor or pipeline parallelism over them is not supported yet)");
+  // Not zeroed: the pages of linears that stay quantized are never touched.
+  m.weights_ = Params::allocate(c, dtype, m.dims_, false, stage);
 
-  for (int64_t l = 0; l < L; ++l) {
-    LayerParams& P = m.weights_.layers[l];
-    const std::string blk = "blk." + std::to_string(l) + ".";
-    rd.load_float(rd.tensor(blk + "attn_norm.weight", c.hidden_size, 0), 0, P.norm1_w);
-    rd.load_float(rd.tensor(blk + "ffn_norm.weight", c.hidden_size, 0), 0, P.norm2_w);
-    for (int which = 0; which < 4; ++which) {
-      Linear& lin = P.linear(which);
-      const int64_t in = lin.weight.size(1);
-      std::vector<kernels::QuantWeight> parts;
-      int64_t row = 0;
-      for (const LinearModule& mod : linear_modules(c, l, which)) {
-        const std::string name = gguf_tensor_name(mod.name + ".weight");
-        const io::GgufTensorInfo& t = rd.tensor(name, mod.rows, in);
-        const int64_t heads = rd.heads_of(name);
-        if (quantized) {
+  if (quantized)
+    for (int64_t l = 0; l < L; ++l)
+      for (int which = 0; which < 4; ++which) {
+        Linear& lin = m.weights_.layers[l].linear(which);
+        const int64_t in = lin.weight.size(1);
+        std::vector<kernels::QuantWeight> parts;
+        for (const LinearModule& mod : linear_modules(c, l, which)) {
+          const std::string name = gguf_tensor_name(mod.name + ".weight");
+          const io::GgufTensorInfo& t = rd.tensor(name, mod.rows, in);
           std::string keep;
-          parts.push_back(*io::gguf_quant_weight(t.type, rd.bytes(t, heads, keep), mod.rows, in));
-        } else {
-          rd.load_float(t, heads, lin.weight.slice(0, row, row + mod.rows));
+          parts.push_back(*io::gguf_quant_weight(t.type, rd.bytes(t, rd.heads_of(name), keep), mod.rows, in));
         }
-        if (lin.bias.defined()) {
-          const std::string bias = gguf_tensor_name(mod.name + ".bias");
-          rd.load_float(rd.tensor(bias, mod.rows, 0), rd.heads_of(bias), lin.bias.slice(0, row, row + mod.rows));
-        }
-        row += mod.rows;
+        const std::string what = path + ": layer " + std::to_string(l);
+        auto q = std::make_shared<kernels::QuantWeight>(parts.size() == 1 ? std::move(parts[0])
+                                                                           : kernels::quant_stack_rows(parts, what));
+        q->validate(what);
+        lin.quant = std::move(q);
+        lin.weight = Tensor();  // pieces() below skips it
       }
-      if (!quantized) continue;
-      // Parts stored in different forms (a Q4_K q with a Q6_K v) share the finest one.
-      const bool same = std::all_of(parts.begin(), parts.end(), [&](const kernels::QuantWeight& q) {
-        return q.scheme == parts[0].scheme && q.group == parts[0].group;
-      });
-      if (!same) {
-        int64_t group = parts[0].group;
-        for (const auto& q : parts) group = std::min(group, q.group);
-        for (auto& q : parts) q = io::widen_quant_weight(q, group);
-      }
-      const std::string what = path + ": layer " + std::to_string(l);
-      auto q = std::make_shared<kernels::QuantWeight>(parts.size() == 1 ? std::move(parts[0])
-                                                                         : kernels::quant_stack_rows(parts, what));
-      q->validate(what);
-      lin.quant = std::move(q);
-      lin.weight = Tensor();
-    }
+
+  // Every float tensor (or this shard's block of it), by its Hugging Face name. A tied head
+  // on a pipeline stage without the embeddings reads them.
+  for (const Piece& piece : m.weights_.pieces(c, shard)) {
+    std::string hf = piece.name;
+    if (hf == "lm_head.weight" && c.tie_word_embeddings) hf = embedding_name(c);
+    const std::string name = gguf_tensor_name(hf);
+    TESSERA_CHECK(!name.empty(), path, ": tensor '", hf, "' has no GGUF name");
+    const io::GgufTensorInfo& t = rd.tensor(name, piece.full[0], piece.full.size() > 1 ? piece.full[1] : 0);
+    rd.load_piece(t, rd.heads_of(name), piece);
   }
-  rd.load_float(rd.tensor("token_embd.weight", c.vocab_size, c.hidden_size), 0, m.weights_.embed);
-  rd.load_float(rd.tensor("output_norm.weight", c.hidden_size, 0), 0, m.weights_.final_norm_w);
-  if (!c.tie_word_embeddings)
-    rd.load_float(rd.tensor("output.weight", c.vocab_size, c.hidden_size), 0, m.weights_.lm_head);
   m.quantized_ = quantized;
 
   int unused = 0;
-  for (const io::GgufTensorInfo& t : file->header().tensors)
-    if (!rd.used().count(t.name) && ++unused <= 5)
-      TESSERA_LOG(kWarn, path, ": ignoring unexpected tensor '", t.name, "'");
+  if (shard.size == 1 && stage.whole())
+    for (const io::GgufTensorInfo& t : file->header().tensors)
+      if (!rd.used().count(t.name) && ++unused <= 5)
+        TESSERA_LOG(kWarn, path, ": ignoring unexpected tensor '", t.name, "'");
   return m;
 }
 

@@ -29,6 +29,11 @@ std::string gguf_tensor_name(const std::string& hf_name);
 // the Hugging Face row that GGUF row r holds (convert_hf_to_gguf.py's LlamaModel.permute:
 // within each head, row pairs (i, i + head_dim / 2) become rows (2i, 2i + 1)).
 std::vector<int64_t> llama_gguf_row_order(int64_t heads, int64_t rows);
+// Copies `rows` rows of `row_bytes` bytes of a Llama q / k tensor with `heads` heads from
+// Hugging Face's row order to GGUF's (to_gguf) or back. Each head's rows stay among
+// themselves, so any run of whole heads reorders on its own.
+void reorder_llama_rows(const uint8_t* src, uint8_t* dst, int64_t heads, int64_t rows, int64_t row_bytes,
+                        bool to_gguf);
 
 // The tensor type of `tensors` and the file type a `tessera export --type` names: f32, f16,
 // bf16, q8_0, q4_0, q4_k (one-line error otherwise).

@@ -98,8 +98,10 @@ class Model {
   static Model load(const std::string& dir, DType dtype = DType::kF32);
   // A GGUF file (llama.cpp's format, model/gguf_import.cc) of a llama or qwen2 model; load()
   // takes one in place of a directory. Block linears stored in Q8_0 / Q4_0 / Q4_K / Q6_K
-  // keep that quantization (when all of them do); everything else loads as `dtype`.
-  static Model load_gguf(const std::string& path, DType dtype = DType::kF32);
+  // keep that quantization (when all of them do); everything else loads as `dtype`. A
+  // tensor-parallel shard or pipeline stage reads only its blocks, as load() does.
+  static Model load_gguf(const std::string& path, DType dtype = DType::kF32, TpShard shard = {},
+                         const PpStage& stage = {});
   // One tensor-parallel shard: each split tensor's block (Params::pieces) is read from the
   // mmapped safetensors, so no rank materialises the whole model.
   static Model load(const std::string& dir, DType dtype, TpShard shard);

@@ -52,13 +52,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
 }
 
 Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage) {
-  if (io::is_gguf_path(dir)) {
-    // A GGUF file holds the whole model in one piece: shards and stages are cut from it.
-    Model m = load_gguf(dir, dtype);
-    if (shard.size > 1) m = m.shard(shard);
-    if (!stage.whole()) m = m.stage(stage);
-    return m;
-  }
+  if (io::is_gguf_path(dir)) return load_gguf(dir, dtype, shard, stage);
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,
