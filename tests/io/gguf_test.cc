@@ -351,5 +351,24 @@ TEST(GgufFile, OpenNamesTheFile) {
   EXPECT_FALSE(is_gguf_path(dir.path().string()));
 }
 
+// An unchanged file opened again is the same parse; a file written anew at the same path
+// (write_gguf renames a new file over it) is read afresh.
+TEST(GgufFile, OpeningAgainSharesTheParseUntilTheFileChanges) {
+  TempDir dir;
+  const std::string path = dir.file("m.gguf");
+  auto write = [&](const std::string& arch) {
+    write_gguf(path, {{"general.architecture", GgufValue::string(arch)}}, {}, [](size_t) { return std::string(); });
+  };
+  write("llama");
+  const auto a = GgufFile::open(path);
+  EXPECT_EQ(GgufFile::open(path), a);
+  const GgufFile* held = a.get();
+  write("qwen2");
+  const auto b = GgufFile::open(path);
+  EXPECT_NE(b.get(), held);
+  EXPECT_EQ(b->find("general.architecture")->as_string(""), "qwen2");
+  EXPECT_EQ(a->find("general.architecture")->as_string(""), "llama");  // the old mapping stays valid
+}
+
 }  // namespace
 }  // namespace tessera::io

@@ -5,7 +5,6 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
-#include "tessera/io/gguf.h"
 #include "tessera/model/quantize.h"
 #include "tessera/parallel/tensor_parallel.h"
 
@@ -159,8 +158,6 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                 " with --tp ", tp, ": tensor-parallel quantized weights are not supported yet");
   int rc = 0;
   auto body = [&](comm::Communicator& comm) {
-    // Held while this rank reads the config and its weights: one parse of a GGUF header.
-    const auto gguf = io::is_gguf_path(dir) ? io::GgufFile::open(dir) : nullptr;
     const model::ModelConfig c = model::ModelConfig::load(dir);
     const model::TpShard shard{comm.rank(), comm.size()};
     model::LocalDims d;

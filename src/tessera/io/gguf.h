@@ -131,8 +131,9 @@ bool is_gguf_path(const std::string& path);
 // One mmap'd GGUF file; tensor data is read in place.
 class GgufFile {
  public:
-  // While a file is held, opening the same unchanged path again returns it (one header
-  // parse for a command's config, weights and tokenizer, and for in-process tp ranks).
+  // While a file is held (and the last file opened is always held), opening the same
+  // unchanged path again returns it: one header parse for a command's config, weights and
+  // tokenizer, and for in-process tp ranks.
   static std::shared_ptr<GgufFile> open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;

@@ -37,11 +37,13 @@ bool is_gguf_path(const std::string& path) {
 }
 
 std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
-  // Opened files are shared while someone holds them: the tensor-parallel ranks of one
-  // process, and a command reading the config, the weights and the tokenizer, parse the
-  // header once. A file replaced since (another inode, size or mtime) is opened afresh.
+  // Opened files are shared while someone holds them, and the last one opened is held
+  // here: the tensor-parallel ranks of one process, and a command reading the config, the
+  // weights and the tokenizer one after another, parse the header once. A file replaced
+  // since (another inode, size or mtime) is opened afresh.
   static std::mutex mu;
   static std::map<std::string, std::weak_ptr<GgufFile>> open_files;
+  static std::shared_ptr<GgufFile> last;
   std::lock_guard<std::mutex> lock(mu);
   struct stat now;
   if (::stat(path.c_str(), &now) == 0) {
@@ -50,11 +52,12 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
       if (auto f = it->second.lock(); f && f->ino_ == now.st_ino && f->dev_ == now.st_dev &&
                                       f->map_bytes_ == static_cast<size_t>(now.st_size) &&
                                       f->mtime_ns_ == mtime_ns(now))
-        return f;
+        return last = f;
   }
   std::shared_ptr<GgufFile> f = open_uncached(path);
   for (auto it = open_files.begin(); it != open_files.end();) it = it->second.expired() ? open_files.erase(it) : std::next(it);
   open_files[path] = f;
+  last = f;
   return f;
 }
 
