@@ -54,11 +54,23 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
   ASSERT_EQ(bench.code, 0) << bench.out;
   EXPECT_NE(bench.out.find("weights int8"), std::string::npos) << bench.out;
 
+  // fp8 weights save as compressed-tensors and run like fp8 quantized on load.
+  const std::string f8 = (root / "fp8").string();
+  auto r8 = run_cli("quantize --model " + src + " --out " + f8 + " --type fp8 --dtype f32");
+  ASSERT_EQ(r8.code, 0) << r8.out;
+  EXPECT_NE(r8.out.find("fp8"), std::string::npos) << r8.out;
+  auto saved8 = run_quiet("generate --model " + f8 + " --prompt-ids 1,2,3 --max-tokens 6");
+  auto onload8 = run_quiet("generate --model " + src + " --prompt-ids 1,2,3 --max-tokens 6 --quantization fp8");
+  ASSERT_EQ(saved8.code, 0) << saved8.out;
+  ASSERT_EQ(onload8.code, 0) << onload8.out;
+  EXPECT_EQ(tokens_of(saved8.out), tokens_of(onload8.out));
+
   // Bad input: one line, non-zero, nothing written.
   const std::string out = (root / "bad").string();
   for (const std::string& flags : {std::string(" --bits 3"), std::string(" --method awq --bits 8"),
                                    std::string(" --bits 4 --group-size 48"),
-                                   std::string(" --method gptq --bits 4")}) {
+                                   std::string(" --method gptq --bits 4"), std::string(" --type fp4"),
+                                   std::string(" --type fp8 --bits 4"), std::string(" --type fp8 --method awq --bits 4")}) {
     auto r = run_cli("quantize --model " + src + " --out " + out + flags);
     EXPECT_NE(r.code, 0) << flags;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << flags << ": " << r.out;

@@ -79,6 +79,19 @@ TEST(JsonFile, NulByteIsAnError) {
   EXPECT_EQ(msg, "x.json:2:1 (byte 3): invalid JSON: NUL byte");
 }
 
+// Both bounds hold whatever the parser stored the number as (a parsed 0 is unsigned).
+TEST(JsonFile, IntInRangeChecksBothBounds) {
+  const auto in = [](const char* text, int64_t lo, int64_t hi) { return json_int_in(nlohmann::json::parse(text), lo, hi); };
+  EXPECT_FALSE(in("0", 1, 10));
+  EXPECT_TRUE(in("1", 1, 10));
+  EXPECT_TRUE(in("10", 1, 10));
+  EXPECT_FALSE(in("11", 1, 10));
+  EXPECT_FALSE(in("-1", 0, 10));
+  EXPECT_TRUE(in("-1", -5, 10));
+  EXPECT_FALSE(in("1.5", 0, 10));
+  EXPECT_FALSE(in("18446744073709551615", 0, int64_t{1} << 62));
+}
+
 TEST(JsonFile, ParseTextNamesSource) {
   std::string msg = error_of([] { parse_json_text("[1, 2", "request body"); });
   EXPECT_EQ(msg.rfind("request body:1:6", 0), 0u) << msg;

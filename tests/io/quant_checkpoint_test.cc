@@ -540,6 +540,92 @@ TEST(QuantCheckpoint, CompressedTensorsW8A8RoundTripsAndChecksItsTensors) {
             std::string::npos);
 }
 
+// llm-compressor's FP8 presets: weights e4m3 per channel (FP8), with dynamic fp8 per-token
+// activations (FP8_DYNAMIC), per tensor, or per group.
+std::string fp8_config(const std::string& weights = "", const std::string& acts = "null") {
+  nlohmann::json w = nlohmann::json::parse(R"({"actorder": null, "block_structure": null, "dynamic": false,
+      "group_size": null, "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": "channel",
+      "symmetric": true, "type": "float"})");
+  if (!weights.empty()) w.update(nlohmann::json::parse("{" + weights + "}"));
+  nlohmann::json j = nlohmann::json::parse(R"({"config_groups": {"group_0": {"output_activations": null,
+      "targets": ["Linear"]}}, "format": "float-quantized", "ignore": ["lm_head"], "kv_cache_scheme": null,
+      "quant_method": "compressed-tensors", "quantization_status": "compressed"})");
+  j["config_groups"]["group_0"]["weights"] = w;
+  j["config_groups"]["group_0"]["input_activations"] = nlohmann::json::parse(acts);
+  return j.dump();
+}
+
+const char* kFp8DynamicActs = R"({"actorder": null, "block_structure": null, "dynamic": true, "group_size": null,
+    "num_bits": 8, "observer": null, "observer_kwargs": {}, "strategy": "token", "symmetric": true, "type": "float"})";
+
+TEST(QuantizationConfig, ReadsAndWritesLlmCompressorsFp8) {
+  const auto ch = parse_quantization_config(parse(fp8_config()), "x");
+  EXPECT_TRUE(ch.fp8);
+  EXPECT_FALSE(ch.fp8_activations);
+  EXPECT_EQ(ch.group_size, -1);
+  const auto dyn = parse_quantization_config(parse(fp8_config("", kFp8DynamicActs)), "x");
+  EXPECT_TRUE(dyn.fp8_activations);
+  EXPECT_EQ(parse_quantization_config(parse(fp8_config("\"strategy\": \"tensor\"")), "x").group_size, -1);
+  const auto grp = parse_quantization_config(parse(fp8_config("\"strategy\": \"group\", \"group_size\": 64")), "x");
+  EXPECT_EQ(grp.group_size, 64);
+  // What we write reads back the same, in llm-compressor's fields.
+  for (const auto& f : {ch, dyn, grp}) {
+    const nlohmann::json j = quantization_config_json(f);
+    EXPECT_EQ(j.at("format"), "float-quantized");
+    const auto& w = j.at("config_groups").at("group_0").at("weights");
+    EXPECT_EQ(w.at("type"), "float");
+    EXPECT_EQ(w.at("strategy"), f.group_size > 0 ? "group" : "channel");
+    EXPECT_EQ(j.at("config_groups").at("group_0").at("input_activations").is_null(), !f.fp8_activations);
+    const auto back = parse_quantization_config(j, "x");
+    EXPECT_EQ(back.fp8, true);
+    EXPECT_EQ(back.fp8_activations, f.fp8_activations);
+    EXPECT_EQ(back.group_size, f.group_size);
+  }
+}
+
+TEST(QuantCheckpoint, CompressedTensorsFp8RoundTripsAndChecksItsTensors) {
+  std::mt19937 rng(43);
+  std::normal_distribution<float> nd;
+  Tensor wf = Tensor::empty({16, 64}, DType::kF32);
+  for (int64_t i = 0; i < wf.numel(); ++i) wf.data<float>()[i] = nd(rng);
+  const auto get = [](const Named& n) {
+    return [&n](const std::string& s) { return find(n, s); };
+  };
+  for (int64_t group : {int64_t{-1}, int64_t{32}}) {
+    QuantCheckpointFormat f;
+    f.method = kCompressedTensors, f.fp8 = true, f.bits = 8, f.group_size = group, f.sym = true;
+    const QuantWeight w = kernels::quantize_rtn(wf, kernels::QuantScheme::kFp8, group > 0 ? group : 64);
+    const Named t = pack_quant_linear(w, f);
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_EQ(find(t, "weight").dtype(), DType::kF8E4M3);
+    EXPECT_EQ(find(t, "weight_scale").shape(), (Shape{16, group > 0 ? 2 : 1}));
+    const QuantWeight back = unpack_quant_linear(get(t), 16, 64, f, "m.q_proj");
+    EXPECT_EQ(back.scheme, kernels::QuantScheme::kFp8);
+    EXPECT_EQ(std::memcmp(back.q.raw_data(), w.q.raw_data(), w.q.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(back.scales.raw_data(), w.scales.raw_data(), w.scales.nbytes()), 0);
+    // The weight as a tensor converts to the values the kernels dequantize.
+    const Tensor d = kernels::dequantize(back), codes = find(t, "weight").to(DType::kF32);
+    for (int64_t i = 0; i < d.numel(); ++i)
+      ASSERT_EQ(d.data<float>()[i], codes.data<float>()[i] * back.scales.data<float>()[(i / 64) * w.groups() + (i % 64) / w.group]);
+    expect_module_error(replaced(t, "weight", Tensor::zeros({16, 64}, DType::kI8)), 16, 64, f,
+                        ".weight: is i8(16, 64), expected f8e4m3(16, 64)");
+    Tensor nan = find(t, "weight").clone();
+    static_cast<uint8_t*>(nan.raw_data())[70] = 0xFF;
+    expect_module_error(replaced(t, "weight", nan), 16, 64, f, ".weight: element (1, 6) is an fp8 NaN");
+    // Int8 weights have no fp8 layout.
+    EXPECT_NE(error_of([&] { pack_quant_linear(kernels::quantize_rtn(wf, kernels::QuantScheme::kW8A8, 0), f); })
+                  .find("no compressed-tensors fp8 layout"),
+              std::string::npos);
+  }
+  // One scale for the whole tensor (the "tensor" strategy) reads as that scale per channel.
+  QuantCheckpointFormat f;
+  f.method = kCompressedTensors, f.fp8 = true, f.bits = 8, f.group_size = -1, f.sym = true;
+  const Named t = pack_quant_linear(kernels::quantize_rtn(wf, kernels::QuantScheme::kFp8, 64), f);
+  const Named one = replaced(t, "weight_scale", Tensor::from_vector(std::vector<float>{0.25f}, {1}));
+  const QuantWeight b = unpack_quant_linear(get(one), 16, 64, f, "m.q_proj");
+  for (int64_t o = 0; o < 16; ++o) EXPECT_EQ(b.scales.data<float>()[o], 0.25f);
+}
+
 TEST(QuantizationConfig, UnsupportedValuesAreOneLineErrorsNamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"quant_method": "bitsandbytes", "load_in_4bit": true})",
@@ -566,7 +652,12 @@ TEST(QuantizationConfig, UnsupportedValuesAreOneLineErrorsNamingTheField) {
       {R"({"quant_method": "gptq", "bits": 4, "meta": {"quantizer": 3}})", "quantization_config.meta.quantizer: expected"},
       {R"([1, 2])", "DIR/config.json: quantization_config: expected an object"},
       // compressed-tensors: only the W8A8 int8 scheme, each departure named.
-      {ct_config("\"format\": \"float-quantized\""), "quantization_config.format = \"float-quantized\" is not supported"},
+      {ct_config("\"format\": \"pack-quantized\""), "quantization_config.format = \"pack-quantized\" is not supported"},
+      {ct_config("\"format\": \"float-quantized\""), "config_groups.group_0.weights.type = \"int\" is not supported (\"float\""},
+      {fp8_config("\"strategy\": \"block\", \"block_structure\": [128, 128]"), "weights.strategy = \"block\" is not supported (\"channel\""},
+      {fp8_config("\"strategy\": \"group\", \"group_size\": 0"), "weights.group_size = 0 is not a positive number"},
+      {fp8_config("", R"({"dynamic": false, "num_bits": 8, "strategy": "tensor", "symmetric": true, "type": "float"})"),
+       "input_activations.dynamic = false is not supported (true"},
       {ct_config("", "\"strategy\": \"tensor\""), "config_groups.group_0.weights.strategy = \"tensor\" is not supported (\"channel\""},
       {ct_config("", "\"num_bits\": 4"), "config_groups.group_0.weights.num_bits = 4 is not supported (8"},
       {ct_config("", "", "\"dynamic\": false"), "config_groups.group_0.input_activations.dynamic = false is not supported (true"},

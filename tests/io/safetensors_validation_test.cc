@@ -120,7 +120,7 @@ TEST(SafetensorsValidation, UnknownDtype) {
 }
 
 TEST(SafetensorsValidation, UnsupportedDtypeNamesTensor) {
-  for (const char* dt : {"F64", "BOOL", "F8_E4M3", "U16", "C64"}) {
+  for (const char* dt : {"F64", "BOOL", "F8_E5M2", "U16", "C64"}) {
     expect_contains(parse_error(craft(std::string("{") + entry("lm_head.weight", dt, "[1]", 0, 8) + "}", 8)),
                     {"tensor 'lm_head.weight'", "unsupported dtype", dt});
   }

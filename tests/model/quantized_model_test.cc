@@ -15,6 +15,7 @@
 #include "tessera/model/calibrated_quant.h"
 #include "tessera/model/model.h"
 #include "tessera/model/quantize.h"
+#include "test_util/run_command.h"
 
 namespace tessera {
 namespace {
@@ -108,6 +109,40 @@ TEST(QuantizedModel, SavesAsAutoGptqAndLoadsBackToIdenticalLogits) {
     }
     fs::remove_all(dir);
   }
+}
+
+// fp8 weights save as llm-compressor's compressed-tensors "float-quantized" (vLLM's FP8
+// scheme), per channel or per group. An independent NumPy reader
+// (tests/parity/fp8_checkpoint_reference.py) checks the config, decodes every F8_E4M3
+// weight within fp8's rounding of the float weight it came from, and writes the float model
+// those values make: it gives the logits the fp8 model computes.
+TEST(QuantizedModel, Fp8SavesAsCompressedTensorsThatAnIndependentReaderDecodes) {
+  const auto c = model::ModelConfig::named_shape("tiny");
+  const std::string root = (fs::temp_directory_path() / ("tessera_qfp8_" + std::to_string(::getpid()))).string();
+  for (int64_t group : {int64_t{-1}, int64_t{32}}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    fs::remove_all(root);
+    const model::Model f = model::Model::random(c, DType::kF32, 8);
+    f.save(root + "/float");
+    model::Model q = model::Model::load(root + "/float");
+    model::quantize_model(q, model::quantize_options("rtn", 8, group, "fp8"));
+    q.save(root + "/fp8");
+    const auto qc = io::read_json_file(root + "/fp8/config.json").at("quantization_config");
+    EXPECT_EQ(qc.at("format"), "float-quantized");
+    const auto r = tessera::testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                                                 "/tests/parity/fp8_checkpoint_reference.py " + root + "/float " +
+                                                 root + "/fp8 " + root + "/ref");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out.rfind("ok " + std::to_string(7 * c.num_layers), 0), 0u) << r.out;
+    const model::Model back = model::Model::load(root + "/fp8");
+    ASSERT_TRUE(back.quantized());
+    EXPECT_NE(back.weights_description().find("fp8"), std::string::npos) << back.weights_description();
+    EXPECT_EQ(max_abs_diff(logits_of(back), logits_of(q)), 0.f);
+    const Tensor want = logits_of(model::Model::load(root + "/ref"));
+    const float tol = (kernels::bf16_native_gemm_faster() ? 1e-2f : 2e-4f) * max_abs(want);
+    EXPECT_LT(max_abs_diff(logits_of(back), want), tol);
+  }
+  fs::remove_all(root);
 }
 
 Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint32_t seed) {

@@ -1,6 +1,8 @@
 """The safetensors format with NumPy only (no torch: the quantization references start
-fast): load returns ({name: array}, metadata) with BF16 widened to float32; save writes
-{name: array} with the header padded to a multiple of 8, as the reference library does."""
+fast): load returns ({name: array}, metadata) with BF16 widened to float32 and F8_E4M3
+left as its uint8 codes (NumPy has no fp8; load_dtypes says which tensors were F8_E4M3);
+save writes {name: array} with the header padded to a multiple of 8, as the reference
+library does."""
 import json
 import struct
 
@@ -8,6 +10,15 @@ import numpy as np
 
 _NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "I8": np.int8, "U8": np.uint8}
 _TAG = {np.dtype(v): k for k, v in _NP.items()}
+
+
+def load_dtypes(path):
+    """{name: safetensors dtype tag} of the file's tensors."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return {k: v["dtype"] for k, v in header.items()}
 
 
 def load(path):
@@ -19,7 +30,7 @@ def load(path):
     out = {}
     for name, info in header.items():
         b, e = info["data_offsets"]
-        dt = np.int16 if info["dtype"] == "BF16" else _NP[info["dtype"]]
+        dt = {"BF16": np.int16, "F8_E4M3": np.uint8}.get(info["dtype"]) or _NP[info["dtype"]]
         a = np.frombuffer(data[8 + n + b:8 + n + e], dtype=dt).reshape(info["shape"])
         if info["dtype"] == "BF16":
             a = (a.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)

@@ -1,6 +1,6 @@
 // `tessera quantize`: post-training quantization of a model directory into a quantized
-// one (AutoGPTQ layout: config.json's quantization_config and qweight / qzeros / scales /
-// g_idx tensors), which `generate`, `serve`, `eval` and `bench` load as they load any.
+// one (config.json's quantization_config and the tensors of AutoGPTQ, AutoAWQ or
+// compressed-tensors), which `generate`, `serve`, `eval` and `bench` load as they load any.
 #include <cstdio>
 #include <filesystem>
 
@@ -16,7 +16,7 @@ namespace tessera::cli {
 namespace {
 
 struct QuantizeFlags {
-  std::string model, out, method = "rtn", calib, dtype = "bf16";
+  std::string model, out, method = "rtn", calib, dtype = "bf16", type = "int";
   int bits = 8;
   int64_t group_size = 0;
   int64_t calib_samples = 32, calib_seq = 256;
@@ -46,7 +46,7 @@ Tensor calibration_ids(const QuantizeFlags& f) {
 
 int run_quantize(const QuantizeFlags& f) {
   namespace fs = std::filesystem;
-  model::QuantizeOptions o = model::quantize_options(f.method, f.bits, f.group_size);
+  model::QuantizeOptions o = model::quantize_options(f.method, f.bits, f.group_size, f.type);
   o.damp_percent = f.damp;
   o.act_order = f.act_order;
   o.alpha = f.alpha;
@@ -84,9 +84,13 @@ void add_quantize(CLI::App& app, Action& action) {
   auto f = std::make_shared<QuantizeFlags>();
   auto* cmd = app.add_subcommand("quantize", "Quantize a model's linear layers (int8 / int4) into a new directory");
   cmd->add_option("--model", f->model, "Hugging Face model directory or GGUF file (float weights)")->required();
-  cmd->add_option("--out", f->out, "Output directory (AutoGPTQ layout)")->required();
+  cmd->add_option("--out", f->out, "Output directory (AutoGPTQ, AutoAWQ or compressed-tensors layout)")->required();
   cmd->add_option("--method", f->method, "rtn, gptq, awq or smoothquant")->capture_default_str();
   cmd->add_option("--bits", f->bits, "8 or 4")->capture_default_str();
+  cmd->add_option("--type", f->type,
+                  "int (integer codes) or fp8 (e4m3 weights, --method rtn --bits 8; saved as "
+                  "compressed-tensors float-quantized)")
+      ->capture_default_str();
   cmd->add_option("--group-size", f->group_size,
                   "Columns per scale (4 bits: default 128; 8 bits: default per channel; -1 per channel)");
   cmd->add_option("--calib", f->calib, "Calibration text file (gptq, awq, smoothquant)");

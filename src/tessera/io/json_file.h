@@ -44,7 +44,10 @@ std::string json_brief(const nlohmann::json& v);
 // unsigned, and get<int64_t>() would wrap them to negatives: this compares them unwrapped,
 // so one check serves token ids, counts and sizes from files and requests alike.
 inline bool json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
-  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  if (v.is_number_unsigned()) {  // a parsed non-negative integer: lo binds too
+    const uint64_t u = v.get<uint64_t>();
+    return hi >= 0 && u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+  }
   return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 

@@ -1,4 +1,4 @@
-// AutoGPTQ / AutoAWQ / compressed-tensors (W8A8) checkpoint tensors <-> kernels::QuantWeight. The layouts are those AutoGPTQ's QuantLinear.pack and AutoAWQ's
+// AutoGPTQ / AutoAWQ / compressed-tensors (W8A8, fp8) checkpoint tensors <-> kernels::QuantWeight. The layouts are those AutoGPTQ's QuantLinear.pack and AutoAWQ's
 // WQLinear_GEMM.from_linear write and their kernels read (tests/parity/quant_pack_reference.py
 // transcribes both).
 #include "tessera/io/quant_checkpoint.h"
@@ -85,41 +85,67 @@ Tensor fetch(const std::function<Tensor(const std::string&)>& get, const std::st
   return t.contiguous();
 }
 
-// compressed-tensors W8A8: weight (out, in) I8 and weight_scale (out, 1), W = s q.
-std::vector<std::pair<std::string, Tensor>> pack_compressed_tensors(const QuantWeight& w,
+// compressed-tensors: weight (out, in) I8 (W8A8) or F8_E4M3 (fp8) and weight_scale
+// (out, groups) (groups = 1 per channel), W = s q.
+std::vector<std::pair<std::string, Tensor>> pack_compressed_tensors(const QuantWeight& w, const QuantCheckpointFormat& f,
                                                                     const std::string& what) {
-  TESSERA_CHECK(w.scheme == QuantScheme::kW8A8, what, ": ", kernels::quant_scheme_name(w.scheme),
-                " weights have no compressed-tensors W8A8 layout (w8a8)");
+  const QuantScheme want = f.fp8 ? QuantScheme::kFp8 : QuantScheme::kW8A8;
+  TESSERA_CHECK(w.scheme == want, what, ": ", kernels::quant_scheme_name(w.scheme),
+                " weights have no compressed-tensors ", f.fp8 ? "fp8 layout (fp8)" : "W8A8 layout (w8a8)");
   w.validate(what);
   TESSERA_CHECK(!w.smooth.defined() && !w.perm.defined(), what,
                 ": smoothing scales or a column order have no place in a compressed-tensors checkpoint");
-  return {{"weight", w.q.clone()}, {"weight_scale", w.scales.view({w.out, 1}).clone()}};
+  TESSERA_CHECK(w.group == group_of(f, w.in), what, ": the weight's group size ", w.group,
+                " is not the format's group_size ", f.group_size);
+  Tensor q = w.q.clone();
+  if (f.fp8) {  // the same bytes, typed as what they hold
+    q = Tensor::empty({w.out, w.in}, DType::kF8E4M3);
+    std::memcpy(q.raw_data(), w.q.raw_data(), w.q.nbytes());
+  }
+  return {{"weight", q}, {"weight_scale", w.scales.view({w.out, w.groups()}).clone()}};
 }
 
-QuantWeight unpack_compressed_tensors(const std::function<Tensor(const std::string&)>& get,
-                                      int64_t out, int64_t in, const std::string& module) {
-  const std::string layout = "compressed-tensors W8A8 weight (" + std::to_string(out) + ", " +
-                             std::to_string(in) + ")";
+QuantWeight unpack_compressed_tensors(const std::function<Tensor(const std::string&)>& get, int64_t out,
+                                      int64_t in, const QuantCheckpointFormat& f, const std::string& module) {
+  const int64_t group = group_of(f, in);
+  TESSERA_CHECK(in % group == 0, module, ": group_size ", group, " does not divide the ", in, " input features");
+  const int64_t G = in / group;
+  const std::string layout = std::string("compressed-tensors ") + (f.fp8 ? "fp8" : "W8A8") + " weight (" +
+                             std::to_string(out) + ", " + std::to_string(in) + ")" +
+                             (G > 1 ? ", group_size " + std::to_string(group) : std::string());
   QuantWeight w;
-  w.scheme = QuantScheme::kW8A8;
-  w.out = out, w.in = in, w.group = in;
-  w.q = fetch(get, module, "weight", {out, in}, {DType::kI8}, layout).clone();
+  w.scheme = f.fp8 ? QuantScheme::kFp8 : QuantScheme::kW8A8;
+  w.out = out, w.in = in, w.group = group;
+  const Tensor q = fetch(get, module, "weight", {out, in}, {f.fp8 ? DType::kF8E4M3 : DType::kI8}, layout);
+  w.q = Tensor::empty({out, in}, f.fp8 ? DType::kU8 : DType::kI8);  // the kernels' code types
+  std::memcpy(w.q.raw_data(), q.raw_data(), q.nbytes());
+  // Scales (out, G), or (out) per channel; fp8 per tensor: one scale, shape (1), (1, 1) or ().
   const Tensor scale = get("weight_scale");
+  const bool per_tensor = f.fp8 && G == 1 && scale.defined() && scale.numel() == 1 && scale.dim() <= 2;
   TESSERA_CHECK(scale.defined() &&
                     (scale.dtype() == DType::kF32 || scale.dtype() == DType::kBF16 || scale.dtype() == DType::kF16) &&
-                    (scale.shape() == Shape{out, 1} || scale.shape() == Shape{out}),
-                module, ".weight_scale: is ", scale.defined() ? scale.describe() : "missing",
-                ", expected a float (", out, ", 1) (", layout, ")");
-  w.scales = scale.to(DType::kF32).contiguous().view({out, 1}).clone();
-  for (int64_t o = 0; o < out; ++o) {
-    const float v = w.scales.data<float>()[o];
-    TESSERA_CHECK(std::isfinite(v) && v >= 0, module, ".weight_scale: value ", v, " of output ", o,
-                  " is not a finite non-negative scale");
+                    (scale.shape() == Shape{out, G} || (G == 1 && scale.shape() == Shape{out}) || per_tensor),
+                module, ".weight_scale: is ", scale.defined() ? scale.describe() : "missing", ", expected a float (",
+                out, ", ", G, ") (", layout, ")");
+  const Tensor s32 = scale.to(DType::kF32).contiguous();
+  w.scales = Tensor::empty({out, G}, DType::kF32);
+  for (int64_t i = 0; i < out * G; ++i) w.scales.data<float>()[i] = s32.data<float>()[per_tensor ? 0 : i];
+  for (int64_t i = 0; i < out * G; ++i) {
+    const float v = w.scales.data<float>()[i];
+    TESSERA_CHECK(std::isfinite(v) && v >= 0, module, ".weight_scale: value ", v, " of output ", i / G,
+                  G > 1 ? ", group " + std::to_string(i % G) : std::string(), " is not a finite non-negative scale");
   }
-  // llm-compressor's int8 range is [-128, 127]; the int8 kernels negate codes, so -128
-  // (a value at exactly -absmax, rare) becomes -127: one code step on that weight.
-  int8_t* q = w.q.data<int8_t>();
-  for (int64_t i = 0; i < w.q.numel(); ++i) q[i] = std::max<int8_t>(q[i], -127);
+  if (f.fp8) {
+    const uint8_t* c = w.q.data<uint8_t>();
+    for (int64_t i = 0; i < w.q.numel(); ++i)
+      TESSERA_CHECK((c[i] & 0x7F) != 0x7F, module, ".weight: element (", i / in, ", ", i % in,
+                    ") is an fp8 NaN (code 0x", std::hex, static_cast<int>(c[i]), ")");
+  } else {
+    // llm-compressor's int8 range is [-128, 127]; the int8 kernels negate codes, so -128
+    // (a value at exactly -absmax, rare) becomes -127: one code step on that weight.
+    int8_t* c = w.q.data<int8_t>();
+    for (int64_t i = 0; i < w.q.numel(); ++i) c[i] = std::max<int8_t>(c[i], -127);
+  }
   w.validate(module);
   return w;
 }
@@ -139,7 +165,7 @@ std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const QuantWeight&
                                                               const QuantCheckpointFormat& f) {
   const std::string what = "pack_quant_linear";
   check_quant_format(f, what);
-  if (f.method == kCompressedTensors) return pack_compressed_tensors(w, what);
+  if (f.method == kCompressedTensors) return pack_compressed_tensors(w, f, what);
   TESSERA_CHECK(w.scheme == QuantScheme::kInt8 || w.scheme == QuantScheme::kInt4, what, ": ",
                 kernels::quant_scheme_name(w.scheme), " weights have no ", f.method,
                 " layout (int8 or int4)");
@@ -220,7 +246,7 @@ std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const QuantWeight&
 QuantWeight unpack_quant_linear(const std::function<Tensor(const std::string&)>& get, int64_t out,
                                 int64_t in, const QuantCheckpointFormat& f, const std::string& module) {
   check_quant_format(f, module);
-  if (f.method == kCompressedTensors) return unpack_compressed_tensors(get, out, in, module);
+  if (f.method == kCompressedTensors) return unpack_compressed_tensors(get, out, in, f, module);
   check_layout(f, out, in, module);
   const bool gptq = f.method == "gptq";
   const int bits = f.bits;

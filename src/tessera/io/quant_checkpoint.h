@@ -1,7 +1,8 @@
 // Quantized linear layers in the Hugging Face ecosystem's checkpoint layouts: AutoGPTQ
 // ("gptq", int32-packed qweight / qzeros, f16 scales, g_idx) and AutoAWQ ("awq", GEMM
 // version: qweight / qzeros packed along the output dim in AWQ's interleaved order, f16
-// scales) and llm-compressor's compressed-tensors W8A8 (weight I8, weight_scale (out, 1)),
+// scales) and llm-compressor's compressed-tensors W8A8 (weight I8, weight_scale (out, 1))
+// and fp8 (weight F8_E4M3, weight_scale (out, groups)),
 // and the `quantization_config` block of config.json that says which.
 #pragma once
 #include <cstdint>
@@ -22,8 +23,8 @@ namespace tessera::io {
 // a weight w of scheme kInt8 / kInt4 (bits as f.bits) quantized with f.group_size (in,
 // when -1): gptq writes qweight (in * bits / 32, out) i32, qzeros (groups, out * bits / 32)
 // i32, scales (groups, out) f16, g_idx (in) i32; awq writes qweight (in, out * bits / 32),
-// qzeros (groups, out * bits / 32), scales (groups, out) f16; compressed-tensors (kW8A8
-// weights) writes weight (out, in) i8 and weight_scale (out, 1) f32. gptq / awq scales are rounded to f16
+// qzeros (groups, out * bits / 32), scales (groups, out) f16; compressed-tensors writes
+// weight (out, in) i8 (kW8A8) or f8e4m3 (kFp8) and weight_scale (out, groups) f32. gptq / awq scales are rounded to f16
 // (quantizers here round them before choosing the integers, so nothing changes).
 std::vector<std::pair<std::string, Tensor>> pack_quant_linear(const kernels::QuantWeight& w,
                                                               const QuantCheckpointFormat& f);

@@ -15,8 +15,10 @@ void check_quant_format(const QuantCheckpointFormat& f, const std::string& where
   TESSERA_CHECK(f.method == "gptq" || f.method == "awq" || f.method == kCompressedTensors, where,
                 ": quant_method '", f.method, "' is not supported (gptq, awq or compressed-tensors)");
   if (f.method == kCompressedTensors) {
-    TESSERA_CHECK(f.bits == 8 && f.group_size == -1 && f.sym && !f.desc_act, where,
-                  ": compressed-tensors is read and written as W8A8 only (8 bits, symmetric, per channel)");
+    TESSERA_CHECK(f.bits == 8 && f.sym && !f.desc_act && (f.group_size == -1 || (f.fp8 && f.group_size > 0)),
+                  where, ": compressed-tensors is read and written as W8A8 int8 (8 bits, symmetric, per "
+                  "channel) or fp8 weights (per channel or group)");
+    TESSERA_CHECK(f.fp8 || !f.fp8_activations, where, ": fp8 activations with int8 weights are not a scheme");
   } else if (f.method == "gptq") {
     TESSERA_CHECK(f.bits == 4 || f.bits == 8, where, ": gptq bits = ", f.bits,
                   " is not supported (4 or 8)");
@@ -71,21 +73,33 @@ std::string quantizer_of(const nlohmann::json& j, const std::string& where) {
   return quantizer;
 }
 
-// llm-compressor's W8A8 int8 scheme (what vLLM runs as CompressedTensorsW8A8Int8):
-// one config group targeting Linear, int8 symmetric weights per output channel, int8
-// symmetric activations per token, quantized at run time. Anything else names its field.
+// llm-compressor's schemes vLLM runs that Tessera runs too, one config group targeting
+// Linear: W8A8 int8 ("int-quantized": int8 symmetric weights per output channel, int8
+// symmetric activations per token at run time; CompressedTensorsW8A8Int8) and fp8 weights
+// ("float-quantized": e4m3 per output channel, per tensor or per group, with no activation
+// quantization or dynamic fp8 per token, which runs here with float activations; the FP8
+// and FP8_DYNAMIC presets). Anything else names its field.
 QuantCheckpointFormat parse_compressed_tensors(const nlohmann::json& j, const std::string& where) {
   QuantCheckpointFormat f;
   f.method = kCompressedTensors;
   f.bits = 8, f.group_size = -1, f.sym = true;
+  const auto get = [](const nlohmann::json& obj, const char* key) {
+    const auto it = obj.find(key);
+    return it == obj.end() ? nlohmann::json(nullptr) : *it;
+  };
+  const nlohmann::json format = get(j, "format");
+  TESSERA_CHECK(format == "int-quantized" || format == "float-quantized", where, ".format = ", json_brief(format),
+                " is not supported (\"int-quantized\": W8A8 int8, or \"float-quantized\": fp8 weights)");
+  f.fp8 = format == "float-quantized";
+  const std::string scheme = f.fp8 ? "fp8 e4m3 weights per channel, tensor or group; activations float or dynamic "
+                                     "fp8 per token"
+                                   : "W8A8 int8, per-channel weights, per-token dynamic activations";
   const auto need = [&](const nlohmann::json& obj, const std::string& path, const char* key,
                         const nlohmann::json& want) {
-    const auto it = obj.find(key);
-    const nlohmann::json got = it == obj.end() ? nlohmann::json(nullptr) : *it;
+    const nlohmann::json got = get(obj, key);
     TESSERA_CHECK(got == want, where, ".", path, path.empty() ? "" : ".", key, " = ", json_brief(got),
-                  " is not supported (", json_brief(want), ": W8A8 int8, per-channel weights, per-token dynamic activations)");
+                  " is not supported (", json_brief(want), ": ", scheme, ")");
   };
-  need(j, "", "format", "int-quantized");
   if (const auto it = j.find("quantization_status"); it != j.end() && !it->is_null())
     need(j, "", "quantization_status", "compressed");
   if (const auto it = j.find("kv_cache_scheme"); it != j.end())
@@ -99,18 +113,32 @@ QuantCheckpointFormat parse_compressed_tensors(const nlohmann::json& j, const st
   const nlohmann::json& grp = groups->begin().value();
   TESSERA_CHECK(grp.is_object(), where, ".", g, ": expected an object, got ", json_brief(grp));
   need(grp, g, "targets", nlohmann::json::array({"Linear"}));
+  const std::string type = f.fp8 ? "float" : "int";
   for (const char* side : {"weights", "input_activations"}) {
-    const auto it = grp.find(side);
-    TESSERA_CHECK(it != grp.end() && it->is_object(), where, ".", g, ".", side,
-                  ": expected an object (W8A8 int8)");
-    const std::string path = g + "." + side;
     const bool w = std::string(side) == "weights";
+    const auto it = grp.find(side);
+    const std::string path = g + "." + side;
+    if (!w && f.fp8 && (it == grp.end() || it->is_null())) continue;  // weight-only fp8
+    TESSERA_CHECK(it != grp.end() && it->is_object(), where, ".", path, ": expected an object (", scheme, ")");
     need(*it, path, "num_bits", 8);
-    need(*it, path, "type", "int");
+    need(*it, path, "type", type);
     need(*it, path, "symmetric", true);
-    need(*it, path, "strategy", w ? "channel" : "token");
     need(*it, path, "dynamic", !w);
+    const nlohmann::json strategy = get(*it, "strategy");
+    if (w && f.fp8 && strategy == "group") {
+      const nlohmann::json gs = get(*it, "group_size");
+      TESSERA_CHECK(json_int_in(gs, 1, int64_t{1} << 30), where, ".", path, ".group_size = ", json_brief(gs),
+                    " is not a positive number of input features");
+      f.group_size = gs.get<int64_t>();
+      continue;
+    }
+    if (w && f.fp8 && strategy == "tensor") {  // one scale: read as per channel
+      if (const auto gs = it->find("group_size"); gs != it->end()) need(*it, path, "group_size", nullptr);
+      continue;
+    }
+    need(*it, path, "strategy", w ? "channel" : "token");
     if (const auto gs = it->find("group_size"); gs != it->end()) need(*it, path, "group_size", nullptr);
+    if (!w) f.fp8_activations = f.fp8;
   }
   if (const auto it = grp.find("output_activations"); it != grp.end())
     need(grp, g, "output_activations", nullptr);
@@ -190,23 +218,29 @@ nlohmann::json quantization_config_json(const QuantCheckpointFormat& f) {
   nlohmann::json j;
   auto not_convert = f.modules_to_not_convert.empty() ? nlohmann::json(nullptr)
                                                       : nlohmann::json(f.modules_to_not_convert);
-  if (f.method == kCompressedTensors) {  // what llm-compressor writes for its W8A8 scheme
-    const auto args = [](bool weights) {
-      return nlohmann::json{{"num_bits", 8},       {"type", "int"},
-                            {"symmetric", true},   {"strategy", weights ? "channel" : "token"},
-                            {"dynamic", !weights}, {"group_size", nullptr},
-                            {"block_structure", nullptr}, {"actorder", nullptr},
+  if (f.method == kCompressedTensors) {  // what llm-compressor writes for its W8A8 / FP8 schemes
+    const auto args = [&](bool weights) {
+      const bool group = weights && f.group_size > 0;
+      return nlohmann::json{{"num_bits", 8},
+                            {"type", f.fp8 ? "float" : "int"},
+                            {"symmetric", true},
+                            {"strategy", group ? "group" : weights ? "channel" : "token"},
+                            {"dynamic", !weights},
+                            {"group_size", group ? nlohmann::json(f.group_size) : nlohmann::json(nullptr)},
+                            {"block_structure", nullptr},
+                            {"actorder", nullptr},
                             {"observer", weights ? nlohmann::json("minmax") : nlohmann::json(nullptr)},
                             {"observer_kwargs", nlohmann::json::object()}};
     };
+    const bool acts = !f.fp8 || f.fp8_activations;
     j = {{"quant_method", kCompressedTensors},
-         {"format", "int-quantized"},
+         {"format", f.fp8 ? "float-quantized" : "int-quantized"},
          {"quantization_status", "compressed"},
          {"config_groups",
           {{"group_0",
             {{"targets", {"Linear"}},
              {"weights", args(true)},
-             {"input_activations", args(false)},
+             {"input_activations", acts ? args(false) : nlohmann::json(nullptr)},
              {"output_activations", nullptr}}}}},
          {"ignore", {"lm_head"}},
          {"kv_cache_scheme", nullptr}};

@@ -1,7 +1,7 @@
 // config.json's quantization_config: which ecosystem layout a quantized checkpoint's
 // linears are stored in (AutoGPTQ "gptq", AutoAWQ "awq", and llm-compressor's
-// "compressed-tensors" for W8A8: int8 weights per output channel, int8 activations per
-// token at run time). Parsing only: the tensors themselves are io/quant_checkpoint.h's.
+// "compressed-tensors" for W8A8, int8 weights per output channel and int8 activations per
+// token at run time, and for fp8 e4m3 weights per channel or group). Parsing only: the tensors themselves are io/quant_checkpoint.h's.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,6 +24,12 @@ struct QuantCheckpointFormat {
   // Linear modules kept in full precision (transformers' AWQ loader converts every other
   // nn.Linear but lm_head); empty: none listed.
   std::vector<std::string> modules_to_not_convert;
+  // compressed-tensors "float-quantized": fp8 e4m3 weights (W8A16-fp8), per output channel
+  // (group_size -1) or per group; else "int-quantized" W8A8.
+  bool fp8 = false;
+  // fp8 with dynamic per-token fp8 activations (llm-compressor's FP8_DYNAMIC): run here
+  // with float activations (weight-only, as vLLM's Marlin fallback does), written back as read.
+  bool fp8_activations = false;
 };
 
 // config.json's quantization_config: one-line errors naming the field at fault (an

@@ -26,6 +26,7 @@ const char* safetensors_dtype_name(DType dt) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -48,7 +49,7 @@ bool is_known_safetensors_dtype(const std::string& s) {
 bool dtype_from_safetensors(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> kMap[] = {
       {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"I8", DType::kI8},
-      {"U8", DType::kU8},   {"I32", DType::kI32},   {"I64", DType::kI64}};
+      {"U8", DType::kU8},   {"I32", DType::kI32},   {"I64", DType::kI64}, {"F8_E4M3", DType::kF8E4M3}};
   for (const auto& [name, dt] : kMap) {
     if (s == name) {
       *out = dt;

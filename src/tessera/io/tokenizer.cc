@@ -303,6 +303,7 @@ bool Tokenizer::is_special(int32_t id) const {
 nlohmann::json Tokenizer::to_json() const { return impl_->json; }
 
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::string& Tokenizer::chat_template_origin() const { return impl_->chat_template_origin; }
 
 nlohmann::json Tokenizer::config_json() const {
   if (!impl_->config.is_null()) return impl_->config;
@@ -341,7 +342,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string config_path = (fs::path(file).parent_path() / "tokenizer_config.json").string();
   nlohmann::json config;
   if (fs::is_regular_file(config_path, ec)) config = read_json_file(config_path);
-  return build(read_json_file(file), file, config, fs::path(file).parent_path().string());
+  return build(read_json_file(file), file, config, config_path, fs::path(file).parent_path().string());
 }
 
 size_t complete_utf8_prefix(std::string_view b) {

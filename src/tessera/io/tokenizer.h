@@ -40,8 +40,10 @@ class Tokenizer {
 
   nlohmann::json to_json() const;  // Hugging Face tokenizer.json schema
   nlohmann::json config_json() const;  // tokenizer_config.json
-  // The chat template the model ships (chat_template_source below); "" when none.
+  // The chat template the model ships (chat_template_source below); "" when none. Its
+  // origin (the config's path, or chat_template.jinja's) names it in errors.
   const std::string& chat_template() const;
+  const std::string& chat_template_origin() const;
   // Writes DIR/tokenizer.json and DIR/tokenizer_config.json, each atomically; creates DIR.
   void save(const std::string& dir) const;
 
@@ -49,9 +51,10 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-  // from_json, the chat template also looked for in `dir` (load).
+  // from_json with the config's name for errors, the chat template also looked for in
+  // `dir` (load).
   static Tokenizer build(const nlohmann::json& j, const std::string& source, const nlohmann::json& config,
-                         const std::string& dir);
+                         const std::string& config_source, const std::string& dir);
   std::shared_ptr<const Impl> impl_;  // immutable; copies share it
 };
 
@@ -59,8 +62,9 @@ class Tokenizer {
 // list of {"name", "template"} whose "default" entry is taken; else, when `dir` is given,
 // DIR/chat_template.jinja (newer transformers save it there). "" when there is none. Errors
 // (a list without "default", another type, an unreadable file) name `config_source`.
+// `origin` (optional) is set to config_source or the .jinja file's path.
 std::string chat_template_source(const nlohmann::json& config, const std::string& config_source,
-                                 const std::string& dir = "");
+                                 const std::string& dir = "", std::string* origin = nullptr);
 
 struct BpeTrainOptions {
   int64_t vocab_size = 4096;  // 256 bytes + merges + special tokens

@@ -154,7 +154,7 @@ struct Tokenizer::Impl {
   using StringMap = detail::StringMap<V>;
   std::string source;
   nlohmann::json json, config;
-  std::string chat_template;  // chat_template_source() of the config (and directory)
+  std::string chat_template, chat_template_origin;  // chat_template_source() of the config (and directory)
   Normalizer normalizer;
   PreTokenizer pre_tokenizer;
   std::vector<std::string> id_token;  // tokenizer.json form per id; "" when the id is unused

@@ -81,7 +81,8 @@ void read_post_processor(const nlohmann::json& p, const std::string& where, std:
 }  // namespace
 
 std::string chat_template_source(const nlohmann::json& config, const std::string& config_source,
-                                 const std::string& dir) {
+                                 const std::string& dir, std::string* origin) {
+  if (origin) *origin = config_source;
   constexpr size_t kMaxTemplateBytes = size_t{4} << 20;  // real templates: < 20 kB
   const auto it = config.is_object() ? config.find("chat_template") : config.end();
   if (config.is_object() && it != config.end() && !it->is_null()) {
@@ -97,21 +98,23 @@ std::string chat_template_source(const nlohmann::json& config, const std::string
   if (dir.empty()) return "";
   const std::string jinja = (std::filesystem::path(dir) / "chat_template.jinja").string();
   std::error_code ec;
-  return std::filesystem::is_regular_file(jinja, ec) ? read_file_bytes(jinja, kMaxTemplateBytes) : "";
+  if (!std::filesystem::is_regular_file(jinja, ec)) return "";
+  if (origin) *origin = jinja;
+  return read_file_bytes(jinja, kMaxTemplateBytes);
 }
 
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& source,
                                const nlohmann::json& config) {
-  return build(j, source, config, "");
+  return build(j, source, config, source + " (tokenizer_config.json)", "");
 }
 
 Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, const nlohmann::json& config,
-                           const std::string& dir) {
+                           const std::string& config_source, const std::string& dir) {
   auto m = std::make_shared<Impl>();
   m->source = source;
   m->json = j;
   m->config = config;
-  m->chat_template = chat_template_source(config, source + " (tokenizer_config.json)", dir);
+  m->chat_template = chat_template_source(config, config_source, dir, &m->chat_template_origin);
   TESSERA_CHECK(j.is_object(), source, ": expected a JSON object");
   TESSERA_CHECK(j.contains("model") && j["model"].is_object(), source, ": missing \"model\"");
   const auto& model = j["model"];
@@ -261,7 +264,7 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
 
   // BOS / EOS: tokenizer_config.json when it names them; else the template's first token
   // is BOS and the first special token with a usual end-of-text name is EOS.
-  const std::string cfg_source = source + " (tokenizer_config.json)";
+  const std::string& cfg_source = config_source;
   auto config_id = [&](const char* key, int32_t fallback) {
     if (!config.is_object() || !config.contains(key)) return fallback;
     if (config[key].is_null()) return -1;

@@ -104,31 +104,6 @@ void QuantWeight::validate(const std::string& what) const {
 
 // ---- fp8 e4m3 ------------------------------------------------------------------------
 
-float fp8_e4m3_to_f32(uint8_t v) {
-  const int e = (v >> 3) & 0xF, m = v & 7;
-  const float sign = (v & 0x80) ? -1.f : 1.f;
-  if (e == 15 && m == 7) return std::nanf("");
-  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
-  return sign * std::ldexp(1.f + m / 8.f, e - 7);
-}
-
-uint8_t f32_to_fp8_e4m3(float f) {
-  if (std::isnan(f)) return 0x7F;
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  const float a = std::fabs(f);
-  if (a >= 448.f) return sign | 0x7E;
-  if (a < std::ldexp(1.f, -6)) {  // subnormal: units of 2^-9 (8 of them make the min normal)
-    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
-  }
-  int ex = 0;
-  const float fr = std::frexp(a, &ex);  // a = fr 2^ex, fr in [0.5, 1)
-  int e = ex - 1;
-  int m = static_cast<int>(std::nearbyint((fr * 2.f - 1.f) * 8.f));
-  if (m == 8) m = 0, ++e;
-  const int code = ((e + 7) << 3) | m;
-  return sign | static_cast<uint8_t>(std::min(code, 0x7E));
-}
-
 // ---- quantization ---------------------------------------------------------------------
 
 int32_t quantize_value(float w, float scale, float zero, int bits) {

@@ -84,8 +84,8 @@ void quant_matmul(const Tensor& x, const QuantWeight& w, Tensor& y);
 enum class QuantPath { kAuto, kGemv, kGemm, kReference };
 void quant_matmul_with(QuantPath path, const Tensor& x, const QuantWeight& w, Tensor& y);
 
-// fp8 e4m3 (OCP / NVIDIA "e4m3fn": bias 7, no infinities, 0x7f/0xff NaN, max 448).
-float fp8_e4m3_to_f32(uint8_t v);
-uint8_t f32_to_fp8_e4m3(float f);  // round to nearest even, saturating at +-448
+// fp8 e4m3 codes convert with tessera::fp8_e4m3_to_f32 / f32_to_fp8_e4m3 (tensor/dtype.h).
+using tessera::f32_to_fp8_e4m3;
+using tessera::fp8_e4m3_to_f32;
 
 }  // namespace tessera::kernels

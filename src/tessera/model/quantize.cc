@@ -8,9 +8,21 @@ namespace tessera::model {
 
 using kernels::QuantScheme;
 
-QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size) {
+QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size,
+                                 const std::string& type) {
   QuantizeOptions o;
   o.method = method;
+  TESSERA_CHECK(type == "int" || type == "fp8", "--type '", type, "' is not one of int, fp8");
+  if (type == "fp8") {
+    TESSERA_CHECK(method == "rtn", "--type fp8 quantizes by rounding to nearest (--method rtn), not ", method);
+    TESSERA_CHECK(bits == 8, "--type fp8 is 8 bits (--bits 8), not ", bits);
+    TESSERA_CHECK(group_size == 0 || group_size == -1 || group_size >= 1,
+                  "--group-size ", group_size, " must be positive or -1 (per channel)");
+    o.scheme = QuantScheme::kFp8;
+    o.group_size = group_size;
+    o.sym = true;
+    return o;
+  }
   TESSERA_CHECK(method == "rtn" || method == "gptq" || method == "awq" || method == "smoothquant",
                 "--method '", method, "' is not one of rtn, gptq, awq, smoothquant");
   TESSERA_CHECK(bits == 8 || bits == 4, "--bits ", bits, " is not supported (8 or 4)");
@@ -43,14 +55,14 @@ QuantizeOptions quantize_options_for_scheme(const std::string& scheme) {
 namespace {
 
 // How save() stores the result: AutoGPTQ tensors for int8 / int4 (whatever chose the
-// integers; AutoAWQ's for AWQ), compressed-tensors for w8a8, none for fp8 (it runs, but
-// does not save yet).
+// integers; AutoAWQ's for AWQ), compressed-tensors for w8a8 and fp8.
 std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions& o,
                                                            int64_t group) {
-  if (o.scheme == QuantScheme::kW8A8) {
+  if (o.scheme == QuantScheme::kW8A8 || o.scheme == QuantScheme::kFp8) {
     io::QuantCheckpointFormat f;
     f.method = io::kCompressedTensors;
-    f.bits = 8, f.group_size = -1, f.sym = true;
+    f.fp8 = o.scheme == QuantScheme::kFp8;
+    f.bits = 8, f.group_size = f.fp8 ? group : -1, f.sym = true;
     f.quantizer = o.method;
     return f;
   }

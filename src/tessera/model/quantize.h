@@ -27,7 +27,9 @@ struct QuantizeOptions {
 // Options from the command line's spelling: `bits` 8 | 4 with `method`, or a scheme name
 // (int8 | int4 | fp8 | w8a8) for on-the-fly quantization; one-line errors for the rest
 // (e.g. awq at 8 bits, smoothquant at 4).
-QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size);
+// `type` "int" (integers) or "fp8" (e4m3 weights: rtn, 8 bits, per channel or group).
+QuantizeOptions quantize_options(const std::string& method, int bits, int64_t group_size,
+                                 const std::string& type = "int");
 QuantizeOptions quantize_options_for_scheme(const std::string& scheme);
 
 // Progress: (layers done, layers in all).

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "tessera/base/error.h"
+#include "tessera/base/logging.h"
 #include "tessera/io/quant_checkpoint.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/model/model.h"
@@ -89,6 +90,9 @@ int64_t Model::matmul_weight_bytes() const {
 void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::string& dir,
                                    std::set<std::string>& used) {
   const io::QuantCheckpointFormat& f = *config_.quantization;
+  if (f.fp8_activations)
+    TESSERA_LOG(kInfo, dir, ": the checkpoint's dynamic fp8 activations run as float here (fp8 weights, "
+                "float products), as vLLM does on hardware without fp8 compute");
   for (int64_t l = 0; l < config_.num_layers; ++l)
     for (int which = 0; which < 4; ++which) {
       Linear& lin = weights_.layers[l].linear(which);
@@ -116,7 +120,8 @@ void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::
 
 std::vector<std::pair<std::string, Tensor>> Model::quantized_tensors() const {
   TESSERA_CHECK(config_.quantization.has_value(), "saving ",
-                weights_description(), " weights is not supported (int8 and int4 save in AutoGPTQ's format)");
+                weights_description(), " weights is not supported (int8 and int4 save in AutoGPTQ's format, w8a8 and "
+                "fp8 in compressed-tensors')");
   const io::QuantCheckpointFormat& f = *config_.quantization;
   std::vector<std::pair<std::string, Tensor>> out;
   for (int64_t l = 0; l < config_.num_layers; ++l)

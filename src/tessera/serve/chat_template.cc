@@ -63,7 +63,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
 }
 
 ChatTemplate ChatTemplate::from_tokenizer(const io::Tokenizer& tok) {
-  return from_config(tok.config_json(), tok.chat_template(), "the tokenizer config");
+  return from_config(tok.config_json(), tok.chat_template(), tok.chat_template_origin());
 }
 
 ChatTemplate ChatTemplate::from_config(const nlohmann::json& cfg, const std::string& source,

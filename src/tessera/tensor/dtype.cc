@@ -16,6 +16,7 @@ size_t dtype_size(DType dt) {
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -29,6 +30,7 @@ const char* dtype_name(DType dt) {
     case DType::kU8: return "u8";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kF8E4M3: return "f8e4m3";
   }
   return "?";
 }
@@ -41,7 +43,33 @@ DType parse_dtype(const std::string& s) {
   if (s == "u8" || s == "uint8") return DType::kU8;
   if (s == "i32" || s == "int32") return DType::kI32;
   if (s == "i64" || s == "int64") return DType::kI64;
-  fail("unknown dtype '", s, "' (expected f32, bf16, f16, i8, u8, i32 or i64)");
+  if (s == "f8e4m3" || s == "float8_e4m3fn") return DType::kF8E4M3;
+  fail("unknown dtype '", s, "' (expected f32, bf16, f16, i8, u8, i32, i64 or f8e4m3)");
+}
+
+float fp8_e4m3_to_f32(uint8_t v) {
+  const int e = (v >> 3) & 0xF, m = v & 7;
+  const float sign = (v & 0x80) ? -1.f : 1.f;
+  if (e == 15 && m == 7) return std::nanf("");
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  return sign * std::ldexp(1.f + m / 8.f, e - 7);
+}
+
+uint8_t f32_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7F;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.f) return sign | 0x7E;
+  if (a < std::ldexp(1.f, -6)) {  // subnormal: units of 2^-9 (8 of them make the min normal)
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  }
+  int ex = 0;
+  const float fr = std::frexp(a, &ex);  // a = fr 2^ex, fr in [0.5, 1)
+  int e = ex - 1;
+  int m = static_cast<int>(std::nearbyint((fr * 2.f - 1.f) * 8.f));
+  if (m == 8) m = 0, ++e;
+  const int code = ((e + 7) << 3) | m;
+  return sign | static_cast<uint8_t>(std::min(code, 0x7E));
 }
 
 float f16_to_f32(uint16_t h) {

@@ -6,7 +6,9 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI8, kU8, kI32, kI64 };
+// kF8E4M3: fp8 e4m3 codes (OCP "e4m3fn"), stored, converted and copied, never computed
+// with directly (quantized weights: kernels/quant.h).
+enum class DType : uint8_t { kF32, kBF16, kF16, kI8, kU8, kI32, kI64, kF8E4M3 };
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);       // "f32", "bf16", ...
@@ -38,6 +40,9 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// fp8 e4m3 (OCP / NVIDIA "e4m3fn": bias 7, no infinities, 0x7f/0xff NaN, max 448).
+float fp8_e4m3_to_f32(uint8_t v);
+uint8_t f32_to_fp8_e4m3(float f);  // round to nearest even, saturating at +-448
 
 template <typename T>
 struct DTypeOf;

@@ -203,7 +203,10 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 namespace {
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+// Float dtypes convert among themselves (fp8 e4m3 included: its codes are values).
+bool is_float(DType d) {
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8E4M3;
+}
 
 // Visits the contiguous innermost rows of a strided tensor: fn(src_offset_elems, row_index).
 template <typename F>
@@ -284,6 +287,7 @@ void Tensor::fill(float value) {
     case DType::kU8: std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value)); break;
     case DType::kI32: std::fill_n(data<int32_t>(), n, static_cast<int32_t>(value)); break;
     case DType::kI64: std::fill_n(data<int64_t>(), n, static_cast<int64_t>(value)); break;
+    case DType::kF8E4M3: std::fill_n(static_cast<uint8_t*>(raw_data()), n, f32_to_fp8_e4m3(value)); break;
   }
 }
 
@@ -304,6 +308,7 @@ float Tensor::item_f32(int64_t i) const {
     case DType::kU8: return *static_cast<const uint8_t*>(p);
     case DType::kI32: return static_cast<float>(*static_cast<const int32_t*>(p));
     case DType::kI64: return static_cast<float>(*static_cast<const int64_t*>(p));
+    case DType::kF8E4M3: return fp8_e4m3_to_f32(*static_cast<const uint8_t*>(p));
   }
   return 0.f;
 }
@@ -372,6 +377,7 @@ void convert_serial(const void* src, DType sd, void* dst, DType dd, int64_t n) {
       case DType::kF32: return static_cast<const float*>(src)[i];
       case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
       case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      case DType::kF8E4M3: return fp8_e4m3_to_f32(static_cast<const uint8_t*>(src)[i]);
       default: fail("convert_elements: unsupported source dtype ", dtype_name(sd));
     }
   };
@@ -381,6 +387,7 @@ void convert_serial(const void* src, DType sd, void* dst, DType dd, int64_t n) {
       case DType::kF32: static_cast<float*>(dst)[i] = v; break;
       case DType::kBF16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
       case DType::kF16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
+      case DType::kF8E4M3: static_cast<uint8_t*>(dst)[i] = f32_to_fp8_e4m3(v); break;
       default: fail("convert_elements: unsupported target dtype ", dtype_name(dd));
     }
   }
