@@ -14,6 +14,8 @@
 #include <type_traits>
 
 #include "tessera/kernels/cpu/quant_rows.h"
+#include "tessera/kernels/dispatch.h"
+#include "tessera/kernels/reference/quant_ref.h"
 
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define TESSERA_TARGET_AVX512_VNNI \
@@ -336,7 +338,7 @@ bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa) {
   const int64_t chunk = int_dot_chunk(w);
   if (w.in % 32 != 0 || w.group % 32 != 0 || !w.zeros.defined()) return false;
   if (w.group % chunk != 0 && chunk % w.group != 0) return false;
-  if (w.scheme == QuantScheme::kInt4) return isa >= QuantIsa::kAvx512;
+  if (w.scheme == QuantScheme::kInt4) return isa >= QuantIsa::kAvx2;
   return w.scheme == QuantScheme::kInt8 && isa >= QuantIsa::kAvx512Vnni;
 }
 
@@ -363,13 +365,14 @@ void prepare_int_dot(const QuantWeight& w, Activations& a) {
   a.xd.resize(a.rows * in);
   a.run_scale.resize(a.rows * runs);
   a.lane_scale.resize(a.rows * chunks * 16);
+  const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int8_t q[32];
   for (int64_t m = 0; m < a.rows; ++m) {
     const float* x = a.x + m * a.ld;
     int8_t* xd = a.xd.data() + m * in;
     float* rs = a.run_scale.data() + m * runs;
     for (int64_t t = 0; t < runs; ++t) {
-      rs[t] = quantize_row_s8_avx512(x + 32 * t, 32, q);
+      rs[t] = avx512 ? quantize_row_s8_avx512(x + 32 * t, 32, q) : reference::quantize_row_s8(x + 32 * t, 32, q);
       const int64_t c = (32 * t) / chunk, i = t % 4;
       if (int4 && c < chunks) {  // run i of a 128-column chunk: first half, then second half
         std::copy(q, q + 16, xd + c * 128 + 16 * i);

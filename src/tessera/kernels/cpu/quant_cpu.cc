@@ -2,7 +2,8 @@
 // GEMV widens each 32-weight run to f32 in registers and FMAs it against f32 activations
 // (W8A16 / W4A16 keep the activations in float); the per-group scale multiplies the
 // group's partial sums and the zero point comes off as s z sum(x_group), precomputed per
-// row of x. Prefill dequantizes blocks of W into a float GEMM. W8A8 multiplies s8 by s8
+// row of x; int4 (from AVX2) and int8 (VNNI) instead multiply their codes by x quantized
+// to s8 per 32-column run, in integers. Prefill dequantizes blocks of W into a float GEMM. W8A8 multiplies s8 by s8
 // into exact int32 sums (AVX2: |x| u8 times sign-adjusted w, vpmaddubsw, which cannot
 // saturate at 127 x 127 x 2).
 // GCC 12 warns about its own _mm256_undefined_* placeholders (GCC PR 105593).
@@ -138,6 +139,15 @@ TESSERA_TARGET_AVX2 inline void unpack32(const uint8_t* p, __m256 v[4]) {
 
 using avx2::hsum8;
 
+// The sum of the 8 int32 lanes; low_only: of the low 4 (v's upper half is undefined).
+TESSERA_TARGET_AVX2 inline int32_t hsum8_epi32(__m256i v, bool low_only = false) {
+  __m128i s = _mm256_castsi256_si128(v);
+  if (!low_only) s = _mm_add_epi32(s, _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
 // NR rows of W against MB rows of x. Four accumulators per (row, x row) inside a group
 // (one per 8-weight lane of the 32-run, so no FMA waits on the previous one), folded into
 // the running total with the group's scale at the group's end.
@@ -216,6 +226,90 @@ void rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, f
   }
 }
 
+// ---- integer-dot GEMV, AVX2 (int4 codes x s8 runs of x) ------------------------------
+
+// The AVX-512 kernel's arithmetic at half the width: each 128-column chunk (prepare_int_dot's
+// x layout) as two halves of two runs; vpmaddubsw's int16 pair sums are exact for int4
+// codes (15 x 127 x 2), vpmaddwd sums them into 8 int32 lanes, lanes 0-3 run 2h and 4-7
+// run 2h + 1 of the half h. Per half and row: the lanes widened and multiplied by (x's run
+// scale) x (the weight's group scale). Runs past the last whole chunk go 32 columns at a time.
+template <int MB, int NR>
+TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y,
+                                             int64_t ldy, int64_t o) {
+  const int64_t in = w.in, G = w.groups(), gs = w.group, rb = in / 2;
+  const int64_t chunks = in / 128, runs = in / 32;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = w.q.data<uint8_t>() + (o + r) * rb;
+  const float* sc = w.scales.data<float>() + o * G;
+  const float* zp = w.zeros.data<float>() + o * G;
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 total[NR][MB];
+  float tail[NR][MB] = {};
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) total[r][m] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j0 = 128 * c + 64 * h;  // first column of runs 4c + 2h and 4c + 2h + 1
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = rows[r] + j0 / 2;
+        _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T0);
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        const __m256i lo = _mm256_and_si256(wv, nib), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
+        const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[r * G + (j0 + 32) / gs]), _mm_set1_ps(sc[r * G + j0 / gs]));
+        for (int m = 0; m < MB; ++m) {
+          const int8_t* xr = a.xd.data() + (m0 + m) * in + 128 * c + 32 * h;
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
+          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 64));
+          const __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones),
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones));
+          const __m256 xs = _mm256_loadu_ps(a.lane_scale.data() + ((m0 + m) * chunks + c) * 16 + 8 * h);
+          total[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(xs, ws), total[r][m]);
+        }
+      }
+    }
+  const __m128i nib128 = _mm_set1_epi8(0x0F), ones128 = _mm_set1_epi16(1);
+  for (int64_t t = chunks * 4; t < runs; ++t)
+    for (int r = 0; r < NR; ++r) {
+      const float s = sc[r * G + 32 * t / gs];
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 16 * t));
+      const __m128i w0 = _mm_and_si128(b, nib128), w1 = _mm_and_si128(_mm_srli_epi16(b, 4), nib128);
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* xr = a.xd.data() + (m0 + m) * in + 32 * t;
+        const __m128i acc = _mm_add_epi32(
+            _mm_madd_epi16(_mm_maddubs_epi16(w0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr))), ones128),
+            _mm_madd_epi16(_mm_maddubs_epi16(w1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + 16))), ones128));
+        tail[r][m] += static_cast<float>(hsum8_epi32(_mm256_castsi128_si256(acc), true)) *
+                      a.run_scale[(m0 + m) * runs + t] * s;
+      }
+    }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) {
+      float corr = 0.f;
+      const float* xsum = a.xsum.data() + (m0 + m) * G;
+      for (int64_t g = 0; g < G; ++g) corr += sc[r * G + g] * zp[r * G + g] * xsum[g];
+      y[(m0 + m) * ldy + o + r] = hsum8(total[r][m]) + tail[r][m] - corr;
+    }
+}
+
+template <int MB>
+void int4_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
+                        int64_t o0, int64_t o1) {
+  constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  int64_t o = o0;
+  for (; o + NR <= o1; o += NR) int4_dot_block_avx2<MB, NR>(w, a, m0, y, ldy, o);
+  for (; o < o1; ++o) int4_dot_block_avx2<MB, 1>(w, a, m0, y, ldy, o);
+}
+
+void rows_int_dot_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y, int64_t ldy,
+                       int64_t o0, int64_t o1) {
+  switch (mb) {
+    case 1: int4_dot_rows_avx2<1>(w, a, m0, y, ldy, o0, o1); break;
+    case 2: int4_dot_rows_avx2<2>(w, a, m0, y, ldy, o0, o1); break;
+    case 3: int4_dot_rows_avx2<3>(w, a, m0, y, ldy, o0, o1); break;
+    default: int4_dot_rows_avx2<4>(w, a, m0, y, ldy, o0, o1); break;
+  }
+}
+
 // ---- W8A8 ----------------------------------------------------------------------------
 
 void rows_s8_scalar(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
@@ -229,13 +323,6 @@ void rows_s8_scalar(const QuantWeight& w, const Activations& a, int64_t m0, int 
       y[(m0 + m) * ldy + o] = static_cast<float>(acc) * a.xscale[m0 + m] * w.scales.data<float>()[o];
     }
   }
-}
-
-TESSERA_TARGET_AVX2 inline int32_t hsum8_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
 }
 
 template <int MB>
@@ -288,8 +375,10 @@ void run_rows(const QuantWeight& w, const Activations& a, int64_t m0, int mb, fl
       rows_s8_scalar(w, a, m0, mb, y, ldy, o0, o1);
     return;
   }
-  if (gemv_quantizes_activations(w, isa))
+  if (gemv_quantizes_activations(w, isa)) {
+    if (isa == QuantIsa::kAvx2) return rows_int_dot_avx2(w, a, m0, mb, y, ldy, o0, o1);
     return rows_int_dot_avx512(w, a, m0, mb, y, ldy, o0, o1, isa >= QuantIsa::kAvx512Vnni);
+  }
   if (isa >= QuantIsa::kAvx512) return rows_avx512(w, a, m0, mb, y, ldy, o0, o1);
   if (isa != QuantIsa::kAvx2) return rows_scalar(w, a, m0, mb, y, ldy, o0, o1);
   switch (w.scheme) {

@@ -57,11 +57,12 @@ void rows_s8_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int 
 // Whether the GEMV at this ISA level multiplies int8 / int4 codes by x quantized to s8 per
 // run of 32 columns (llama.cpp's Q8_0 x Q4_0 route: 64 products per instruction, so
 // decode is bound by the bytes of the weights, not by widening them to f32): int4 from
-// AVX-512 (vpmaddubsw; its int16 pair sums cannot saturate at 15 x 127 x 2), int8 with
+// AVX2 (vpmaddubsw; its int16 pair sums cannot saturate at 15 x 127 x 2), int8 with
 // VNNI (vpdpbusd; 255 x 127 x 2 would saturate vpmaddubsw). The result is
 // reference::quant_matmul_a8_runs's.
 bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa);
-// Fills a.xd, run_scale and lane_scale from a.x (AVX-512).
+// Fills a.xd, run_scale and lane_scale from a.x (AVX-512 or the reference rounding: the
+// same bits).
 void prepare_int_dot(const QuantWeight& w, Activations& a);
 void rows_int_dot_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
                          int64_t ldy, int64_t o0, int64_t o1, bool vnni);
