@@ -1,0 +1,239 @@
+// Mixture-of-experts MLP: routing, grouped expert GEMMs, backward, balance loss (moe.h).
+#include "tessera/model/moe.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/activation.h"
+#include "tessera/kernels/matmul.h"
+
+namespace tessera::model {
+namespace {
+
+void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h) {
+  const int64_t E = spec.num_experts, H = h.size(1);
+  TESSERA_CHECK(E >= 1 && spec.top_k >= 1 && spec.top_k <= E, "moe: top_k ", spec.top_k, " of ", E,
+                " experts");
+  TESSERA_CHECK(h.dim() == 2 && h.dtype() == DType::kF32, "moe: h must be (N, H) f32, got ", h.describe());
+  TESSERA_CHECK(w.router.shape() == (Shape{E, H}), "moe: router is ", w.router.describe(), ", expected (", E,
+                ", ", H, ")");
+  TESSERA_CHECK(w.gate_up.dim() == 3 && w.gate_up.size(0) == E && w.gate_up.size(2) == H &&
+                    w.gate_up.size(1) % 2 == 0,
+                "moe: gate_up is ", w.gate_up.describe(), ", expected (", E, ", 2F, ", H, ")");
+  const int64_t F = w.gate_up.size(1) / 2;
+  TESSERA_CHECK(w.down.shape() == (Shape{E, H, F}), "moe: down is ", w.down.describe(), ", expected (", E, ", ",
+                H, ", ", F, ")");
+}
+
+// Top-k of the scores per token (ties to the lower expert id), weights, and the slots
+// grouped by expert.
+MoeRouting route(const MoeSpec& spec, Tensor scores) {
+  const int64_t N = scores.size(0), E = spec.num_experts, k = spec.top_k;
+  MoeRouting r;
+  r.tokens = N, r.top_k = k;
+  r.expert.resize(N * k);
+  r.weight.resize(N * k);
+  const float* p = scores.data<float>();
+  base::parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+    std::vector<int32_t> ids(E);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* pn = p + n * E;
+      std::iota(ids.begin(), ids.end(), 0);
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                        [&](int32_t a, int32_t b) { return pn[a] > pn[b] || (pn[a] == pn[b] && a < b); });
+      float sum = 0.f;
+      for (int64_t j = 0; j < k; ++j) sum += pn[ids[j]];
+      for (int64_t j = 0; j < k; ++j) {
+        r.expert[n * k + j] = ids[j];
+        r.weight[n * k + j] = spec.norm_topk_prob ? pn[ids[j]] / sum : pn[ids[j]];
+      }
+    }
+  });
+  r.offsets.assign(E + 1, 0);
+  for (int32_t e : r.expert) ++r.offsets[e + 1];
+  for (int64_t e = 0; e < E; ++e) r.offsets[e + 1] += r.offsets[e];
+  r.order.resize(N * k);
+  std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  for (int64_t s = 0; s < N * k; ++s) r.order[next[r.expert[s]]++] = static_cast<int32_t>(s);
+  r.scores = std::move(scores);
+  return r;
+}
+
+}  // namespace
+
+void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save) {
+  check_shapes(spec, w, h);
+  const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
+  const int64_t F = w.gate_up.size(1) / 2, S = N * k;
+  Tensor logits = Tensor::empty({N, E}, DType::kF32);
+  kernels::matmul(h, w.router, logits, false, true);
+  kernels::softmax_forward(logits, logits);
+  MoeSaved local;
+  MoeSaved& sv = save ? *save : local;
+  sv.routing = route(spec, logits);
+  const MoeRouting& r = sv.routing;
+
+  // Gather the slots' input rows in expert order, one GEMM per linear per expert.
+  sv.x = Tensor::empty({S, H}, DType::kF32);
+  sv.u = Tensor::empty({S, 2 * F}, DType::kF32);
+  sv.a = Tensor::empty({S, F}, DType::kF32);
+  sv.y = Tensor::empty({S, H}, DType::kF32);
+  const float* hp = h.data<float>();
+  float* xp = sv.x.data<float>();
+  const int64_t ldh = h.stride(0);
+  base::parallel_for(S, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) std::copy_n(hp + (r.order[i] / k) * ldh, H, xp + i * H);
+  });
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t i0 = r.offsets[e], i1 = r.offsets[e + 1];
+    if (i0 == i1) continue;
+    Tensor u = sv.u.slice(0, i0, i1), a = sv.a.slice(0, i0, i1), y = sv.y.slice(0, i0, i1);
+    kernels::matmul(sv.x.slice(0, i0, i1), w.gate_up.select(0, e), u, false, true);
+    kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
+    kernels::matmul(a, w.down.select(0, e), y, false, true);
+  }
+
+  // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
+  TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
+                ", expected (", N, ", ", H, ") f32");
+  std::vector<int32_t> pos(S);
+  for (int64_t i = 0; i < S; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
+  const float* yp = sv.y.data<float>();
+  float* op = out.data<float>();
+  const int64_t ldo = out.stride(0);
+  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* o = op + n * ldo;
+      std::fill_n(o, H, 0.f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float wt = r.weight[n * k + j];
+        const float* y = yp + pos[n * k + j] * H;
+        for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
+      }
+    }
+  });
+}
+
+void MoeBalance::add(const MoeRouting& r) {
+  const int64_t E = static_cast<int64_t>(routed.size());
+  TESSERA_CHECK(r.scores.size(1) == E, "MoeBalance: ", r.scores.size(1), " experts, expected ", E);
+  for (int64_t e = 0; e < E; ++e) routed[e] += static_cast<double>(r.load(e));
+  const float* p = r.scores.data<float>();
+  for (int64_t n = 0; n < r.tokens; ++n)
+    for (int64_t e = 0; e < E; ++e) prob[e] += p[n * E + e];
+  tokens += r.tokens;
+}
+
+double MoeBalance::loss() const {
+  if (tokens == 0) return 0.0;
+  const double T = static_cast<double>(tokens);
+  double s = 0;
+  for (size_t e = 0; e < routed.size(); ++e) s += (routed[e] / T) * (prob[e] / T);
+  return s * static_cast<double>(routed.size());
+}
+
+std::vector<float> MoeBalance::score_grad(double coef) const {
+  std::vector<float> g(routed.size(), 0.f);
+  if (tokens == 0) return g;
+  const double T = static_cast<double>(tokens);
+  for (size_t e = 0; e < routed.size(); ++e)
+    g[e] = static_cast<float>(coef * static_cast<double>(routed.size()) * routed[e] / (T * T));
+  return g;
+}
+
+void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const MoeSaved& sv,
+                  const Tensor& dout, Tensor& dh, MoeWeights& grads, const std::vector<float>* aux_score_grad) {
+  check_shapes(spec, w, h);
+  const MoeRouting& r = sv.routing;
+  const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
+  const int64_t F = w.gate_up.size(1) / 2, S = N * k;
+  TESSERA_CHECK(r.tokens == N && r.top_k == k, "moe_backward: the saved routing is of another forward");
+  TESSERA_CHECK(!aux_score_grad || static_cast<int64_t>(aux_score_grad->size()) == E,
+                "moe_backward: aux_score_grad has ", aux_score_grad ? aux_score_grad->size() : 0, " entries, expected ", E);
+
+  // Each slot's output gradient (its weight times the token's) and its weight's gradient.
+  Tensor dy = Tensor::empty({S, H}, DType::kF32);
+  std::vector<float> dweight(S);
+  const float* dop = dout.data<float>();
+  const int64_t ldd = dout.stride(0);
+  const float* yp = sv.y.data<float>();
+  float* dyp = dy.data<float>();
+  base::parallel_for(S, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int32_t slot = r.order[i];
+      const float* g = dop + (slot / k) * ldd;
+      const float* y = yp + i * H;
+      const float wt = r.weight[slot];
+      double d = 0;
+      for (int64_t c = 0; c < H; ++c) {
+        dyp[i * H + c] = wt * g[c];
+        d += static_cast<double>(g[c]) * y[c];
+      }
+      dweight[slot] = static_cast<float>(d);
+    }
+  });
+
+  // The experts, one block of rows each: dA = dY W2, dW2 += dY^T A, dU by SwiGLU,
+  // dWgu += dU^T X, dX = dU Wgu.
+  Tensor da = Tensor::empty({S, F}, DType::kF32), du = Tensor::empty({S, 2 * F}, DType::kF32);
+  Tensor dx = Tensor::empty({S, H}, DType::kF32);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t i0 = r.offsets[e], i1 = r.offsets[e + 1];
+    if (i0 == i1) continue;
+    const Tensor dye = dy.slice(0, i0, i1), u = sv.u.slice(0, i0, i1);
+    Tensor dae = da.slice(0, i0, i1), due = du.slice(0, i0, i1), dxe = dx.slice(0, i0, i1);
+    Tensor gdown = grads.down.select(0, e), ggu = grads.gate_up.select(0, e);
+    kernels::matmul(dye, w.down.select(0, e), dae, false, false);
+    kernels::matmul(dye, sv.a.slice(0, i0, i1), gdown, true, false, 1.f, 1.f);
+    Tensor dgate = due.slice(1, 0, F), dup = due.slice(1, F, 2 * F);
+    kernels::swiglu_backward(dae, u.slice(1, 0, F), u.slice(1, F, 2 * F), dgate, dup);
+    kernels::matmul(due, sv.x.slice(0, i0, i1), ggu, true, false, 1.f, 1.f);
+    kernels::matmul(due, w.gate_up.select(0, e), dxe, false, false);
+  }
+
+  // dh = the slots' input gradients summed per token (choice order), then the router's.
+  TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
+  std::vector<int32_t> pos(S);
+  for (int64_t i = 0; i < S; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
+  const float* dxp = dx.data<float>();
+  float* dhp = dh.data<float>();
+  const int64_t ldh = dh.stride(0);
+  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* o = dhp + n * ldh;
+      std::fill_n(o, H, 0.f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float* g = dxp + pos[n * k + j] * H;
+        for (int64_t c = 0; c < H; ++c) o[c] += g[c];
+      }
+    }
+  });
+
+  // d scores: the chosen ones' through the (renormalised) weights, plus the balance
+  // loss's for every expert; then through the softmax to the logits.
+  Tensor dscores = Tensor::zeros({N, E}, DType::kF32);
+  const float* p = r.scores.data<float>();
+  float* ds = dscores.data<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    float* d = ds + n * E;
+    if (aux_score_grad)
+      for (int64_t e = 0; e < E; ++e) d[e] = (*aux_score_grad)[e];
+    if (spec.norm_topk_prob) {
+      // w_j = p_j / S: d p_j = (dw_j - sum_i dw_i w_i) / S.
+      float sum = 0.f, dot = 0.f;
+      for (int64_t j = 0; j < k; ++j) sum += p[n * E + r.expert[n * k + j]];
+      for (int64_t j = 0; j < k; ++j) dot += dweight[n * k + j] * r.weight[n * k + j];
+      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += (dweight[n * k + j] - dot) / sum;
+    } else {
+      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += dweight[n * k + j];
+    }
+  }
+  Tensor dlogits = Tensor::empty({N, E}, DType::kF32);
+  kernels::softmax_backward(dscores, r.scores, dlogits);
+  kernels::matmul(dlogits, w.router, dh, false, false, 1.f, 1.f);
+  kernels::matmul(dlogits, h, grads.router, true, false, 1.f, 1.f);
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,77 @@
+// A mixture-of-experts MLP layer (Mixtral's MixtralSparseMoeBlock; the routed experts of
+// Qwen2-MoE and DeepSeek-V2/V3): a linear router scores every expert per token, the top k
+// are kept (their softmax probabilities, renormalised to sum to 1 where the config says),
+// and the token's output is the weighted sum of those experts' SwiGLU MLPs.
+//
+// The experts run as grouped GEMMs: the (token, choice) slots are sorted by expert once
+// per layer, each expert's rows are gathered into one block and multiplied by its weights
+// in one GEMM per linear (never a matmul per token), and the outputs are scattered back
+// with their weights. Forward, backward, and the Switch / Mixtral load-balancing loss
+// (transformers' load_balancing_loss_func, over the tokens of every MoE layer together).
+// Internal to model/ (the block calls it where a layer is sparse).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tessera/tensor/tensor.h"
+
+namespace tessera::model {
+
+struct MoeSpec {
+  int64_t num_experts = 8;
+  int64_t top_k = 2;
+  bool norm_topk_prob = true;  // renormalise the top-k probabilities (Mixtral: always)
+};
+
+// One layer's experts, in Hugging Face's shapes stacked over the experts.
+struct MoeWeights {
+  Tensor router;   // (E, H): block_sparse_moe.gate.weight
+  Tensor gate_up;  // (E, 2F, H): rows [0, F) experts.e.w1 (gate), [F, 2F) experts.e.w3 (up)
+  Tensor down;     // (E, H, F): experts.e.w2
+};
+
+// Which experts each token went to, and how the slots are grouped by expert.
+struct MoeRouting {
+  int64_t tokens = 0, top_k = 0;
+  Tensor scores;                  // (N, E) f32: softmax of the router logits
+  std::vector<int32_t> expert;    // (N k): slot n k + j's expert (j-th best for token n)
+  std::vector<float> weight;      // (N k): its combine weight
+  std::vector<int32_t> order;     // (N k): the slots sorted by expert (stable: by token)
+  std::vector<int64_t> offsets;   // (E + 1): expert e's slots are order[offsets[e], offsets[e + 1])
+  int64_t load(int64_t e) const { return offsets[e + 1] - offsets[e]; }
+};
+
+// What moe_backward needs of its forward.
+struct MoeSaved {
+  MoeRouting routing;
+  Tensor x;  // (N k, H): input rows in sorted-slot order
+  Tensor u;  // (N k, 2F): gate | up
+  Tensor a;  // (N k, F): silu(gate) * up
+  Tensor y;  // (N k, H): each slot's expert output, before its weight
+};
+
+// out (N, H) = sum_j weight(n, j) * expert_{e(n, j)}(h[n]); h (N, H) f32. With `save`, what
+// backward needs (else scratch). Weights f32 or bf16 (multiplied as kernels::matmul does).
+void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save);
+
+// The load-balancing loss over the T tokens of several layers, as transformers computes it:
+// E * sum_e f_e P_e, f_e = (slots routed to e) / T (summed over the k choices), P_e the
+// mean router probability of e over the T tokens.
+struct MoeBalance {
+  explicit MoeBalance(int64_t num_experts) : routed(num_experts, 0.0), prob(num_experts, 0.0) {}
+  void add(const MoeRouting& r);  // one layer's forward
+  double loss() const;
+  // d(coef * loss) / d scores[n][e] for every token of every layer added: the same for
+  // all n, coef E f_e / T.
+  std::vector<float> score_grad(double coef) const;
+  std::vector<double> routed, prob;  // per expert: slots routed, summed probability
+  int64_t tokens = 0;
+};
+
+// dh (N, H) = d out / d h (overwritten); grads' tensors (shaped as w's, f32) += the weight
+// gradients. aux_score_grad (E, optional): MoeBalance::score_grad, added for every token.
+void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const MoeSaved& saved,
+                  const Tensor& dout, Tensor& dh, MoeWeights& grads,
+                  const std::vector<float>* aux_score_grad = nullptr);
+
+}  // namespace tessera::model

@@ -1,0 +1,159 @@
+// The mixture-of-experts layer (model/moe.h) against PyTorch: transformers'
+// MixtralSparseMoeBlock and load_balancing_loss_func transcribed in
+// tests/parity/moe_reference.py, in float64. Two layers share one balancing loss (it is
+// taken over every layer's tokens together), so its cross-layer form is checked too.
+#include "tessera/model/moe.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "tessera/io/safetensors.h"
+#include "test_util/run_command.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+Tensor randn(const Shape& shape, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> n(0.f, sd);
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  return t;
+}
+
+// max |a - b| / max |b|.
+float rel_diff(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  EXPECT_EQ(x.shape(), y.shape());
+  float d = 0, m = 1e-30f;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    d = std::max(d, std::fabs(x.data<float>()[i] - y.data<float>()[i]));
+    m = std::max(m, std::fabs(y.data<float>()[i]));
+  }
+  return d / m;
+}
+
+struct Case {
+  int64_t experts, top_k, hidden, ffn, tokens;
+  bool norm_topk_prob;
+  double coef;
+};
+
+void check_against_pytorch(const Case& c) {
+  SCOPED_TRACE("E " + std::to_string(c.experts) + " k " + std::to_string(c.top_k) +
+               (c.norm_topk_prob ? " renormalised" : " raw") + " coef " + std::to_string(c.coef));
+  const int layers = 2;
+  std::mt19937 rng(static_cast<uint32_t>(c.experts * 131 + c.top_k * 7 + c.tokens));
+  model::MoeSpec spec;
+  spec.num_experts = c.experts;
+  spec.top_k = c.top_k;
+  spec.norm_topk_prob = c.norm_topk_prob;
+  const int64_t E = c.experts, H = c.hidden, F = c.ffn, N = c.tokens;
+  std::vector<model::MoeWeights> w(layers);
+  std::vector<Tensor> h(layers), dout(layers);
+  std::vector<std::pair<std::string, Tensor>> in;
+  for (int L = 0; L < layers; ++L) {
+    const std::string p = std::to_string(L) + ".";
+    w[L].router = randn({E, H}, rng, 0.5f);
+    Tensor w1 = randn({E, F, H}, rng, 0.2f), w3 = randn({E, F, H}, rng, 0.2f);
+    w[L].down = randn({E, H, F}, rng, 0.2f);
+    w[L].gate_up = Tensor::empty({E, 2 * F, H}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) {
+      w[L].gate_up.select(0, e).slice(0, 0, F).copy_from(w1.select(0, e));
+      w[L].gate_up.select(0, e).slice(0, F, 2 * F).copy_from(w3.select(0, e));
+    }
+    h[L] = randn({N, H}, rng, 1.f);
+    dout[L] = randn({N, H}, rng, 1.f);
+    in.insert(in.end(), {{p + "h", h[L]}, {p + "gate", w[L].router}, {p + "w1", w1}, {p + "w3", w3},
+                         {p + "w2", w[L].down}, {p + "dout", dout[L]}});
+  }
+  const fs::path dir = fs::temp_directory_path() / ("tessera_moe_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string in_path = (dir / "in.safetensors").string(), out_path = (dir / "out.safetensors").string();
+  io::save_safetensors(in_path, in,
+                       {{"top_k", std::to_string(c.top_k)},
+                        {"norm_topk_prob", c.norm_topk_prob ? "true" : "false"},
+                        {"coef", std::to_string(c.coef)},
+                        {"layers", std::to_string(layers)}});
+  const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                                      "/tests/parity/moe_reference.py " + in_path + " " + out_path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ref = io::SafetensorsFile::open(out_path);
+
+  // Forward both layers, the balance over both, then backward.
+  std::vector<model::MoeSaved> saved(layers);
+  model::MoeBalance balance(E);
+  for (int L = 0; L < layers; ++L) {
+    const std::string p = std::to_string(L) + ".";
+    Tensor out = Tensor::empty({N, H}, DType::kF32);
+    model::moe_forward(spec, w[L], h[L], out, &saved[L]);
+    EXPECT_LT(rel_diff(out, ref->get(p + "out")), 1e-5f) << "layer " << L;
+    // The same experts, in the same order of preference.
+    const Tensor experts = ref->get(p + "experts");
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < c.top_k; ++j)
+        ASSERT_EQ(saved[L].routing.expert[n * c.top_k + j], experts.data<int32_t>()[n * c.top_k + j])
+            << "layer " << L << " token " << n << " choice " << j;
+    balance.add(saved[L].routing);
+  }
+  EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
+  const std::vector<float> aux = balance.score_grad(c.coef);
+  for (int L = 0; L < layers; ++L) {
+    const std::string p = std::to_string(L) + ".";
+    model::MoeWeights g;
+    g.router = Tensor::zeros({E, H}, DType::kF32);
+    g.gate_up = Tensor::zeros({E, 2 * F, H}, DType::kF32);
+    g.down = Tensor::zeros({E, H, F}, DType::kF32);
+    Tensor dh = Tensor::empty({N, H}, DType::kF32);
+    model::moe_backward(spec, w[L], h[L], saved[L], dout[L], dh, g, &aux);
+    EXPECT_LT(rel_diff(dh, ref->get(p + "dh")), 1e-5f) << "layer " << L;
+    EXPECT_LT(rel_diff(g.router, ref->get(p + "dgate")), 1e-5f) << "layer " << L;
+    EXPECT_LT(rel_diff(g.gate_up.slice(1, 0, F), ref->get(p + "dw1")), 1e-5f) << "layer " << L;
+    EXPECT_LT(rel_diff(g.gate_up.slice(1, F, 2 * F), ref->get(p + "dw3")), 1e-5f) << "layer " << L;
+    EXPECT_LT(rel_diff(g.down, ref->get(p + "dw2")), 1e-5f) << "layer " << L;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Moe, ForwardRoutingAndEveryGradientMatchTransformersMixtral) {
+  // Mixtral's top-2 of 8 with the balancing loss; a wider top-k; Qwen2-MoE's unnormalised
+  // weights (norm_topk_prob false); more experts than some get tokens.
+  for (const Case& c : {Case{8, 2, 32, 48, 40, true, 0.02}, Case{8, 3, 24, 40, 33, true, 0.5},
+                        Case{6, 2, 32, 24, 17, false, 0.0}, Case{16, 2, 16, 24, 5, true, 0.1}})
+    check_against_pytorch(c);
+}
+
+TEST(Moe, ExpertsWithoutTokensAndBadShapesAreHandled) {
+  std::mt19937 rng(3);
+  model::MoeSpec spec;
+  spec.num_experts = 4;
+  spec.top_k = 1;
+  model::MoeWeights w;
+  w.router = Tensor::zeros({4, 8}, DType::kF32);
+  w.router.data<float>()[2 * 8] = 10.f;  // expert 2 wins for tokens with positive first feature
+  w.gate_up = randn({4, 12, 8}, rng, 0.3f);
+  w.down = randn({4, 8, 6}, rng, 0.3f);
+  Tensor h = randn({5, 8}, rng, 1.f);
+  for (int64_t n = 0; n < 5; ++n) h.data<float>()[n * 8] = 1.f + static_cast<float>(n);
+  Tensor out = Tensor::empty({5, 8}, DType::kF32);
+  model::MoeSaved saved;
+  model::moe_forward(spec, w, h, out, &saved);
+  EXPECT_EQ(saved.routing.load(2), 5);
+  EXPECT_EQ(saved.routing.load(0) + saved.routing.load(1) + saved.routing.load(3), 0);
+  for (int64_t n = 0; n < 5; ++n) EXPECT_FLOAT_EQ(saved.routing.weight[n], 1.f);
+  spec.top_k = 5;
+  EXPECT_THROW(model::moe_forward(spec, w, h, out, nullptr), Error);
+  spec.top_k = 1;
+  w.down = Tensor::zeros({4, 8, 5}, DType::kF32);
+  EXPECT_THROW(model::moe_forward(spec, w, h, out, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace tessera
