@@ -2,6 +2,7 @@
 // precision mode and kernels for the same config (and TESSERA_BF16), on every machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -81,6 +82,20 @@ TEST(BenchTrainCli, PicksTheTrainersPrecisionModeAndKernelsForTheSameConfig) {
 // The shared peak probe against `bench gemm`'s own table in the same run: within 10% for
 // f32 and bf16. Timing, so it runs alone (ctest's bench_gemm_peak_probe, RUN_SERIAL) and
 // takes the best of three attempts on a shared machine.
+// `bench moe` times the grouped expert layer against dense GEMMs of the same FLOPs; bad
+// sizes are one line.
+TEST(BenchMoeCli, ReportsTheExpertLayerAgainstDenseAndRejectsBadSizes) {
+  const std::string cli = TESSERA_CLI_PATH;
+  const auto r = run_command(cli + " bench moe --experts 4 --top-k 2 --hidden 64 --ffn 96 --tokens 48 --repeats 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(line_after(r.out, "forward:").find("of dense"), std::string::npos) << r.out;
+  EXPECT_NE(line_after(r.out, "backward:").find("of dense"), std::string::npos) << r.out;
+  const auto bad = run_command(cli + " bench moe --experts 4 --top-k 5 2>&1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("top-k <= experts"), std::string::npos) << bad.out;
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
+}
+
 TEST(BenchGemmCli, PeakProbeAgreesWithTheTableWithinTenPercent) {
   if (!std::getenv("TESSERA_PEAK_TEST")) GTEST_SKIP() << "runs as the serial ctest bench_gemm_peak_probe";
   double worst = 0;

@@ -1,4 +1,4 @@
-// `tessera bench gemm|decode|prefill|train|tokenizer`: speed figures with the machine peak
+// `tessera bench gemm|decode|prefill|train|moe|tokenizer`: speed figures with the machine peak
 // measured in the same run, printed as ratios.
 #include <unistd.h>
 
@@ -251,6 +251,33 @@ void add_bench(CLI::App& app, Action& action) {
   train->add_option("--trace", tf->trace,
                     "Write a Chrome trace (Perfetto) of the timed steps, one span per kernel call");
   train->callback([&action, o, tf] { action = [o, tf] { return run_train(*o, *tf); }; });
+  auto mo = std::make_shared<model::MoeBenchOptions>();
+  auto* moe = bench->add_subcommand("moe", "Mixture-of-experts layer (grouped expert GEMMs) vs dense GEMMs of the same FLOPs");
+  moe->add_option("--experts", mo->experts, "Experts")->capture_default_str();
+  moe->add_option("--top-k", mo->top_k, "Experts per token")->capture_default_str();
+  moe->add_option("--hidden", mo->hidden, "Hidden size")->capture_default_str();
+  moe->add_option("--ffn", mo->ffn, "Each expert's intermediate size")->capture_default_str();
+  moe->add_option("--tokens", mo->tokens, "Tokens per step")->capture_default_str();
+  moe->add_option("--dtype", *dtype, "Weight dtype (bf16 or f32)")->capture_default_str();
+  moe->add_option("--repeats", mo->repeats, "Runs; the median is reported")->capture_default_str();
+  moe->callback([&action, mo, dtype] {
+    action = [mo, dtype] {
+      mo->dtype = parse_dtype(*dtype);
+      TESSERA_CHECK(mo->dtype == DType::kF32 || mo->dtype == DType::kBF16, "--dtype ", *dtype,
+                    ": the experts' weights are f32 or bf16");
+      const auto r = model::bench_moe(*mo);
+      std::printf("moe: %lld experts, top-%lld, hidden %lld, ffn %lld, %lld tokens, %s weights; %.2f GFLOP of "
+                  "expert GEMMs per forward, routed load max/mean %.2f\n",
+                  static_cast<long long>(mo->experts), static_cast<long long>(mo->top_k),
+                  static_cast<long long>(mo->hidden), static_cast<long long>(mo->ffn),
+                  static_cast<long long>(mo->tokens), dtype_name(mo->dtype), r.expert_gflop, r.max_over_mean_load);
+      std::printf("forward:  moe %.2f ms, dense %.2f ms: moe at %.2f of dense (%.1f GFLOP/s)\n", r.moe_forward_s * 1e3,
+                  r.dense_forward_s * 1e3, r.forward_ratio, r.expert_gflop / r.moe_forward_s);
+      std::printf("backward: moe %.2f ms, dense %.2f ms: moe at %.2f of dense\n", r.moe_backward_s * 1e3,
+                  r.dense_backward_s * 1e3, r.backward_ratio);
+      return 0;
+    };
+  });
   add_bench_tokenizer(bench, action);
   add_bench_comm(bench, action);
   add_bench_serve(bench, action);

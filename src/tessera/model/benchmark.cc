@@ -3,11 +3,14 @@
 #include "tessera/model/quantize.h"
 
 #include <algorithm>
+#include <random>
 #include <vector>
 
 #include "tessera/base/timer.h"
+#include "tessera/kernels/activation.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/peak.h"
+#include "tessera/model/moe.h"
 
 namespace tessera::model {
 namespace {
@@ -83,6 +86,76 @@ PrefillBench bench_prefill(const Model& model, const BenchOptions& o) {
   r.peak_dtype = matmul_peak_dtype(model.bf16_mode());
   r.peak_gflops = kernels::measure_gemm_peak(r.peak_dtype).gflops;
   r.ratio = r.gflops / r.peak_gflops;
+  return r;
+}
+
+MoeBench bench_moe(const MoeBenchOptions& o) {
+  TESSERA_CHECK(o.experts >= 1 && o.top_k >= 1 && o.top_k <= o.experts && o.hidden >= 1 && o.ffn >= 1 &&
+                    o.tokens >= 1 && o.repeats >= 1,
+                "bench moe: experts ", o.experts, ", top-k ", o.top_k, ", hidden ", o.hidden, ", ffn ", o.ffn,
+                ", tokens ", o.tokens, ", repeats ", o.repeats, " (each must be positive, top-k <= experts)");
+  const int64_t E = o.experts, k = o.top_k, H = o.hidden, F = o.ffn, N = o.tokens;
+  std::mt19937 rng(7);
+  auto randn = [&](const Shape& shape, float sd) {
+    std::normal_distribution<float> nd(0.f, sd);
+    Tensor t = Tensor::empty(shape, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = nd(rng);
+    return t;
+  };
+  MoeSpec spec;
+  spec.num_experts = E;
+  spec.top_k = k;
+  MoeWeights w{randn({E, H}, 1.f).to(o.dtype), randn({E, 2 * F, H}, 0.02f).to(o.dtype),
+               randn({E, H, F}, 0.02f).to(o.dtype)};
+  MoeWeights g{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
+               Tensor::zeros({E, H, F}, DType::kF32)};
+  const Tensor h = randn({N, H}, 1.f), dout = randn({N, H}, 1.f);
+  Tensor out = Tensor::empty({N, H}, DType::kF32), dh = Tensor::empty({N, H}, DType::kF32);
+  // The dense peer: one MLP of k F features, the same FLOPs as the k experts per token.
+  const Tensor dgu = randn({2 * k * F, H}, 0.02f).to(o.dtype), ddown = randn({H, k * F}, 0.02f).to(o.dtype);
+  Tensor u = Tensor::empty({N, 2 * k * F}, DType::kF32), a = Tensor::empty({N, k * F}, DType::kF32);
+  Tensor da = a.clone(), du = u.clone(), gdgu = Tensor::zeros({2 * k * F, H}, DType::kF32),
+         gdd = Tensor::zeros({H, k * F}, DType::kF32);
+  const auto dense_forward = [&] {
+    kernels::matmul(h, dgu, u, false, true);
+    kernels::swiglu_forward(u.slice(1, 0, k * F), u.slice(1, k * F, 2 * k * F), a);
+    kernels::matmul(a, ddown, out, false, true);
+  };
+  const auto dense_backward = [&] {
+    kernels::matmul(dout, ddown, da, false, false);
+    kernels::matmul(dout, a, gdd, true, false, 1.f, 1.f);
+    Tensor dg = du.slice(1, 0, k * F), dup = du.slice(1, k * F, 2 * k * F);
+    kernels::swiglu_backward(da, u.slice(1, 0, k * F), u.slice(1, k * F, 2 * k * F), dg, dup);
+    kernels::matmul(du, h, gdgu, true, false, 1.f, 1.f);
+    kernels::matmul(du, dgu, dh, false, false);
+  };
+  MoeSaved saved;
+  std::vector<double> mf, mb, df, db;
+  for (int rep = 0; rep <= o.repeats; ++rep) {  // the first is a warm-up
+    base::Timer t;
+    moe_forward(spec, w, h, out, &saved);
+    const double f = t.seconds();
+    t = base::Timer();
+    moe_backward(spec, w, h, saved, dout, dh, g);
+    const double b = t.seconds();
+    t = base::Timer();
+    dense_forward();
+    const double f2 = t.seconds();
+    t = base::Timer();
+    dense_backward();
+    const double b2 = t.seconds();
+    if (rep == 0) continue;
+    mf.push_back(f), mb.push_back(b), df.push_back(f2), db.push_back(b2);
+  }
+  MoeBench r;
+  r.moe_forward_s = median(mf), r.moe_backward_s = median(mb);
+  r.dense_forward_s = median(df), r.dense_backward_s = median(db);
+  r.expert_gflop = 6.0 * static_cast<double>(N * k) * static_cast<double>(F * H) / 1e9;
+  r.forward_ratio = r.dense_forward_s / r.moe_forward_s;
+  r.backward_ratio = r.dense_backward_s / r.moe_backward_s;
+  int64_t most = 0;
+  for (int64_t e = 0; e < E; ++e) most = std::max(most, saved.routing.load(e));
+  r.max_over_mean_load = static_cast<double>(most) / (static_cast<double>(N * k) / static_cast<double>(E));
   return r;
 }
 

@@ -36,6 +36,22 @@ struct PrefillBench {
 };
 PrefillBench bench_prefill(const Model& model, const BenchOptions& o);
 
+// The mixture-of-experts layer (model/moe.h) forward and backward over `tokens` tokens
+// against dense GEMMs of the same FLOPs (the top_k experts' work as one MLP of top_k x ffn
+// features over the same tokens): the grouped expert GEMMs' share of dense speed.
+struct MoeBenchOptions {
+  int64_t experts = 8, top_k = 2, hidden = 1024, ffn = 2816, tokens = 1024;
+  DType dtype = DType::kBF16;  // the experts' weights (bf16: multiplied as bf16, as training does)
+  int repeats = 5;             // median of this many
+};
+struct MoeBench {
+  double moe_forward_s = 0, moe_backward_s = 0, dense_forward_s = 0, dense_backward_s = 0;
+  double expert_gflop = 0;     // the experts' GEMM FLOPs of one forward
+  double forward_ratio = 0, backward_ratio = 0;  // dense time / MoE time
+  double max_over_mean_load = 0;  // the routing's imbalance (random weights)
+};
+MoeBench bench_moe(const MoeBenchOptions& o);
+
 // Builds the model a benchmark runs on: loads o.model_dir or a random o.shape.
 Model bench_model(const BenchOptions& o);
 
