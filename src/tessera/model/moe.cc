@@ -61,6 +61,28 @@ MoeRouting route(const MoeSpec& spec, Tensor scores) {
   return r;
 }
 
+// out[n] (overwritten) = the sum over token n's k slots, in choice order, of `rows` (in
+// sorted-slot order), each times its combine weight when `weighted`.
+void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& out) {
+  const int64_t N = r.tokens, k = r.top_k, H = rows.size(1);
+  std::vector<int32_t> pos(N * k);
+  for (int64_t i = 0; i < N * k; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
+  const float* src = rows.data<float>();
+  float* op = out.data<float>();
+  const int64_t ldo = out.stride(0);
+  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* o = op + n * ldo;
+      std::fill_n(o, H, 0.f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float wt = weighted ? r.weight[n * k + j] : 1.f;
+        const float* y = src + pos[n * k + j] * H;
+        for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save) {
@@ -98,22 +120,7 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
   TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
                 ", expected (", N, ", ", H, ") f32");
-  std::vector<int32_t> pos(S);
-  for (int64_t i = 0; i < S; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
-  const float* yp = sv.y.data<float>();
-  float* op = out.data<float>();
-  const int64_t ldo = out.stride(0);
-  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      float* o = op + n * ldo;
-      std::fill_n(o, H, 0.f);
-      for (int64_t j = 0; j < k; ++j) {
-        const float wt = r.weight[n * k + j];
-        const float* y = yp + pos[n * k + j] * H;
-        for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
-      }
-    }
-  });
+  sum_slots(r, sv.y, true, out);
 }
 
 void MoeBalance::add(const MoeRouting& r) {
@@ -195,21 +202,7 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
 
   // dh = the slots' input gradients summed per token (choice order), then the router's.
   TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
-  std::vector<int32_t> pos(S);
-  for (int64_t i = 0; i < S; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
-  const float* dxp = dx.data<float>();
-  float* dhp = dh.data<float>();
-  const int64_t ldh = dh.stride(0);
-  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      float* o = dhp + n * ldh;
-      std::fill_n(o, H, 0.f);
-      for (int64_t j = 0; j < k; ++j) {
-        const float* g = dxp + pos[n * k + j] * H;
-        for (int64_t c = 0; c < H; ++c) o[c] += g[c];
-      }
-    }
-  });
+  sum_slots(r, dx, false, dh);
 
   // d scores: the chosen ones' through the (renormalised) weights, plus the balance
   // loss's for every expert; then through the softmax to the logits.
