@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/base/mapped_file.h"
+
 namespace tessera::io {
 
 constexpr uint64_t kGgufDefaultAlignment = 32;
@@ -135,7 +137,6 @@ class GgufFile {
   // unchanged path again returns it: one header parse for a command's config, weights and
   // tokenizer, and for in-process tp ranks.
   static std::shared_ptr<GgufFile> open(const std::string& path);
-  ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
@@ -149,10 +150,7 @@ class GgufFile {
   GgufFile() = default;
   static std::shared_ptr<GgufFile> open_uncached(const std::string& path);
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  uint64_t ino_ = 0, dev_ = 0;
-  int64_t mtime_ns_ = 0;
+  base::MappedFile map_;
   GgufHeader header_;
   std::unordered_map<std::string, size_t> index_;
 };

@@ -49,9 +49,9 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   if (::stat(path.c_str(), &now) == 0) {
     auto it = open_files.find(path);
     if (it != open_files.end())
-      if (auto f = it->second.lock(); f && f->ino_ == now.st_ino && f->dev_ == now.st_dev &&
-                                      f->map_bytes_ == static_cast<size_t>(now.st_size) &&
-                                      f->mtime_ns_ == mtime_ns(now))
+      if (auto f = it->second.lock(); f && f->map_.stat().st_ino == now.st_ino && f->map_.stat().st_dev == now.st_dev &&
+                                      f->map_.stat().st_size == now.st_size &&
+                                      mtime_ns(f->map_.stat()) == mtime_ns(now))
         return last = f;
   }
   std::shared_ptr<GgufFile> f = open_uncached(path);
@@ -64,39 +64,11 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
 std::shared_ptr<GgufFile> GgufFile::open_uncached(const std::string& path) {
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes == 0) {
-    ::close(fd);
-    fail(path, ": empty file, not a GGUF file");
-  }
-  void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (m == MAP_FAILED) fail(path, ": mmap of ", bytes, " bytes failed: ", std::strerror(err));
-  f->map_ = m;
-  f->map_bytes_ = bytes;
-  f->ino_ = st.st_ino;
-  f->dev_ = st.st_dev;
-  f->mtime_ns_ = mtime_ns(st);
-  f->header_ = parse_gguf_header(static_cast<const uint8_t*>(m), bytes, path);
+  f->map_ = base::MappedFile::map(path);
+  if (f->map_.size() == 0) fail(path, ": empty file, not a GGUF file");
+  f->header_ = parse_gguf_header(f->map_.data(), f->map_.size(), path);
   for (size_t i = 0; i < f->header_.tensors.size(); ++i) f->index_.emplace(f->header_.tensors[i].name, i);
   return f;
-}
-
-GgufFile::~GgufFile() {
-  if (map_) ::munmap(map_, map_bytes_);
 }
 
 const GgufTensorInfo* GgufFile::tensor(const std::string& name) const {
@@ -105,7 +77,7 @@ const GgufTensorInfo* GgufFile::tensor(const std::string& name) const {
 }
 
 const uint8_t* GgufFile::data(const GgufTensorInfo& t) const {
-  return static_cast<const uint8_t*>(map_) + header_.data_start + t.offset;
+  return map_.data() + header_.data_start + t.offset;
 }
 
 // ---- writer ----------------------------------------------------------------------------

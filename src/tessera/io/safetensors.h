@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/base/mapped_file.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::io {
@@ -50,7 +51,6 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size,
 class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
  public:
   static std::shared_ptr<SafetensorsFile> open(const std::string& path);
-  ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -65,8 +65,7 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
  private:
   SafetensorsFile() = default;
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  base::MappedFile map_;
   SafetensorsHeader header_;
   std::unordered_map<std::string, size_t> index_;  // name -> header_.tensors index
 };

@@ -22,41 +22,14 @@ namespace fs = std::filesystem;
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail(path, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes < 8) {
-    ::close(fd);
-    uint8_t none[1] = {0};
-    parse_safetensors_header(none, bytes, path);  // throws "too small"
-  }
   // Private and writable: in-place updates to loaded weights (fine-tuning) copy the
   // touched pages instead of faulting, and the file on disk never changes.
-  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  int err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (m == MAP_FAILED) fail(path, ": mmap of ", bytes, " bytes failed: ", std::strerror(err));
-  f->map_ = m;
-  f->map_bytes_ = bytes;
-  f->header_ = parse_safetensors_header(static_cast<const uint8_t*>(m), bytes, path);
+  f->map_ = base::MappedFile::map(path, base::MappedFile::Mode::kPrivateWritable);
+  f->header_ = parse_safetensors_header(f->map_.data(), f->map_.size(), path);  // "too small" under 8 bytes
   f->index_.reserve(f->header_.tensors.size());
   for (size_t i = 0; i < f->header_.tensors.size(); ++i)
     f->index_.emplace(f->header_.tensors[i].name, i);
   return f;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, map_bytes_);
 }
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
@@ -68,7 +41,7 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 
 Tensor SafetensorsFile::get(const std::string& name) const {
   const TensorInfo& ti = info(name);
-  uint8_t* p = static_cast<uint8_t*>(map_) + header_.data_start + ti.begin;
+  uint8_t* p = map_.data() + header_.data_start + ti.begin;
   // The mapping is page aligned, so alignment depends only on the file offset.
   const uint64_t item = dtype_size(ti.dtype);
   if ((header_.data_start + ti.begin) % item == 0) {

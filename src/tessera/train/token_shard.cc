@@ -141,32 +141,11 @@ std::vector<std::string> write_token_shards(const std::string& out_dir, const st
 std::shared_ptr<TokenShard> TokenShard::open(const std::string& path) {
   std::shared_ptr<TokenShard> s(new TokenShard());
   s->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open token shard: ", std::strerror(errno));
-  struct stat sb;
-  if (::fstat(fd, &sb) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
-  const size_t bytes = static_cast<size_t>(sb.st_size);
-  if (bytes < static_cast<size_t>(kShardHeaderBytes)) {
-    ::close(fd);
-    fail(path, ": ", bytes, " bytes is too small for a token shard (header is ",
-         kShardHeaderBytes, " bytes)");
-  }
-  void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (m == MAP_FAILED) fail(path, ": mmap of ", bytes, " bytes failed: ", std::strerror(err));
-  s->map_ = m;
-  s->map_bytes_ = bytes;
-
-  const auto* h = static_cast<const uint8_t*>(m);
+  s->map_ = base::MappedFile::map(path, base::MappedFile::Mode::kReadOnly, "token shard");
+  const size_t bytes = s->map_.size();
+  if (bytes < static_cast<size_t>(kShardHeaderBytes))
+    fail(path, ": ", bytes, " bytes is too small for a token shard (header is ", kShardHeaderBytes, " bytes)");
+  const uint8_t* h = s->map_.data();
   TESSERA_CHECK(std::memcmp(h, kShardMagic, 8) == 0, path,
                 ": not a Tessera token shard (bad magic; expected \"TSRTOKS\")");
   uint32_t version, tb;
@@ -190,10 +169,6 @@ std::shared_ptr<TokenShard> TokenShard::open(const std::string& path) {
   s->token_bytes_ = static_cast<int>(tb);
   s->checksum_ = checksum;
   return s;
-}
-
-TokenShard::~TokenShard() {
-  if (map_) ::munmap(map_, map_bytes_);
 }
 
 void TokenShard::read(int64_t begin, int64_t n, int32_t* out) const {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/base/mapped_file.h"
+
 namespace tessera::train {
 
 // Header layout, all little-endian (docs/data.md has the table):
@@ -37,7 +39,6 @@ std::vector<std::string> write_token_shards(const std::string& out_dir, const st
 class TokenShard {
  public:
   static std::shared_ptr<TokenShard> open(const std::string& path);
-  ~TokenShard();
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;
 
@@ -51,8 +52,7 @@ class TokenShard {
  private:
   TokenShard() = default;
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  base::MappedFile map_;
   const uint8_t* payload_ = nullptr;
   int64_t count_ = 0;
   int token_bytes_ = 0;
