@@ -16,6 +16,7 @@
 #include "tessera/model/model.h"
 #include "tessera/model/quantize.h"
 #include "test_util/run_command.h"
+#include "test_util/tensor_diff.h"
 
 namespace tessera {
 namespace {
@@ -29,17 +30,8 @@ Tensor logits_of(const model::Model& m) {
   return m.forward(prompt(), cache, true);
 }
 
-float max_abs_diff(const Tensor& a, const Tensor& b) {
-  float d = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
-  return d;
-}
-
-float max_abs(const Tensor& a) {
-  float d = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data<float>()[i]));
-  return d;
-}
+using tessera::testing::max_abs;
+using tessera::testing::max_abs_diff;
 
 struct Case {
   const char* scheme;
