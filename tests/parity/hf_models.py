@@ -188,11 +188,60 @@ class LlamaAttention(nn.Module):
         return self.o_proj(attn_output)
 
 
+class MixtralBlockSparseTop2MLP(nn.Module):
+    """modeling_mixtral.py: w2(act(w1 x) * w3 x)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg["hidden_size"], cfg["intermediate_size"]
+        self.w1 = nn.Linear(h, i, bias=False)
+        self.w2 = nn.Linear(i, h, bias=False)
+        self.w3 = nn.Linear(h, i, bias=False)
+        self.act_fn = _activation(cfg.get("hidden_act", "silu"))
+
+    def forward(self, x):
+        return self.w2(self.act_fn(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    """modeling_mixtral.py: softmax router in float, top-k, renormalised weights, each
+    expert over the tokens routed to it, index_add_ back."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.hidden_dim = cfg["hidden_size"]
+        self.num_experts = cfg["num_local_experts"]
+        self.top_k = cfg["num_experts_per_tok"]
+        self.gate = nn.Linear(self.hidden_dim, self.num_experts, bias=False)
+        self.experts = nn.ModuleList([MixtralBlockSparseTop2MLP(cfg) for _ in range(self.num_experts)])
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)
+        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        final = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype,
+                            device=hidden_states.device)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in range(self.num_experts):
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+            current = self.experts[expert_idx](current_state) * routing_weights[top_x, idx, None]
+            final.index_add_(0, top_x, current.to(hidden_states.dtype))
+        return final.reshape(batch_size, sequence_length, hidden_dim)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg, qkv_bias, o_bias):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, qkv_bias, o_bias)
-        self.mlp = LlamaMLP(cfg)
+        if cfg.get("model_type") == "mixtral":
+            self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
         self.post_attention_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
 
@@ -203,7 +252,10 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states = residual + hidden_states
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states)
+        if hasattr(self, "block_sparse_moe"):
+            hidden_states = self.block_sparse_moe(hidden_states)
+        else:
+            hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
 
@@ -381,7 +433,8 @@ class GPT2LMHeadModel(nn.Module):
 
 # ----------------------------------------------------------------------------- building / loading
 
-MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel}
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel,
+                 "mixtral": LlamaForCausalLM}  # (Mixtral: Llama attention, sparse MoE MLP)
 
 
 def build_model(cfg):

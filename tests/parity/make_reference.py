@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes a tiny random Hugging Face model directory plus PyTorch reference outputs.
 
-  make_reference.py --arch {llama,qwen2,gpt2} --out DIR [--seed N] [--variant NAME]
+  make_reference.py --arch {llama,qwen2,gpt2,mixtral} --out DIR [--seed N] [--variant NAME]
 
 DIR gets config.json, generation_config.json, model.safetensors (f32, HF tensor names),
 eval_ids.txt and reference.safetensors (inputs, targets, logits, loss, every gradient,
@@ -63,13 +63,26 @@ def _gpt2_config():
     }
 
 
-BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config}
+def _mixtral_config():
+    return {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **_TINY,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
+        "output_router_logits": False, "router_jitter_noise": 0.0, "sliding_window": None,
+        "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "rope_scaling": None,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_dropout": 0.0,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 1, "eos_token_id": 2,
+    }
+
+
+BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config}
 # Variants override keys of the base config, to cover the other branch of each option.
 VARIANTS = {
     "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
               "mha": {"num_key_value_heads": 4}},
     "qwen2": {"default": {}, "untied": {"tie_word_embeddings": False}},
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
+    "mixtral": {"default": {}},
 }
 
 

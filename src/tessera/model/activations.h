@@ -18,6 +18,7 @@ struct LayerActivations {
   Tensor h2;            // (N, H) norm2 output
   Tensor u;             // (N, 2F | F) MLP up projection (gate | up)
   Tensor a;             // (N, F) activation output
+  MoeSaved moe;         // a mixture-of-experts layer's routing and expert activations
 };
 
 struct Activations {

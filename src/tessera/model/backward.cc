@@ -97,6 +97,8 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 
 Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
                             ChunkPass& pass) const {
+  TESSERA_CHECK(!config_.is_moe(), "training mixture-of-experts models is not supported yet (their "
+                "layers run forward: generate, serve, eval)");
   pass.chunk = chunk;
   pass.acts = std::make_shared<Activations>();
   pass.head_input = Tensor();

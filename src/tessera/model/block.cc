@@ -293,6 +293,14 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     A->x_mid = s.x.clone();
     round_matmul_input_in_place(h2, mode);
   }
+  if (c.is_moe()) {  // (tp = 1: no sequence parallelism, N rows throughout)
+    MoeSpec spec;
+    spec.num_experts = c.num_experts;
+    spec.top_k = c.experts_per_token;
+    spec.norm_topk_prob = c.norm_topk_prob;
+    moe_forward(spec, m.compute_moe(l), h2, scratch(s.delta, N, H), A ? &A->moe : nullptr);
+    return;
+  }
   const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;
   Tensor& u = fresh(A ? A->u : s.u, s.u, Nf, U);
   column_parallel(kBlockLinears[2], h2, u);

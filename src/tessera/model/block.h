@@ -10,6 +10,7 @@
 //   x += delta; h = norm2(x)
 //   u = h @ Wup^T (+b); a = act(u)               column-parallel
 //   delta = a @ Wdown^T; [tp all-reduce] (+b)    row-parallel, added by the next block
+//   (mixture-of-experts layers: delta = moe(h), model/moe.h, in place of up and down)
 #pragma once
 #include <functional>
 

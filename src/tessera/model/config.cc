@@ -81,6 +81,13 @@ double get_positive(const json& j, const std::string& source, const char* key, d
   return v;
 }
 
+// A finite float key in [0, hi] (loss weights, noise levels).
+double get_nonnegative(const json& j, const std::string& source, const char* key, double dflt, double hi) {
+  const double v = get_float(j, source, key, dflt);
+  TESSERA_CHECK(std::isfinite(v) && v >= 0 && v <= hi, source, ": key '", key, "' must be in [0, ", hi, "], got ", v);
+  return v;
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
@@ -89,7 +96,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   auto mt = j.find("model_type");
   TESSERA_CHECK(mt != j.end() && mt->is_string(), source, ": missing string key 'model_type'");
   c.model_type = mt->get<std::string>();
-  if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral") {
+  if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral" ||
+      c.model_type == "mixtral") {
     c.arch = c.model_type == "qwen2" ? Arch::kQwen2 : Arch::kLlama;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
     c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
@@ -111,7 +119,16 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   " is not supported (only \"silu\")");
     auto rs = j.find("rope_scaling");
     TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
-    if (c.model_type == "mistral") {
+    if (c.model_type == "mixtral") {
+      c.num_experts = get_int(j, source, "num_local_experts", 1, kMaxExperts);
+      c.experts_per_token = get_int(j, source, "num_experts_per_tok", 1, c.num_experts);
+      c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
+      c.output_router_logits = get_bool(j, source, "output_router_logits", false);
+      const double jitter = get_nonnegative(j, source, "router_jitter_noise", 0.0, 1e6);
+      TESSERA_CHECK(jitter == 0.0, source, ": 'router_jitter_noise' ", jitter,
+                    " is not supported (0: the router sees its input unperturbed)");
+    }
+    if (c.model_type == "mistral" || c.model_type == "mixtral") {
       auto sw = j.find("sliding_window");
       TESSERA_CHECK(sw == j.end() || sw->is_null(), source,
                     ": 'sliding_window' attention is not supported");
@@ -145,7 +162,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, mistral, gpt2)");
+         "' (supported: llama, qwen2, mistral, mixtral, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -176,6 +193,14 @@ void ModelConfig::validate(const std::string& source) const {
   TESSERA_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps <= 0.1f, source,
                 ": norm epsilon must be in (0, 0.1], got ", norm_eps);
   TESSERA_CHECK(std::isfinite(rope_theta) && rope_theta > 0, source, ": rope_theta must be positive and finite");
+  if (is_moe()) {
+    bounded(num_experts, "number of experts", kMaxExperts);
+    TESSERA_CHECK(experts_per_token >= 1 && experts_per_token <= num_experts, source, ": experts per token ",
+                  experts_per_token, " must be in [1, ", num_experts, "]");
+    TESSERA_CHECK(arch == Arch::kLlama && !qkv_bias, source,
+                  ": experts are supported in mixtral models (Llama attention without biases)");
+    TESSERA_CHECK(!quantization, source, ": quantized mixture-of-experts checkpoints are not supported yet");
+  }
   (void)num_parameters();  // every size below fits in int64 (checked; throws naming the config)
 }
 
@@ -186,7 +211,9 @@ int64_t ModelConfig::matmul_weight_elements() const {
                            std::to_string(num_layers) + " layers, " + std::to_string(vocab_size) + " vocab)";
   const int64_t attn = checked_add(checked_mul(hidden_size, checked_add(q_dim(), 2 * kv_dim(), what), what),
                                    checked_mul(q_dim(), hidden_size, what), what);
-  const int64_t mlp = checked_product({gated_mlp() ? 3 : 2, hidden_size, intermediate_size}, what);
+  int64_t mlp = checked_product({gated_mlp() ? 3 : 2, hidden_size, intermediate_size}, what);
+  if (is_moe())  // read per token: the chosen experts and the router
+    mlp = checked_add(checked_mul(experts_per_token, mlp, what), checked_mul(num_experts, hidden_size, what), what);
   return checked_add(checked_mul(num_layers, checked_add(attn, mlp, what), what),
                      checked_mul(vocab_size, hidden_size, what), what);  // + lm_head
 }
@@ -194,6 +221,9 @@ int64_t ModelConfig::matmul_weight_elements() const {
 int64_t ModelConfig::num_parameters() const {
   const std::string what = "parameter count";
   int64_t n = matmul_weight_elements();
+  if (is_moe())  // every expert, not only the chosen ones
+    n = checked_add(n, checked_product({num_layers, num_experts - experts_per_token, 3, hidden_size, intermediate_size}, what),
+                    what);
   const int64_t table = checked_mul(vocab_size, hidden_size, what);
   if (!tie_word_embeddings) n = checked_add(n, table, what);  // embedding separate from lm_head
   const int64_t norms = uses_layernorm() ? 2 : 1;
@@ -231,8 +261,8 @@ json ModelConfig::to_json() const {
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
   } else {
-    j["architectures"] = {arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = arch_name(arch);
+    j["architectures"] = {is_moe() ? "MixtralForCausalLM" : arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = is_moe() ? "mixtral" : arch_name(arch);
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
     j["intermediate_size"] = intermediate_size;
@@ -245,7 +275,14 @@ json ModelConfig::to_json() const {
     j["rope_theta"] = rope_theta;
     j["tie_word_embeddings"] = tie_word_embeddings;
     j["hidden_act"] = "silu";
-    if (arch == Arch::kLlama) j["attention_bias"] = qkv_bias;
+    if (arch == Arch::kLlama && !is_moe()) j["attention_bias"] = qkv_bias;
+    if (is_moe()) {
+      j["num_local_experts"] = num_experts;
+      j["num_experts_per_tok"] = experts_per_token;
+      j["router_aux_loss_coef"] = router_aux_loss_coef;
+      j["output_router_logits"] = output_router_logits;
+      j["sliding_window"] = nullptr;
+    }
   }
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;

@@ -45,6 +45,14 @@ struct ModelConfig {
   bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // Mixture of experts (model_type mixtral): every layer's MLP is num_experts SwiGLU experts
+  // of intermediate_size features, experts_per_token of them per token (model/moe.h).
+  // 0 experts: a dense MLP.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  bool norm_topk_prob = true;          // renormalise the chosen experts' probabilities
+  double router_aux_loss_coef = 0.0;   // the load-balancing loss's weight in training
+  bool output_router_logits = false;   // transformers adds that loss only when this is set
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
   // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
   std::optional<io::QuantCheckpointFormat> quantization;
@@ -53,6 +61,7 @@ struct ModelConfig {
   bool uses_rope() const { return arch != Arch::kGpt2; }
   bool gated_mlp() const { return arch != Arch::kGpt2; }       // SwiGLU vs GELU MLP
   bool linear_biases() const { return arch == Arch::kGpt2; }   // biases on every linear
+  bool is_moe() const { return num_experts > 0; }
   int64_t q_dim() const { return checked_mul(num_heads, head_dim, "num_heads * head_dim"); }
   int64_t kv_dim() const { return checked_mul(num_kv_heads, head_dim, "num_kv_heads * head_dim"); }
   int64_t qkv_dim() const { return checked_add(q_dim(), checked_mul(2, kv_dim(), "kv_dim"), "qkv_dim"); }

@@ -58,6 +58,7 @@ GgufExportReport export_gguf(const Model& m, const io::Tokenizer* tok, const std
                 " models are not supported (llama and qwen2 are)");
   TESSERA_CHECK(m.tp_shard().size == 1 && m.pp_stage().whole(),
                 "GGUF export needs the whole model, not a tensor-parallel shard or pipeline stage");
+  TESSERA_CHECK(!c.is_moe(), "GGUF export of mixture-of-experts models is not supported yet");
   TESSERA_CHECK(io::ggml_can_quantize(o.type), "GGUF export: type ", io::ggml_type_name(o.type),
                 " cannot be written");
   const Params& w = m.weights();

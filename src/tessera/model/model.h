@@ -253,6 +253,7 @@ class Model {
   // Weight used by the matmuls (compute copy when one exists).
   const Linear& compute_linear(int64_t layer, int which) const;  // which: 0 qkv, 1 o, 2 up, 3 down
   const Tensor& compute_lm_head() const;
+  const MoeWeights& compute_moe(int64_t layer) const;  // a mixture-of-experts layer's
 
  private:
   ModelConfig config_;

@@ -368,6 +368,9 @@ void Model::refresh_compute_unit(int unit) {
     convert(src.o.weight, dst.o.weight);
     convert(src.up.weight, dst.up.weight);
     convert(src.down.weight, dst.down.weight);
+    convert(src.moe.router, dst.moe.router);
+    convert(src.moe.gate_up, dst.moe.gate_up);
+    convert(src.moe.down, dst.moe.down);
     dst.qkv.quant = src.qkv.quant;  // quantized linears are their own compute form
     dst.o.quant = src.o.quant;
     dst.up.quant = src.up.quant;
@@ -388,6 +391,7 @@ void Model::release_compute_unit(int unit) {
     auto& dst = compute_.layers[unit - 1];
     dst.qkv.weight = dst.o.weight = dst.up.weight = dst.down.weight = Tensor();
     dst.qkv.bias = dst.o.bias = dst.up.bias = dst.down.bias = Tensor();
+    dst.moe = MoeWeights();
   }
   if (unit_holds_lm_head(unit)) compute_.lm_head = Tensor();
 }
@@ -399,6 +403,10 @@ void Model::refresh_compute_weights() {
 
 const Linear& Model::compute_linear(int64_t layer, int which) const {
   return (has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer]).linear(which);
+}
+
+const MoeWeights& Model::compute_moe(int64_t layer) const {
+  return (has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer]).moe;
 }
 
 const Tensor& Model::compute_lm_head() const {

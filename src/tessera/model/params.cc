@@ -73,8 +73,14 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
     } else {
       L.qkv.weight = make({d.qkv, H});
       L.o.weight = make({H, d.q});
-      L.up.weight = make({2 * F, H});
-      L.down.weight = make({H, F});
+      if (c.is_moe()) {
+        L.moe.router = make({c.num_experts, H});
+        L.moe.gate_up = make({c.num_experts, 2 * F, H});
+        L.moe.down = make({c.num_experts, H, F});
+      } else {
+        L.up.weight = make({2 * F, H});
+        L.down.weight = make({H, F});
+      }
       if (c.qkv_bias) L.qkv.bias = make({d.qkv});
     }
   }
@@ -184,6 +190,17 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     add(l + "mlp.gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
     add(l + "mlp.up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
     add(l + "mlp.down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
+    if (L.moe.router.defined()) {  // Mixtral's names (tp = 1: every expert whole)
+      const std::string moe = l + "block_sparse_moe.";
+      whole(moe + "gate.weight", L.moe.router);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = moe + "experts." + std::to_string(e) + ".";
+        const Tensor gu = L.moe.gate_up.select(0, e);
+        whole(x + "w1.weight", gu.slice(0, 0, F));
+        whole(x + "w2.weight", L.moe.down.select(0, e));
+        whole(x + "w3.weight", gu.slice(0, F, 2 * F));
+      }
+    }
   }
   whole(pre + "norm.weight", final_norm_w);
   if (!c.tie_word_embeddings || !embed.defined())  // (tied: the last stage's copy)
@@ -219,6 +236,9 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     }
     add(pre + "norm2.weight", P.norm2_w);
     add(pre + "norm2.bias", P.norm2_b);
+    add(pre + "moe.router", P.moe.router);
+    add(pre + "moe.gate_up", P.moe.gate_up);
+    add(pre + "moe.down", P.moe.down);
   }
   return out;
 }
@@ -243,7 +263,8 @@ void Params::zero() {
   z(embed);
   z(pos_embed);
   for (auto& L : layers) {
-    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b}) z(*t);
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down})
+      z(*t);
     for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
       z(lin->weight);
       z(lin->bias);

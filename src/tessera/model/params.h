@@ -14,6 +14,7 @@
 
 #include "tessera/kernels/quant.h"
 #include "tessera/model/config.h"
+#include "tessera/model/moe.h"
 #include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
 
@@ -35,6 +36,7 @@ struct LayerParams {
   Tensor norm2_w, norm2_b;  // (H)
   Linear up;                // out = 2F (gate rows, then up rows) when gated, else F
   Linear down;              // (H, F)
+  MoeWeights moe;           // a mixture-of-experts layer's router and experts (up, down unset)
 
   // By BlockLinear::which: 0 qkv, 1 o, 2 up, 3 down.
   Linear& linear(int which) { return which == 0 ? qkv : which == 1 ? o : which == 2 ? up : down; }

@@ -33,6 +33,7 @@ void Model::quantize_linears(const LinearQuantizer& quantize,
 
 void Model::quantize_layer(int64_t l, const LinearQuantizer& quantize) {
   TESSERA_CHECK(!quantized_, "the model's linears are already quantized");
+  TESSERA_CHECK(!config_.is_moe(), "quantizing mixture-of-experts models is not supported yet");
   TESSERA_CHECK(shard_.size == 1 && stage_.whole(),
                 "quantization needs the whole model (not a tensor-parallel shard or pipeline stage)");
   TESSERA_CHECK(hooks_ == nullptr, "quantized weights are for inference, not under a training wrapper");

@@ -12,6 +12,8 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   TESSERA_CHECK(s.size >= 1 && s.rank >= 0 && s.rank < s.size, "tensor-parallel rank ", s.rank,
                 " is outside a group of ", s.size);
   const int64_t tp = s.size;
+  TESSERA_CHECK(tp == 1 || !c.is_moe(), "tp = ", tp, ": tensor parallelism over mixture-of-experts layers is "
+                "not supported yet (run tp = 1)");
   auto split = [&](int64_t n, const char* what) {
     TESSERA_CHECK(n % tp == 0, "tp = ", tp, " does not divide ", what, " = ", n);
     return n / tp;
