@@ -1,8 +1,9 @@
 // A Mixtral model directory (model_type mixtral: Llama attention, sparse MoE MLPs) against
 // the PyTorch reference of tests/parity/ (hf_models.MixtralSparseMoeBlock, transcribed from
 // transformers' modeling_mixtral.py): logits over a batch, through the KV cache and decoded
-// token by token, perplexity; the Hugging Face names save and load back; what is not
-// supported yet for MoE models is a one-line error.
+// token by token, perplexity; the training loss with its balancing term and every gradient;
+// the Hugging Face names save and load back; what is not supported yet for MoE models is a
+// one-line error.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -61,6 +62,39 @@ TEST(MixtralModel, PerplexityMatchesPyTorch) {
   EXPECT_NEAR(r.mean_nll, want, 5e-5 * want);
 }
 
+// The loss with its balancing term (router_aux_loss_coef x load_balancing_loss_func over
+// both layers' tokens, as MixtralForCausalLM adds under output_router_logits) and every
+// gradient, under each activation-checkpointing mode.
+TEST(MixtralModel, LossWithTheBalancingTermAndEveryGradientMatchPyTorch) {
+  const std::string dir = parity_dir("mixtral");
+  ASSERT_FALSE(dir.empty());
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  auto m = model::Model::load(dir, DType::kF32);
+  ASSERT_TRUE(m.config().output_router_logits);
+  for (auto rc : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+    SCOPED_TRACE(model::recompute_name(rc));
+    m.set_recompute(rc);
+    auto grads = model::Params::allocate(m.config(), DType::kF32);
+    const auto r = m.forward_backward(ref->get("input_ids").contiguous(), ref->get("targets").contiguous(), grads);
+    const double want = ref->get("loss").item_f32(0);
+    EXPECT_NEAR(r.loss, want, 1e-5 * want);
+    int checked = 0;
+    for (const auto& [name, g] : grads.named(m.config())) {
+      ASSERT_TRUE(ref->has("grad." + name)) << "reference lacks grad." << name;
+      EXPECT_LT(relative_error(g, ref->get("grad." + name)), 1e-3) << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 2 * (1 + 4 + 1 + 1 + 3 * 4) + 3);  // per layer: norms, q/k/v/o, router, experts
+    // Assigned gradients overwrite whatever was there.
+    auto again = model::Params::allocate(m.config(), DType::kF32);
+    for (auto& [name, g] : again.named(m.config())) g.fill(7.f);
+    m.forward_backward(ref->get("input_ids").contiguous(), ref->get("targets").contiguous(), again, 1.f,
+                       model::Model::GradWrite::kAssign);
+    for (const auto& [name, g] : again.named(m.config()))
+      EXPECT_LT(relative_error(g, ref->get("grad." + name)), 1e-3) << "assigned " << name;
+  }
+}
+
 TEST(MixtralModel, SavesUnderTransformersNamesAndLoadsBack) {
   const std::string dir = parity_dir("mixtral");
   ASSERT_FALSE(dir.empty());
@@ -98,9 +132,6 @@ TEST(MixtralModel, WhatIsNotSupportedYetIsAOneLineError) {
   };
   auto m = model::Model::load(dir, DType::kF32);
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
-  model::Params grads = model::Params::allocate(m.config(), DType::kF32);
-  expect_error([&] { m.forward_backward(ref->get("input_ids").contiguous(), ref->get("targets").contiguous(), grads); },
-               "training mixture-of-experts models is not supported yet");
   expect_error([&] { model::Model::load(dir, DType::kF32, model::TpShard{0, 2}); },
                "tensor parallelism over mixture-of-experts layers is not supported yet");
   expect_error([&] { model::quantize_on_load(m, "int8"); }, "quantizing mixture-of-experts models is not supported yet");

@@ -219,6 +219,7 @@ class MixtralSparseMoeBlock(nn.Module):
         batch_size, sequence_length, hidden_dim = hidden_states.shape
         hidden_states = hidden_states.view(-1, hidden_dim)
         router_logits = self.gate(hidden_states)
+        self.last_router_logits = router_logits  # for load_balancing_loss (output_router_logits)
         routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
         routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
         routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
@@ -232,6 +233,21 @@ class MixtralSparseMoeBlock(nn.Module):
             current = self.experts[expert_idx](current_state) * routing_weights[top_x, idx, None]
             final.index_add_(0, top_x, current.to(hidden_states.dtype))
         return final.reshape(batch_size, sequence_length, hidden_dim)
+
+
+def load_balancing_loss(model):
+    """transformers' load_balancing_loss_func over every MixtralSparseMoeBlock's router
+    logits of the last forward, concatenated (the loss is taken over all layers' tokens).
+    The blocks forget them (a module holding graph tensors cannot be deep-copied)."""
+    blocks = [m for m in model.modules() if isinstance(m, MixtralSparseMoeBlock)]
+    num_experts, top_k = blocks[0].num_experts, blocks[0].top_k
+    concatenated = torch.cat([b.__dict__.pop("last_router_logits") for b in blocks], dim=0)
+    routing_weights = F.softmax(concatenated, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.float(), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -67,7 +67,7 @@ def _mixtral_config():
     return {
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **_TINY,
         "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
-        "output_router_logits": False, "router_jitter_noise": 0.0, "sliding_window": None,
+        "output_router_logits": True, "router_jitter_noise": 0.0, "sliding_window": None,
         "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "rope_scaling": None,
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_dropout": 0.0,
         "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
@@ -164,7 +164,11 @@ def main():
     model.zero_grad(set_to_none=True)
     logits = model(ids.long())
     loss = hf_models.lm_loss(logits, targets)
+    if cfg.get("output_router_logits"):  # MixtralForCausalLM: + router_aux_loss_coef x balancing loss
+        loss = loss + cfg["router_aux_loss_coef"] * hf_models.load_balancing_loss(model)
     loss.backward()
+    for module in model.modules():  # router logits kept for the balancing loss (graph tensors)
+        module.__dict__.pop("last_router_logits", None)
     ref = {
         "input_ids": ids, "targets": targets,
         "logits": logits.detach().float(),

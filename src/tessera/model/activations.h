@@ -1,5 +1,6 @@
 // Activations the training forward saves for the backward pass. Internal to model/.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "tessera/model/model.h"
@@ -30,6 +31,9 @@ struct Activations {
   Tensor x_final;           // (N, H)
   Tensor meanf, rstdf;      // (N)
   Tensor hf;                // (N, H) final norm output
+  // Mixture-of-experts models: every layer's routing load, for the balancing loss (kept
+  // whatever the layers keep, so a recomputing backward sees the forward's).
+  std::optional<MoeBalance> moe_balance;
 };
 
 // (B * T) i32: start, start + 1, ... for each of the B sequences of T tokens.

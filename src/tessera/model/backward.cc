@@ -35,7 +35,8 @@ int64_t activation_bytes(const Activations& a) {
   };
   for (const auto& L : a.layers)
     for (const Tensor* t : {&L.x_in, &L.mean1, &L.rstd1, &L.h1, &L.qkv, &L.att, &L.lse, &L.x_mid,
-                            &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a})
+                            &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a, &L.moe.x, &L.moe.u, &L.moe.a, &L.moe.y,
+                            &L.moe.routing.scores})
       add(*t);
   for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
   return n;
@@ -97,8 +98,8 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 
 Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
                             ChunkPass& pass) const {
-  TESSERA_CHECK(!config_.is_moe(), "training mixture-of-experts models is not supported yet (their "
-                "layers run forward: generate, serve, eval)");
+  TESSERA_CHECK(!config_.is_moe() || stage_.whole(), "pipeline parallelism over mixture-of-experts models is "
+                "not supported yet (their balancing loss spans every layer)");
   pass.chunk = chunk;
   pass.acts = std::make_shared<Activations>();
   pass.head_input = Tensor();
@@ -199,6 +200,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   // a come rounded from forward_train.
   const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
+  std::vector<float> moe_score_grad;  // the balancing loss's gradient per expert, when trained
   Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
@@ -212,6 +214,13 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
     result.loss = ce.loss_sum / static_cast<double>(ce.count);
     result.count = ce.count;
+    // Mixture of experts: transformers adds router_aux_loss_coef x the balancing loss over
+    // every layer's tokens when the config asks for router logits; its gradient reaches each
+    // layer's router probabilities (moe_backward).
+    if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
+      result.loss += c.router_aux_loss_coef * acts.moe_balance->loss();
+      moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);
+    }
     Tensor& dlogits = logits;
     round_matmul_input_in_place(dlogits, mode);
     // lm_head: logits = hf @ Wlm^T. The residual stream's rows here: all N, or this rank's
@@ -262,20 +271,32 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
                       &Ldown = kBlockLinears[3];
-    // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-    Tensor dres_all = all_rows(*this, dres);
-    Tensor op = matmul_operand(dres_all, mode);
-    input_grad(*this, Ldown, l, op, da, da, pm);
-    linear_backward_weight(A.a, dres_all, op, G.linear(Ldown.which), pm, !assign);
-    if (c.gated_mlp()) {
-      Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
-      kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+    Tensor dres_all, op;
+    if (c.is_moe()) {
+      // MLP: x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and
+      // router gradients accumulate (prepare cleared them under kAssign).
+      MoeSpec spec;
+      spec.num_experts = c.num_experts;
+      spec.top_k = c.experts_per_token;
+      spec.norm_topk_prob = c.norm_topk_prob;
+      moe_backward(spec, compute_moe(l), A.h2, A.moe, dres, dh, G.moe,
+                   moe_score_grad.empty() ? nullptr : &moe_score_grad);
     } else {
-      kernels::gelu_backward(da, A.u, du);
+      // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
+      dres_all = all_rows(*this, dres);
+      op = matmul_operand(dres_all, mode);
+      input_grad(*this, Ldown, l, op, da, da, pm);
+      linear_backward_weight(A.a, dres_all, op, G.linear(Ldown.which), pm, !assign);
+      if (c.gated_mlp()) {
+        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
+        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+      } else {
+        kernels::gelu_backward(da, A.u, du);
+      }
+      op = matmul_operand(du, mode);
+      input_grad(*this, Lup, l, op, dh_full, dh, pm);
+      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
     }
-    op = matmul_operand(du, mode);
-    input_grad(*this, Lup, l, op, dh_full, dh, pm);
-    linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
     norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).

@@ -164,6 +164,8 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.ids = ids2d.contiguous().view({N});
   acts.positions = make_positions(B, T, 0);
   acts.layers.assign(c.num_layers, LayerActivations{});
+  acts.moe_balance.reset();
+  if (c.is_moe()) acts.moe_balance.emplace(c.num_experts);
   const bool ln = c.uses_layernorm();
   const Recompute rc = m.recompute();
   const bool sp = m.sequence_parallel();
@@ -193,8 +195,10 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
       LayerActivations scratch;
       layer_forward_train(m, l, acts, s, scratch, false);
       A.x_in = std::move(scratch.x_in);
+      if (acts.moe_balance) acts.moe_balance->add(scratch.moe.routing);
     } else {
       layer_forward_train(m, l, acts, s, A, rc == Recompute::kNone);
+      if (acts.moe_balance) acts.moe_balance->add(A.moe.routing);
     }
     if (hooks) hooks->release(unit);
   }
