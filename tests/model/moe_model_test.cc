@@ -1,6 +1,8 @@
-// A Mixtral model directory (model_type mixtral: Llama attention, sparse MoE MLPs) against
-// the PyTorch reference of tests/parity/ (hf_models.MixtralSparseMoeBlock, transcribed from
-// transformers' modeling_mixtral.py): logits over a batch, through the KV cache and decoded
+// Mixture-of-experts model directories against the PyTorch references of tests/parity/:
+// mixtral (Llama attention, top-2 of 4 experts, renormalised; hf_models.MixtralSparseMoeBlock
+// from modeling_mixtral.py) and qwen2_moe (Qwen2 attention, top-2 of 6 unrenormalised
+// experts plus a sigmoid-gated shared expert; Qwen2MoeSparseMoeBlock from
+// modeling_qwen2_moe.py): logits over a batch, through the KV cache and decoded
 // token by token, perplexity; the training loss with its balancing term and every gradient;
 // the Hugging Face names save and load back; what is not supported yet for MoE models is a
 // one-line error.
@@ -28,14 +30,21 @@ std::vector<int32_t> row(const Tensor& ids, int64_t b) {
   return std::vector<int32_t>(r.data<int32_t>(), r.data<int32_t>() + r.numel());
 }
 
-TEST(MixtralModel, LogitsMatchPyTorchInABatchThroughTheCacheAndDecoding) {
-  const std::string dir = parity_dir("mixtral");
+class MoeModel : public ::testing::TestWithParam<std::string> {
+ protected:
+  bool qwen() const { return GetParam() == "qwen2_moe"; }
+};
+
+TEST_P(MoeModel, LogitsMatchPyTorchInABatchThroughTheCacheAndDecoding) {
+  const std::string dir = parity_dir(GetParam());
   ASSERT_FALSE(dir.empty());
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
   const auto m = model::Model::load(dir, DType::kF32);
   EXPECT_TRUE(m.config().is_moe());
-  EXPECT_EQ(m.config().num_experts, 4);
+  EXPECT_EQ(m.config().num_experts, qwen() ? 6 : 4);
   EXPECT_EQ(m.config().experts_per_token, 2);
+  EXPECT_EQ(m.config().shared_expert, qwen());
+  EXPECT_EQ(m.config().norm_topk_prob, !qwen());
   const Tensor ids = ref->get("input_ids"), want = ref->get("logits");
   EXPECT_LT(relative_error(m.forward_batch(ids.contiguous()), want), 1e-4);
   for (int64_t b = 0; b < ids.size(0); ++b) {
@@ -51,8 +60,8 @@ TEST(MixtralModel, LogitsMatchPyTorchInABatchThroughTheCacheAndDecoding) {
         << "token " << t;
 }
 
-TEST(MixtralModel, PerplexityMatchesPyTorch) {
-  const std::string dir = parity_dir("mixtral");
+TEST_P(MoeModel, PerplexityMatchesPyTorch) {
+  const std::string dir = parity_dir(GetParam());
   ASSERT_FALSE(dir.empty());
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
   const auto m = model::Model::load(dir, DType::kF32);
@@ -65,8 +74,8 @@ TEST(MixtralModel, PerplexityMatchesPyTorch) {
 // The loss with its balancing term (router_aux_loss_coef x load_balancing_loss_func over
 // both layers' tokens, as MixtralForCausalLM adds under output_router_logits) and every
 // gradient, under each activation-checkpointing mode.
-TEST(MixtralModel, LossWithTheBalancingTermAndEveryGradientMatchPyTorch) {
-  const std::string dir = parity_dir("mixtral");
+TEST_P(MoeModel, LossWithTheBalancingTermAndEveryGradientMatchPyTorch) {
+  const std::string dir = parity_dir(GetParam());
   ASSERT_FALSE(dir.empty());
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
   auto m = model::Model::load(dir, DType::kF32);
@@ -84,7 +93,8 @@ TEST(MixtralModel, LossWithTheBalancingTermAndEveryGradientMatchPyTorch) {
       EXPECT_LT(relative_error(g, ref->get("grad." + name)), 1e-3) << name;
       ++checked;
     }
-    EXPECT_EQ(checked, 2 * (1 + 4 + 1 + 1 + 3 * 4) + 3);  // per layer: norms, q/k/v/o, router, experts
+    // Per layer: norms, q/k/v/o (+ q/k/v biases), router, experts (+ shared expert and gate).
+    EXPECT_EQ(checked, qwen() ? 2 * (2 + 4 + 3 + 1 + 3 * 6 + 3 + 1) + 3 : 2 * (2 + 4 + 1 + 3 * 4) + 3);
     // Assigned gradients overwrite whatever was there.
     auto again = model::Params::allocate(m.config(), DType::kF32);
     for (auto& [name, g] : again.named(m.config())) g.fill(7.f);
@@ -95,22 +105,22 @@ TEST(MixtralModel, LossWithTheBalancingTermAndEveryGradientMatchPyTorch) {
   }
 }
 
-TEST(MixtralModel, SavesUnderTransformersNamesAndLoadsBack) {
-  const std::string dir = parity_dir("mixtral");
+TEST_P(MoeModel, SavesUnderTransformersNamesAndLoadsBack) {
+  const std::string dir = parity_dir(GetParam());
   ASSERT_FALSE(dir.empty());
   const auto m = model::Model::load(dir, DType::kF32);
   const std::string out =
       (std::filesystem::temp_directory_path() / ("tessera_mixtral_" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(out);
   m.save(out);
-  const auto cfg = io::read_json_file(out + "/config.json");
-  EXPECT_EQ(cfg.at("model_type"), "mixtral");
-  EXPECT_EQ(cfg.at("num_local_experts"), 4);
-  EXPECT_EQ(cfg.at("num_experts_per_tok"), 2);
-  const auto file = io::SafetensorsModel::open(out);
-  for (const char* name : {"model.layers.1.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.3.w1.weight",
-                           "model.layers.0.block_sparse_moe.experts.3.w2.weight", "model.layers.1.block_sparse_moe.experts.0.w3.weight"})
-    EXPECT_TRUE(file.has(name)) << name;
+  // config.json reads back as it was written here, and as transformers wrote the original.
+  const auto cfg = io::read_json_file(out + "/config.json"), orig = io::read_json_file(dir + "/config.json");
+  EXPECT_EQ(cfg.at("model_type"), GetParam());
+  for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                          "shared_expert_intermediate_size", "intermediate_size", "norm_topk_prob"})
+    if (orig.contains(key)) EXPECT_EQ(cfg.at(key), orig.at(key)) << key;
+  const auto file = io::SafetensorsModel::open(out), want = io::SafetensorsModel::open(dir);
+  EXPECT_EQ(file.names(), want.names());
   const auto back = model::Model::load(out, DType::kF32);
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
   const Tensor ids = ref->get("input_ids").contiguous();
@@ -118,8 +128,8 @@ TEST(MixtralModel, SavesUnderTransformersNamesAndLoadsBack) {
   std::filesystem::remove_all(out);
 }
 
-TEST(MixtralModel, WhatIsNotSupportedYetIsAOneLineError) {
-  const std::string dir = parity_dir("mixtral");
+TEST_P(MoeModel, WhatIsNotSupportedYetIsAOneLineError) {
+  const std::string dir = parity_dir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto expect_error = [](const std::function<void()>& fn, const std::string& needle) {
     try {
@@ -137,12 +147,22 @@ TEST(MixtralModel, WhatIsNotSupportedYetIsAOneLineError) {
   expect_error([&] { model::quantize_on_load(m, "int8"); }, "quantizing mixture-of-experts models is not supported yet");
   // Config fields the layer cannot honour.
   nlohmann::json cfg = io::read_json_file(dir + "/config.json");
-  cfg["router_jitter_noise"] = 0.1;
-  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'router_jitter_noise' 0.1 is not supported");
-  cfg["router_jitter_noise"] = 0.0;
-  cfg["num_experts_per_tok"] = 5;
+  cfg["num_experts_per_tok"] = 7;
   expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "num_experts_per_tok");
+  cfg = io::read_json_file(dir + "/config.json");
+  if (qwen()) {
+    cfg["decoder_sparse_step"] = 2;
+    expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'decoder_sparse_step' other than 1");
+    cfg["decoder_sparse_step"] = 1;
+    cfg["mlp_only_layers"] = {0};
+    expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'mlp_only_layers' an array of 1 items is not supported");
+  } else {
+    cfg["router_jitter_noise"] = 0.1;
+    expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'router_jitter_noise' 0.1 is not supported");
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Archs, MoeModel, ::testing::Values("mixtral", "qwen2_moe"));
 
 }  // namespace
 }  // namespace tessera

@@ -235,11 +235,63 @@ class MixtralSparseMoeBlock(nn.Module):
         return final.reshape(batch_size, sequence_length, hidden_dim)
 
 
+class Qwen2MoeMLP(nn.Module):
+    def __init__(self, cfg, intermediate_size):
+        super().__init__()
+        h = cfg["hidden_size"]
+        self.gate_proj = nn.Linear(h, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, h, bias=False)
+        self.act_fn = _activation(cfg.get("hidden_act", "silu"))
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2MoeSparseMoeBlock(nn.Module):
+    """modeling_qwen2_moe.py: MixtralSparseMoeBlock's routing (renormalised only under
+    norm_topk_prob) plus a shared expert every token goes through, scaled by
+    sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts = cfg["num_experts"]
+        self.top_k = cfg["num_experts_per_tok"]
+        self.norm_topk_prob = cfg["norm_topk_prob"]
+        self.gate = nn.Linear(cfg["hidden_size"], self.num_experts, bias=False)
+        self.experts = nn.ModuleList([Qwen2MoeMLP(cfg, cfg["moe_intermediate_size"]) for _ in range(self.num_experts)])
+        self.shared_expert = Qwen2MoeMLP(cfg, cfg["shared_expert_intermediate_size"])
+        self.shared_expert_gate = nn.Linear(cfg["hidden_size"], 1, bias=False)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)
+        self.last_router_logits = router_logits
+        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        final = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype,
+                            device=hidden_states.device)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in range(self.num_experts):
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+            current = self.experts[expert_idx](current_state) * routing_weights[top_x, idx, None]
+            final.index_add_(0, top_x, current.to(hidden_states.dtype))
+        shared = self.shared_expert(hidden_states)
+        shared = F.sigmoid(self.shared_expert_gate(hidden_states)) * shared
+        final = final + shared
+        return final.reshape(batch_size, sequence_length, hidden_dim)
+
+
 def load_balancing_loss(model):
     """transformers' load_balancing_loss_func over every MixtralSparseMoeBlock's router
     logits of the last forward, concatenated (the loss is taken over all layers' tokens).
     The blocks forget them (a module holding graph tensors cannot be deep-copied)."""
-    blocks = [m for m in model.modules() if isinstance(m, MixtralSparseMoeBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock))]
     num_experts, top_k = blocks[0].num_experts, blocks[0].top_k
     concatenated = torch.cat([b.__dict__.pop("last_router_logits") for b in blocks], dim=0)
     routing_weights = F.softmax(concatenated, dim=-1)
@@ -256,6 +308,8 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg, qkv_bias, o_bias)
         if cfg.get("model_type") == "mixtral":
             self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+        elif cfg.get("model_type") == "qwen2_moe":
+            self.mlp = Qwen2MoeSparseMoeBlock(cfg)
         else:
             self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
@@ -450,7 +504,8 @@ class GPT2LMHeadModel(nn.Module):
 # ----------------------------------------------------------------------------- building / loading
 
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel,
-                 "mixtral": LlamaForCausalLM}  # (Mixtral: Llama attention, sparse MoE MLP)
+                 "mixtral": LlamaForCausalLM,  # (Mixtral: Llama attention, sparse MoE MLP)
+                 "qwen2_moe": Qwen2ForCausalLM}  # (Qwen2 attention, experts + shared expert)
 
 
 def build_model(cfg):

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes a tiny random Hugging Face model directory plus PyTorch reference outputs.
 
-  make_reference.py --arch {llama,qwen2,gpt2,mixtral} --out DIR [--seed N] [--variant NAME]
+  make_reference.py --arch {llama,qwen2,gpt2,mixtral,qwen2_moe} --out DIR [--seed N] [--variant NAME]
 
 DIR gets config.json, generation_config.json, model.safetensors (f32, HF tensor names),
 eval_ids.txt and reference.safetensors (inputs, targets, logits, loss, every gradient,
@@ -75,7 +75,22 @@ def _mixtral_config():
     }
 
 
-BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config}
+def _qwen2_moe_config():
+    return {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **_TINY,
+        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+        "shared_expert_intermediate_size": 80, "norm_topk_prob": False, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "router_aux_loss_coef": 0.05, "output_router_logits": True,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_dropout": 0.0,
+        "use_sliding_window": False, "sliding_window": 128, "max_window_layers": 2,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 95, "eos_token_id": 96,
+    }
+
+
+BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config,
+                "qwen2_moe": _qwen2_moe_config}
 # Variants override keys of the base config, to cover the other branch of each option.
 VARIANTS = {
     "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
@@ -83,6 +98,7 @@ VARIANTS = {
     "qwen2": {"default": {}, "untied": {"tie_word_embeddings": False}},
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
+    "qwen2_moe": {"default": {}},
 }
 
 

@@ -20,6 +20,8 @@ struct LayerActivations {
   Tensor u;             // (N, 2F | F) MLP up projection (gate | up)
   Tensor a;             // (N, F) activation output
   MoeSaved moe;         // a mixture-of-experts layer's routing and expert activations
+  Tensor shared_y;      // (N, H) qwen2_moe: the shared expert's output before its gate
+  Tensor shared_z;      // (N, 1) and its gate's logit
 };
 
 struct Activations {

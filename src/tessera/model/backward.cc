@@ -36,7 +36,7 @@ int64_t activation_bytes(const Activations& a) {
   for (const auto& L : a.layers)
     for (const Tensor* t : {&L.x_in, &L.mean1, &L.rstd1, &L.h1, &L.qkv, &L.att, &L.lse, &L.x_mid,
                             &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a, &L.moe.x, &L.moe.u, &L.moe.a, &L.moe.y,
-                            &L.moe.routing.scores})
+                            &L.moe.routing.scores, &L.shared_y, &L.shared_z})
       add(*t);
   for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
   return n;
@@ -275,12 +275,41 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     if (c.is_moe()) {
       // MLP: x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and
       // router gradients accumulate (prepare cleared them under kAssign).
-      MoeSpec spec;
-      spec.num_experts = c.num_experts;
-      spec.top_k = c.experts_per_token;
-      spec.norm_topk_prob = c.norm_topk_prob;
-      moe_backward(spec, compute_moe(l), A.h2, A.moe, dres, dh, G.moe,
-                   moe_score_grad.empty() ? nullptr : &moe_score_grad);
+      const MoeWeights& E = compute_moe(l);
+      const std::vector<float>* aux = moe_score_grad.empty() ? nullptr : &moe_score_grad;
+      if (!c.shared_expert) {
+        moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh, G.moe, aux);
+      } else {
+        // qwen2_moe: out = moe(h2) + sigmoid(z) y, z = h2 . g, y the shared expert (the
+        // dense MLP): dy = sigmoid(z) dout per row, dz = (dout . y) sigmoid'(z).
+        Tensor dy = Tensor::empty({N, H}, DType::kF32), dz = Tensor::empty({N, 1}, DType::kF32);
+        const float* gp = dres.data<float>();
+        const float* yp = A.shared_y.data<float>();
+        const float* zp = A.shared_z.data<float>();
+        float* dyp = dy.data<float>();
+        for (int64_t n = 0; n < N; ++n) {
+          const float sg = 1.f / (1.f + std::exp(-zp[n]));
+          double dot = 0;
+          for (int64_t k = 0; k < H; ++k) {
+            dyp[n * H + k] = sg * gp[n * H + k];
+            dot += static_cast<double>(gp[n * H + k]) * yp[n * H + k];
+          }
+          dz.data<float>()[n] = static_cast<float>(dot) * sg * (1.f - sg);
+        }
+        op = matmul_operand(dy, mode);
+        input_grad(*this, Ldown, l, op, da, da, pm);
+        linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
+        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
+        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+        op = matmul_operand(du, mode);
+        input_grad(*this, Lup, l, op, dh_full, dh, pm);
+        linear_backward_weight(A.h2, du, op, G.linear(Lup.which), pm, !assign);
+        kernels::matmul(dz, E.shared_gate, dh, false, false, 1.f, 1.f);
+        kernels::matmul(dz, A.h2, G.moe.shared_gate, true, false, 1.f, 1.f);
+        Tensor dh_moe = Tensor::empty({N, H}, DType::kF32);
+        moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux);
+        kernels::add_inplace(dh, dh_moe);
+      }
     } else {
       // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
       dres_all = all_rows(*this, dres);

@@ -294,11 +294,30 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     round_matmul_input_in_place(h2, mode);
   }
   if (c.is_moe()) {  // (tp = 1: no sequence parallelism, N rows throughout)
-    MoeSpec spec;
-    spec.num_experts = c.num_experts;
-    spec.top_k = c.experts_per_token;
-    spec.norm_topk_prob = c.norm_topk_prob;
-    moe_forward(spec, m.compute_moe(l), h2, scratch(s.delta, N, H), A ? &A->moe : nullptr);
+    Tensor& out = scratch(s.delta, N, H);
+    const MoeWeights& E = m.compute_moe(l);
+    moe_forward(moe_spec(c), E, h2, out, A ? &A->moe : nullptr);
+    if (!c.shared_expert) return;
+    // qwen2_moe's shared expert, every token: out += sigmoid(h2 . g) * down(swiglu(up(h2))).
+    Tensor& u = fresh(A ? A->u : s.u, s.u, N, 2 * d.ffn);
+    run_linear(m, kBlockLinears[2], l, h2, u, pm, opt.rowwise);
+    Tensor& a = fresh(A ? A->a : s.a, s.a, N, d.ffn);
+    mlp_activation(m, u, a);
+    if (A) round_matmul_input_in_place(a, mode);
+    Tensor y = Tensor::empty({N, H}, DType::kF32), z = Tensor::empty({N, 1}, DType::kF32);
+    run_linear(m, kBlockLinears[3], l, a, y, pm, opt.rowwise);
+    by_rows(h2, z, opt.rowwise, [&](const Tensor& hi, Tensor& zi) { kernels::matmul(hi, E.shared_gate, zi, false, true); });
+    const float* yp = y.data<float>();
+    const float* zp = z.data<float>();
+    float* op = out.data<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      const float g = 1.f / (1.f + std::exp(-zp[n]));
+      for (int64_t k = 0; k < H; ++k) op[n * H + k] += g * yp[n * H + k];
+    }
+    if (A) {
+      A->shared_y = y;
+      A->shared_z = z;
+    }
     return;
   }
   const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;

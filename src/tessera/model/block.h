@@ -41,6 +41,15 @@ struct BlockOptions {
   LayerActivations* save = nullptr;
 };
 
+// The mixture-of-experts layer's routing settings from the config.
+inline MoeSpec moe_spec(const ModelConfig& c) {
+  MoeSpec spec;
+  spec.num_experts = c.num_experts;
+  spec.top_k = c.experts_per_token;
+  spec.norm_topk_prob = c.norm_topk_prob;
+  return spec;
+}
+
 // Runs block `layer` over s: on return s.x is the residual after attention and s.delta
 // the block's output. With opt.save and Model::sequence_parallel, s.x holds this rank's
 // rows and the saved x_in, x_mid, h1, h2 and norm statistics too.

@@ -97,8 +97,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   TESSERA_CHECK(mt != j.end() && mt->is_string(), source, ": missing string key 'model_type'");
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral" ||
-      c.model_type == "mixtral") {
-    c.arch = c.model_type == "qwen2" ? Arch::kQwen2 : Arch::kLlama;
+      c.model_type == "mixtral" || c.model_type == "qwen2_moe") {
+    c.arch = c.model_type == "qwen2" || c.model_type == "qwen2_moe" ? Arch::kQwen2 : Arch::kLlama;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
     c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
     c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
@@ -119,9 +119,31 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   " is not supported (only \"silu\")");
     auto rs = j.find("rope_scaling");
     TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
+    if (c.model_type == "qwen2_moe") {
+      // Qwen1.5-MoE / Qwen2-MoE: routed experts plus a gated shared expert in every layer.
+      c.num_experts = get_int(j, source, "num_experts", 1, kMaxExperts);
+      c.experts_per_token = get_int(j, source, "num_experts_per_tok", 1, c.num_experts);
+      c.moe_intermediate_size = get_int(j, source, "moe_intermediate_size", 1, kMaxIntermediate);
+      c.dense_intermediate_size = c.intermediate_size;
+      c.intermediate_size = get_int(j, source, "shared_expert_intermediate_size", 1, kMaxIntermediate);
+      c.shared_expert = true;
+      c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", false);
+      c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
+      c.output_router_logits = get_bool(j, source, "output_router_logits", false);
+      TESSERA_CHECK(get_int(j, source, "decoder_sparse_step", 1, kMaxLayers, 1, false) == 1, source,
+                    ": 'decoder_sparse_step' other than 1 is not supported (every layer sparse)");
+      auto dense = j.find("mlp_only_layers");
+      TESSERA_CHECK(dense == j.end() || dense->is_null() || (dense->is_array() && dense->empty()), source,
+                    ": 'mlp_only_layers' ", dense == j.end() ? "" : io::json_brief(*dense),
+                    " is not supported (every layer sparse)");
+      auto sw = j.find("use_sliding_window");
+      TESSERA_CHECK(sw == j.end() || sw->is_null() || (sw->is_boolean() && !sw->get<bool>()), source,
+                    ": 'use_sliding_window' is not supported");
+    }
     if (c.model_type == "mixtral") {
       c.num_experts = get_int(j, source, "num_local_experts", 1, kMaxExperts);
       c.experts_per_token = get_int(j, source, "num_experts_per_tok", 1, c.num_experts);
+      c.moe_intermediate_size = c.intermediate_size;
       c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
       c.output_router_logits = get_bool(j, source, "output_router_logits", false);
       const double jitter = get_nonnegative(j, source, "router_jitter_noise", 0.0, 1e6);
@@ -162,7 +184,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, mistral, mixtral, gpt2)");
+         "' (supported: llama, qwen2, mistral, mixtral, qwen2_moe, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -197,8 +219,9 @@ void ModelConfig::validate(const std::string& source) const {
     bounded(num_experts, "number of experts", kMaxExperts);
     TESSERA_CHECK(experts_per_token >= 1 && experts_per_token <= num_experts, source, ": experts per token ",
                   experts_per_token, " must be in [1, ", num_experts, "]");
-    TESSERA_CHECK(arch == Arch::kLlama && !qkv_bias, source,
-                  ": experts are supported in mixtral models (Llama attention without biases)");
+    bounded(moe_intermediate_size, "expert intermediate size", kMaxIntermediate);
+    TESSERA_CHECK(shared_expert ? arch == Arch::kQwen2 : (arch == Arch::kLlama && !qkv_bias), source,
+                  ": experts are supported in mixtral (Llama attention) and qwen2_moe (Qwen2 attention) models");
     TESSERA_CHECK(!quantization, source, ": quantized mixture-of-experts checkpoints are not supported yet");
   }
   (void)num_parameters();  // every size below fits in int64 (checked; throws naming the config)
@@ -212,8 +235,12 @@ int64_t ModelConfig::matmul_weight_elements() const {
   const int64_t attn = checked_add(checked_mul(hidden_size, checked_add(q_dim(), 2 * kv_dim(), what), what),
                                    checked_mul(q_dim(), hidden_size, what), what);
   int64_t mlp = checked_product({gated_mlp() ? 3 : 2, hidden_size, intermediate_size}, what);
-  if (is_moe())  // read per token: the chosen experts and the router
-    mlp = checked_add(checked_mul(experts_per_token, mlp, what), checked_mul(num_experts, hidden_size, what), what);
+  if (is_moe()) {  // read per token: the chosen experts, the router, the shared expert and its gate
+    const int64_t expert = checked_product({3, hidden_size, moe_intermediate_size}, what);
+    mlp = checked_add(checked_add(checked_mul(experts_per_token, expert, what), checked_mul(num_experts, hidden_size, what),
+                                  what),
+                      shared_expert ? checked_add(mlp, hidden_size, what) : 0, what);
+  }
   return checked_add(checked_mul(num_layers, checked_add(attn, mlp, what), what),
                      checked_mul(vocab_size, hidden_size, what), what);  // + lm_head
 }
@@ -222,7 +249,7 @@ int64_t ModelConfig::num_parameters() const {
   const std::string what = "parameter count";
   int64_t n = matmul_weight_elements();
   if (is_moe())  // every expert, not only the chosen ones
-    n = checked_add(n, checked_product({num_layers, num_experts - experts_per_token, 3, hidden_size, intermediate_size}, what),
+    n = checked_add(n, checked_product({num_layers, num_experts - experts_per_token, 3, hidden_size, moe_intermediate_size}, what),
                     what);
   const int64_t table = checked_mul(vocab_size, hidden_size, what);
   if (!tie_word_embeddings) n = checked_add(n, table, what);  // embedding separate from lm_head
@@ -261,8 +288,10 @@ json ModelConfig::to_json() const {
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
   } else {
-    j["architectures"] = {is_moe() ? "MixtralForCausalLM" : arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = is_moe() ? "mixtral" : arch_name(arch);
+    const bool qwen_moe = is_moe() && shared_expert;
+    j["architectures"] = {qwen_moe ? "Qwen2MoeForCausalLM" : is_moe() ? "MixtralForCausalLM"
+                          : arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = qwen_moe ? "qwen2_moe" : is_moe() ? "mixtral" : arch_name(arch);
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
     j["intermediate_size"] = intermediate_size;
@@ -277,11 +306,21 @@ json ModelConfig::to_json() const {
     j["hidden_act"] = "silu";
     if (arch == Arch::kLlama && !is_moe()) j["attention_bias"] = qkv_bias;
     if (is_moe()) {
-      j["num_local_experts"] = num_experts;
+      j[shared_expert ? "num_experts" : "num_local_experts"] = num_experts;
       j["num_experts_per_tok"] = experts_per_token;
       j["router_aux_loss_coef"] = router_aux_loss_coef;
       j["output_router_logits"] = output_router_logits;
-      j["sliding_window"] = nullptr;
+      if (shared_expert) {
+        j["intermediate_size"] = dense_intermediate_size > 0 ? dense_intermediate_size : intermediate_size;
+        j["moe_intermediate_size"] = moe_intermediate_size;
+        j["shared_expert_intermediate_size"] = intermediate_size;
+        j["norm_topk_prob"] = norm_topk_prob;
+        j["decoder_sparse_step"] = 1;
+        j["mlp_only_layers"] = nlohmann::json::array();
+        j["use_sliding_window"] = false;
+      } else {
+        j["sliding_window"] = nullptr;
+      }
     }
   }
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;

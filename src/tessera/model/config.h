@@ -45,11 +45,16 @@ struct ModelConfig {
   bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
-  // Mixture of experts (model_type mixtral): every layer's MLP is num_experts SwiGLU experts
-  // of intermediate_size features, experts_per_token of them per token (model/moe.h).
-  // 0 experts: a dense MLP.
+  // Mixture of experts (model_type mixtral, qwen2_moe): every layer's MLP is num_experts
+  // SwiGLU experts of moe_intermediate_size features, experts_per_token of them per token
+  // (model/moe.h). 0 experts: a dense MLP. qwen2_moe adds a shared expert, run for every
+  // token and scaled by sigmoid(h . shared_expert_gate): it is the layer's dense MLP (up,
+  // down), of intermediate_size = shared_expert_intermediate_size features.
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool shared_expert = false;
+  int64_t dense_intermediate_size = 0;  // qwen2_moe's own intermediate_size (no dense layer runs it)
   bool norm_topk_prob = true;          // renormalise the chosen experts' probabilities
   double router_aux_loss_coef = 0.0;   // the load-balancing loss's weight in training
   bool output_router_logits = false;   // transformers adds that loss only when this is set

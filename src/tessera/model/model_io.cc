@@ -371,6 +371,7 @@ void Model::refresh_compute_unit(int unit) {
     convert(src.moe.router, dst.moe.router);
     convert(src.moe.gate_up, dst.moe.gate_up);
     convert(src.moe.down, dst.moe.down);
+    convert(src.moe.shared_gate, dst.moe.shared_gate);
     dst.qkv.quant = src.qkv.quant;  // quantized linears are their own compute form
     dst.o.quant = src.o.quant;
     dst.up.quant = src.up.quant;

@@ -28,6 +28,9 @@ struct MoeWeights {
   Tensor router;   // (E, H): block_sparse_moe.gate.weight
   Tensor gate_up;  // (E, 2F, H): rows [0, F) experts.e.w1 (gate), [F, 2F) experts.e.w3 (up)
   Tensor down;     // (E, H, F): experts.e.w2
+  // qwen2_moe: (1, H) shared_expert_gate (the shared expert itself is the layer's dense MLP,
+  // run by the block); undefined otherwise. moe_forward does not read it.
+  Tensor shared_gate;
 };
 
 // Which experts each token went to, and how the slots are grouped by expert.

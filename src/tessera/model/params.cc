@@ -74,10 +74,13 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       L.qkv.weight = make({d.qkv, H});
       L.o.weight = make({H, d.q});
       if (c.is_moe()) {
+        const int64_t Fe = c.moe_intermediate_size;
         L.moe.router = make({c.num_experts, H});
-        L.moe.gate_up = make({c.num_experts, 2 * F, H});
-        L.moe.down = make({c.num_experts, H, F});
-      } else {
+        L.moe.gate_up = make({c.num_experts, 2 * Fe, H});
+        L.moe.down = make({c.num_experts, H, Fe});
+        if (c.shared_expert) L.moe.shared_gate = make({1, H});
+      }
+      if (!c.is_moe() || c.shared_expert) {  // the dense MLP, or qwen2_moe's shared expert
         L.up.weight = make({2 * F, H});
         L.down.weight = make({H, F});
       }
@@ -187,19 +190,24 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
     whole(l + "post_attention_layernorm.weight", L.norm2_w);
-    add(l + "mlp.gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
-    add(l + "mlp.up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
-    add(l + "mlp.down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
-    if (L.moe.router.defined()) {  // Mixtral's names (tp = 1: every expert whole)
-      const std::string moe = l + "block_sparse_moe.";
+    // The dense MLP (qwen2_moe: the shared expert, under mlp.shared_expert).
+    const std::string mlp = l + (c.shared_expert ? "mlp.shared_expert." : "mlp.");
+    add(mlp + "gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
+    add(mlp + "up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
+    add(mlp + "down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
+    if (L.moe.router.defined()) {  // transformers' names (tp = 1: every expert whole)
+      const int64_t Fe = c.moe_intermediate_size;
+      const bool qwen = c.shared_expert;  // qwen2_moe: mlp.experts.E.gate_proj/up_proj/down_proj
+      const std::string moe = l + (qwen ? "mlp." : "block_sparse_moe.");
       whole(moe + "gate.weight", L.moe.router);
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = moe + "experts." + std::to_string(e) + ".";
         const Tensor gu = L.moe.gate_up.select(0, e);
-        whole(x + "w1.weight", gu.slice(0, 0, F));
-        whole(x + "w2.weight", L.moe.down.select(0, e));
-        whole(x + "w3.weight", gu.slice(0, F, 2 * F));
+        whole(x + (qwen ? "gate_proj.weight" : "w1.weight"), gu.slice(0, 0, Fe));
+        whole(x + (qwen ? "down_proj.weight" : "w2.weight"), L.moe.down.select(0, e));
+        whole(x + (qwen ? "up_proj.weight" : "w3.weight"), gu.slice(0, Fe, 2 * Fe));
       }
+      whole(moe + "shared_expert_gate.weight", L.moe.shared_gate);
     }
   }
   whole(pre + "norm.weight", final_norm_w);
@@ -239,6 +247,7 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     add(pre + "moe.router", P.moe.router);
     add(pre + "moe.gate_up", P.moe.gate_up);
     add(pre + "moe.down", P.moe.down);
+    add(pre + "moe.shared_gate", P.moe.shared_gate);
   }
   return out;
 }
@@ -263,7 +272,8 @@ void Params::zero() {
   z(embed);
   z(pos_embed);
   for (auto& L : layers) {
-    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down})
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down,
+                      &L.moe.shared_gate})
       z(*t);
     for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
       z(lin->weight);
