@@ -78,6 +78,26 @@ TEST(DataParallel, MixtureOfExpertsModelMatchesOneProcess) {
     const RunOut got = train(with_accum(moe(config(root, name, data, steps, "zero_stage = " + std::to_string(stage)))), 2);
     expect_close(got.losses, ref.losses, 1e-5, name + " loss");
     expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
+    // metrics.jsonl: each expert's share of the step's routed slots (over both ranks, the
+    // same global batch: the same shares), their max / mean, the balancing loss.
+    ASSERT_EQ(got.records.size(), ref.records.size());
+    for (size_t i = 0; i < ref.records.size(); ++i) {
+      const auto& a = got.records[i];
+      const auto& b = ref.records[i];
+      ASSERT_TRUE(a.contains("moe_expert_load") && b.contains("moe_expert_load")) << b.dump();
+      ASSERT_EQ(b["moe_expert_load"].size(), 4u);
+      double sum = 0, most = 0;
+      for (size_t e = 0; e < 4; ++e) {
+        EXPECT_NEAR(a["moe_expert_load"][e].get<double>(), b["moe_expert_load"][e].get<double>(), 1e-9);
+        sum += b["moe_expert_load"][e].get<double>();
+        most = std::max(most, b["moe_expert_load"][e].get<double>());
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+      EXPECT_NEAR(b["moe_load_imbalance"].get<double>(), most * 4, 1e-12);
+      // E sum f P: k = 2 when perfectly balanced; top-k picks the likely experts, so above.
+      EXPECT_GT(b["moe_aux_loss"].get<double>(), 1.9);
+      EXPECT_LT(b["moe_aux_loss"].get<double>(), 8.0);
+    }
   }
 }
 

@@ -448,6 +448,7 @@ EngineStats Engine::stats() const {
   s.running = static_cast<int64_t>(scheduler_->num_running());
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
+  s.expert_tokens = model_.expert_load();
   return s;
 }
 

@@ -73,6 +73,7 @@ struct EngineStats {
   int64_t spec_proposed = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  std::vector<int64_t> expert_tokens;  // MoE models: slots routed to each expert (every layer)
   std::unordered_map<std::string, int64_t> finished;  // by finish reason
 };
 

@@ -217,6 +217,10 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     // Mixture of experts: transformers adds router_aux_loss_coef x the balancing loss over
     // every layer's tokens when the config asks for router logits; its gradient reaches each
     // layer's router probabilities (moe_backward).
+    if (acts.moe_balance) {
+      result.expert_load = acts.moe_balance->routed;
+      result.aux_loss = acts.moe_balance->loss();
+    }
     if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
       result.loss += c.router_aux_loss_coef * acts.moe_balance->loss();
       moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);

@@ -296,7 +296,15 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   if (c.is_moe()) {  // (tp = 1: no sequence parallelism, N rows throughout)
     Tensor& out = scratch(s.delta, N, H);
     const MoeWeights& E = m.compute_moe(l);
-    moe_forward(moe_spec(c), E, h2, out, A ? &A->moe : nullptr);
+    if (A) {
+      moe_forward(moe_spec(c), E, h2, out, &A->moe);
+    } else {  // inference: the routing is counted for the serving metrics
+      by_rows(h2, out, opt.rowwise, [&](const Tensor& hi, Tensor& oi) {
+        MoeSaved routed;
+        moe_forward(moe_spec(c), E, hi, oi, &routed);
+        m.count_expert_load(routed.routing);
+      });
+    }
     if (!c.shared_expert) return;
     // qwen2_moe's shared expert, every token: out += sigmoid(h2 . g) * down(swiglu(up(h2))).
     Tensor& u = fresh(A ? A->u : s.u, s.u, N, 2 * d.ffn);

@@ -214,6 +214,10 @@ class Model {
     double loss = 0.0;   // mean over counted targets
     int64_t count = 0;   // targets counted
     int64_t activation_bytes = 0;  // saved for backward at the end of the forward pass
+    // Mixture-of-experts models: slots routed to each expert over every layer, and the
+    // balancing loss (E sum f P) of this pass (included in `loss` when trained).
+    std::vector<double> expert_load;
+    double aux_loss = 0.0;
   };
   enum class GradWrite { kAccumulate, kAssign };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
@@ -254,6 +258,10 @@ class Model {
   const Linear& compute_linear(int64_t layer, int which) const;  // which: 0 qkv, 1 o, 2 up, 3 down
   const Tensor& compute_lm_head() const;
   const MoeWeights& compute_moe(int64_t layer) const;  // a mixture-of-experts layer's
+  // Mixture-of-experts models: slots routed to each expert by the inference forwards so
+  // far (every layer; training passes report theirs in LossResult). Empty for dense models.
+  std::vector<int64_t> expert_load() const;
+  void count_expert_load(const MoeRouting& r) const;
 
  private:
   ModelConfig config_;
@@ -271,6 +279,8 @@ class Model {
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
   bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
   bool quantized_ = false;
+  // MoE models: inference routing counts, made at the first count (copies made after it share it).
+  mutable std::shared_ptr<ExpertLoad> expert_load_;
   // A quantized checkpoint's block linears (model/quantized.cc); their names into `used`.
   void load_quantized_linears(const io::SafetensorsModel& file, const std::string& dir,
                               std::set<std::string>& used);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "tessera/base/cpu_features.h"
@@ -404,6 +405,21 @@ void Model::refresh_compute_weights() {
 
 const Linear& Model::compute_linear(int64_t layer, int which) const {
   return (has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer]).linear(which);
+}
+
+std::vector<int64_t> Model::expert_load() const {
+  return expert_load_ ? expert_load_->counts() : std::vector<int64_t>();
+}
+
+void Model::count_expert_load(const MoeRouting& r) const {
+  static std::mutex mu;
+  std::shared_ptr<ExpertLoad> load;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!expert_load_) expert_load_ = std::make_shared<ExpertLoad>(config_.num_experts);
+    load = expert_load_;
+  }
+  load->add(r);
 }
 
 const MoeWeights& Model::compute_moe(int64_t layer) const {

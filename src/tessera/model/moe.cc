@@ -123,6 +123,21 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   sum_slots(r, sv.y, true, out);
 }
 
+ExpertLoad::ExpertLoad(int64_t experts) : counts_(new std::atomic<int64_t>[experts]), n_(experts) {
+  for (int64_t e = 0; e < n_; ++e) counts_[e] = 0;
+}
+
+void ExpertLoad::add(const MoeRouting& r) {
+  for (int64_t e = 0; e < n_ && e + 1 < static_cast<int64_t>(r.offsets.size()); ++e)
+    counts_[e].fetch_add(r.load(e), std::memory_order_relaxed);
+}
+
+std::vector<int64_t> ExpertLoad::counts() const {
+  std::vector<int64_t> c(static_cast<size_t>(n_));
+  for (int64_t e = 0; e < n_; ++e) c[e] = counts_[e].load(std::memory_order_relaxed);
+  return c;
+}
+
 void MoeBalance::add(const MoeRouting& r) {
   const int64_t E = static_cast<int64_t>(routed.size());
   TESSERA_CHECK(r.scores.size(1) == E, "MoeBalance: ", r.scores.size(1), " experts, expected ", E);

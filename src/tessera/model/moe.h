@@ -10,7 +10,9 @@
 // (transformers' load_balancing_loss_func, over the tokens of every MoE layer together).
 // Internal to model/ (the block calls it where a layer is sparse).
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tessera/tensor/tensor.h"
@@ -56,6 +58,18 @@ struct MoeSaved {
 // out (N, H) = sum_j weight(n, j) * expert_{e(n, j)}(h[n]); h (N, H) f32. With `save`, what
 // backward needs (else scratch). Weights f32 or bf16 (multiplied as kernels::matmul does).
 void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save);
+
+// Slots routed to each expert, counted across threads (serving: the engine reports them).
+class ExpertLoad {
+ public:
+  explicit ExpertLoad(int64_t experts);
+  void add(const MoeRouting& r);
+  std::vector<int64_t> counts() const;
+
+ private:
+  std::unique_ptr<std::atomic<int64_t>[]> counts_;
+  int64_t n_ = 0;
+};
 
 // The load-balancing loss over the T tokens of several layers, as transformers computes it:
 // E * sum_e f_e P_e, f_e = (slots routed to e) / T (summed over the k choices), P_e the

@@ -416,26 +416,30 @@ void DataParallel::finish_gradients() {
   }
 }
 
-double exact_sum(comm::Communicator& comm, double local) {
+std::vector<double> exact_sums(comm::Communicator& comm, const std::vector<double>& local) {
   const int N = comm.size();
-  if (N == 1) return local;
-  // Collectives have no f64: gather the exact bits of every rank's value and add them in
-  // rank order, so every rank gets the same, correctly rounded sum.
-  int64_t bits = 0;
-  std::memcpy(&bits, &local, sizeof bits);
-  Tensor in = Tensor::from_vector<int64_t>({bits}, {1});
-  Tensor all = Tensor::empty({N}, DType::kI64);
+  const int64_t K = static_cast<int64_t>(local.size());
+  if (N == 1 || K == 0) return local;
+  // Collectives have no f64: gather the exact bits of every rank's values and add them in
+  // rank order, so every rank gets the same, correctly rounded sums.
+  Tensor in = Tensor::empty({K}, DType::kI64);
+  std::memcpy(in.raw_data(), local.data(), static_cast<size_t>(K) * sizeof(double));
+  Tensor all = Tensor::empty({N * K}, DType::kI64);
   comm.all_gather(in, all);
-  double sum = 0;
-  for (int r = 0; r < N; ++r) {
-    double v = 0;
-    std::memcpy(&v, all.data<int64_t>() + r, sizeof v);
-    sum += v;
-  }
+  std::vector<double> sum(static_cast<size_t>(K), 0.0);
+  for (int r = 0; r < N; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      double v = 0;
+      std::memcpy(&v, all.data<int64_t>() + r * K + k, sizeof v);
+      sum[static_cast<size_t>(k)] += v;
+    }
   return sum;
 }
 
+double exact_sum(comm::Communicator& comm, double local) { return exact_sums(comm, {local})[0]; }
+
 double DataParallel::sum_over_ranks(double local) { return exact_sum(comm_, local); }
+std::vector<double> DataParallel::sum_over_ranks(const std::vector<double>& local) { return exact_sums(comm_, local); }
 
 void DataParallel::publish_params() {
   base::TraceScope scope("publish_params");

@@ -58,6 +58,7 @@ struct MemoryUse {
 // The sum of one double per rank, the same on every rank (the exact bits gathered and
 // added in rank order; collectives have no f64). Collective over `comm`.
 double exact_sum(comm::Communicator& comm, double local);
+std::vector<double> exact_sums(comm::Communicator& comm, const std::vector<double>& local);  // element-wise
 
 class DataParallel final : public model::TrainHooks {
  public:
@@ -88,6 +89,7 @@ class DataParallel final : public model::TrainHooks {
   // True when pieces() cover only this rank's part (a sum over them is partial).
   bool sharded() const { return config_.zero_stage > 0 && comm_.size() > 1; }
   double sum_over_ranks(double local);  // all-reduce sum across the group
+  std::vector<double> sum_over_ranks(const std::vector<double>& local);  // element-wise
   // After the optimizer changed pieces() masters: writes them (rounded to the compute
   // precision) into the model's weights and all-gathers (stages 1-2).
   void publish_params();

@@ -1,6 +1,8 @@
 // Prometheus metric families of the server.
 #include "tessera/serve/metrics.h"
 
+#include <algorithm>
+
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -65,6 +67,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   waiting_ = gauge("tessera_num_requests_waiting", "Requests waiting for the engine (queued or preempted).");
   kv_usage_ = gauge("tessera_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).");
   kv_blocks_total_ = gauge("tessera_kv_cache_blocks_total", "KV-cache blocks in the pool.");
+  expert_tokens_ = &prometheus::BuildCounter()
+                        .Name("tessera_moe_expert_tokens_total")
+                        .Help("Mixture-of-experts models: tokens routed to each expert, every layer summed.")
+                        .Register(*registry_);
 }
 
 ServerMetrics::~ServerMetrics() = default;
@@ -103,6 +109,24 @@ void ServerMetrics::update_engine(const infer::EngineStats& s) {
   waiting_->Set(static_cast<double>(s.waiting));
   kv_blocks_total_->Set(static_cast<double>(s.kv_blocks_total));
   kv_usage_->Set(s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
+  if (!s.expert_tokens.empty()) {
+    if (!expert_imbalance_)
+      expert_imbalance_ = &prometheus::BuildGauge()
+                               .Name("tessera_moe_load_imbalance")
+                               .Help("Mixture-of-experts models: the busiest expert's tokens over the mean, so far.")
+                               .Register(*registry_)
+                               .Add({{"model_name", model_}});
+    last_expert_tokens_.resize(s.expert_tokens.size(), 0);
+    int64_t total = 0, most = 0;
+    for (size_t e = 0; e < s.expert_tokens.size(); ++e) {
+      add(&expert_tokens_->Add({{"model_name", model_}, {"expert", std::to_string(e)}}), s.expert_tokens[e],
+          last_expert_tokens_[e]);
+      total += s.expert_tokens[e];
+      most = std::max(most, s.expert_tokens[e]);
+    }
+    expert_imbalance_->Set(total > 0 ? static_cast<double>(most) * static_cast<double>(s.expert_tokens.size()) / total
+                                     : 0.0);
+  }
 }
 
 std::string ServerMetrics::render() const {

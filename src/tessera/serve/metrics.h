@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/infer/engine.h"
 
@@ -45,6 +46,9 @@ class ServerMetrics {
   prometheus::Counter *prompt_tokens_, *gen_tokens_, *prefix_queries_, *prefix_hits_, *preemptions_;
   prometheus::Counter *spec_proposed_, *spec_accepted_, *steps_;
   prometheus::Gauge *running_, *waiting_, *kv_usage_, *kv_blocks_total_;
+  prometheus::Family<prometheus::Counter>* expert_tokens_;  // MoE models, by expert
+  prometheus::Gauge* expert_imbalance_ = nullptr;             // made at the first MoE stats
+  std::vector<int64_t> last_expert_tokens_;
   infer::EngineStats last_;  // engine totals already added to the counters
   std::string model_;
 };

@@ -280,6 +280,18 @@ class Run {
         tp_->reset_traffic();
       }
       if (pipe_) add_pipeline_metrics(rec);
+      if (!gp.expert_load.empty()) {
+        // Mixture of experts: each expert's share of the routed slots (every layer, rank and
+        // micro-batch of the step), the busiest over the mean, and the balancing loss.
+        const std::vector<double> load = dp_.sum_over_ranks(gp.expert_load);
+        double total = 0, most = 0;
+        for (double v : load) total += v, most = std::max(most, v);
+        std::vector<double> share;
+        for (double v : load) share.push_back(total > 0 ? v / total : 0.0);
+        rec["moe_expert_load"] = share;
+        rec["moe_load_imbalance"] = total > 0 ? most * static_cast<double>(load.size()) / total : 0.0;
+        rec["moe_aux_loss"] = dp_.sum_over_ranks(gp.aux_loss_sum) / static_cast<double>(accum * dp_size_);
+      }
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;

@@ -253,6 +253,9 @@ GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& d
     r.loss_sum += fr.loss;
     r.count += fr.count;
     r.activation_bytes = std::max(r.activation_bytes, fr.activation_bytes);
+    if (r.expert_load.empty()) r.expert_load.assign(fr.expert_load.size(), 0.0);
+    for (size_t e = 0; e < fr.expert_load.size(); ++e) r.expert_load[e] += fr.expert_load[e];
+    r.aux_loss_sum += fr.aux_loss;
   }
   dp.finish_gradients();
   return r;

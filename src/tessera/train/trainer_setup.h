@@ -71,6 +71,8 @@ struct GradientPass {
   double loss_sum = 0;           // of the micro-batches' mean losses (this rank)
   int64_t count = 0;             // targets counted (this rank)
   int64_t activation_bytes = 0;  // most saved for backward by one micro-batch
+  std::vector<double> expert_load;  // MoE: slots per expert over the micro-batches (this rank)
+  double aux_loss_sum = 0;          // MoE: of the micro-batches' balancing losses (this rank)
 };
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
                                   float scale,
