@@ -207,5 +207,43 @@ TEST(CollectiveChecks, BadArgumentsFailWithOneClearLine) {
   });
 }
 
+// all_to_allv: rank r sends rank j (r + 2 j) % 4 rows (zero included), each row (7 i32) holding
+// (r, j, row index, column); every rank receives each peer's rows, in rank order, and their counts.
+TEST(LocalBackend, AllToAllvMovesRowsOfEveryCount) {
+  for (int n : {1, 2, 3, 5}) {
+    run_local(n, [n](Communicator& c) {
+      const int r = c.rank();
+      std::vector<int64_t> send(n);
+      int64_t total = 0;
+      for (int j = 0; j < n; ++j) total += send[j] = (r + 2 * j) % 4;
+      Tensor in = Tensor::empty({total, 7}, DType::kI32);
+      int64_t row = 0;
+      for (int j = 0; j < n; ++j)
+        for (int64_t i = 0; i < send[j]; ++i, ++row)
+          for (int k = 0; k < 7; ++k) in.data<int32_t>()[row * 7 + k] = ((r * 16 + j) * 16 + static_cast<int>(i)) * 16 + k;
+      std::vector<int64_t> recv;
+      const Tensor out = c.all_to_allv(in, send, &recv);
+      ASSERT_EQ(static_cast<int>(recv.size()), n);
+      row = 0;
+      for (int j = 0; j < n; ++j) {
+        EXPECT_EQ(recv[j], (j + 2 * r) % 4) << "rank " << r << " from " << j;
+        for (int64_t i = 0; i < recv[j]; ++i, ++row)
+          for (int k = 0; k < 7; ++k)
+            ASSERT_EQ(out.data<int32_t>()[row * 7 + k], ((j * 16 + r) * 16 + static_cast<int>(i)) * 16 + k)
+                << "rank " << r << " row " << row;
+      }
+      EXPECT_EQ(out.size(0), row);
+      EXPECT_EQ(out.size(1), 7);
+      // Counts that do not add up to the rows, or a count per rank missing: one line.
+      if (n > 1) {
+        std::vector<int64_t> bad = send;
+        bad[0] += 1;
+        EXPECT_THROW(c.all_to_allv(in, bad), Error);
+        EXPECT_THROW(c.all_to_allv(in, std::vector<int64_t>(n + 1, 0)), Error);
+      }
+    });
+  }
+}
+
 }  // namespace
 }  // namespace tessera::comm

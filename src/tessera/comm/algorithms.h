@@ -4,6 +4,7 @@
 // dtype; communicator.cc checks tensors and converts bf16/f16 to f32 around them.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "tessera/comm/communicator.h"
 
@@ -59,6 +60,11 @@ void reduce_ring_gather(Communicator& c, int tag, void* data, int64_t n, DType d
 // Pairwise exchange: in and out hold N blocks of block_bytes; block j of in goes to rank j
 // and lands in block rank() of j's out. All N-1 exchanges are posted at once.
 void all_to_all_pairwise(Communicator& c, int tag, const void* in, void* out, int64_t block_bytes);
+// The same with a block per peer of its own size: bytes [send_off[j], + send_bytes[j]) of in
+// to rank j, rank j's into [recv_off[j], + recv_bytes[j]) of out.
+void all_to_allv_pairwise(Communicator& c, int tag, const void* in, const std::vector<int64_t>& send_off,
+                          const std::vector<int64_t>& send_bytes, void* out, const std::vector<int64_t>& recv_off,
+                          const std::vector<int64_t>& recv_bytes);
 
 // Dissemination barrier: ceil(log2 N) rounds of empty messages.
 void barrier_dissemination(Communicator& c, int tag);

@@ -94,6 +94,15 @@ void reduce_ring_gather(Communicator& c, int tag, void* data, int64_t n, DType d
 }
 
 void all_to_all_pairwise(Communicator& c, int tag, const void* in, void* out, int64_t block_bytes) {
+  const int N = c.size();
+  std::vector<int64_t> off(N), bytes(N, block_bytes);
+  for (int j = 0; j < N; ++j) off[j] = j * block_bytes;
+  all_to_allv_pairwise(c, tag, in, off, bytes, out, off, bytes);
+}
+
+void all_to_allv_pairwise(Communicator& c, int tag, const void* in, const std::vector<int64_t>& send_off,
+                          const std::vector<int64_t>& send_bytes, void* out, const std::vector<int64_t>& recv_off,
+                          const std::vector<int64_t>& recv_bytes) {
   const int N = c.size(), r = c.rank();
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
@@ -102,13 +111,13 @@ void all_to_all_pairwise(Communicator& c, int tag, const void* in, void* out, in
   // before any send so no exchange waits on a receive that is not there yet.
   for (int s = 1; s < N; ++s) {
     const int from = mod(r - s, N);
-    reqs.push_back(c.irecv(dst + from * block_bytes, block_bytes, from, tag));
+    reqs.push_back(c.irecv(dst + recv_off[from], recv_bytes[from], from, tag));
   }
   for (int s = 1; s < N; ++s) {
     const int to = mod(r + s, N);
-    reqs.push_back(c.isend(src + to * block_bytes, block_bytes, to, tag));
+    reqs.push_back(c.isend(src + send_off[to], send_bytes[to], to, tag));
   }
-  if (block_bytes > 0) std::memcpy(dst + r * block_bytes, src + r * block_bytes, block_bytes);
+  if (send_bytes[r] > 0) std::memcpy(dst + recv_off[r], src + send_off[r], static_cast<size_t>(send_bytes[r]));
   wait_all(reqs);
 }
 

@@ -499,6 +499,46 @@ void Communicator::all_to_all(const Tensor& in, Tensor& out) {
                             static_cast<int64_t>(in.nbytes()) / size());
 }
 
+Tensor Communicator::all_to_allv(const Tensor& in, const std::vector<int64_t>& send_rows,
+                                 std::vector<int64_t>* recv_rows) {
+  const int N = size();
+  TESSERA_CHECK(in.dim() >= 1 && in.is_contiguous(), "all_to_allv: in must be a contiguous tensor of rows, got ",
+                in.describe());
+  TESSERA_CHECK(static_cast<int>(send_rows.size()) == N, "all_to_allv: ", send_rows.size(),
+                " send counts for a group of ", N);
+  int64_t total = 0;
+  for (int j = 0; j < N; ++j) {
+    TESSERA_CHECK(send_rows[j] >= 0, "all_to_allv: send count ", send_rows[j], " for rank ", j, " is negative");
+    total += send_rows[j];
+  }
+  TESSERA_CHECK(total == in.size(0), "all_to_allv: the send counts add up to ", total, " rows, in has ", in.size(0));
+  // The counts first: each rank learns how many rows every peer sends it.
+  Tensor sc = Tensor::from_vector(send_rows, {N}), rc = Tensor::empty({N}, DType::kI64);
+  all_to_all(sc, rc);
+  std::vector<int64_t> recv(rc.data<int64_t>(), rc.data<int64_t>() + N);
+  Shape shape = in.shape();
+  int64_t rows = 0;
+  for (int64_t v : recv) rows += v;
+  shape[0] = rows;
+  Tensor out = Tensor::empty(shape, in.dtype());
+  int64_t row_bytes = static_cast<int64_t>(dtype_size(in.dtype()));
+  for (int d = 1; d < in.dim(); ++d) row_bytes *= in.size(d);
+  std::vector<int64_t> send_off(N), send_bytes(N), recv_off(N), recv_bytes(N);
+  int64_t so = 0, ro = 0;
+  for (int j = 0; j < N; ++j) {
+    send_off[j] = so, send_bytes[j] = send_rows[j] * row_bytes, so += send_bytes[j];
+    recv_off[j] = ro, recv_bytes[j] = recv[j] * row_bytes, ro += recv_bytes[j];
+  }
+  drain_async();
+  const uint64_t seq = ++sequence_;
+  WatchdogScope watch(describe(*this, "all_to_allv", seq, "pairwise", in.numel(), in.dtype()), timeout_seconds_);
+  collective_tag_ = tag_for(seq);
+  algo::all_to_allv_pairwise(*this, collective_tag_, in.raw_data(), send_off, send_bytes, out.raw_data(), recv_off,
+                             recv_bytes);
+  if (recv_rows) *recv_rows = std::move(recv);
+  return out;
+}
+
 void Communicator::barrier() {
   drain_async();
   const uint64_t seq = ++sequence_;

@@ -93,6 +93,12 @@ class Communicator {
   void broadcast(Tensor& t, int root);
   void reduce(const Tensor& in, Tensor& out, ReduceOp op, int root);
   void all_to_all(const Tensor& in, Tensor& out);
+  // Variable-size all-to-all over rows (expert parallelism's token dispatch): in's first
+  // send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1, ... (any dtype, any
+  // trailing shape); returns rank j's rows for this rank, in rank order, and, when asked,
+  // how many came from each rank. The counts are exchanged first (one all_to_all).
+  Tensor all_to_allv(const Tensor& in, const std::vector<int64_t>& send_rows,
+                     std::vector<int64_t>* recv_rows = nullptr);
   void barrier();
   // all_reduce on a background thread of this communicator (collectives issued this
   // way run in issue order); the tensor must not be touched until wait() returns.
