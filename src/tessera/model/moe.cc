@@ -12,18 +12,20 @@
 namespace tessera::model {
 namespace {
 
-void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h) {
+void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const EpComm* ep) {
   const int64_t E = spec.num_experts, H = h.size(1);
+  const int64_t El = ep ? E / ep->size() : E;  // experts held here
+  TESSERA_CHECK(!ep || E % ep->size() == 0, "moe: ep = ", ep ? ep->size() : 1, " does not divide ", E, " experts");
   TESSERA_CHECK(E >= 1 && spec.top_k >= 1 && spec.top_k <= E, "moe: top_k ", spec.top_k, " of ", E,
                 " experts");
   TESSERA_CHECK(h.dim() == 2 && h.dtype() == DType::kF32, "moe: h must be (N, H) f32, got ", h.describe());
   TESSERA_CHECK(w.router.shape() == (Shape{E, H}), "moe: router is ", w.router.describe(), ", expected (", E,
                 ", ", H, ")");
-  TESSERA_CHECK(w.gate_up.dim() == 3 && w.gate_up.size(0) == E && w.gate_up.size(2) == H &&
+  TESSERA_CHECK(w.gate_up.dim() == 3 && w.gate_up.size(0) == El && w.gate_up.size(2) == H &&
                     w.gate_up.size(1) % 2 == 0,
-                "moe: gate_up is ", w.gate_up.describe(), ", expected (", E, ", 2F, ", H, ")");
+                "moe: gate_up is ", w.gate_up.describe(), ", expected (", El, ", 2F, ", H, ")");
   const int64_t F = w.gate_up.size(1) / 2;
-  TESSERA_CHECK(w.down.shape() == (Shape{E, H, F}), "moe: down is ", w.down.describe(), ", expected (", E, ", ",
+  TESSERA_CHECK(w.down.shape() == (Shape{El, H, F}), "moe: down is ", w.down.describe(), ", expected (", El, ", ",
                 H, ", ", F, ")");
 }
 
@@ -83,12 +85,30 @@ void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& o
   });
 }
 
+// Rows `rows` reordered: out[i] = in[idx[i]] (inverse: out[idx[i]] = in[i]).
+Tensor permute_rows(const Tensor& in, const std::vector<int32_t>& idx, bool inverse) {
+  const int64_t R = in.size(0), W = in.size(1);
+  Tensor out = Tensor::empty({R, W}, DType::kF32);
+  const float* src = in.data<float>();
+  float* dst = out.data<float>();
+  base::parallel_for(R, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if (inverse)
+        std::copy_n(src + i * W, W, dst + static_cast<int64_t>(idx[i]) * W);
+      else
+        std::copy_n(src + static_cast<int64_t>(idx[i]) * W, W, dst + i * W);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
-void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save) {
-  check_shapes(spec, w, h);
+void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save,
+                 EpComm* ep) {
+  check_shapes(spec, w, h, ep);
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
-  const int64_t F = w.gate_up.size(1) / 2, S = N * k;
+  const int64_t F = w.gate_up.size(1) / 2, S = N * k, El = w.gate_up.size(0);
   Tensor logits = Tensor::empty({N, E}, DType::kF32);
   kernels::matmul(h, w.router, logits, false, true);
   kernels::softmax_forward(logits, logits);
@@ -97,25 +117,58 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   sv.routing = route(spec, logits);
   const MoeRouting& r = sv.routing;
 
-  // Gather the slots' input rows in expert order, one GEMM per linear per expert.
-  sv.x = Tensor::empty({S, H}, DType::kF32);
-  sv.u = Tensor::empty({S, 2 * F}, DType::kF32);
-  sv.a = Tensor::empty({S, F}, DType::kF32);
-  sv.y = Tensor::empty({S, H}, DType::kF32);
+  // The slots' input rows in expert order.
+  Tensor xs = Tensor::empty({S, H}, DType::kF32);
   const float* hp = h.data<float>();
-  float* xp = sv.x.data<float>();
+  float* xp = xs.data<float>();
   const int64_t ldh = h.stride(0);
   base::parallel_for(S, 64, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) std::copy_n(hp + (r.order[i] / k) * ldh, H, xp + i * H);
   });
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t i0 = r.offsets[e], i1 = r.offsets[e + 1];
+  if (!ep) {
+    sv.x = xs;
+    sv.local_offsets = r.offsets;
+  } else {
+    // Each rank's experts are consecutive, so are their slots: send them, with their
+    // experts, and group what arrives by local expert (stable: by sender, then order).
+    const int P = ep->size();
+    sv.send_rows.assign(P, 0);
+    for (int64_t e = 0; e < E; ++e) sv.send_rows[e / El] += r.load(e);
+    Tensor ids = Tensor::empty({S, 1}, DType::kI32);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(e);
+    const Tensor xr = ep->all_to_allv(xs, sv.send_rows, &sv.recv_rows);
+    const Tensor er = ep->all_to_allv(ids, sv.send_rows, nullptr);
+    const int64_t R = xr.size(0), first = static_cast<int64_t>(ep->rank()) * El;
+    sv.local_offsets.assign(El + 1, 0);
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t e = er.data<int32_t>()[i] - first;
+      TESSERA_CHECK(e >= 0 && e < El, "moe: rank ", ep->rank(), " received a row for expert ", e + first,
+                    ", which it does not hold");
+      ++sv.local_offsets[e + 1];
+    }
+    for (int64_t e = 0; e < El; ++e) sv.local_offsets[e + 1] += sv.local_offsets[e];
+    sv.group.resize(R);
+    std::vector<int64_t> next(sv.local_offsets.begin(), sv.local_offsets.end() - 1);
+    for (int64_t i = 0; i < R; ++i) sv.group[next[er.data<int32_t>()[i] - first]++] = static_cast<int32_t>(i);
+    sv.x = permute_rows(xr, sv.group, false);
+  }
+
+  // One GEMM per linear per expert held here.
+  const int64_t R = sv.x.size(0);
+  sv.u = Tensor::empty({R, 2 * F}, DType::kF32);
+  sv.a = Tensor::empty({R, F}, DType::kF32);
+  Tensor y = Tensor::empty({R, H}, DType::kF32);
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t i0 = sv.local_offsets[e], i1 = sv.local_offsets[e + 1];
     if (i0 == i1) continue;
-    Tensor u = sv.u.slice(0, i0, i1), a = sv.a.slice(0, i0, i1), y = sv.y.slice(0, i0, i1);
+    Tensor u = sv.u.slice(0, i0, i1), a = sv.a.slice(0, i0, i1), ye = y.slice(0, i0, i1);
     kernels::matmul(sv.x.slice(0, i0, i1), w.gate_up.select(0, e), u, false, true);
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
-    kernels::matmul(a, w.down.select(0, e), y, false, true);
+    kernels::matmul(a, w.down.select(0, e), ye, false, true);
   }
+  // The outputs back to the ranks whose tokens they are.
+  sv.y = ep ? ep->all_to_allv(permute_rows(y, sv.group, true), sv.recv_rows, nullptr) : y;
 
   // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
   TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
@@ -166,8 +219,9 @@ std::vector<float> MoeBalance::score_grad(double coef) const {
 }
 
 void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const MoeSaved& sv,
-                  const Tensor& dout, Tensor& dh, MoeWeights& grads, const std::vector<float>* aux_score_grad) {
-  check_shapes(spec, w, h);
+                  const Tensor& dout, Tensor& dh, MoeWeights& grads, const std::vector<float>* aux_score_grad,
+                  EpComm* ep) {
+  check_shapes(spec, w, h, ep);
   const MoeRouting& r = sv.routing;
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k;
@@ -197,15 +251,19 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
     }
   });
 
+  // To the ranks holding the experts (grouped as the forward grouped the rows there).
+  const Tensor dyg = ep ? permute_rows(ep->all_to_allv(dy, sv.send_rows, nullptr), sv.group, false) : dy;
+
   // The experts, one block of rows each: dA = dY W2, dW2 += dY^T A, dU by SwiGLU,
   // dWgu += dU^T X, dX = dU Wgu.
-  Tensor da = Tensor::empty({S, F}, DType::kF32), du = Tensor::empty({S, 2 * F}, DType::kF32);
-  Tensor dx = Tensor::empty({S, H}, DType::kF32);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t i0 = r.offsets[e], i1 = r.offsets[e + 1];
+  const int64_t R = sv.x.size(0), El = w.gate_up.size(0);
+  Tensor da = Tensor::empty({R, F}, DType::kF32), du = Tensor::empty({R, 2 * F}, DType::kF32);
+  Tensor dxg = Tensor::empty({R, H}, DType::kF32);
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t i0 = sv.local_offsets[e], i1 = sv.local_offsets[e + 1];
     if (i0 == i1) continue;
-    const Tensor dye = dy.slice(0, i0, i1), u = sv.u.slice(0, i0, i1);
-    Tensor dae = da.slice(0, i0, i1), due = du.slice(0, i0, i1), dxe = dx.slice(0, i0, i1);
+    const Tensor dye = dyg.slice(0, i0, i1), u = sv.u.slice(0, i0, i1);
+    Tensor dae = da.slice(0, i0, i1), due = du.slice(0, i0, i1), dxe = dxg.slice(0, i0, i1);
     Tensor gdown = grads.down.select(0, e), ggu = grads.gate_up.select(0, e);
     kernels::matmul(dye, w.down.select(0, e), dae, false, false);
     kernels::matmul(dye, sv.a.slice(0, i0, i1), gdown, true, false, 1.f, 1.f);
@@ -217,6 +275,7 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
 
   // dh = the slots' input gradients summed per token (choice order), then the router's.
   TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
+  const Tensor dx = ep ? ep->all_to_allv(permute_rows(dxg, sv.group, true), sv.recv_rows, nullptr) : dxg;
   sum_slots(r, dx, false, dh);
 
   // d scores: the chosen ones' through the (renormalised) weights, plus the balance

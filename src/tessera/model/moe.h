@@ -46,18 +46,41 @@ struct MoeRouting {
   int64_t load(int64_t e) const { return offsets[e + 1] - offsets[e]; }
 };
 
+// Expert parallelism: the experts are split over the ranks of an `ep` group (rank r holds
+// experts [r E / ep, (r + 1) E / ep)); each rank routes its own tokens, sends each slot's
+// row to the rank holding its expert and gets the expert's output back (an all-to-all of
+// variable sizes each way, forward and backward). Implemented by parallel/ over a
+// communicator (model/ does not see comm/).
+class EpComm {
+ public:
+  virtual ~EpComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // in's first send_rows[0] rows to rank 0, the next send_rows[1] to rank 1, ...; returns
+  // the rows this rank receives, in rank order, and their counts per rank.
+  virtual Tensor all_to_allv(const Tensor& in, const std::vector<int64_t>& send_rows,
+                             std::vector<int64_t>* recv_rows) = 0;
+};
+
 // What moe_backward needs of its forward.
 struct MoeSaved {
   MoeRouting routing;
-  Tensor x;  // (N k, H): input rows in sorted-slot order
-  Tensor u;  // (N k, 2F): gate | up
-  Tensor a;  // (N k, F): silu(gate) * up
-  Tensor y;  // (N k, H): each slot's expert output, before its weight
+  Tensor x;  // (R, H): the rows this rank's experts ran on, grouped by expert
+  Tensor u;  // (R, 2F): gate | up
+  Tensor a;  // (R, F): silu(gate) * up
+  Tensor y;  // (N k, H): each of this rank's slots' expert output, before its weight, sorted-slot order
+  // Expert parallelism: rows sent to / received from each rank, the received rows' local
+  // experts' block offsets, and which received row each grouped row is.
+  std::vector<int64_t> send_rows, recv_rows, local_offsets;
+  std::vector<int32_t> group;
 };
 
 // out (N, H) = sum_j weight(n, j) * expert_{e(n, j)}(h[n]); h (N, H) f32. With `save`, what
 // backward needs (else scratch). Weights f32 or bf16 (multiplied as kernels::matmul does).
-void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save);
+// With `ep`, w holds this rank's E / ep experts (the router whole) and every rank of the
+// group calls this together.
+void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save,
+                 EpComm* ep = nullptr);
 
 // Slots routed to each expert, counted across threads (serving: the engine reports them).
 class ExpertLoad {
@@ -87,8 +110,10 @@ struct MoeBalance {
 
 // dh (N, H) = d out / d h (overwritten); grads' tensors (shaped as w's, f32) += the weight
 // gradients. aux_score_grad (E, optional): MoeBalance::score_grad, added for every token.
+// With `ep` (as in the forward), grads holds this rank's experts' gradients from every
+// rank's tokens routed to them.
 void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const MoeSaved& saved,
                   const Tensor& dout, Tensor& dh, MoeWeights& grads,
-                  const std::vector<float>* aux_score_grad = nullptr);
+                  const std::vector<float>* aux_score_grad = nullptr, EpComm* ep = nullptr);
 
 }  // namespace tessera::model
