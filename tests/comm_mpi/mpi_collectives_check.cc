@@ -191,6 +191,31 @@ void check_rooted_collectives(Communicator& c, DType dt, int64_t n) {
   compare(read(out), want, dt, "all_to_all " + std::string(dtype_name(dt)) + " k=" + std::to_string(k));
 }
 
+// all_to_allv: rank r sends rank j (r + 2 j) % 5 rows of 3 i64 (zero rows too) holding
+// (r, j, row, column); rank j receives each peer's rows in rank order, and their counts.
+void check_all_to_allv(Communicator& c) {
+  const int p = c.size(), me = c.rank();
+  std::vector<int64_t> send(p);
+  int64_t total = 0;
+  for (int j = 0; j < p; ++j) total += send[j] = (me + 2 * j) % 5;
+  auto value = [](int64_t r, int64_t j, int64_t i, int64_t k) { return ((r * 64 + j) * 64 + i) * 4 + k; };
+  Tensor in = Tensor::empty({total, 3}, DType::kI64);
+  int64_t row = 0;
+  for (int j = 0; j < p; ++j)
+    for (int64_t i = 0; i < send[j]; ++i, ++row)
+      for (int k = 0; k < 3; ++k) in.data<int64_t>()[row * 3 + k] = value(me, j, i, k);
+  std::vector<int64_t> recv;
+  const Tensor out = c.all_to_allv(in, send, &recv);
+  row = 0;
+  bool ok = static_cast<int>(recv.size()) == p;
+  for (int j = 0; ok && j < p; ++j) {
+    ok = recv[j] == (j + 2 * me) % 5;
+    for (int64_t i = 0; ok && i < recv[j]; ++i, ++row)
+      for (int k = 0; k < 3; ++k) ok = ok && out.data<int64_t>()[row * 3 + k] == value(j, me, i, k);
+  }
+  expect(ok && out.size(0) == row, "all_to_allv rows and counts");
+}
+
 void check_async(Communicator& c) {
   const int p = c.size();
   for (Algorithm a : {Algorithm::kBackend, Algorithm::kRing, Algorithm::kHalvingDoubling,
@@ -577,6 +602,7 @@ int main(int argc, char** argv) {
           for (Algorithm a : algorithms) check_algorithm_collectives(world, dt, n, a);
           check_rooted_collectives(world, dt, n == 100000 ? 10000 : n);
         }
+      check_all_to_allv(world);
       check_async(world);
       check_split(world);
       check_point_to_point(world);
