@@ -15,30 +15,15 @@
 
 #include "tessera/io/safetensors.h"
 #include "test_util/run_command.h"
+#include "test_util/tensor_diff.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
 
-Tensor randn(const Shape& shape, std::mt19937& rng, float sd) {
-  std::normal_distribution<float> n(0.f, sd);
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
-}
-
-// max |a - b| / max |b|.
-float rel_diff(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  EXPECT_EQ(x.shape(), y.shape());
-  float d = 0, m = 1e-30f;
-  for (int64_t i = 0; i < y.numel(); ++i) {
-    d = std::max(d, std::fabs(x.data<float>()[i] - y.data<float>()[i]));
-    m = std::max(m, std::fabs(y.data<float>()[i]));
-  }
-  return d / m;
-}
+Tensor randn(const Shape& shape, std::mt19937& rng, float sd) { return testing::random_normal(shape, rng, sd); }
+using testing::max_rel_diff;
 
 struct Case {
   int64_t experts, top_k, hidden, ffn, tokens;
@@ -94,7 +79,7 @@ void check_against_pytorch(const Case& c) {
     const std::string p = std::to_string(L) + ".";
     Tensor out = Tensor::empty({N, H}, DType::kF32);
     model::moe_forward(spec, w[L], h[L], out, &saved[L]);
-    EXPECT_LT(rel_diff(out, ref->get(p + "out")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(out, ref->get(p + "out")), 1e-5f) << "layer " << L;
     // The same experts, in the same order of preference.
     const Tensor experts = ref->get(p + "experts");
     for (int64_t n = 0; n < N; ++n)
@@ -113,11 +98,11 @@ void check_against_pytorch(const Case& c) {
     g.down = Tensor::zeros({E, H, F}, DType::kF32);
     Tensor dh = Tensor::empty({N, H}, DType::kF32);
     model::moe_backward(spec, w[L], h[L], saved[L], dout[L], dh, g, &aux);
-    EXPECT_LT(rel_diff(dh, ref->get(p + "dh")), 1e-5f) << "layer " << L;
-    EXPECT_LT(rel_diff(g.router, ref->get(p + "dgate")), 1e-5f) << "layer " << L;
-    EXPECT_LT(rel_diff(g.gate_up.slice(1, 0, F), ref->get(p + "dw1")), 1e-5f) << "layer " << L;
-    EXPECT_LT(rel_diff(g.gate_up.slice(1, F, 2 * F), ref->get(p + "dw3")), 1e-5f) << "layer " << L;
-    EXPECT_LT(rel_diff(g.down, ref->get(p + "dw2")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(dh, ref->get(p + "dh")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.router, ref->get(p + "dgate")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, 0, F), ref->get(p + "dw1")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, F, 2 * F), ref->get(p + "dw3")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.down, ref->get(p + "dw2")), 1e-5f) << "layer " << L;
   }
   fs::remove_all(dir);
 }

@@ -188,6 +188,38 @@ class LlamaAttention(nn.Module):
         return self.o_proj(attn_output)
 
 
+def routed_experts(hidden_states, router_logits, experts, top_k, norm_topk_prob):
+    """The routed part of transformers' MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock
+    forward: softmax router in float, torch.topk, renormalised weights (always in Mixtral,
+    under norm_topk_prob in Qwen2-MoE), each expert over the tokens routed to it,
+    index_add_ back. hidden_states (T, H) -> (T, H)."""
+    routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+    routing_weights, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    if norm_topk_prob:
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+    routing_weights = routing_weights.to(hidden_states.dtype)
+    final = torch.zeros_like(hidden_states)
+    expert_mask = F.one_hot(selected_experts, num_classes=len(experts)).permute(2, 1, 0)
+    for expert_idx, expert in enumerate(experts):
+        idx, top_x = torch.where(expert_mask[expert_idx])
+        current_state = hidden_states[None, top_x].reshape(-1, hidden_states.shape[-1])
+        current = expert(current_state) * routing_weights[top_x, idx, None]
+        final.index_add_(0, top_x, current.to(hidden_states.dtype))
+    return final
+
+
+def balancing_loss(gate_logits, num_experts, top_k):
+    """transformers' load_balancing_loss_func: over the router logits of every layer,
+    concatenated (the loss is taken over all layers' tokens)."""
+    concatenated = torch.cat(gate_logits, dim=0)
+    routing_weights = F.softmax(concatenated, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.to(routing_weights.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
+
+
 class MixtralBlockSparseTop2MLP(nn.Module):
     """modeling_mixtral.py: w2(act(w1 x) * w3 x)."""
 
@@ -220,18 +252,7 @@ class MixtralSparseMoeBlock(nn.Module):
         hidden_states = hidden_states.view(-1, hidden_dim)
         router_logits = self.gate(hidden_states)
         self.last_router_logits = router_logits  # for load_balancing_loss (output_router_logits)
-        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
-        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
-        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
-        routing_weights = routing_weights.to(hidden_states.dtype)
-        final = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype,
-                            device=hidden_states.device)
-        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
-        for expert_idx in range(self.num_experts):
-            idx, top_x = torch.where(expert_mask[expert_idx])
-            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
-            current = self.experts[expert_idx](current_state) * routing_weights[top_x, idx, None]
-            final.index_add_(0, top_x, current.to(hidden_states.dtype))
+        final = routed_experts(hidden_states, router_logits, self.experts, self.top_k, True)
         return final.reshape(batch_size, sequence_length, hidden_dim)
 
 
@@ -268,19 +289,7 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         hidden_states = hidden_states.view(-1, hidden_dim)
         router_logits = self.gate(hidden_states)
         self.last_router_logits = router_logits
-        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
-        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
-        routing_weights = routing_weights.to(hidden_states.dtype)
-        final = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype,
-                            device=hidden_states.device)
-        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
-        for expert_idx in range(self.num_experts):
-            idx, top_x = torch.where(expert_mask[expert_idx])
-            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
-            current = self.experts[expert_idx](current_state) * routing_weights[top_x, idx, None]
-            final.index_add_(0, top_x, current.to(hidden_states.dtype))
+        final = routed_experts(hidden_states, router_logits, self.experts, self.top_k, self.norm_topk_prob)
         shared = self.shared_expert(hidden_states)
         shared = F.sigmoid(self.shared_expert_gate(hidden_states)) * shared
         final = final + shared
@@ -288,18 +297,11 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
 
 
 def load_balancing_loss(model):
-    """transformers' load_balancing_loss_func over every MixtralSparseMoeBlock's router
-    logits of the last forward, concatenated (the loss is taken over all layers' tokens).
-    The blocks forget them (a module holding graph tensors cannot be deep-copied)."""
+    """balancing_loss over every sparse block's router logits of the last forward. The
+    blocks forget them (a module holding graph tensors cannot be deep-copied)."""
     blocks = [m for m in model.modules() if isinstance(m, (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock))]
-    num_experts, top_k = blocks[0].num_experts, blocks[0].top_k
-    concatenated = torch.cat([b.__dict__.pop("last_router_logits") for b in blocks], dim=0)
-    routing_weights = F.softmax(concatenated, dim=-1)
-    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
-    expert_mask = F.one_hot(selected_experts, num_experts)
-    tokens_per_expert = torch.mean(expert_mask.float(), dim=0)
-    router_prob_per_expert = torch.mean(routing_weights, dim=0)
-    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
+    logits = [b.__dict__.pop("last_router_logits") for b in blocks]
+    return balancing_loss(logits, blocks[0].num_experts, blocks[0].top_k)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -1,7 +1,8 @@
 """PyTorch reference for tests/model/moe_test.cc: transformers' MixtralSparseMoeBlock
-(modeling_mixtral.py: softmax router in float, torch.topk, renormalised top-k weights,
-experts w2(silu(w1 x) * w3 x) run over the tokens routed to them, index_add_ back) and
-load_balancing_loss_func (over the router logits of every layer concatenated), in float64.
+(modeling_mixtral.py: softmax router, torch.topk, renormalised top-k weights, experts
+w2(silu(w1 x) * w3 x) run over the tokens routed to them, index_add_ back) and
+load_balancing_loss_func (over the router logits of every layer concatenated), in float64,
+through hf_models.routed_experts and hf_models.balancing_loss.
 
 Usage: moe_reference.py IN.safetensors OUT.safetensors
 IN (float32): per layer L (0, 1, ...): L.h (N, H), L.gate (E, H), L.w1 / L.w3 (E, F, H),
@@ -15,36 +16,26 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+import hf_models  # this directory
 from safetensors_np import load, save  # this directory
+
+
+class _Expert:
+    """One Mixtral expert over float64 weights: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, w1, w2, w3):
+        self.w1, self.w2, self.w3 = w1, w2, w3
+
+    def __call__(self, x):
+        return (F.silu(x @ self.w1.t()) * (x @ self.w3.t())) @ self.w2.t()
 
 
 def sparse_moe_block(h, gate, w1, w2, w3, top_k, norm_topk_prob):
     router_logits = h @ gate.t()
-    routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float64)
-    routing_weights, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
-    if norm_topk_prob:
-        routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
-    final = torch.zeros_like(h)
-    num_experts = gate.shape[0]
-    expert_mask = F.one_hot(selected_experts, num_classes=num_experts).permute(2, 1, 0)
-    for e in range(num_experts):
-        idx, top_x = torch.where(expert_mask[e])
-        if top_x.numel() == 0:
-            continue
-        x = h[top_x]
-        cur = (F.silu(x @ w1[e].t()) * (x @ w3[e].t())) @ w2[e].t()
-        final.index_add_(0, top_x, cur * routing_weights[top_x, idx, None])
+    experts = [_Expert(w1[e], w2[e], w3[e]) for e in range(gate.shape[0])]
+    final = hf_models.routed_experts(h, router_logits, experts, top_k, norm_topk_prob)
+    selected_experts = torch.topk(F.softmax(router_logits, dim=1, dtype=torch.float64), top_k, dim=-1)[1]
     return final, router_logits, selected_experts
-
-
-def load_balancing_loss(gate_logits, num_experts, top_k):
-    concatenated = torch.cat(gate_logits, dim=0)
-    routing_weights = F.softmax(concatenated, dim=-1)
-    _, selected = torch.topk(routing_weights, top_k, dim=-1)
-    expert_mask = F.one_hot(selected, num_experts)
-    tokens_per_expert = torch.mean(expert_mask.double(), dim=0)
-    router_prob_per_expert = torch.mean(routing_weights, dim=0)
-    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
 
 
 def main(inp, outp):
@@ -61,7 +52,7 @@ def main(inp, outp):
         logits.append(lg)
         out[f"{L}.out"] = y.detach().numpy().astype(np.float32)
         out[f"{L}.experts"] = sel.numpy().astype(np.int32)
-    aux = load_balancing_loss(logits, params[0]["gate"].shape[0], top_k)
+    aux = hf_models.balancing_loss(logits, params[0]["gate"].shape[0], top_k)
     (loss + coef * aux).backward()
     for L, p in enumerate(params):
         for k in ("h", "gate", "w1", "w2", "w3"):

@@ -13,27 +13,16 @@
 #include "tessera/comm/communicator.h"
 #include "tessera/model/moe.h"
 #include "tessera/parallel/expert_parallel.h"
+#include "test_util/tensor_diff.h"
 
 namespace tessera::parallel {
 namespace {
 
 Tensor randn(const Shape& shape, uint32_t seed, float sd) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, sd);
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
+  return tessera::testing::random_normal(shape, rng, sd);
 }
-
-float rel_diff(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  float d = 0, m = 1e-30f;
-  for (int64_t i = 0; i < y.numel(); ++i) {
-    d = std::max(d, std::fabs(x.data<float>()[i] - y.data<float>()[i]));
-    m = std::max(m, std::fabs(y.data<float>()[i]));
-  }
-  return d / m;
-}
+using tessera::testing::max_rel_diff;
 
 TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
   const int64_t E = 8, H = 32, F = 48;
@@ -80,11 +69,11 @@ TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
       model::MoeWeights g{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({El, 2 * F, H}, DType::kF32),
                           Tensor::zeros({El, H, F}, DType::kF32)};
       model::moe_backward(spec, mine, h[r], sv, dout[r], dh, g, nullptr, &ep);
-      EXPECT_LT(rel_diff(out, want_out[r]), 1e-5f) << "rank " << r;
-      EXPECT_LT(rel_diff(dh, want_dh[r]), 1e-5f) << "rank " << r;
-      EXPECT_LT(rel_diff(g.router, want_router[r]), 1e-5f) << "rank " << r;
-      EXPECT_LT(rel_diff(g.gate_up, sum.gate_up.slice(0, r * El, (r + 1) * El)), 1e-5f) << "rank " << r;
-      EXPECT_LT(rel_diff(g.down, sum.down.slice(0, r * El, (r + 1) * El)), 1e-5f) << "rank " << r;
+      EXPECT_LT(max_rel_diff(out, want_out[r]), 1e-5f) << "rank " << r;
+      EXPECT_LT(max_rel_diff(dh, want_dh[r]), 1e-5f) << "rank " << r;
+      EXPECT_LT(max_rel_diff(g.router, want_router[r]), 1e-5f) << "rank " << r;
+      EXPECT_LT(max_rel_diff(g.gate_up, sum.gate_up.slice(0, r * El, (r + 1) * El)), 1e-5f) << "rank " << r;
+      EXPECT_LT(max_rel_diff(g.down, sum.down.slice(0, r * El, (r + 1) * El)), 1e-5f) << "rank " << r;
       std::lock_guard<std::mutex> lock(mu);
       sent += ep.bytes_sent();
     });
