@@ -222,7 +222,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       result.aux_loss = acts.moe_balance->loss();
     }
     if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
-      result.loss += c.router_aux_loss_coef * acts.moe_balance->loss();
+      result.loss += c.router_aux_loss_coef * result.aux_loss;
       moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);
     }
     Tensor& dlogits = logits;
@@ -275,17 +275,34 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
     const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
                       &Ldown = kBlockLinears[3];
-    Tensor dres_all, op;
-    if (c.is_moe()) {
-      // MLP: x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and
-      // router gradients accumulate (prepare cleared them under kAssign).
+    // The dense MLP's backward from its output gradient dy (all rows): x_out = x_mid +
+    // down(act(up(norm2(x_mid)))); dh gets its input gradient. (qwen2_moe: the shared expert.)
+    Tensor dres_all = all_rows(*this, dres), op;
+    auto dense_mlp_backward = [&](const Tensor& dy) {
+      op = matmul_operand(dy, mode);
+      input_grad(*this, Ldown, l, op, da, da, pm);
+      linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
+      if (c.gated_mlp()) {
+        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
+        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+      } else {
+        kernels::gelu_backward(da, A.u, du);
+      }
+      op = matmul_operand(du, mode);
+      input_grad(*this, Lup, l, op, dh_full, dh, pm);
+      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
+    };
+    if (!c.is_moe()) {
+      dense_mlp_backward(dres_all);
+    } else {
+      // x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and router
+      // gradients accumulate (prepare cleared them under kAssign).
       const MoeWeights& E = compute_moe(l);
       const std::vector<float>* aux = moe_score_grad.empty() ? nullptr : &moe_score_grad;
-      if (!c.shared_expert) {
-        moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh, G.moe, aux);
-      } else {
-        // qwen2_moe: out = moe(h2) + sigmoid(z) y, z = h2 . g, y the shared expert (the
-        // dense MLP): dy = sigmoid(z) dout per row, dz = (dout . y) sigmoid'(z).
+      Tensor dh_moe = dh;
+      if (c.shared_expert) {
+        // qwen2_moe: + sigmoid(z) y, z = h2 . g, y the shared expert (the dense MLP):
+        // dy = sigmoid(z) dout per row, dz = (dout . y) sigmoid'(z).
         Tensor dy = Tensor::empty({N, H}, DType::kF32), dz = Tensor::empty({N, 1}, DType::kF32);
         const float* gp = dres.data<float>();
         const float* yp = A.shared_y.data<float>();
@@ -300,35 +317,13 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
           }
           dz.data<float>()[n] = static_cast<float>(dot) * sg * (1.f - sg);
         }
-        op = matmul_operand(dy, mode);
-        input_grad(*this, Ldown, l, op, da, da, pm);
-        linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
-        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
-        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
-        op = matmul_operand(du, mode);
-        input_grad(*this, Lup, l, op, dh_full, dh, pm);
-        linear_backward_weight(A.h2, du, op, G.linear(Lup.which), pm, !assign);
+        dense_mlp_backward(dy);
         kernels::matmul(dz, E.shared_gate, dh, false, false, 1.f, 1.f);
         kernels::matmul(dz, A.h2, G.moe.shared_gate, true, false, 1.f, 1.f);
-        Tensor dh_moe = Tensor::empty({N, H}, DType::kF32);
-        moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux);
-        kernels::add_inplace(dh, dh_moe);
+        dh_moe = Tensor::empty({N, H}, DType::kF32);
       }
-    } else {
-      // MLP: x_out = x_mid + down(act(up(norm2(x_mid)))).
-      dres_all = all_rows(*this, dres);
-      op = matmul_operand(dres_all, mode);
-      input_grad(*this, Ldown, l, op, da, da, pm);
-      linear_backward_weight(A.a, dres_all, op, G.linear(Ldown.which), pm, !assign);
-      if (c.gated_mlp()) {
-        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
-        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
-      } else {
-        kernels::gelu_backward(da, A.u, du);
-      }
-      op = matmul_operand(du, mode);
-      input_grad(*this, Lup, l, op, dh_full, dh, pm);
-      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
+      moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux);
+      if (c.shared_expert) kernels::add_inplace(dh, dh_moe);
     }
     norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
     kernels::add_inplace(dres, tmp);

@@ -10,6 +10,7 @@
 // (transformers' load_balancing_loss_func, over the tokens of every MoE layer together).
 // Internal to model/ (the block calls it where a layer is sparse).
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,14 @@ struct MoeSaved {
 // group calls this together.
 void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save,
                  EpComm* ep = nullptr);
+
+// The busiest expert's load over the mean load (1: balanced); 0 when nothing was routed.
+template <typename T>
+double moe_load_imbalance(const std::vector<T>& load) {
+  double total = 0, most = 0;
+  for (T v : load) total += static_cast<double>(v), most = std::max(most, static_cast<double>(v));
+  return total > 0 ? most * static_cast<double>(load.size()) / total : 0.0;
+}
 
 // Slots routed to each expert, counted across threads (serving: the engine reports them).
 class ExpertLoad {

@@ -1,13 +1,13 @@
 // Prometheus metric families of the server.
 #include "tessera/serve/metrics.h"
 
-#include <algorithm>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+
+#include "tessera/model/moe.h"
 
 namespace tessera::serve {
 namespace {
@@ -117,15 +117,10 @@ void ServerMetrics::update_engine(const infer::EngineStats& s) {
                                .Register(*registry_)
                                .Add({{"model_name", model_}});
     last_expert_tokens_.resize(s.expert_tokens.size(), 0);
-    int64_t total = 0, most = 0;
-    for (size_t e = 0; e < s.expert_tokens.size(); ++e) {
+    for (size_t e = 0; e < s.expert_tokens.size(); ++e)
       add(&expert_tokens_->Add({{"model_name", model_}, {"expert", std::to_string(e)}}), s.expert_tokens[e],
           last_expert_tokens_[e]);
-      total += s.expert_tokens[e];
-      most = std::max(most, s.expert_tokens[e]);
-    }
-    expert_imbalance_->Set(total > 0 ? static_cast<double>(most) * static_cast<double>(s.expert_tokens.size()) / total
-                                     : 0.0);
+    expert_imbalance_->Set(model::moe_load_imbalance(s.expert_tokens));
   }
 }
 

@@ -272,26 +272,9 @@ class Run {
       nlohmann::json rec = sm.to_record();
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
       add_memory(rec, activation_bytes);
-      if (tp_) {  // this rank's tensor-parallel traffic over the step (evaluation included)
-        const auto& t = tp_->traffic();
-        rec["tp_collectives"] = t.collectives();
-        rec["tp_comm_bytes"] = t.bytes();
-        rec["tp_comm_s"] = t.seconds;
-        tp_->reset_traffic();
-      }
+      if (tp_) take_tp_metrics(rec, *tp_);
       if (pipe_) add_pipeline_metrics(rec);
-      if (!gp.expert_load.empty()) {
-        // Mixture of experts: each expert's share of the routed slots (every layer, rank and
-        // micro-batch of the step), the busiest over the mean, and the balancing loss.
-        const std::vector<double> load = dp_.sum_over_ranks(gp.expert_load);
-        double total = 0, most = 0;
-        for (double v : load) total += v, most = std::max(most, v);
-        std::vector<double> share;
-        for (double v : load) share.push_back(total > 0 ? v / total : 0.0);
-        rec["moe_expert_load"] = share;
-        rec["moe_load_imbalance"] = total > 0 ? most * static_cast<double>(load.size()) / total : 0.0;
-        rec["moe_aux_loss"] = dp_.sum_over_ranks(gp.aux_loss_sum) / static_cast<double>(accum * dp_size_);
-      }
+      if (!gp.expert_load.empty()) add_moe_metrics(rec, gp, dp_, accum * dp_size_);
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;

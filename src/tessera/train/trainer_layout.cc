@@ -223,4 +223,12 @@ void write_pipeline_svg(const std::string& path, const parallel::Pipeline& pipe,
                                       ", pp " + std::to_string(sh.pp) + ", m " + std::to_string(sh.micro_batches)));
 }
 
+void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp) {
+  const auto& t = tp.traffic();
+  rec["tp_collectives"] = t.collectives();
+  rec["tp_comm_bytes"] = t.bytes();
+  rec["tp_comm_s"] = t.seconds;
+  tp.reset_traffic();
+}
+
 }  // namespace tessera::train

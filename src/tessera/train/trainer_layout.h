@@ -42,6 +42,10 @@ std::unique_ptr<comm::Communicator> make_embed_group(const parallel::MeshShape& 
                                                      const model::ModelConfig& m,
                                                      comm::Communicator& world);
 
+// This rank's tensor-parallel traffic since the last call (the step, evaluation included)
+// into the step's metrics record; the count starts again.
+void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp);
+
 // One step's micro-batches through the pipeline: every stage draws the same batches (the
 // data order is deterministic), runs the schedule, the replicas reduce, and a tied table's
 // two gradients are summed over `embed_group`. `last` receives the step's record.

@@ -238,6 +238,18 @@ std::vector<std::pair<std::string, Tensor>> master_tensors(
   return out;
 }
 
+void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp,
+                     int64_t micro_batches) {
+  const std::vector<double> load = dp.sum_over_ranks(gp.expert_load);
+  double total = 0;
+  for (double v : load) total += v;
+  std::vector<double> share;
+  for (double v : load) share.push_back(total > 0 ? v / total : 0.0);
+  rec["moe_expert_load"] = share;
+  rec["moe_load_imbalance"] = model::moe_load_imbalance(load);
+  rec["moe_aux_loss"] = dp.sum_over_ranks(gp.aux_loss_sum) / static_cast<double>(micro_batches);
+}
+
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
                                   float scale,
                                   const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {

@@ -74,6 +74,11 @@ struct GradientPass {
   std::vector<double> expert_load;  // MoE: slots per expert over the micro-batches (this rank)
   double aux_loss_sum = 0;          // MoE: of the micro-batches' balancing losses (this rank)
 };
+// Mixture of experts, into a step's metrics record: each expert's share of the routed slots
+// (every layer, rank and micro-batch of the step: summed over dp's ranks, so every rank
+// calls this), the busiest over the mean, and the mean balancing loss over `micro_batches`.
+void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp,
+                     int64_t micro_batches);
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
                                   float scale,
                                   const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch);
