@@ -98,7 +98,7 @@ TEST(DeviceMesh, BadLayoutsAreOneLineErrorsNamingTheAxis) {
       {neg, 1, 1, "[parallel] pp must be in [1, 65536], got -1"},
       {shape(-2, 1, 1), 2, 1, "[parallel] dp must be in [1, 65536]"},
       {cp2, 2, 1, "[parallel] cp = 2: context parallelism is not available yet"},
-      {ep2, 2, 1, "[parallel] ep = 2: expert parallelism is not available yet"},
+      {ep2, 2, 1, "[parallel] ep = 2 needs a mixture-of-experts model; llama has no experts"},
       {shape(1, 1, 8), 8, 1, "[parallel] tp = 8 does not divide the model's 4 attention heads"},
       {shape(1, 1, 2), 2, 1, "[parallel] tp = 2 does not divide the model's MLP size 131"},
       {shape(1, 4, 1), 4, 4, "[parallel] pp = 4 is more pipeline stages than the model's 2 layers"},

@@ -322,7 +322,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
         kernels::matmul(dz, A.h2, G.moe.shared_gate, true, false, 1.f, 1.f);
         dh_moe = Tensor::empty({N, H}, DType::kF32);
       }
-      moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux);
+      moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux, ep_comm_);
       if (c.shared_expert) kernels::add_inplace(dh, dh_moe);
     }
     norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);

@@ -296,12 +296,15 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   if (c.is_moe()) {  // (tp = 1: no sequence parallelism, N rows throughout)
     Tensor& out = scratch(s.delta, N, H);
     const MoeWeights& E = m.compute_moe(l);
+    TESSERA_CHECK(m.tp_shard().ep_size == 1 || m.ep_comm(), "an expert-parallel shard runs with its ep group "
+                  "(Model::set_ep_comm)");
     if (A) {
-      moe_forward(moe_spec(c), E, h2, out, &A->moe);
+      moe_forward(moe_spec(c), E, h2, out, &A->moe, m.ep_comm());
     } else {  // inference: the routing is counted for the serving metrics
-      by_rows(h2, out, opt.rowwise, [&](const Tensor& hi, Tensor& oi) {
+      // (Under ep every rank exchanges once per layer: the rows go together.)
+      by_rows(h2, out, opt.rowwise && !m.ep_comm(), [&](const Tensor& hi, Tensor& oi) {
         MoeSaved routed;
-        moe_forward(moe_spec(c), E, hi, oi, &routed);
+        moe_forward(moe_spec(c), E, hi, oi, &routed, m.ep_comm());
         m.count_expert_load(routed.routing);
       });
     }

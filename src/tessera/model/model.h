@@ -115,6 +115,11 @@ class Model {
   const PpStage& pp_stage() const { return stage_; }
   // The tp group's collectives for a shard (every tp > 1 forward needs them).
   void set_tp_comm(TpComm* tp) { tp_comm_ = tp; }
+  // The ep group's token exchange for an expert-parallel shard (TpShard::ep_size > 1):
+  // every MoE layer's forward and backward sends each routed slot to the rank holding its
+  // expert, so all ranks of the group run their passes together, layer for layer.
+  void set_ep_comm(EpComm* ep);
+  EpComm* ep_comm() const { return ep_comm_; }
   // Megatron sequence parallelism in the training passes (forward_batch, forward_backward):
   // the residual stream, norms and their saved activations hold N / tp of the rows; the
   // all-reduces become all-gathers before and reduce-scatters after each tp region. Needs
@@ -269,6 +274,7 @@ class Model {
   PpStage stage_;
   LocalDims dims_;
   TpComm* tp_comm_ = nullptr;
+  EpComm* ep_comm_ = nullptr;
   bool sequence_parallel_ = false;
   bool sp_overlap_ = false;
   Params weights_;

@@ -101,12 +101,19 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
   int unused = 0;
   for (const auto& name : file.names()) {
     if (used.count(name) || is_ignorable_buffer(name)) continue;
-    if (!stage.whole()) continue;  // the other pipeline stages' tensors
+    if (!stage.whole() || shard.ep_size > 1) continue;  // the other stages' or ranks' tensors
     // A tied checkpoint may still carry lm_head.weight; it must equal the embedding.
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings) continue;
     if (++unused <= 5) TESSERA_LOG(kWarn, dir, ": ignoring unexpected tensor '", name, "'");
   }
   return m;
+}
+
+void Model::set_ep_comm(EpComm* ep) {
+  TESSERA_CHECK(!ep || (ep->size() == shard_.ep_size && ep->rank() == shard_.ep_rank),
+                "Model::set_ep_comm: the model is expert shard ", shard_.ep_rank, " of ", shard_.ep_size,
+                ", the group has rank ", ep ? ep->rank() : 0, " of ", ep ? ep->size() : 0);
+  ep_comm_ = ep;
 }
 
 void Model::set_sequence_parallel(bool on) {
@@ -146,7 +153,7 @@ Model Model::stage(const PpStage& stage) const {
 }
 
 Model Model::shard(TpShard shard) const {
-  TESSERA_CHECK(shard_.size == 1, "Model::shard: this model is already a shard");
+  TESSERA_CHECK(shard_.whole(), "Model::shard: this model is already a shard");
   TESSERA_CHECK(!quantized_, "tensor-parallel shards of quantized weights are not supported yet");
   Model m;
   m.config_ = config_;
@@ -212,7 +219,7 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed, TpSha
   m.dtype_ = m.compute_dtype_ = dtype;
   m.bf16_mode_ = dtype == DType::kBF16 ? Bf16Mode::kNative : Bf16Mode::kOff;
   m.weights_ = Params::allocate(config, dtype, m.dims_, true, stage);
-  const bool whole = shard.size == 1 && stage.whole();
+  const bool whole = shard.whole() && stage.whole();
   // Where each Hugging Face tensor goes on this rank (a tied stage's lm_head copy is the
   // embedding's); the draw order (and so every value) is the whole model's, as listed by
   // an untouched layout of it.

@@ -76,8 +76,8 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       if (c.is_moe()) {
         const int64_t Fe = c.moe_intermediate_size;
         L.moe.router = make({c.num_experts, H});
-        L.moe.gate_up = make({c.num_experts, 2 * Fe, H});
-        L.moe.down = make({c.num_experts, H, Fe});
+        L.moe.gate_up = make({d.experts, 2 * Fe, H});
+        L.moe.down = make({d.experts, H, Fe});
         if (c.shared_expert) L.moe.shared_gate = make({1, H});
       }
       if (!c.is_moe() || c.shared_expert) {  // the dense MLP, or qwen2_moe's shared expert
@@ -108,6 +108,10 @@ Tensor Piece::block_of(const Tensor& t) const {
 std::vector<std::pair<std::string, Tensor>> Params::named(const ModelConfig& c) const {
   TESSERA_CHECK(!embed.defined() || embed.size(0) == c.vocab_size, "Params::named: a tensor-parallel shard has "
                 "pieces, not whole tensors");
+  for (const auto& L : layers)
+    TESSERA_CHECK(!L.moe.gate_up.defined() || L.moe.gate_up.size(0) == c.num_experts,
+                  "Params::named: an expert-parallel shard holds ", L.moe.gate_up.size(0), " of the ",
+                  c.num_experts, " experts, not the whole model");
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& p : pieces(c, TpShard{})) out.emplace_back(std::move(p.name), std::move(p.view));
   return out;
@@ -200,11 +204,11 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
       const bool qwen = c.shared_expert;  // qwen2_moe: mlp.experts.E.gate_proj/up_proj/down_proj
       const std::string moe = l + (qwen ? "mlp." : "block_sparse_moe.");
       whole(moe + "gate.weight", L.moe.router);
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = moe + "experts." + std::to_string(e) + ".";
-        const Tensor gu = L.moe.gate_up.select(0, e);
+      for (int64_t i = 0; i < d.experts; ++i) {  // this rank's experts (all of them at ep 1)
+        const std::string x = moe + "experts." + std::to_string(d.expert_begin + i) + ".";
+        const Tensor gu = L.moe.gate_up.select(0, i);
         whole(x + (qwen ? "gate_proj.weight" : "w1.weight"), gu.slice(0, 0, Fe));
-        whole(x + (qwen ? "down_proj.weight" : "w2.weight"), L.moe.down.select(0, e));
+        whole(x + (qwen ? "down_proj.weight" : "w2.weight"), L.moe.down.select(0, i));
         whole(x + (qwen ? "up_proj.weight" : "w3.weight"), gu.slice(0, Fe, 2 * Fe));
       }
       whole(moe + "shared_expert_gate.weight", L.moe.shared_gate);

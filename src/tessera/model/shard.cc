@@ -41,6 +41,14 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   d.vocab = std::min<int64_t>(c.vocab_size, d.vocab_begin + per) - d.vocab_begin;
   TESSERA_CHECK(d.vocab > 0, "tp = ", tp, " leaves rank ", s.rank, " no vocabulary rows of ",
                 c.vocab_size);
+  TESSERA_CHECK(s.ep_size >= 1 && s.ep_rank >= 0 && s.ep_rank < s.ep_size, "expert-parallel rank ", s.ep_rank,
+                " is outside a group of ", s.ep_size);
+  TESSERA_CHECK(s.ep_size == 1 || c.is_moe(), "ep = ", s.ep_size, ": expert parallelism needs a ",
+                "mixture-of-experts model (", c.model_type, " has no experts)");
+  TESSERA_CHECK(c.num_experts % s.ep_size == 0, "ep = ", s.ep_size, " does not divide the model's ",
+                c.num_experts, " experts");
+  d.experts = c.num_experts / s.ep_size;
+  d.expert_begin = d.experts * s.ep_rank;
   return d;
 }
 

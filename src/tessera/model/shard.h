@@ -32,10 +32,15 @@ inline constexpr std::array<BlockLinear, 4> kBlockLinears{{{"qkv", 0, LinearStyl
                                                            {"up", 2, LinearStyle::kColumn},
                                                            {"down", 3, LinearStyle::kRow}}};
 
-// This rank's place in the tensor-parallel group.
+// This rank's place in the tensor-parallel group and, for mixture-of-experts layers, in
+// the expert-parallel group (ep_rank of ep_size holds experts [ep_rank E / ep_size,
+// (ep_rank + 1) E / ep_size) of every layer; everything else is replicated over it).
 struct TpShard {
   int rank = 0;
   int size = 1;
+  int ep_rank = 0;
+  int ep_size = 1;
+  bool whole() const { return size == 1 && ep_size == 1; }  // every tensor whole here
 };
 
 // This rank's place in the pipeline (pipeline parallelism): the model's layers are cut into
@@ -83,6 +88,8 @@ struct LocalDims {
   int64_t q = 0, kv = 0, qkv = 0;  // heads * head_dim, kv_heads * head_dim, q + 2 kv
   int64_t ffn = 0;                 // intermediate features
   int64_t vocab = 0, vocab_begin = 0;
+  // Mixture-of-experts layers: the experts this rank holds, [expert_begin, + experts).
+  int64_t experts = 0, expert_begin = 0;
 };
 // Throws a one-line error naming the size tp does not divide (kv heads: neither divides
 // the other).

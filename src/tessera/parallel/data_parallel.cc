@@ -26,12 +26,14 @@ struct DataParallel::Slot {
   Shape shape;
   int64_t numel = 0;
   int64_t flat = 0;  // first element in the flat layout
+  bool expert = false;  // an expert-parallel model's experts (reduced over expert_comm)
 };
 
 struct DataParallel::Unit {
   std::vector<int> slots;
   int64_t begin = 0, end = 0;  // flat range
   int segment = 0;
+  int expert_segment = -1;     // expert parallelism: the segment of its experts' slots
   int refs = 0;                // stage 3: acquires outstanding
   bool resident = false;       // stage 3: gathered weights bound
   Tensor buf;                  // stage 3: (end - begin) gathered values
@@ -43,6 +45,7 @@ struct DataParallel::Segment {
   int64_t own_begin = 0, own_end = 0;  // this rank's part (flat)
   int64_t own_offset = 0;              // where that part sits in the shard buffers
   std::vector<int> units;
+  bool expert = false;                 // expert slots: reduced and sharded over expert_comm
   int ready = 0;                       // units whose gradients are final this micro-batch
   Tensor buf;                          // stages 2-3: (end - begin) gradients being accumulated
   int64_t own_size() const { return own_end - own_begin; }
@@ -52,6 +55,7 @@ struct DataParallel::Pending {
   comm::RequestPtr req;
   int segment = 0;
   Tensor out;  // stages 2-3: this rank's reduced chunk, added into grads_shard_ when done
+  float scale = 1.f;  // applied to the reduced values (experts: 1 / ep, see launch_reduction)
 };
 
 namespace {
@@ -72,6 +76,19 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& comm, DataPa
                 dtype_name(model_.dtype()));
   TESSERA_CHECK(model_.train_hooks() == nullptr, "the model is already wrapped for data parallelism");
   separate_master_ = config_.compute_dtype != DType::kF32 || config_.offload;
+  if (config_.expert_comm) {
+    const int64_t n = config_.expert_comm->size();
+    TESSERA_CHECK(n >= 1 && comm_.size() % n == 0, "data parallel: the expert group's ", n,
+                  " ranks do not divide the data-parallel group's ", comm_.size());
+    ep_ = comm_.size() / n;
+    TESSERA_CHECK(ep_ == model_.tp_shard().ep_size, "data parallel: the model is an expert shard of ep = ",
+                  model_.tp_shard().ep_size, ", the groups make ep = ", ep_);
+    TESSERA_CHECK(ep_ == 1 || config_.zero_stage < 3, "parallel.zero_stage = 3 with expert parallelism (ep = ",
+                  ep_, ") is not supported yet; use zero_stage 0, 1 or 2");
+  } else {
+    TESSERA_CHECK(model_.tp_shard().ep_size == 1, "data parallel: an expert shard (ep = ",
+                  model_.tp_shard().ep_size, ") needs the expert group (DataParallelConfig::expert_comm)");
+  }
   // First, so that binding a unit's weights below also makes its native bf16 copy.
   model_.set_compute_dtype_in_place(config_.compute_dtype, config_.bf16_request);
   build_layout();
@@ -96,29 +113,40 @@ void DataParallel::build_layout() {
   grads_ = W;  // the same struct (layers, Linear layouts); every tensor is replaced below
   const int U = model_.num_units();
   units_.assign(U, Unit{});
+  // Under expert parallelism the experts' slots (which differ between the ep ranks) come
+  // after everything else (replicated over the whole group), each part in gradient-ready
+  // order: a unit's flat range [begin, end) is then its replicated slots.
+  const auto is_expert = [&](const std::string& name) {
+    return ep_ > 1 && (name.find(".moe.gate_up") != std::string::npos || name.find(".moe.down") != std::string::npos);
+  };
   int64_t flat = 0;
-  for (int u = U - 1; u >= 0; --u) {  // gradient-ready order
-    Unit& unit = units_[u];
-    unit.begin = flat;
-    const auto ws = W.unit_tensors(c, u);
-    const auto gs = grads_.unit_tensors(c, u);
-    TESSERA_CHECK(ws.size() == gs.size(), "data parallel: gradient layout mismatch in unit ", u);
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const Tensor& t = *ws[i].second;
-      TESSERA_CHECK(t.dtype() == DType::kF32 && t.is_contiguous(), "data parallel: weight ",
-                    ws[i].first, " must be contiguous f32");
-      Slot s;
-      s.name = ws[i].first;
-      s.w = ws[i].second;
-      s.g = gs[i].second;
-      s.shape = t.shape();
-      s.numel = t.numel();
-      s.flat = flat;
-      flat += s.numel;
-      unit.slots.push_back(static_cast<int>(slots_.size()));
-      slots_.push_back(std::move(s));
+  for (bool experts : {false, true}) {
+    if (experts) expert_begin_ = flat;
+    for (int u = U - 1; u >= 0; --u) {  // gradient-ready order
+      Unit& unit = units_[u];
+      if (!experts) unit.begin = flat;
+      const auto ws = W.unit_tensors(c, u);
+      const auto gs = grads_.unit_tensors(c, u);
+      TESSERA_CHECK(ws.size() == gs.size(), "data parallel: gradient layout mismatch in unit ", u);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        if (is_expert(ws[i].first) != experts) continue;
+        const Tensor& t = *ws[i].second;
+        TESSERA_CHECK(t.dtype() == DType::kF32 && t.is_contiguous(), "data parallel: weight ",
+                      ws[i].first, " must be contiguous f32");
+        Slot s;
+        s.name = ws[i].first;
+        s.w = ws[i].second;
+        s.g = gs[i].second;
+        s.shape = t.shape();
+        s.numel = t.numel();
+        s.flat = flat;
+        s.expert = experts;
+        flat += s.numel;
+        unit.slots.push_back(static_cast<int>(slots_.size()));
+        slots_.push_back(std::move(s));
+      }
+      if (!experts) unit.end = flat;
     }
-    unit.end = flat;
   }
   total_ = flat;
   for (auto& s : slots_) *s.g = Tensor();
@@ -144,31 +172,43 @@ void DataParallel::build_layout() {
     return stage.chunk_of_layer(u - 1);
   };
   int cur_chunk = -1;
-  for (int u = U - 1; u >= 0; --u) {
-    Unit& unit = units_[u];
-    if (unit.slots.empty()) {
-      unit.segment = -1;
-      continue;
+  for (bool experts : {false, true}) {
+    for (int u = U - 1; u >= 0; --u) {
+      Unit& unit = units_[u];
+      // The unit's slots of this part: a contiguous flat range.
+      int64_t b = -1, e = -1;
+      for (int i : unit.slots)
+        if (slots_[i].expert == experts) {
+          if (b < 0) b = slots_[i].flat;
+          e = slots_[i].flat + slots_[i].numel;
+        }
+      int& seg_of_unit = experts ? unit.expert_segment : unit.segment;
+      if (b < 0) {
+        seg_of_unit = -1;
+        continue;
+      }
+      if (open && chunk_of_unit(u) != cur_chunk) close();
+      cur_chunk = chunk_of_unit(u);
+      if (!open) {
+        cur.begin = b;
+        cur.expert = experts;
+        open = true;
+      }
+      cur.end = e;
+      cur.units.push_back(u);
+      seg_of_unit = static_cast<int>(segments_.size());
+      if (config_.zero_stage == 3 || cur.end - cur.begin >= bucket_elems) close();
     }
-    if (open && chunk_of_unit(u) != cur_chunk) close();
-    cur_chunk = chunk_of_unit(u);
-    if (!open) {
-      cur.begin = unit.begin;
-      open = true;
-    }
-    cur.end = unit.end;
-    cur.units.push_back(u);
-    unit.segment = static_cast<int>(segments_.size());
-    if (config_.zero_stage == 3 || cur.end - cur.begin >= bucket_elems) close();
+    if (open) close();
   }
-  if (open) close();
   int64_t own = 0;
   for (auto& s : segments_) {
-    if (config_.zero_stage == 0 || N == 1) {
+    const int Ns = s.expert ? config_.expert_comm->size() : N, rs = s.expert ? config_.expert_comm->rank() : r;
+    if (config_.zero_stage == 0 || Ns == 1) {
       s.own_begin = s.begin;
       s.own_end = s.end;
     } else {
-      const comm::ChunkRange ch = comm::chunk_range(s.end - s.begin, N, r);
+      const comm::ChunkRange ch = comm::chunk_range(s.end - s.begin, Ns, rs);
       s.own_begin = s.begin + ch.begin;
       s.own_end = s.begin + ch.end;
     }
@@ -178,11 +218,13 @@ void DataParallel::build_layout() {
   own_total_ = own;
 }
 
-void DataParallel::bind_unit_weights(int u, const Tensor& flat_unit) {
+comm::Communicator& DataParallel::group_of(const Segment& s) { return s.expert ? *config_.expert_comm : comm_; }
+
+void DataParallel::bind_unit_weights(int u, const Tensor& flat, int64_t flat_begin) {
   Unit& unit = units_[u];
   for (int i : unit.slots) {
     const Slot& s = slots_[i];
-    *s.w = flat_unit.slice(0, s.flat - unit.begin, s.flat - unit.begin + s.numel).view(s.shape);
+    *s.w = flat.slice(0, s.flat - flat_begin, s.flat - flat_begin + s.numel).view(s.shape);
   }
   if (u == 0) model_.weights().tie(model_.config());
   model_.refresh_compute_unit(u);  // native bf16: the unit's bf16 matmul weights
@@ -198,6 +240,7 @@ void DataParallel::bind_segment_grads(Segment& seg, const Tensor& flat) {
   for (int u : seg.units) {
     for (int i : units_[u].slots) {
       const Slot& s = slots_[i];
+      if (s.expert != seg.expert) continue;  // (the unit's other segment)
       *s.g = flat.slice(0, s.flat - seg.begin, s.flat - seg.begin + s.numel).view(s.shape);
     }
     if (u == 0) grads_.tie(model_.config());
@@ -211,9 +254,11 @@ void DataParallel::broadcast_and_shard() {
   if (stage < 3) {
     params_ = comm_.alloc_shared({total_}, DType::kF32);  // all-gathered in place (registered)
     for (const Slot& s : slots_) params_.slice(0, s.flat, s.flat + s.numel).view(s.shape).copy_from(*s.w);
-    if (N > 1) comm_.broadcast(params_, 0);
-    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-      bind_unit_weights(u, params_.slice(0, units_[u].begin, units_[u].end));
+    // (Experts: each ep rank's own, from the first rank holding the same ones.)
+    Tensor shared = params_.slice(0, 0, expert_begin_), experts = params_.slice(0, expert_begin_, total_);
+    if (N > 1) comm_.broadcast(shared, 0);
+    if (ep_ > 1 && config_.expert_comm->size() > 1) config_.expert_comm->broadcast(experts, 0);
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u) bind_unit_weights(u, params_, 0);
     if (separate_master_)
       for (const Segment& seg : segments_)
         master_.slice(0, seg.own_offset, seg.own_offset + seg.own_size())
@@ -263,6 +308,7 @@ void DataParallel::build_pieces() {
     Shape shape;
     std::vector<int64_t> block_offset;
     Shape full;
+    bool expert;
   };
   std::vector<Param> params;
   for (const auto& piece : model_.weights().pieces(c, model_.tp_shard())) {
@@ -276,14 +322,14 @@ void DataParallel::build_pieces() {
       if (p >= base && p < base + s.numel * 4) {
         const int64_t flat = s.flat + (p - base) / 4;
         if (view.is_contiguous()) {
-          params.push_back({name, key, flat, view.numel(), 0, view.shape(), piece.offset, piece.full});
+          params.push_back({name, key, flat, view.numel(), 0, view.shape(), piece.offset, piece.full, s.expert});
         } else {
           TESSERA_CHECK(view.dim() == 2 && view.stride(1) == 1, "data parallel: tensor ", name,
                         " is neither contiguous nor a block of whole rows");
           const int64_t rows = view.size(0), cols = view.size(1);
           for (int64_t r = 0; r < rows; ++r)
             params.push_back({name, key, flat + r * view.stride(0), cols, r * cols, view.shape(),
-                              piece.offset, piece.full});
+                              piece.offset, piece.full, s.expert});
         }
         found = true;
         break;
@@ -305,6 +351,11 @@ void DataParallel::build_pieces() {
       piece.tensor_shape = p.shape;
       piece.block_offset = p.block_offset;
       piece.full_shape = p.full;
+      piece.expert = p.expert;
+      comm::Communicator& g = group_of(seg);
+      const bool replicated = config_.zero_stage == 0 || g.size() == 1;
+      piece.copies = replicated ? g.size() : 1;
+      piece.primary = !replicated || g.rank() == 0;
       if (separate_master_)
         piece.master = master_.slice(0, shard_pos, shard_pos + hi - lo);
       else if (config_.zero_stage < 3)
@@ -336,37 +387,47 @@ void DataParallel::start_step(bool first_micro_batch_assigns) {
 void DataParallel::set_sync(bool sync) { sync_ = sync; }
 
 void DataParallel::prepare_grads(int unit) {
-  if (config_.zero_stage < 2 || units_[unit].segment < 0) return;
-  Segment& seg = segments_[units_[unit].segment];
-  if (seg.buf.defined()) return;
-  seg.buf = comm_.alloc_shared({seg.end - seg.begin}, DType::kF32);  // registered, see above
-  seg.buf.zero();
-  bind_segment_grads(seg, seg.buf);
+  if (config_.zero_stage < 2) return;
+  for (int si : {units_[unit].segment, units_[unit].expert_segment}) {
+    if (si < 0) continue;
+    Segment& seg = segments_[si];
+    if (seg.buf.defined()) continue;
+    seg.buf = comm_.alloc_shared({seg.end - seg.begin}, DType::kF32);  // registered, see above
+    seg.buf.zero();
+    bind_segment_grads(seg, seg.buf);
+  }
 }
 
 void DataParallel::grads_ready(int unit) {
-  const int si = units_[unit].segment;
-  if (si < 0) return;  // another pipeline stage's unit
-  Segment& seg = segments_[si];
-  if (++seg.ready < static_cast<int>(seg.units.size())) return;
-  seg.ready = 0;
-  if (config_.zero_stage < 2 && (!sync_ || comm_.size() == 1)) return;
-  launch_reduction(seg);
+  for (int si : {units_[unit].segment, units_[unit].expert_segment}) {
+    if (si < 0) continue;  // another pipeline stage's unit, or no experts
+    Segment& seg = segments_[si];
+    if (++seg.ready < static_cast<int>(seg.units.size())) continue;
+    seg.ready = 0;
+    if (config_.zero_stage < 2 && (!sync_ || comm_.size() == 1)) continue;
+    launch_reduction(seg);
+  }
 }
 
 void DataParallel::launch_reduction(Segment& seg) {
   const int si = static_cast<int>(&seg - segments_.data());
+  comm::Communicator& g = group_of(seg);
+  // An expert's gradient already sums the ep ranks' tokens (the MoE backward brought them
+  // to it): averaged over the ranks holding the expert, it is ep times the mean over the
+  // whole group that every other gradient is.
+  const float scale = seg.expert ? 1.f / static_cast<float>(ep_) : 1.f;
   if (config_.zero_stage < 2) {
     Tensor v = grads_flat_.slice(0, seg.begin, seg.end);
-    pending_.push_back({comm_.all_reduce_async(v, comm::ReduceOp::kAvg, config_.algorithm), si, Tensor()});
+    pending_.push_back({g.all_reduce_async(v, comm::ReduceOp::kAvg, config_.algorithm), si, Tensor(), scale});
   } else {
     Tensor out = Tensor::empty({seg.own_size()}, DType::kF32);
     Tensor in = seg.buf;
     pending_.push_back(
-        {comm_.reduce_scatter_async(in, out, comm::ReduceOp::kAvg, config_.algorithm), si, out});
+        {g.reduce_scatter_async(in, out, comm::ReduceOp::kAvg, config_.algorithm), si, out, scale});
     // The model is done with these gradients; the queued collective keeps the buffer alive.
     for (int u : seg.units)
-      for (int i : units_[u].slots) *slots_[i].g = Tensor();
+      for (int i : units_[u].slots)
+        if (slots_[i].expert == seg.expert) *slots_[i].g = Tensor();
     if (std::find(seg.units.begin(), seg.units.end(), 0) != seg.units.end()) grads_.tie(model_.config());
     seg.buf = Tensor();
   }
@@ -375,10 +436,14 @@ void DataParallel::launch_reduction(Segment& seg) {
 
 void DataParallel::complete(Pending& p) {
   p.req->wait();
+  const Segment& seg = segments_[p.segment];
   if (p.out.defined()) {
-    const Segment& seg = segments_[p.segment];
+    if (p.scale != 1.f) kernels::scale_inplace(p.out, p.scale);
     Tensor dst = grads_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
     kernels::add_inplace(dst, p.out);
+  } else if (p.scale != 1.f) {
+    Tensor v = grads_flat_.slice(0, seg.begin, seg.end);
+    kernels::scale_inplace(v, p.scale);
   }
 }
 
@@ -459,9 +524,11 @@ void DataParallel::publish_params() {
   if ((stage == 1 || stage == 2) && comm_.size() > 1) {
     std::vector<comm::RequestPtr> reqs;
     for (const Segment& seg : segments_) {
+      comm::Communicator& g = group_of(seg);
+      if (g.size() == 1) continue;
       Tensor out = params_.slice(0, seg.begin, seg.end);
-      reqs.push_back(comm_.all_gather_async(params_.slice(0, seg.own_begin, seg.own_end), out,
-                                            config_.algorithm));
+      reqs.push_back(g.all_gather_async(params_.slice(0, seg.own_begin, seg.own_end), out,
+                                        config_.algorithm));
     }
     for (auto& r : reqs) r->wait();
   }
@@ -482,7 +549,7 @@ void DataParallel::start_gather(int u, bool async) {
     return;
   }
   comm_.all_gather(in, unit.buf, config_.algorithm);
-  bind_unit_weights(u, unit.buf);
+  bind_unit_weights(u, unit.buf, unit.begin);
   unit.resident = true;
 }
 
@@ -490,7 +557,7 @@ void DataParallel::finish_gather(int u) {
   Unit& unit = units_[u];
   unit.gather->wait();
   unit.gather = nullptr;
-  bind_unit_weights(u, unit.buf);
+  bind_unit_weights(u, unit.buf, unit.begin);
   unit.resident = true;
 }
 

@@ -25,6 +25,11 @@ struct DataParallelConfig {
   // bf16: native or emulated (model::choose_bf16_mode decides from this and the CPU).
   model::Bf16Request bf16_request = model::Bf16Request::kAuto;
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
+  // Expert parallelism (the model is an expert shard, TpShard::ep_size > 1): the ranks of
+  // the group that hold this rank's experts (the dp axis; the group itself is dp x ep). The
+  // experts' gradients, summed over the ep ranks' tokens by the MoE backward, are reduced
+  // and sharded over these ranks only; everything else over the whole group. Stages 0-2.
+  comm::Communicator* expert_comm = nullptr;
 };
 
 // A piece of one trainable tensor that this rank updates: the whole tensor (stage 0), or
@@ -42,6 +47,11 @@ struct ShardPiece {
   Shape full_shape;
   Tensor master;         // fp32 values the optimizer updates; tensor_shape when whole, else 1-D
   Tensor grad;           // same shape: the gradient averaged over ranks
+  // Ranks of the group holding this same piece (whole pieces replicated without sharding;
+  // 1 when sharded or under ep for experts): a sum over ranks counts it 1/copies each.
+  int64_t copies = 1;
+  bool primary = true;   // this rank is the first of those copies (it saves the piece)
+  bool expert = false;   // an expert's tensor of an expert-parallel model
   bool whole() const { return master.numel() == shape_numel(tensor_shape); }
 };
 
@@ -87,7 +97,8 @@ class DataParallel final : public model::TrainHooks {
   std::vector<ShardPiece>& pieces() { return pieces_; }
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
   // True when pieces() cover only this rank's part (a sum over them is partial).
-  bool sharded() const { return config_.zero_stage > 0 && comm_.size() > 1; }
+  bool sharded() const { return (config_.zero_stage > 0 && comm_.size() > 1) || ep_ > 1; }
+  int64_t expert_parallel() const { return ep_; }  // ep (1: no expert parallelism)
   double sum_over_ranks(double local);  // all-reduce sum across the group
   std::vector<double> sum_over_ranks(const std::vector<double>& local);  // element-wise
   // After the optimizer changed pieces() masters: writes them (rounded to the compute
@@ -117,7 +128,8 @@ class DataParallel final : public model::TrainHooks {
   void build_layout();
   void broadcast_and_shard();
   void build_pieces();
-  void bind_unit_weights(int unit, const Tensor& flat_unit);  // views into a unit's flat values
+  // Views into a unit's flat values: `flat` holds the flat range from flat_begin on.
+  void bind_unit_weights(int unit, const Tensor& flat, int64_t flat_begin);
   void unbind_unit_weights(int unit);
   void bind_segment_grads(Segment& s, const Tensor& flat);
   void launch_reduction(Segment& s);
@@ -125,6 +137,7 @@ class DataParallel final : public model::TrainHooks {
   void poll_pending();
   void start_gather(int unit, bool async);
   void finish_gather(int unit);
+  comm::Communicator& group_of(const Segment& s);  // the ranks it is reduced over
 
   model::Model& model_;
   comm::Communicator& comm_;
@@ -135,6 +148,8 @@ class DataParallel final : public model::TrainHooks {
   std::vector<Segment> segments_;  // in flat (gradient-ready) order
   std::vector<Pending> pending_;
   std::vector<ShardPiece> pieces_;
+  int64_t ep_ = 1;              // expert parallelism: comm_.size() / expert_comm's
+  int64_t expert_begin_ = 0;    // the experts' slots fill the flat layout's tail from here
   int64_t total_ = 0;      // parameters (elements of the flat layout)
   int64_t own_total_ = 0;  // elements of this rank's shard
   bool sync_ = true;

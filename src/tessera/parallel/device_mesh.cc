@@ -53,15 +53,15 @@ MeshShape resolve_mesh_shape(MeshShape s, int64_t world, const std::string& sour
     TESSERA_CHECK(s.size(a) >= 1 && s.size(a) <= 65536, where, axis_name(a), " must be in [1, 65536], got ",
                   s.size(a));
   TESSERA_CHECK(s.cp == 1, where, "cp = ", s.cp, ": context parallelism is not available yet (cp must be 1)");
-  TESSERA_CHECK(s.ep == 1, where, "ep = ", s.ep, ": expert parallelism is not available yet (ep must be 1)");
   const int64_t inner = s.pp * s.tp * s.cp * s.ep;
+  const std::string ep = s.ep > 1 ? " x ep " + std::to_string(s.ep) : "";
   if (s.dp == 0) {
-    TESSERA_CHECK(world % inner == 0, where, "pp ", s.pp, " x tp ", s.tp, " = ", inner, " does not divide the ",
+    TESSERA_CHECK(world % inner == 0, where, "pp ", s.pp, " x tp ", s.tp, ep, " = ", inner, " does not divide the ",
                   world, " ranks");
     s.dp = world / inner;
   }
   TESSERA_CHECK(s.dp >= 1 && s.dp <= 65536, where, "dp must be in [1, 65536] (or 0: the rest), got ", s.dp);
-  TESSERA_CHECK(s.dp * inner == world, where, "dp ", s.dp, " x pp ", s.pp, " x tp ", s.tp, " = ", s.dp * inner,
+  TESSERA_CHECK(s.dp * inner == world, where, "dp ", s.dp, " x pp ", s.pp, " x tp ", s.tp, ep, " = ", s.dp * inner,
                 " ranks, but the job has ", world);
   return s;
 }
@@ -82,6 +82,12 @@ void check_layout(const MeshShape& s, const model::ModelConfig& m, int64_t micro
                 m.num_layers, " layers");
   TESSERA_CHECK(s.pp == 1 || micro_batches >= s.pp, where, "pp = ", s.pp, " needs at least ", s.pp,
                 " micro-batches per step to fill the pipeline, got data.grad_accum = ", micro_batches);
+  if (s.ep > 1) {
+    TESSERA_CHECK(m.is_moe(), where, "ep = ", s.ep, " needs a mixture-of-experts model; ", m.model_type,
+                  " has no experts");
+    TESSERA_CHECK(m.num_experts % s.ep == 0, where, "ep = ", s.ep, " does not divide the model's ", m.num_experts,
+                  " experts");
+  }
 }
 
 int DeviceMesh::rank_of(const MeshShape& s, const std::array<int, kNumAxes>& c) {
@@ -113,6 +119,12 @@ DeviceMesh::DeviceMesh(comm::Communicator& world, const MeshShape& shape) : worl
     auto c = coords_;
     c[static_cast<int>(a)] = 0;
     groups_[static_cast<int>(a)] = world.split(rank_of(shape, c), coords_[static_cast<int>(a)]);
+  }
+  if (shape.ep > 1) {
+    auto c = coords_;
+    c[static_cast<int>(Axis::kDp)] = c[static_cast<int>(Axis::kEp)] = 0;
+    data_ = world.split(rank_of(shape, c), static_cast<int>(coords_[static_cast<int>(Axis::kDp)] * shape.ep +
+                                                            coords_[static_cast<int>(Axis::kEp)]));
   }
 }
 

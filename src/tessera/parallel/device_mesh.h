@@ -1,5 +1,6 @@
 // The ranks of a job laid out on named axes (Megatron's / torchtitan's device mesh): dp
-// (data), pp (pipeline stages), tp (tensor), with cp (context) and ep (expert) reserved.
+// (data), pp (pipeline stages), tp (tensor), ep (expert: inside dp, the ep ranks of a
+// replica hold different experts and see different data), with cp (context) reserved.
 // Rank order puts tp innermost, so a tensor-parallel group is consecutive ranks (one node
 // under mpirun's default by-slot mapping), then cp, ep, dp, and pp outermost:
 //   rank = (((pp_i * dp + dp_i) * ep + ep_i) * cp + cp_i) * tp + tp_i
@@ -28,15 +29,16 @@ struct MeshShape {
 };
 
 // `shape` with dp resolved against `world`, checked: every size >= 1, the product equal to
-// the world size, cp and ep 1 (reserved for the next issue). Throws tessera::Error with one
+// the world size, cp 1 (reserved for the next issue). Throws tessera::Error with one
 // line naming `source`, the axis and the reason ("run.toml: [parallel] tp = 3 times pp = 1
 // does not divide the 4 ranks").
 MeshShape resolve_mesh_shape(MeshShape shape, int64_t world, const std::string& source);
 
 // The layout against the model and the batch, before any work starts: tp divides the
 // attention heads and the intermediate size, kv heads divide tp or tp divides them (GQA
-// heads are replicated when tp exceeds them, as vLLM does), pp <= layers, and the
-// micro-batches per step (grad_accum) are at least pp when pp > 1. One line naming the axis.
+// heads are replicated when tp exceeds them, as vLLM does), pp <= layers, the
+// micro-batches per step (grad_accum) are at least pp when pp > 1, and ep > 1 only for a
+// mixture-of-experts model whose experts it divides. One line naming the axis.
 void check_layout(const MeshShape& shape, const model::ModelConfig& model, int64_t micro_batches,
                   const std::string& source);
 
@@ -50,6 +52,9 @@ class DeviceMesh {
   int coord(Axis a) const { return coords_[static_cast<int>(a)]; }
   // The group of ranks that differ from this one only along `a` (rank order = coordinate).
   comm::Communicator& group(Axis a) { return *groups_[static_cast<int>(a)]; }
+  // The ranks that differ from this one only in dp and ep: the data-parallel group, each
+  // rank its own rows of the batch (rank dp_i * ep + ep_i). The dp group itself at ep 1.
+  comm::Communicator& data_group() { return data_ ? *data_ : group(Axis::kDp); }
   comm::Communicator& world() { return world_; }
 
   // The world rank at the given coordinates (pp, dp, ep, cp, tp).
@@ -64,6 +69,7 @@ class DeviceMesh {
   MeshShape shape_;
   std::array<int, kNumAxes> coords_{};
   std::array<std::unique_ptr<comm::Communicator>, kNumAxes> groups_;
+  std::unique_ptr<comm::Communicator> data_;  // ep > 1
 };
 
 }  // namespace tessera::parallel

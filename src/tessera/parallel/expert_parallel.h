@@ -2,9 +2,12 @@
 // communicator of the `ep` axis. model/moe.h does the routing, grouping and expert GEMMs;
 // this moves the rows.
 #pragma once
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/comm/communicator.h"
+#include "tessera/model/model.h"
 #include "tessera/model/moe.h"
 
 namespace tessera::parallel {
@@ -18,10 +21,17 @@ class CommEp : public model::EpComm {
                      std::vector<int64_t>* recv_rows) override;
   // Bytes sent to other ranks so far (the rows this rank keeps are not counted).
   int64_t bytes_sent() const { return bytes_sent_; }
+  void reset_bytes() { bytes_sent_ = 0; }
 
  private:
   comm::Communicator& group_;
   int64_t bytes_sent_ = 0;
 };
+
+// An expert shard's Hugging Face tensors with every expert present (all-gathered over
+// the ep group, f32), under transformers' names: what save() would write for the whole
+// model. Collective over `group`.
+std::vector<std::pair<std::string, Tensor>> gather_expert_tensors(const model::Model& m,
+                                                                  comm::Communicator& group);
 
 }  // namespace tessera::parallel

@@ -12,6 +12,7 @@
 #include <memory>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "tessera/base/aligned_alloc.h"
 #include "tessera/base/error.h"
@@ -54,6 +55,14 @@ std::string trace_path(const std::string& path, int rank, int world) {
                              p.extension().string())).string();
 }
 
+// The data-parallel settings; under expert parallelism the experts are reduced over the
+// dp axis (the ranks that hold the same experts).
+parallel::DataParallelConfig dp_config_on(const TrainConfig& c, parallel::DeviceMesh& mesh) {
+  parallel::DataParallelConfig d = dp_config(c);
+  if (mesh.size(parallel::Axis::kEp) > 1) d.expert_comm = &mesh.group(parallel::Axis::kDp);
+  return d;
+}
+
 comm::Communicator& with_timeout(comm::Communicator& c, double seconds) {
   c.set_timeout(seconds);
   return c;
@@ -88,11 +97,12 @@ class Run {
         model_(build_model(c, model_config_, tp_shard_, pp_stage_)),
         mesh_(make_mesh(mesh_shape_, comm_)),
         tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel, c.parallel.sp_overlap)),
-        dp_group_(mesh_->group(parallel::Axis::kDp)),
+        ep_(make_ep(*mesh_, model_)),
+        dp_group_(mesh_->data_group()),
         dp_rank_(dp_group_.rank()),
         dp_size_(dp_group_.size()),
         flags_(param_flags(model_)),
-        dp_(model_, dp_group_, dp_config(c)),
+        dp_(model_, dp_group_, dp_config_on(c, *mesh_)),
         embed_group_(make_embed_group(mesh_shape_, model_config_, comm_)),
         pipe_(mesh_shape_.pp > 1 ? std::make_unique<parallel::Pipeline>(
                                        model_, mesh_->group(parallel::Axis::kPp),
@@ -124,6 +134,12 @@ class Run {
       for (size_t i = 0; i < all.size(); ++i)
         if (static_cast<int>(i % dp_size_) == dp_rank_) val_.push_back(std::move(all[i]));
       has_val_ = !all.empty();
+      // Expert parallelism: the ep ranks exchange tokens in every MoE layer, so each runs
+      // as many batches as the busiest rank (a repeat whose sums are not counted).
+      val_counted_ = val_.size();
+      if (ep_ && !all.empty())
+        while (static_cast<int64_t>(val_.size()) < (static_cast<int64_t>(all.size()) + dp_size_ - 1) / dp_size_)
+          val_.push_back(all[0]);
     }
     for (const auto& [name, t] : opt_.state_tensors()) moment_bytes_ += static_cast<int64_t>(t.nbytes());
     const auto& mc = model_.config();
@@ -273,6 +289,10 @@ class Run {
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
       add_memory(rec, activation_bytes);
       if (tp_) take_tp_metrics(rec, *tp_);
+      if (ep_) {
+        rec["ep_comm_bytes"] = ep_->bytes_sent();
+        ep_->reset_bytes();
+      }
       if (pipe_) add_pipeline_metrics(rec);
       if (!gp.expert_load.empty()) add_moe_metrics(rec, gp, dp_, accum * dp_size_);
       if (metrics) metrics->write(rec);
@@ -304,10 +324,10 @@ class Run {
     result.spikes = st_.spikes;
     result.model_dir = c_.out_dir + "/model";
     dp_.gather_all();
-    const auto weights = tp_ || pipe_ ? whole_weights() : decltype(whole_weights()){};
+    const auto weights = tp_ || pipe_ || ep_ ? whole_weights() : decltype(whole_weights()){};
     if (pipe_) write_pipeline_timeline();
     if (lead) {
-      if (tp_ || pipe_)
+      if (tp_ || pipe_ || ep_)
         model::save_hf_directory(result.model_dir, model_.hf_json_files(), weights);
       else
         model_.save(result.model_dir);
@@ -329,7 +349,11 @@ class Run {
  private:
   double validation_loss() {
     dp_.gather_all();
-    auto [sum, count] = eval_loss_sums(model_, pipe_.get(), val_);
+    auto [sum, count] = eval_loss_sums(
+        model_, pipe_.get(), std::vector<std::pair<Tensor, Tensor>>(val_.begin(), val_.begin() + val_counted_));
+    if (val_counted_ < val_.size())  // the padding repeats (expert parallelism), not counted
+      eval_loss_sums(model_, pipe_.get(),
+                     std::vector<std::pair<Tensor, Tensor>>(val_.begin() + val_counted_, val_.end()));
     dp_.release_all();
     sum = over_pp(sum);
     count = static_cast<int64_t>(over_pp(static_cast<double>(count)));
@@ -447,11 +471,19 @@ class Run {
   CheckpointFiles checkpoint_files() const {
     CheckpointFiles f;
     const auto weights = whole_weights();
-    if (dp_rank_ == 0 || dp_.sharded()) {
-      // Under tp the masters are always written (the model file holds whole tensors).
+    if (saves_shard(rank_)) {
+      // Under tp and ep the masters are always written (the model file holds whole tensors).
+      // Each piece is written by the first rank holding it (ep at stage 0 replicates
+      // the shared tensors over the whole group, the experts over the dp axis).
+      std::vector<ParamRef> mine;
+      for (size_t i = 0; i < refs_.size(); ++i)
+        if (dp_.pieces()[i].primary) mine.push_back(refs_[i]);
       std::vector<std::pair<std::string, Tensor>> shard =
-          master_tensors(refs_, rank_ == 0 && !tp_ ? weights : decltype(weights){});
-      for (auto& t : opt_.state_tensors()) shard.push_back(std::move(t));
+          master_tensors(mine, rank_ == 0 && !tp_ && !ep_ ? weights : decltype(weights){});
+      std::set<std::string> names;
+      for (const ParamRef& r : mine) names.insert(r.name);
+      for (auto& [name, t] : opt_.state_tensors())
+        if (names.count(name.substr(name.find('.') + 1))) shard.emplace_back(name, std::move(t));
       f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
     }
     if (rank_ != 0) return f;
@@ -484,20 +516,26 @@ class Run {
     index["precision"] = c_.training.precision;
     index["bf16_mode"] = model::bf16_mode_name(model_.bf16_mode());
     std::vector<std::string> files;
-    index["mesh"] = {{"dp", mesh_shape_.dp}, {"tp", mesh_shape_.tp}, {"pp", mesh_shape_.pp}};
-    for (int r = 0; r < world_; ++r) {
-      const auto coords = parallel::DeviceMesh::coords_of(mesh_shape_, r);
-      if (dp_.sharded() || coords[static_cast<int>(parallel::Axis::kDp)] == 0)
-        files.push_back(shard_file_name(r));
-    }
+    index["mesh"] = {{"dp", mesh_shape_.dp}, {"tp", mesh_shape_.tp}, {"pp", mesh_shape_.pp}, {"ep", mesh_shape_.ep}};
+    for (int r = 0; r < world_; ++r)
+      if (saves_shard(r)) files.push_back(shard_file_name(r));
     index["files"] = files;
     f.texts.emplace_back(kShardIndexName, index.dump(2) + "\n");
     return f;
   }
 
+  // Whether rank r writes an optimizer shard: every rank when ZeRO shards the state,
+  // else the ranks of the first data-parallel replica (under ep: one per expert shard).
+  bool saves_shard(int r) const {
+    if (c_.parallel.zero_stage > 0 && dp_size_ > 1) return true;
+    return parallel::DeviceMesh::coords_of(mesh_shape_, r)[static_cast<int>(parallel::Axis::kDp)] == 0;
+  }
+
   // The model's Hugging Face tensors, whole: on rank 0 under tp (gathered from the tp ranks
-  // of replica 0, collective over them), this rank's own views otherwise.
+  // of replica 0, collective over them), this rank's own views otherwise. Under ep the
+  // experts are gathered over the ep group (collective over it).
   std::vector<std::pair<std::string, Tensor>> whole_weights() const {
+    if (ep_) return parallel::gather_expert_tensors(model_, mesh_->group(parallel::Axis::kEp));
     if (!tp_ && !pipe_) return model_.weights().named(model_.config());
     if (dp_rank_ != 0) return {};
     auto mine = tp_ ? parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp))
@@ -651,7 +689,8 @@ class Run {
   model::Model model_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::unique_ptr<parallel::CommTp> tp_;
-  comm::Communicator& dp_group_;  // the data-parallel replicas of this rank's shard
+  std::unique_ptr<parallel::CommEp> ep_;  // ep > 1: the MoE layers' token exchange
+  comm::Communicator& dp_group_;  // the data-parallel ranks (dp x ep) of this rank's shard
   int dp_rank_, dp_size_;
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
@@ -668,6 +707,7 @@ class Run {
   SpikeDetector spikes_;
   CheckpointManager ckpt_;
   std::vector<std::pair<Tensor, Tensor>> val_;  // this rank's share of the val batches
+  size_t val_counted_ = 0;  // the first ones; the rest repeat one for expert parallelism
   bool has_val_ = false;
   std::string tokenizer_dir_;
   std::vector<std::pair<std::string, std::string>> tokenizer_texts_;

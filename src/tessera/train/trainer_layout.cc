@@ -47,8 +47,11 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                                 const model::ModelConfig& m, int rank) {
   const std::string src = c.source_name();
   parallel::check_layout(s, m, c.data.grad_accum, src);
-  TESSERA_CHECK(c.data.batch_size % s.dp == 0, src, ": data.batch_size = ", c.data.batch_size,
-                " does not split evenly over ", s.dp, " data-parallel ranks ([parallel] dp)");
+  TESSERA_CHECK(c.data.batch_size % (s.dp * s.ep) == 0, src, ": data.batch_size = ", c.data.batch_size,
+                " does not split evenly over ", s.dp * s.ep, " data-parallel ranks ([parallel] dp",
+                s.ep > 1 ? " x ep: each expert-parallel rank takes its own rows)" : ")");
+  TESSERA_CHECK(s.ep == 1 || (s.tp == 1 && s.pp == 1), src, ": [parallel] ep = ", s.ep,
+                " with tp or pp > 1 is not supported yet (mixture-of-experts models run tp = pp = 1)");
   TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
                 ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
   TESSERA_CHECK(!c.parallel.sp_overlap || c.parallel.sequence_parallel, src,
@@ -60,7 +63,8 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                   " ranks: they must divide evenly");
   }
   const auto coords = parallel::DeviceMesh::coords_of(s, rank);
-  const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp)};
+  const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp),
+                             coords[static_cast<int>(parallel::Axis::kEp)], static_cast<int>(s.ep)};
   try {
     model::local_dims(m, shard);
   } catch (const Error& e) {
@@ -221,6 +225,13 @@ void write_pipeline_svg(const std::string& path, const parallel::Pipeline& pipe,
                                   pipe.actions(), spans, sh,
                                   std::string("Tessera pipeline, ") + parallel::pipe_schedule_name(pipe.schedule()) +
                                       ", pp " + std::to_string(sh.pp) + ", m " + std::to_string(sh.micro_batches)));
+}
+
+std::unique_ptr<parallel::CommEp> make_ep(parallel::DeviceMesh& mesh, model::Model& m) {
+  if (m.tp_shard().ep_size == 1) return nullptr;
+  auto ep = std::make_unique<parallel::CommEp>(mesh.group(parallel::Axis::kEp));
+  m.set_ep_comm(ep.get());
+  return ep;
 }
 
 void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp) {

@@ -14,6 +14,7 @@
 #include "tessera/model/model.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/device_mesh.h"
+#include "tessera/parallel/expert_parallel.h"
 #include "tessera/parallel/pipeline_parallel.h"
 #include "tessera/parallel/tensor_parallel.h"
 #include "tessera/train/config.h"
@@ -24,6 +25,7 @@ namespace tessera::train {
 // The [parallel] mesh resolved against the world (one-line errors naming the key).
 parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world);
 // The layout against the model's configuration and the batch; this rank's tp shard.
+// (With the ep axis: its expert shard, TpShard::ep_rank / ep_size.)
 model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape& s,
                                 const model::ModelConfig& m, int rank);
 // This rank's pipeline stage (the whole model at pp 1), checked with the schedule.
@@ -45,6 +47,8 @@ std::unique_ptr<comm::Communicator> make_embed_group(const parallel::MeshShape& 
 // This rank's tensor-parallel traffic since the last call (the step, evaluation included)
 // into the step's metrics record; the count starts again.
 void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp);
+// The model's expert exchange over the mesh's ep group (nullptr at ep 1).
+std::unique_ptr<parallel::CommEp> make_ep(parallel::DeviceMesh& mesh, model::Model& m);
 
 // One step's micro-batches through the pipeline: every stage draws the same batches (the
 // data order is deterministic), runs the schedule, the replicas reduce, and a tied table's

@@ -213,7 +213,10 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
     r.grad = piece.grad;
     r.decay = f.decay;
     r.muon = f.muon;
-    r.norm_share = f.tied_copy ? 0.0 : 1.0 / static_cast<double>(f.tp_copies);
+    // (Summed over the data-parallel ranks too when their pieces differ: each copy counts
+    // its share.)
+    r.norm_share = f.tied_copy ? 0.0
+                               : 1.0 / static_cast<double>(f.tp_copies * (dp.sharded() ? piece.copies : 1));
     if (muon && tp_group && tp_group->size() > 1) {
       r.tp_group = tp_group;
       r.block_offset = piece.block_offset;
