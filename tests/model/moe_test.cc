@@ -29,17 +29,21 @@ struct Case {
   int64_t experts, top_k, hidden, ffn, tokens;
   bool norm_topk_prob;
   double coef;
+  bool bias = false;      // a selection bias (DeepSeek-V3's noaux_tc)
+  double capacity = 0.0;  // MoeSpec::capacity_factor
 };
 
 void check_against_pytorch(const Case& c) {
   SCOPED_TRACE("E " + std::to_string(c.experts) + " k " + std::to_string(c.top_k) +
-               (c.norm_topk_prob ? " renormalised" : " raw") + " coef " + std::to_string(c.coef));
+               (c.norm_topk_prob ? " renormalised" : " raw") + " coef " + std::to_string(c.coef) +
+               (c.bias ? " biased" : "") + " capacity " + std::to_string(c.capacity));
   const int layers = 2;
   std::mt19937 rng(static_cast<uint32_t>(c.experts * 131 + c.top_k * 7 + c.tokens));
   model::MoeSpec spec;
   spec.num_experts = c.experts;
   spec.top_k = c.top_k;
   spec.norm_topk_prob = c.norm_topk_prob;
+  spec.capacity_factor = c.capacity;
   const int64_t E = c.experts, H = c.hidden, F = c.ffn, N = c.tokens;
   std::vector<model::MoeWeights> w(layers);
   std::vector<Tensor> h(layers), dout(layers);
@@ -58,6 +62,10 @@ void check_against_pytorch(const Case& c) {
     dout[L] = randn({N, H}, rng, 1.f);
     in.insert(in.end(), {{p + "h", h[L]}, {p + "gate", w[L].router}, {p + "w1", w1}, {p + "w3", w3},
                          {p + "w2", w[L].down}, {p + "dout", dout[L]}});
+    if (c.bias) {  // large enough to overrule the scores now and then
+      w[L].bias = randn({E}, rng, 0.3f);
+      in.emplace_back(p + "bias", w[L].bias);
+    }
   }
   const fs::path dir = fs::temp_directory_path() / ("tessera_moe_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -66,6 +74,7 @@ void check_against_pytorch(const Case& c) {
                        {{"top_k", std::to_string(c.top_k)},
                         {"norm_topk_prob", c.norm_topk_prob ? "true" : "false"},
                         {"coef", std::to_string(c.coef)},
+                        {"capacity", std::to_string(c.capacity)},
                         {"layers", std::to_string(layers)}});
   const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
                                       "/tests/parity/moe_reference.py " + in_path + " " + out_path);
@@ -86,9 +95,13 @@ void check_against_pytorch(const Case& c) {
       for (int64_t j = 0; j < c.top_k; ++j)
         ASSERT_EQ(saved[L].routing.expert[n * c.top_k + j], experts.data<int32_t>()[n * c.top_k + j])
             << "layer " << L << " token " << n << " choice " << j;
+    if (c.capacity > 0) {
+      EXPECT_EQ(saved[L].routing.dropped(), ref->get(p + "dropped").data<int32_t>()[0]) << "layer " << L;
+      EXPECT_GT(saved[L].routing.dropped(), 0) << "layer " << L;  // the limit is in play
+    }
     balance.add(saved[L].routing);
   }
-  EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
+  if (!c.bias && c.capacity == 0) EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
   const std::vector<float> aux = balance.score_grad(c.coef);
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";
@@ -112,6 +125,14 @@ TEST(Moe, ForwardRoutingAndEveryGradientMatchTransformersMixtral) {
   // weights (norm_topk_prob false); more experts than some get tokens.
   for (const Case& c : {Case{8, 2, 32, 48, 40, true, 0.02}, Case{8, 3, 24, 40, 33, true, 0.5},
                         Case{6, 2, 32, 24, 17, false, 0.0}, Case{16, 2, 16, 24, 5, true, 0.1}})
+    check_against_pytorch(c);
+}
+
+// DeepSeek-V3's selection bias (chooses, does not weigh) and an expert capacity (training:
+// the slots past it dropped, first come first served) against the PyTorch reference.
+TEST(Moe, SelectionBiasAndCapacityMatchTheReference) {
+  for (const Case& c : {Case{8, 2, 32, 48, 40, true, 0.0, true, 0.0}, Case{8, 2, 32, 48, 40, true, 0.0, false, 1.0},
+                        Case{6, 3, 24, 40, 33, false, 0.0, true, 1.25}, Case{4, 1, 16, 24, 9, false, 0.0, false, 0.5}})
     check_against_pytorch(c);
 }
 

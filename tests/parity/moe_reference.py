@@ -7,10 +7,16 @@ through hf_models.routed_experts and hf_models.balancing_loss.
 Usage: moe_reference.py IN.safetensors OUT.safetensors
 IN (float32): per layer L (0, 1, ...): L.h (N, H), L.gate (E, H), L.w1 / L.w3 (E, F, H),
 L.w2 (E, H, F), L.dout (N, H); __metadata__ {"top_k", "norm_topk_prob", "coef", "layers"}.
+Optional: L.bias (E) a selection bias, chosen on softmax + bias and weighted by softmax
+(DeepSeek-V3's noaux_tc, modeling_deepseek.py MoEGate), and metadata "capacity" c > 0:
+each expert takes at most ceil(c N top_k / E) slots, first come (token, then choice) first
+served (GShard / Switch), the rest dropped. Either one routes through
+capacity_routed_experts (coef must then be 0).
 Loss: sum_L sum(out_L * dout_L) + coef * load_balancing_loss(all layers' logits).
 OUT: per layer L.out, L.experts (N, top_k) i32 (torch.topk order), and the gradients
 L.dh, L.dgate, L.dw1, L.dw2, L.dw3; aux (1) the balancing loss.
 """
+import math
 import sys
 
 import numpy as np
@@ -38,15 +44,48 @@ def sparse_moe_block(h, gate, w1, w2, w3, top_k, norm_topk_prob):
     return final, router_logits, selected_experts
 
 
+def capacity_routed_experts(h, router_logits, experts, top_k, norm_topk_prob, bias, capacity):
+    """Routing with a selection bias and an expert capacity, token by token."""
+    scores = F.softmax(router_logits, dim=1)
+    choice = scores if bias is None else scores + bias
+    selected = torch.topk(choice, top_k, dim=-1)[1]
+    weights = scores.gather(1, selected)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    n, e = scores.shape
+    cap = math.ceil(capacity * n * top_k / e - 1e-9) if capacity > 0 else n * top_k
+    count, rows, dropped = [0] * e, [], 0
+    for t in range(n):
+        row = torch.zeros_like(h[t])
+        for j in range(top_k):
+            x = int(selected[t, j])
+            if count[x] < cap:
+                count[x] += 1
+                row = row + weights[t, j] * experts[x](h[t:t + 1])[0]
+            else:
+                dropped += 1
+        rows.append(row)
+    return torch.stack(rows), selected, dropped
+
+
 def main(inp, outp):
     t, meta = load(inp)
     top_k, norm, coef, layers = int(meta["top_k"]), meta["norm_topk_prob"] == "true", float(meta["coef"]), int(meta["layers"])
+    capacity = float(meta.get("capacity", "0"))
     params, outs, logits, out = [], [], [], {}
     loss = torch.zeros((), dtype=torch.float64)
     for L in range(layers):
         p = {k: torch.tensor(t[f"{L}.{k}"], dtype=torch.float64, requires_grad=k != "dout")
              for k in ("h", "gate", "w1", "w2", "w3", "dout")}
-        y, lg, sel = sparse_moe_block(p["h"], p["gate"], p["w1"], p["w2"], p["w3"], top_k, norm)
+        bias = torch.tensor(t[f"{L}.bias"], dtype=torch.float64) if f"{L}.bias" in t else None
+        if bias is None and capacity == 0:
+            y, lg, sel = sparse_moe_block(p["h"], p["gate"], p["w1"], p["w2"], p["w3"], top_k, norm)
+        else:
+            assert coef == 0, "the balancing loss is transformers' plain top-k's"
+            lg = p["h"] @ p["gate"].t()
+            experts = [_Expert(p["w1"][x], p["w2"][x], p["w3"][x]) for x in range(p["gate"].shape[0])]
+            y, sel, dropped = capacity_routed_experts(p["h"], lg, experts, top_k, norm, bias, capacity)
+            out[f"{L}.dropped"] = np.array([dropped], dtype=np.int32)
         loss = loss + (y * p["dout"]).sum()
         params.append(p)
         logits.append(lg)

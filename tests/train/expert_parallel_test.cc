@@ -9,6 +9,7 @@
 #include <cmath>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "tessera/comm/communicator.h"
 #include "tessera/model/model.h"
@@ -170,6 +171,74 @@ TEST(ExpertParallel, TrainerEpAxisWithBalancingLossMatchesMicroBatches) {
   tt::expect_close(got.losses, ref.losses, 1e-5, "ep2 loss");
   tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "ep2 grad norm");
   EXPECT_GT(ref.records[0].value("moe_aux_loss", 0.0), 1.9);
+}
+
+// Auxiliary-loss-free balancing: after each step every layer's selection bias moves by the
+// rate towards the mean load (DeepSeek-V3), the loads of the whole batch; ep2 and
+// dp2 x ep2 follow the single process over 20 steps with it on.
+TEST(ExpertParallel, SelectionBiasUpdateFollowsTheLoadOnEveryLayout) {
+  const std::string root = tt::temp_dir("ep_bias");
+  const std::string data = tt::make_data(root);
+  const std::string json = mixtral_json(root, false);
+  auto cfg = [&](const std::string& name, const std::string& parallel, int64_t steps) {
+    std::string c = ep_config(root, name, data, json, 4, 1, parallel);
+    const std::string key = "steps = 20\n";
+    c.replace(c.find(key), key.size(), "steps = " + std::to_string(steps) + "\nmoe_bias_update_rate = 0.01\n");
+    return c;
+  };
+  // One step: b = 0.01 sign(mean - load) per layer, from the loads metrics.jsonl reports.
+  const tt::RunOut one = tt::train(cfg("one", "zero_stage = 0", 1), 0);
+  const auto m = model::Model::load(root + "/one/model", DType::kF32);
+  const auto& loads = one.records.at(0).at("moe_layer_load");
+  ASSERT_EQ(loads.size(), 2u);
+  int moved = 0;
+  for (size_t l = 0; l < 2; ++l) {
+    const Tensor& b = m.weights().layers[l].moe.bias;
+    ASSERT_TRUE(b.defined());
+    double mean = 0;
+    for (int e = 0; e < 4; ++e) mean += loads[l][e].get<double>() / 4;
+    for (int e = 0; e < 4; ++e) {
+      const double d = mean - loads[l][e].get<double>();
+      EXPECT_FLOAT_EQ(b.data<float>()[e], d > 0 ? 0.01f : d < 0 ? -0.01f : 0.f) << "layer " << l << " expert " << e;
+      moved += d != 0;
+    }
+  }
+  EXPECT_GT(moved, 0);
+  const tt::RunOut ref = tt::train(cfg("single", "zero_stage = 0", 20), 0);
+  for (const auto& [name, parallel, ranks] : {std::tuple<std::string, std::string, int>{"ep2", "ep = 2", 2},
+                                              std::tuple<std::string, std::string, int>{"dp2_ep2", "ep = 2\ndp = 2", 4}}) {
+    const tt::RunOut got = tt::train(cfg(name, parallel, 20), ranks);
+    tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
+    tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
+    for (size_t i = 0; i < ref.records.size(); ++i)
+      EXPECT_EQ(got.records[i].at("moe_layer_load"), ref.records[i].at("moe_layer_load")) << name << " step " << i + 1;
+  }
+}
+
+// Capacity: past capacity_factor x its even share an expert drops the slots (counted in
+// metrics.jsonl). Each rank applies it to its own rows, so ep2 equals one process taking
+// the two halves of each batch as micro-batches.
+TEST(ExpertParallel, CapacityDropsSlotsPerRankAsPerMicroBatch) {
+  const std::string root = tt::temp_dir("ep_capacity");
+  const std::string data = tt::make_data(root);
+  const std::string json = mixtral_json(root, false);
+  auto cfg = [&](const std::string& name, int64_t batch, int64_t accum, const std::string& parallel) {
+    std::string c = ep_config(root, name, data, json, batch, accum, parallel);
+    const std::string key = "steps = 20\n";
+    c.replace(c.find(key), key.size(), "steps = 10\nmoe_capacity_factor = 1.0\n");
+    return c;
+  };
+  const tt::RunOut ref = tt::train(cfg("single", 2, 2, "zero_stage = 0"), 0);
+  const tt::RunOut got = tt::train(cfg("ep2", 4, 1, "ep = 2"), 2);
+  tt::expect_close(got.losses, ref.losses, 1e-5, "ep2 loss");
+  tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "ep2 grad norm");
+  double dropped = 0;
+  for (size_t i = 0; i < ref.records.size(); ++i) {
+    EXPECT_EQ(got.records[i].at("moe_dropped_slots"), ref.records[i].at("moe_dropped_slots"));
+    dropped += ref.records[i].at("moe_dropped_slots").get<double>();
+    EXPECT_LT(ref.records[i].at("moe_dropped_fraction").get<double>(), 0.5);
+  }
+  EXPECT_GT(dropped, 0);
 }
 
 // Bad layouts are refused before anything loads, naming the axis.

@@ -220,6 +220,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     if (acts.moe_balance) {
       result.expert_load = acts.moe_balance->routed;
       result.aux_loss = acts.moe_balance->loss();
+      result.layer_load = acts.moe_balance->layer_routed;
+      result.dropped = acts.moe_balance->dropped;
     }
     if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
       result.loss += c.router_aux_loss_coef * result.aux_loss;

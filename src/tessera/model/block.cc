@@ -299,7 +299,9 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     TESSERA_CHECK(m.tp_shard().ep_size == 1 || m.ep_comm(), "an expert-parallel shard runs with its ep group "
                   "(Model::set_ep_comm)");
     if (A) {
-      moe_forward(moe_spec(c), E, h2, out, &A->moe, m.ep_comm());
+      MoeSpec spec = moe_spec(c);
+      spec.capacity_factor = m.moe_capacity_factor();
+      moe_forward(spec, E, h2, out, &A->moe, m.ep_comm());
     } else {  // inference: the routing is counted for the serving metrics
       // (Under ep every rank exchanges once per layer: the rows go together.)
       by_rows(h2, out, opt.rowwise && !m.ep_comm(), [&](const Tensor& hi, Tensor& oi) {

@@ -52,6 +52,17 @@ double get_float(const json& j, const std::string& source, const char* key, doub
   return it->get<double>();
 }
 
+// A mixture-of-experts model's "topk_method": "greedy" (plain top-k, the default) or
+// "noaux_tc" (a per-expert selection bias, DeepSeek-V3's auxiliary-loss-free balancing).
+std::string topk_method(const json& j, const std::string& source) {
+  auto it = j.find("topk_method");
+  if (it == j.end() || it->is_null()) return "greedy";
+  const std::string m = it->is_string() ? it->get<std::string>() : "";
+  TESSERA_CHECK(m == "greedy" || m == "noaux_tc", source, ": 'topk_method' ", io::json_brief(*it),
+                " is not supported (greedy or noaux_tc)");
+  return m;
+}
+
 bool get_bool(const json& j, const std::string& source, const char* key, bool dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
@@ -130,6 +141,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", false);
       c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
       c.output_router_logits = get_bool(j, source, "output_router_logits", false);
+      c.router_bias = topk_method(j, source) == "noaux_tc";
       TESSERA_CHECK(get_int(j, source, "decoder_sparse_step", 1, kMaxLayers, 1, false) == 1, source,
                     ": 'decoder_sparse_step' other than 1 is not supported (every layer sparse)");
       auto dense = j.find("mlp_only_layers");
@@ -146,6 +158,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       c.moe_intermediate_size = c.intermediate_size;
       c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
       c.output_router_logits = get_bool(j, source, "output_router_logits", false);
+      c.router_bias = topk_method(j, source) == "noaux_tc";
       const double jitter = get_nonnegative(j, source, "router_jitter_noise", 0.0, 1e6);
       TESSERA_CHECK(jitter == 0.0, source, ": 'router_jitter_noise' ", jitter,
                     " is not supported (0: the router sees its input unperturbed)");
@@ -310,6 +323,7 @@ json ModelConfig::to_json() const {
       j["num_experts_per_tok"] = experts_per_token;
       j["router_aux_loss_coef"] = router_aux_loss_coef;
       j["output_router_logits"] = output_router_logits;
+      if (router_bias) j["topk_method"] = "noaux_tc";
       if (shared_expert) {
         j["intermediate_size"] = dense_intermediate_size > 0 ? dense_intermediate_size : intermediate_size;
         j["moe_intermediate_size"] = moe_intermediate_size;

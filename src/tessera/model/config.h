@@ -56,6 +56,10 @@ struct ModelConfig {
   bool shared_expert = false;
   int64_t dense_intermediate_size = 0;  // qwen2_moe's own intermediate_size (no dense layer runs it)
   bool norm_topk_prob = true;          // renormalise the chosen experts' probabilities
+  // Each MoE layer has a per-expert selection bias, gate.e_score_correction_bias
+  // (auxiliary-loss-free balancing: config.json "topk_method": "noaux_tc", as DeepSeek-V3
+  // writes it; training moves it with [training] moe_bias_update_rate).
+  bool router_bias = false;
   double router_aux_loss_coef = 0.0;   // the load-balancing loss's weight in training
   bool output_router_logits = false;   // transformers adds that loss only when this is set
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /

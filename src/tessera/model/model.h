@@ -223,6 +223,8 @@ class Model {
     // balancing loss (E sum f P) of this pass (included in `loss` when trained).
     std::vector<double> expert_load;
     double aux_loss = 0.0;
+    std::vector<std::vector<double>> layer_load;  // per MoE layer: slots per expert
+    int64_t dropped = 0;  // slots over capacity (set_moe_capacity_factor), every layer
   };
   enum class GradWrite { kAccumulate, kAssign };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
@@ -257,6 +259,11 @@ class Model {
   int num_units() const { return static_cast<int>(config_.num_layers) + 2; }
 
   void set_recompute(Recompute r) { recompute_ = r; }
+  // Mixture-of-experts training passes (forward_batch, forward_backward): each expert takes
+  // at most capacity_factor x its even share of a layer's slots (MoeSpec::capacity_factor;
+  // 0, the default: no limit). Inference never drops.
+  void set_moe_capacity_factor(double f);
+  double moe_capacity_factor() const { return moe_capacity_factor_; }
   Recompute recompute() const { return recompute_; }
 
   // Weight used by the matmuls (compute copy when one exists).
@@ -293,6 +300,7 @@ class Model {
   // The AutoGPTQ / AutoAWQ tensors save() writes for the quantized linears.
   std::vector<std::pair<std::string, Tensor>> quantized_tensors() const;
   Recompute recompute_ = Recompute::kNone;
+  double moe_capacity_factor_ = 0.0;
   TrainHooks* hooks_ = nullptr;
 };
 

@@ -87,6 +87,9 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
     std::string name = piece.name;
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings && !file.has(name)) name = embed_name;
     const std::string stored = strip.empty() ? name : name.substr(strip.size());
+    // A selection bias the checkpoint lacks (a model trained without one) starts at 0.
+    if (!file.has(stored) && name.size() > 23 && name.compare(name.size() - 23, 23, "e_score_correction_bias") == 0)
+      continue;
     TESSERA_CHECK(file.has(stored), dir, ": tensor '", stored, "' is missing from the checkpoint");
     Tensor src = file.get(stored);  // a view of the mapping: only the block is read
     TESSERA_CHECK(src.shape() == piece.full, dir, ": tensor '", stored, "' has shape ",
@@ -107,6 +110,11 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
     if (++unused <= 5) TESSERA_LOG(kWarn, dir, ": ignoring unexpected tensor '", name, "'");
   }
   return m;
+}
+
+void Model::set_moe_capacity_factor(double f) {
+  TESSERA_CHECK(f == 0.0 || (f > 0.0 && f <= 1e6), "moe capacity factor must be > 0 (or 0: no limit), got ", f);
+  moe_capacity_factor_ = f;
 }
 
 void Model::set_ep_comm(EpComm* ep) {
@@ -239,7 +247,8 @@ Model Model::random(const ModelConfig& config, DType dtype, uint64_t seed, TpSha
     if (!whole && !mine.count(name)) continue;
     const bool is_norm = name.find("norm") != std::string::npos ||
                          name.find("ln_") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const bool is_bias = name.size() > 5 && (name.compare(name.size() - 5, 5, ".bias") == 0 ||
+                                             name.compare(name.size() - 5, 5, "_bias") == 0);
     Tensor t = whole ? view : Tensor::empty(view.shape(), dtype);
     if (is_norm && !is_bias)
       t.fill(1.f);
@@ -380,6 +389,7 @@ void Model::refresh_compute_unit(int unit) {
     convert(src.moe.gate_up, dst.moe.gate_up);
     convert(src.moe.down, dst.moe.down);
     convert(src.moe.shared_gate, dst.moe.shared_gate);
+    dst.moe.bias = src.moe.bias;  // (chooses experts in f32; shared like the biases below)
     dst.qkv.quant = src.qkv.quant;  // quantized linears are their own compute form
     dst.o.quant = src.o.quant;
     dst.up.quant = src.up.quant;

@@ -2,6 +2,7 @@
 #include "tessera/model/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "tessera/base/error.h"
@@ -31,20 +32,24 @@ void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
 
 // Top-k of the scores per token (ties to the lower expert id), weights, and the slots
 // grouped by expert.
-MoeRouting route(const MoeSpec& spec, Tensor scores) {
+MoeRouting route(const MoeSpec& spec, Tensor scores, const Tensor& bias) {
   const int64_t N = scores.size(0), E = spec.num_experts, k = spec.top_k;
   MoeRouting r;
   r.tokens = N, r.top_k = k;
   r.expert.resize(N * k);
   r.weight.resize(N * k);
   const float* p = scores.data<float>();
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
   base::parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
     std::vector<int32_t> ids(E);
+    std::vector<float> key(E);
     for (int64_t n = n0; n < n1; ++n) {
       const float* pn = p + n * E;
+      for (int64_t e = 0; e < E; ++e) key[e] = b ? pn[e] + b[e] : pn[e];  // chooses; pn weighs
       std::iota(ids.begin(), ids.end(), 0);
-      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                        [&](int32_t a, int32_t b) { return pn[a] > pn[b] || (pn[a] == pn[b] && a < b); });
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t c) {
+        return key[a] > key[c] || (key[a] == key[c] && a < c);
+      });
       float sum = 0.f;
       for (int64_t j = 0; j < k; ++j) sum += pn[ids[j]];
       for (int64_t j = 0; j < k; ++j) {
@@ -53,14 +58,38 @@ MoeRouting route(const MoeSpec& spec, Tensor scores) {
       }
     }
   });
+  // Capacity: slots past an expert's limit (in slot order) are dropped.
+  const int64_t S = N * k;
+  const int64_t cap = spec.capacity_factor > 0
+                          ? static_cast<int64_t>(std::ceil(spec.capacity_factor * static_cast<double>(S) /
+                                                           static_cast<double>(E) - 1e-9))
+                          : S;
+  std::vector<uint8_t> kept(S, 1);
   r.offsets.assign(E + 1, 0);
-  for (int32_t e : r.expert) ++r.offsets[e + 1];
+  for (int64_t s = 0; s < S; ++s) {
+    int64_t& n = r.offsets[r.expert[s] + 1];
+    if (n < cap)
+      ++n;
+    else
+      kept[s] = 0;
+  }
   for (int64_t e = 0; e < E; ++e) r.offsets[e + 1] += r.offsets[e];
-  r.order.resize(N * k);
+  r.order.resize(S);
   std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
-  for (int64_t s = 0; s < N * k; ++s) r.order[next[r.expert[s]]++] = static_cast<int32_t>(s);
+  int64_t tail = r.offsets[E];
+  for (int64_t s = 0; s < S; ++s) r.order[kept[s] ? next[r.expert[s]]++ : tail++] = static_cast<int32_t>(s);
   r.scores = std::move(scores);
   return r;
+}
+
+// rows (K, W) with zero rows appended up to S (the dropped slots' rows); rows when K = S.
+Tensor pad_rows(const Tensor& rows, int64_t S) {
+  const int64_t K = rows.size(0);
+  if (K == S) return rows;
+  Tensor out = Tensor::empty({S, rows.size(1)}, rows.dtype());
+  out.slice(0, 0, K).copy_from(rows);
+  out.slice(0, K, S).zero();
+  return out;
 }
 
 // out[n] (overwritten) = the sum over token n's k slots, in choice order, of `rows` (in
@@ -114,15 +143,18 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   kernels::softmax_forward(logits, logits);
   MoeSaved local;
   MoeSaved& sv = save ? *save : local;
-  sv.routing = route(spec, logits);
+  TESSERA_CHECK(!w.bias.defined() || (w.bias.shape() == Shape{E} && w.bias.dtype() == DType::kF32),
+                "moe: the selection bias is ", w.bias.describe(), ", expected (", E, ") f32");
+  sv.routing = route(spec, logits, w.bias);
   const MoeRouting& r = sv.routing;
+  const int64_t K = r.kept();  // the slots the experts compute
 
-  // The slots' input rows in expert order.
-  Tensor xs = Tensor::empty({S, H}, DType::kF32);
+  // The kept slots' input rows in expert order.
+  Tensor xs = Tensor::empty({K, H}, DType::kF32);
   const float* hp = h.data<float>();
   float* xp = xs.data<float>();
   const int64_t ldh = h.stride(0);
-  base::parallel_for(S, 64, [&](int64_t i0, int64_t i1) {
+  base::parallel_for(K, 64, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) std::copy_n(hp + (r.order[i] / k) * ldh, H, xp + i * H);
   });
   if (!ep) {
@@ -134,7 +166,7 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
     const int P = ep->size();
     sv.send_rows.assign(P, 0);
     for (int64_t e = 0; e < E; ++e) sv.send_rows[e / El] += r.load(e);
-    Tensor ids = Tensor::empty({S, 1}, DType::kI32);
+    Tensor ids = Tensor::empty({K, 1}, DType::kI32);
     for (int64_t e = 0; e < E; ++e)
       for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(e);
     const Tensor xr = ep->all_to_allv(xs, sv.send_rows, &sv.recv_rows);
@@ -167,8 +199,8 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
     kernels::matmul(a, w.down.select(0, e), ye, false, true);
   }
-  // The outputs back to the ranks whose tokens they are.
-  sv.y = ep ? ep->all_to_allv(permute_rows(y, sv.group, true), sv.recv_rows, nullptr) : y;
+  // The outputs back to the ranks whose tokens they are (the dropped slots' are 0).
+  sv.y = pad_rows(ep ? ep->all_to_allv(permute_rows(y, sv.group, true), sv.recv_rows, nullptr) : y, S);
 
   // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
   TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
@@ -194,7 +226,10 @@ std::vector<int64_t> ExpertLoad::counts() const {
 void MoeBalance::add(const MoeRouting& r) {
   const int64_t E = static_cast<int64_t>(routed.size());
   TESSERA_CHECK(r.scores.size(1) == E, "MoeBalance: ", r.scores.size(1), " experts, expected ", E);
-  for (int64_t e = 0; e < E; ++e) routed[e] += static_cast<double>(r.load(e));
+  std::vector<double> load(E);
+  for (int64_t e = 0; e < E; ++e) load[e] = static_cast<double>(r.load(e)), routed[e] += load[e];
+  layer_routed.push_back(std::move(load));
+  dropped += r.dropped();
   const float* p = r.scores.data<float>();
   for (int64_t n = 0; n < r.tokens; ++n)
     for (int64_t e = 0; e < E; ++e) prob[e] += p[n * E + e];
@@ -251,8 +286,10 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
     }
   });
 
-  // To the ranks holding the experts (grouped as the forward grouped the rows there).
-  const Tensor dyg = ep ? permute_rows(ep->all_to_allv(dy, sv.send_rows, nullptr), sv.group, false) : dy;
+  // To the ranks holding the experts (grouped as the forward grouped the rows there); the
+  // dropped slots' (after the kept ones) go nowhere.
+  const Tensor dyk = dy.slice(0, 0, r.kept());
+  const Tensor dyg = ep ? permute_rows(ep->all_to_allv(dyk, sv.send_rows, nullptr), sv.group, false) : dyk;
 
   // The experts, one block of rows each: dA = dY W2, dW2 += dY^T A, dU by SwiGLU,
   // dWgu += dU^T X, dX = dU Wgu.
@@ -275,7 +312,7 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
 
   // dh = the slots' input gradients summed per token (choice order), then the router's.
   TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
-  const Tensor dx = ep ? ep->all_to_allv(permute_rows(dxg, sv.group, true), sv.recv_rows, nullptr) : dxg;
+  const Tensor dx = pad_rows(ep ? ep->all_to_allv(permute_rows(dxg, sv.group, true), sv.recv_rows, nullptr) : dxg, S);
   sum_slots(r, dx, false, dh);
 
   // d scores: the chosen ones' through the (renormalised) weights, plus the balance

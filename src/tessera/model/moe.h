@@ -24,6 +24,12 @@ struct MoeSpec {
   int64_t num_experts = 8;
   int64_t top_k = 2;
   bool norm_topk_prob = true;  // renormalise the top-k probabilities (Mixtral: always)
+  // Training only (inference never drops): each expert takes at most
+  // ceil(capacity_factor x N k / E) of the N tokens' slots, first come (token order, then
+  // choice) first served; the rest are dropped: computed by no expert, their share of the
+  // token's output 0 (the residual carries the token on), as GShard / Switch do. 0: no
+  // limit. Under expert parallelism each rank applies it to its own tokens.
+  double capacity_factor = 0.0;
 };
 
 // One layer's experts, in Hugging Face's shapes stacked over the experts.
@@ -34,6 +40,10 @@ struct MoeWeights {
   // qwen2_moe: (1, H) shared_expert_gate (the shared expert itself is the layer's dense MLP,
   // run by the block); undefined otherwise. moe_forward does not read it.
   Tensor shared_gate;
+  // (E) f32, optional: a per-expert bias added to the scores to choose the top k and
+  // nowhere else (DeepSeek-V3's auxiliary-loss-free balancing, gate.e_score_correction_bias);
+  // the combine weights stay the unbiased probabilities. Not trained by gradients.
+  Tensor bias;
 };
 
 // Which experts each token went to, and how the slots are grouped by expert.
@@ -42,9 +52,12 @@ struct MoeRouting {
   Tensor scores;                  // (N, E) f32: softmax of the router logits
   std::vector<int32_t> expert;    // (N k): slot n k + j's expert (j-th best for token n)
   std::vector<float> weight;      // (N k): its combine weight
-  std::vector<int32_t> order;     // (N k): the slots sorted by expert (stable: by token)
+  // (N k): the kept slots sorted by expert (stable: by token), then the dropped ones.
+  std::vector<int32_t> order;
   std::vector<int64_t> offsets;   // (E + 1): expert e's slots are order[offsets[e], offsets[e + 1])
   int64_t load(int64_t e) const { return offsets[e + 1] - offsets[e]; }
+  int64_t kept() const { return offsets.empty() ? 0 : offsets.back(); }
+  int64_t dropped() const { return tokens * top_k - kept(); }  // over capacity (MoeSpec)
 };
 
 // Expert parallelism: the experts are split over the ranks of an `ep` group (rank r holds
@@ -110,6 +123,10 @@ struct MoeBalance {
   explicit MoeBalance(int64_t num_experts) : routed(num_experts, 0.0), prob(num_experts, 0.0) {}
   void add(const MoeRouting& r);  // one layer's forward
   double loss() const;
+  // Per add() (each MoE layer in order): the slots routed to each expert; and the slots
+  // dropped over capacity, all layers.
+  std::vector<std::vector<double>> layer_routed;
+  int64_t dropped = 0;
   // d(coef * loss) / d scores[n][e] for every token of every layer added: the same for
   // all n, coef E f_e / T.
   std::vector<float> score_grad(double coef) const;

@@ -79,6 +79,7 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
         L.moe.gate_up = make({d.experts, 2 * Fe, H});
         L.moe.down = make({d.experts, H, Fe});
         if (c.shared_expert) L.moe.shared_gate = make({1, H});
+        if (c.router_bias) L.moe.bias = Tensor::zeros({c.num_experts}, DType::kF32);  // (selection only: f32)
       }
       if (!c.is_moe() || c.shared_expert) {  // the dense MLP, or qwen2_moe's shared expert
         L.up.weight = make({2 * F, H});
@@ -212,6 +213,7 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
         whole(x + (qwen ? "up_proj.weight" : "w3.weight"), gu.slice(0, Fe, 2 * Fe));
       }
       whole(moe + "shared_expert_gate.weight", L.moe.shared_gate);
+      whole(moe + "gate.e_score_correction_bias", L.moe.bias);
     }
   }
   whole(pre + "norm.weight", final_norm_w);
@@ -252,6 +254,7 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     add(pre + "moe.gate_up", P.moe.gate_up);
     add(pre + "moe.down", P.moe.down);
     add(pre + "moe.shared_gate", P.moe.shared_gate);
+    add(pre + "moe.bias", P.moe.bias);
   }
   return out;
 }
@@ -277,7 +280,7 @@ void Params::zero() {
   z(pos_embed);
   for (auto& L : layers) {
     for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down,
-                      &L.moe.shared_gate})
+                      &L.moe.shared_gate, &L.moe.bias})
       z(*t);
     for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
       z(lin->weight);

@@ -42,6 +42,14 @@ struct TrainingSection {
   double max_grad_norm = 1.0;                     // <= 0: no clipping
   int64_t eval_every = 0;                         // steps; 0 = only at the end
   int64_t eval_batches = 8;
+  // Mixture-of-experts models. Capacity: each expert takes at most this times its even
+  // share of a layer's routed slots per micro-batch (the rest dropped, counted in
+  // metrics.jsonl); 0 = no limit. Auxiliary-loss-free balancing (DeepSeek-V3): after each
+  // step every expert's selection bias moves by this rate towards the mean load
+  // (b_e += rate x sign(mean load - load_e), the loads of the whole global batch); > 0
+  // gives a model without one a bias (saved as gate.e_score_correction_bias).
+  double moe_capacity_factor = 0.0;
+  double moe_bias_update_rate = 0.0;
 };
 
 struct CheckpointSection {

@@ -127,6 +127,7 @@ class Run {
     tokenizer_texts_ = tokenizer_files(tokenizer_dir_);
     const auto& tr = c.training;
     model_.set_recompute(model::parse_recompute(tr.activation_checkpointing));
+    model_.set_moe_capacity_factor(tr.moe_capacity_factor);
     if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
       // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
       // the sums are added over the replicas.
@@ -253,6 +254,7 @@ class Run {
         }
         base::TraceScope opt("optimizer_step");
         opt_.step(lr_scale);
+        if (c_.training.moe_bias_update_rate > 0) update_router_bias(dp_, gp, c_.training.moe_bias_update_rate);
         dp_.publish_params();
         spikes_.add(loss);
       } else if (!finite) {

@@ -28,9 +28,29 @@ void check_seq_len(const TrainConfig& c, const model::ModelConfig& cfg, const ch
                 cfg.max_position_embeddings, " (", fix, ")");
 }
 
+// The mixture-of-experts training options against the model: a selection bias to move
+// when the bias update is on.
+model::ModelConfig with_moe_training(const TrainConfig& c, model::ModelConfig cfg) {
+  const auto& tr = c.training;
+  for (const auto& [key, v] : {std::pair<const char*, double>{"moe_capacity_factor", tr.moe_capacity_factor},
+                               std::pair<const char*, double>{"moe_bias_update_rate", tr.moe_bias_update_rate}})
+    TESSERA_CHECK(v == 0.0 || cfg.is_moe(), c.source_name(), ": [training] ", key, " = ", v,
+                  " needs a mixture-of-experts model; ", cfg.model_type, " has no experts");
+  if (tr.moe_bias_update_rate > 0) cfg.router_bias = true;
+  return cfg;
+}
+
+model::ModelConfig base_model_config(const TrainConfig& c, int64_t data_vocab, int32_t data_eos);
+
 }  // namespace
 
 model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
+  return with_moe_training(c, base_model_config(c, data_vocab, data_eos));
+}
+
+namespace {
+
+model::ModelConfig base_model_config(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   const auto& m = c.model;
   if (!m.init_from.empty()) {
     TESSERA_CHECK(std::filesystem::is_directory(m.init_from), "model directory '", m.init_from,
@@ -84,6 +104,8 @@ model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab, 
   cfg.validate("[model] in the training config");
   return cfg;
 }
+
+}  // namespace
 
 model::Model build_model(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   return build_model(c, build_model_config(c, data_vocab, data_eos));
@@ -251,6 +273,37 @@ void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::Data
   rec["moe_expert_load"] = share;
   rec["moe_load_imbalance"] = model::moe_load_imbalance(load);
   rec["moe_aux_loss"] = dp.sum_over_ranks(gp.aux_loss_sum) / static_cast<double>(micro_batches);
+  nlohmann::json layers = nlohmann::json::array();  // per layer: slots per expert, whole batch
+  for (const auto& l : gp.layer_load) layers.push_back(dp.sum_over_ranks(l));
+  rec["moe_layer_load"] = layers;
+  const double dropped = dp.sum_over_ranks(static_cast<double>(gp.dropped));
+  rec["moe_dropped_slots"] = dropped;
+  rec["moe_dropped_fraction"] = total + dropped > 0 ? dropped / (total + dropped) : 0.0;
+}
+
+void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate) {
+  // The global batch's load per layer and expert (every rank calls this: a sum over dp).
+  std::vector<double> flat;
+  for (const auto& l : gp.layer_load) flat.insert(flat.end(), l.begin(), l.end());
+  flat = dp.sum_over_ranks(flat);
+  const size_t E = gp.layer_load.empty() ? 0 : gp.layer_load[0].size();
+  const std::string suffix = ".gate.e_score_correction_bias";
+  for (auto& piece : dp.pieces()) {
+    const std::string& n = piece.name;
+    if (n.size() < suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const size_t at = n.find("layers.") + 7;
+    const size_t layer = std::stoul(n.substr(at, n.find('.', at) - at));
+    TESSERA_CHECK((layer + 1) * E <= flat.size(), "moe bias update: no load for layer ", layer);
+    const double* load = flat.data() + layer * E;
+    double mean = 0;
+    for (size_t e = 0; e < E; ++e) mean += load[e];
+    mean /= static_cast<double>(E);
+    float* b = piece.master.data<float>();
+    for (int64_t i = 0; i < piece.master.numel(); ++i) {
+      const double d = mean - load[piece.offset + i];
+      b[i] += static_cast<float>(d > 0 ? rate : d < 0 ? -rate : 0.0);
+    }
+  }
 }
 
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
@@ -271,6 +324,12 @@ GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& d
     if (r.expert_load.empty()) r.expert_load.assign(fr.expert_load.size(), 0.0);
     for (size_t e = 0; e < fr.expert_load.size(); ++e) r.expert_load[e] += fr.expert_load[e];
     r.aux_loss_sum += fr.aux_loss;
+    if (r.layer_load.empty()) r.layer_load.assign(fr.layer_load.size(), std::vector<double>());
+    for (size_t l = 0; l < fr.layer_load.size(); ++l) {
+      r.layer_load[l].resize(fr.layer_load[l].size(), 0.0);
+      for (size_t e = 0; e < fr.layer_load[l].size(); ++e) r.layer_load[l][e] += fr.layer_load[l][e];
+    }
+    r.dropped += fr.dropped;
   }
   dp.finish_gradients();
   return r;

@@ -73,10 +73,17 @@ struct GradientPass {
   int64_t activation_bytes = 0;  // most saved for backward by one micro-batch
   std::vector<double> expert_load;  // MoE: slots per expert over the micro-batches (this rank)
   double aux_loss_sum = 0;          // MoE: of the micro-batches' balancing losses (this rank)
+  std::vector<std::vector<double>> layer_load;  // MoE: per layer, slots per expert (this rank)
+  int64_t dropped = 0;              // MoE: slots dropped over capacity (this rank)
 };
 // Mixture of experts, into a step's metrics record: each expert's share of the routed slots
 // (every layer, rank and micro-batch of the step: summed over dp's ranks, so every rank
 // calls this), the busiest over the mean, and the mean balancing loss over `micro_batches`.
+// Auxiliary-loss-free balancing, after the optimizer step and before dp.publish_params():
+// each MoE layer's selection bias (its master copy in dp.pieces()) moves by `rate`
+// towards the mean load, b_e += rate x sign(mean - load_e), over the step's global batch
+// (summed over dp's ranks: every rank calls this).
+void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate);
 void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp,
                      int64_t micro_batches);
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
