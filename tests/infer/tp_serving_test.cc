@@ -114,5 +114,85 @@ TEST(TpServing, EachRankCachesItsKvHeadsAndBadTpIsOneLine) {
   }
 }
 
+// Expert-parallel serving (--ep): a Mixtral model's 4 experts split over 2 and 4 ranks,
+// every rank running each step over its own cache, each MoE layer's rows split between
+// the ranks and gathered. Greedy output is token-identical to one process; so are the
+// expert loads rank 0 reports (every rank's rows counted).
+std::string moe_dir() {
+  static const std::string dir = [] {
+    model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+    c.model_type = "mixtral";
+    c.vocab_size = 301;
+    c.num_layers = 3;
+    c.max_position_embeddings = 256;
+    c.num_experts = 4;
+    c.experts_per_token = 2;
+    c.moe_intermediate_size = c.intermediate_size;
+    const std::string d = (fs::temp_directory_path() / ("tessera_ep_serving_" + std::to_string(::getpid()))).string();
+    fs::remove_all(d);
+    model::Model m = model::Model::random(c, DType::kF32, 23);
+    for (auto& [name, t] : m.weights().named(c)) {
+      Tensor f = t;
+      for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= name.find("norm") == std::string::npos ? 4.f : 1.f;
+    }
+    m.save(d);
+    return d;
+  }();
+  return dir;
+}
+
+struct EpRun {
+  std::vector<std::vector<int32_t>> outs;
+  std::vector<int64_t> load;
+};
+
+EpRun ep_batch(int ep) {
+  EpRun r;
+  run_tensor_parallel(1, moe_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
+    EXPECT_EQ(g != nullptr, ep > 1);
+    EXPECT_EQ(m.weights().layers[0].moe.gate_up.size(0), 4 / ep);  // only its experts
+    EngineConfig ec;
+    ec.block_size = 4;
+    ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);
+    ec.max_num_batched_tokens = 16;
+    Engine engine(m, ec, nullptr, nullptr, g);
+    std::vector<int32_t> shared;
+    for (int i = 0; i < 22; ++i) shared.push_back((i * 37 + 11) % 301);
+    std::vector<std::vector<int32_t>> prompts = {shared, shared, {1, 2, 3}, {200, 100, 50, 25, 9}};
+    prompts[1].push_back(7);
+    SamplingParams p;
+    p.max_tokens = 12;
+    p.ignore_eos = true;
+    std::vector<RequestId> ids;
+    for (const auto& pr : prompts) ids.push_back(engine.add_request(pr, p));
+    std::map<RequestId, std::vector<int32_t>> got;
+    while (engine.has_unfinished())
+      for (const auto& o : engine.step()) got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    for (RequestId id : ids) r.outs.push_back(got[id]);
+    r.load = m.expert_load();
+    return 0;
+  }, "", ep);
+  return r;
+}
+
+TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
+  const EpRun want = ep_batch(1);
+  ASSERT_EQ(want.outs.size(), 4u);
+  for (const auto& w : want.outs) EXPECT_EQ(w.size(), 12u);
+  ASSERT_EQ(want.load.size(), 4u);
+  for (int ep : {2, 4}) {
+    const EpRun got = ep_batch(ep);
+    EXPECT_EQ(got.outs, want.outs) << "ep " << ep;
+    EXPECT_EQ(got.load, want.load) << "ep " << ep;
+  }
+  try {
+    run_tensor_parallel(1, moe_dir(), DType::kF32, [](const model::Model&, TpGroup*) { return 0; }, "", 3);
+    ADD_FAILURE() << "ep 3 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--ep 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not divide the model's 4 experts"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tessera::infer

@@ -57,6 +57,7 @@ struct GenerateFlags {
   bool no_prefix_caching = false;
   std::string draft_model;
   int tp = 1;
+  int ep = 1;
   std::string quantization;
 };
 
@@ -151,7 +152,8 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
   return 0;
 }
 
-// Tensor-parallel over --tp ranks (threads, or mpirun's processes) when asked.
+// Tensor-parallel over --tp ranks (threads, or mpirun's processes) when asked; or the
+// experts over --ep ranks.
 int run_generate(const GenerateFlags& f) {
   if (f.input.empty()) {
     TESSERA_CHECK(f.output.empty(), "--output needs --input FILE of requests");
@@ -162,7 +164,7 @@ int run_generate(const GenerateFlags& f) {
                                     [&](const model::Model& m, infer::TpGroup* tp) {
                                       return run_generate_one(f, m, tp);
                                     },
-                                    f.quantization);
+                                    f.quantization, f.ep);
 }
 
 }  // namespace
@@ -191,6 +193,11 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
                   "(docs/parallelism.md)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--ep", f->ep,
+                  "Expert-parallel ranks for a mixture-of-experts model: each holds 1/ep of the "
+                  "experts (threads, or mpirun's -np ranks; docs/moe.md)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_generate(*f); }; });

@@ -22,6 +22,7 @@ struct ServeFlags {
   infer::EngineConfig engine;
   bool no_prefix_caching = false;
   int tp = 1;
+  int ep = 1;
   std::string quantization;
 };
 
@@ -53,9 +54,10 @@ int run_serve(ServeFlags f) {
   std::optional<model::Model> model;
   std::optional<io::Tokenizer> tok;
   std::optional<serve::ChatTemplate> tmpl;
-  if (f.tp > 1) {
-    // Tensor-parallel: every rank loads its shard; rank 0 serves, the others run its steps.
-    TESSERA_CHECK(!f.model.empty(), "--tp needs --model DIR (the shards are read from it)");
+  if (f.tp > 1 || f.ep > 1) {
+    // Tensor- or expert-parallel: every rank loads its shard; rank 0 serves, the others run
+    // its steps.
+    TESSERA_CHECK(!f.model.empty(), f.tp > 1 ? "--tp" : "--ep", " needs --model DIR (the shards are read from it)");
     load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (!tmpl) tmpl = serve::ChatTemplate::chatml();
@@ -66,7 +68,7 @@ int run_serve(ServeFlags f) {
                                                              f.server, group);
                                         return server.run(true);
                                       },
-                                      f.quantization);
+                                      f.quantization, f.ep);
   }
   if (!f.model.empty()) {
     model = model::Model::load(f.model, parse_dtype(f.dtype));
@@ -123,6 +125,11 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
                   "(docs/parallelism.md)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--ep", f->ep,
+                  "Expert-parallel ranks for a mixture-of-experts model: each holds 1/ep of the "
+                  "experts (threads, or mpirun's -np ranks; docs/moe.md)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_serve(*f); }; });

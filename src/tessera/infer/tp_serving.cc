@@ -6,6 +6,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
 #include "tessera/model/quantize.h"
+#include "tessera/parallel/expert_parallel.h"
 #include "tessera/parallel/tensor_parallel.h"
 
 namespace tessera::infer {
@@ -147,28 +148,36 @@ int64_t TpGroup::run_worker(const model::Model& shard) {
 
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                         const std::function<int(const model::Model&, TpGroup*)>& lead,
-                        const std::string& quantization) {
+                        const std::string& quantization, int ep) {
   TESSERA_CHECK(tp >= 1, "--tp ", tp, " must be >= 1");
-  if (tp == 1 && !comm::running_under_mpi()) {
+  TESSERA_CHECK(ep >= 1, "--ep ", ep, " must be >= 1");
+  TESSERA_CHECK(tp == 1 || ep == 1, "--tp ", tp, " with --ep ", ep, ": tensor parallelism over a mixture-of-experts ",
+                "model is not supported yet (use one of them)");
+  const int ranks = tp * ep;
+  const std::string flag = ep > 1 ? "--ep " + std::to_string(ep) : "--tp " + std::to_string(tp);
+  if (ranks == 1 && !comm::running_under_mpi()) {
     model::Model m = model::Model::load(dir, dtype);
     model::quantize_on_load(m, quantization);
     return lead(m, nullptr);
   }
   TESSERA_CHECK(quantization.empty() || quantization == "none", "--quantization ", quantization,
-                " with --tp ", tp, ": tensor-parallel quantized weights are not supported yet");
+                " with ", flag, ": tensor- or expert-parallel quantized weights are not supported yet");
   int rc = 0;
   auto body = [&](comm::Communicator& comm) {
     const model::ModelConfig c = model::ModelConfig::load(dir);
-    const model::TpShard shard{comm.rank(), comm.size()};
+    const model::TpShard shard = ep > 1 ? model::TpShard{0, 1, comm.rank(), comm.size()}
+                                        : model::TpShard{comm.rank(), comm.size()};
     model::LocalDims d;
     try {
       d = model::local_dims(c, shard);
     } catch (const Error& e) {
-      fail("--tp ", tp, ": ", dir, ": ", e.what());
+      fail(flag, ": ", dir, ": ", e.what());
     }
     model::Model m = model::Model::load(dir, dtype, shard);
     parallel::CommTp tpc(comm, d.kv_replicas);
-    if (comm.size() > 1) m.set_tp_comm(&tpc);
+    parallel::CommEp epc(comm);
+    if (comm.size() > 1 && ep == 1) m.set_tp_comm(&tpc);
+    if (ep > 1) m.set_ep_comm(&epc);
     TpGroup group(comm);
     if (comm.rank() == 0) {
       rc = lead(m, comm.size() > 1 ? &group : nullptr);
@@ -179,12 +188,11 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
   };
   if (comm::running_under_mpi()) {
     comm::Communicator& world = comm::mpi_world();
-    TESSERA_CHECK(world.size() == tp, "--tp ", tp, " under mpirun needs -np ", tp, ", got ",
-                  world.size(), " ranks");
+    TESSERA_CHECK(world.size() == tp * ep, flag, " under mpirun needs -np ", tp * ep, ", got ", world.size(), " ranks");
     body(world);
     return world.rank() == 0 ? rc : 0;
   }
-  comm::run_local(tp, body);
+  comm::run_local(ranks, body);
   return rc;
 }
 

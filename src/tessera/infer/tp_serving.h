@@ -68,8 +68,12 @@ class TpGroup {
 // the processes of mpirun (its world must be tp ranks) or, outside mpirun, as tp threads
 // of this process. tp == 1 runs lead on the whole model with no group. Returns lead's value.
 // `quantization` (a scheme name, "" for none) quantizes the whole model on load (tp 1 only).
+// ep > 1 (a mixture-of-experts model; tp must be 1): the experts are split over ep ranks
+// (each loads only its own), the rest replicated; every rank runs each step over its own
+// whole KV cache, the MoE layers exchanging tokens over the group (model::
+// moe_forward_replicated). The world is then ep ranks.
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                         const std::function<int(const model::Model&, TpGroup*)>& lead,
-                        const std::string& quantization = "");
+                        const std::string& quantization = "", int ep = 1);
 
 }  // namespace tessera::infer

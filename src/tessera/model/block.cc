@@ -302,11 +302,16 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
       MoeSpec spec = moe_spec(c);
       spec.capacity_factor = m.moe_capacity_factor();
       moe_forward(spec, E, h2, out, &A->moe, m.ep_comm());
+    } else if (m.ep_comm()) {
+      // Inference under ep (lockstep serving: every rank holds the same tokens): each rank
+      // routes its share of the rows, the outputs are all-gathered.
+      std::vector<int64_t> load;
+      moe_forward_replicated(moe_spec(c), E, h2, out, *m.ep_comm(), &load);
+      m.count_expert_load(load);
     } else {  // inference: the routing is counted for the serving metrics
-      // (Under ep every rank exchanges once per layer: the rows go together.)
-      by_rows(h2, out, opt.rowwise && !m.ep_comm(), [&](const Tensor& hi, Tensor& oi) {
+      by_rows(h2, out, opt.rowwise, [&](const Tensor& hi, Tensor& oi) {
         MoeSaved routed;
-        moe_forward(moe_spec(c), E, hi, oi, &routed, m.ep_comm());
+        moe_forward(moe_spec(c), E, hi, oi, &routed);
         m.count_expert_load(routed.routing);
       });
     }

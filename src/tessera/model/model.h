@@ -117,7 +117,10 @@ class Model {
   void set_tp_comm(TpComm* tp) { tp_comm_ = tp; }
   // The ep group's token exchange for an expert-parallel shard (TpShard::ep_size > 1):
   // every MoE layer's forward and backward sends each routed slot to the rank holding its
-  // expert, so all ranks of the group run their passes together, layer for layer.
+  // expert, so all ranks of the group run their passes together, layer for layer. The
+  // training passes (forward_backward, forward_batch) run each rank's own tokens; the
+  // inference passes (forward, forward_tokens) the same tokens on every rank (lockstep
+  // serving: each rank routes 1/ep of the rows and the outputs are all-gathered).
   void set_ep_comm(EpComm* ep);
   EpComm* ep_comm() const { return ep_comm_; }
   // Megatron sequence parallelism in the training passes (forward_batch, forward_backward):
@@ -274,6 +277,7 @@ class Model {
   // far (every layer; training passes report theirs in LossResult). Empty for dense models.
   std::vector<int64_t> expert_load() const;
   void count_expert_load(const MoeRouting& r) const;
+  void count_expert_load(const std::vector<int64_t>& load) const;  // slots per expert
 
  private:
   ModelConfig config_;
@@ -294,6 +298,7 @@ class Model {
   bool quantized_ = false;
   // MoE models: inference routing counts, made at the first count (copies made after it share it).
   mutable std::shared_ptr<ExpertLoad> expert_load_;
+  std::shared_ptr<ExpertLoad> expert_counter() const;  // expert_load_, made at the first count
   // A quantized checkpoint's block linears (model/quantized.cc); their names into `used`.
   void load_quantized_linears(const io::SafetensorsModel& file, const std::string& dir,
                               std::set<std::string>& used);

@@ -428,16 +428,15 @@ std::vector<int64_t> Model::expert_load() const {
   return expert_load_ ? expert_load_->counts() : std::vector<int64_t>();
 }
 
-void Model::count_expert_load(const MoeRouting& r) const {
+std::shared_ptr<ExpertLoad> Model::expert_counter() const {
   static std::mutex mu;
-  std::shared_ptr<ExpertLoad> load;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!expert_load_) expert_load_ = std::make_shared<ExpertLoad>(config_.num_experts);
-    load = expert_load_;
-  }
-  load->add(r);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!expert_load_) expert_load_ = std::make_shared<ExpertLoad>(config_.num_experts);
+  return expert_load_;
 }
+
+void Model::count_expert_load(const MoeRouting& r) const { expert_counter()->add(r); }
+void Model::count_expert_load(const std::vector<int64_t>& load) const { expert_counter()->add(load); }
 
 const MoeWeights& Model::compute_moe(int64_t layer) const {
   return (has_compute_copy_ ? compute_.layers[layer] : weights_.layers[layer]).moe;

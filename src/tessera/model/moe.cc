@@ -208,6 +208,31 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   sum_slots(r, sv.y, true, out);
 }
 
+Tensor EpComm::all_gather_rows(const Tensor& in) {
+  const int P = size();
+  const int64_t n = in.size(0);
+  Tensor rep = Tensor::empty({P * n, in.size(1)}, in.dtype());
+  for (int j = 0; j < P; ++j) rep.slice(0, j * n, (j + 1) * n).copy_from(in);
+  return all_to_allv(rep, std::vector<int64_t>(P, n), nullptr);
+}
+
+void moe_forward_replicated(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out,
+                            EpComm& ep, std::vector<int64_t>* load) {
+  const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, P = ep.size(), r = ep.rank();
+  const int64_t b = N * r / P, e = N * (r + 1) / P;
+  Tensor mine = Tensor::empty({e - b, H}, DType::kF32);
+  MoeSaved routed;
+  moe_forward(spec, w, h.slice(0, b, e).contiguous(), mine, &routed, &ep);
+  out.copy_from(ep.all_gather_rows(mine));
+  if (!load) return;
+  Tensor counts = Tensor::empty({1, E}, DType::kF32);  // exact: < 2^24 slots per step
+  for (int64_t x = 0; x < E; ++x) counts.data<float>()[x] = static_cast<float>(routed.routing.load(x));
+  const Tensor all = ep.all_gather_rows(counts);
+  load->assign(E, 0);
+  for (int64_t j = 0; j < P; ++j)
+    for (int64_t x = 0; x < E; ++x) (*load)[x] += static_cast<int64_t>(all.data<float>()[j * E + x]);
+}
+
 ExpertLoad::ExpertLoad(int64_t experts) : counts_(new std::atomic<int64_t>[experts]), n_(experts) {
   for (int64_t e = 0; e < n_; ++e) counts_[e] = 0;
 }
@@ -215,6 +240,11 @@ ExpertLoad::ExpertLoad(int64_t experts) : counts_(new std::atomic<int64_t>[exper
 void ExpertLoad::add(const MoeRouting& r) {
   for (int64_t e = 0; e < n_ && e + 1 < static_cast<int64_t>(r.offsets.size()); ++e)
     counts_[e].fetch_add(r.load(e), std::memory_order_relaxed);
+}
+
+void ExpertLoad::add(const std::vector<int64_t>& load) {
+  for (int64_t e = 0; e < n_ && e < static_cast<int64_t>(load.size()); ++e)
+    counts_[e].fetch_add(load[e], std::memory_order_relaxed);
 }
 
 std::vector<int64_t> ExpertLoad::counts() const {

@@ -74,7 +74,17 @@ class EpComm {
   // the rows this rank receives, in rank order, and their counts per rank.
   virtual Tensor all_to_allv(const Tensor& in, const std::vector<int64_t>& send_rows,
                              std::vector<int64_t>* recv_rows) = 0;
+  // in (n_r, C) on each rank -> (sum of n_r, C): every rank's rows in rank order (an
+  // all_to_allv sending this rank's rows to each).
+  Tensor all_gather_rows(const Tensor& in);
 };
+
+// Inference under expert parallelism when every rank of the group holds the same tokens
+// (lockstep serving): each rank routes its 1/ep of the rows through moe_forward (so each
+// slot is computed once, by its expert's rank), and the outputs are all-gathered. `load`
+// (E, optional) += the slots routed to each expert over all the rows.
+void moe_forward_replicated(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out,
+                            EpComm& ep, std::vector<int64_t>* load);
 
 // What moe_backward needs of its forward.
 struct MoeSaved {
@@ -109,6 +119,7 @@ class ExpertLoad {
  public:
   explicit ExpertLoad(int64_t experts);
   void add(const MoeRouting& r);
+  void add(const std::vector<int64_t>& load);  // slots per expert
   std::vector<int64_t> counts() const;
 
  private:
