@@ -22,6 +22,7 @@ struct LayerActivations {
   MoeSaved moe;         // a mixture-of-experts layer's routing and expert activations
   Tensor shared_y;      // (N, H) qwen2_moe: the shared expert's output before its gate
   Tensor shared_z;      // (N, 1) and its gate's logit
+  CpSaved cp;           // context parallelism: what its attention's backward needs
 };
 
 struct Activations {

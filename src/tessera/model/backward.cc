@@ -38,6 +38,7 @@ int64_t activation_bytes(const Activations& a) {
                             &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a, &L.moe.x, &L.moe.u, &L.moe.a, &L.moe.y,
                             &L.moe.routing.scores, &L.shared_y, &L.shared_z})
       add(*t);
+  for (const auto& L : a.layers) n += L.cp.bytes();
   for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
   return n;
 }
@@ -337,9 +338,13 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
                            !assign);
     const QkvViews v = qkv_views(d, A.qkv, B, T);
     QkvViews dv = qkv_views(d, dqkv, B, T);
-    kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
-                                datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
-                                params);
+    if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
+      cp_attention_backward(*cp_comm_, cp_method_, v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
+                            A.cp, datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v, params.scale);
+    else
+      kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
+                                  datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
+                                  params);
     apply_rope(*this, dqkv, acts.positions, true);
     op = matmul_operand(dqkv, mode);
     input_grad(*this, Lqkv, l, op, dh_full, dh, pm);

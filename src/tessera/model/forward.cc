@@ -110,12 +110,17 @@ namespace {
 
 // The training attention: every position of each sequence, log-sum-exp kept for backward.
 void train_attention(const Model& m, const Activations& acts, const Tensor& qkv, Tensor& att,
-                     Tensor& lse) {
+                     Tensor& lse, CpSaved& cp) {
   const LocalDims& d = m.dims();
   const int64_t B = acts.B, T = acts.T;
   const QkvViews v = qkv_views(d, qkv, B, T);
-  lse = Tensor::empty({B, d.heads, T}, DType::kF32);
   Tensor att4 = att.view({B, T, d.heads, d.head_dim});
+  if (m.cp_comm()) {  // context parallelism: the attention crosses the cp group's tokens
+    cp_attention_forward(*m.cp_comm(), m.cp_method(), v.q, v.k, v.v, att4, lse, cp,
+                         attention_params(m.config(), 0).scale);
+    return;
+  }
+  lse = Tensor::empty({B, d.heads, T}, DType::kF32);
   kernels::attention_forward(v.q, v.k, v.v, att4, &lse, attention_params(m.config(), 0));
 }
 
@@ -127,17 +132,18 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
   opt.positions = &acts.positions;
   opt.save = &A;
   block_forward(m, l, s, opt, [&](int64_t, const Tensor& qkv, Tensor& att) {
-    train_attention(m, acts, qkv, att, A.lse);
+    train_attention(m, acts, qkv, att, A.lse, A.cp);
   });
   if (!keep_attention) {  // selective checkpointing: recomputed in the backward pass
     A.att = Tensor();
     A.lse = Tensor();
+    A.cp = CpSaved();
   }
 }
 
 void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A) {
   A.att = Tensor::empty({acts.B * acts.T, m.dims().q}, DType::kF32);
-  train_attention(m, acts, A.qkv, A.att, A.lse);
+  train_attention(m, acts, A.qkv, A.att, A.lse, A.cp);
 }
 
 Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
@@ -163,6 +169,12 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.chunk = chunk;
   acts.ids = ids2d.contiguous().view({N});
   acts.positions = make_positions(B, T, 0);
+  if (m.cp_comm()) {  // this rank's tokens sit at their places in the whole sequences
+    const auto pos = cp_positions(m.cp_method(), m.cp_comm()->rank(), m.cp_comm()->size(), T);
+    int32_t* p = acts.positions.data<int32_t>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) p[b * T + t] = static_cast<int32_t>(pos[t]);
+  }
   acts.layers.assign(c.num_layers, LayerActivations{});
   acts.moe_balance.reset();
   if (c.is_moe()) acts.moe_balance.emplace(c.num_experts);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/model/config.h"
+#include "tessera/model/context_parallel.h"
 #include "tessera/model/params.h"
 #include "tessera/model/precision.h"
 #include "tessera/model/shard.h"
@@ -123,6 +124,13 @@ class Model {
   // serving: each rank routes 1/ep of the rows and the outputs are all-gathered).
   void set_ep_comm(EpComm* ep);
   EpComm* ep_comm() const { return ep_comm_; }
+  // Context parallelism (training passes): each sequence's tokens are split over the cp
+  // group (cp_local_tokens says which this rank holds); RoPE runs at their global
+  // positions and the attention crosses the group by `method` (model/context_parallel.h).
+  // nullptr: off. Not with pipeline stages or sequence parallelism.
+  void set_cp_comm(CpComm* cp, CpMethod method);
+  CpComm* cp_comm() const { return cp_comm_; }
+  CpMethod cp_method() const { return cp_method_; }
   // Megatron sequence parallelism in the training passes (forward_batch, forward_backward):
   // the residual stream, norms and their saved activations hold N / tp of the rows; the
   // all-reduces become all-gathers before and reduce-scatters after each tp region. Needs
@@ -286,6 +294,8 @@ class Model {
   LocalDims dims_;
   TpComm* tp_comm_ = nullptr;
   EpComm* ep_comm_ = nullptr;
+  CpComm* cp_comm_ = nullptr;
+  CpMethod cp_method_ = CpMethod::kRing;
   bool sequence_parallel_ = false;
   bool sp_overlap_ = false;
   Params weights_;

@@ -117,6 +117,13 @@ void Model::set_moe_capacity_factor(double f) {
   moe_capacity_factor_ = f;
 }
 
+void Model::set_cp_comm(CpComm* cp, CpMethod method) {
+  TESSERA_CHECK(!cp || (stage_.whole() && !sequence_parallel_),
+                "context parallelism with pipeline stages or sequence parallelism is not supported yet");
+  cp_comm_ = cp;
+  cp_method_ = method;
+}
+
 void Model::set_ep_comm(EpComm* ep) {
   TESSERA_CHECK(!ep || (ep->size() == shard_.ep_size && ep->rank() == shard_.ep_rank),
                 "Model::set_ep_comm: the model is expert shard ", shard_.ep_rank, " of ", shard_.ep_size,

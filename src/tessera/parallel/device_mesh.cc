@@ -52,9 +52,8 @@ MeshShape resolve_mesh_shape(MeshShape s, int64_t world, const std::string& sour
   for (Axis a : {Axis::kPp, Axis::kTp, Axis::kCp, Axis::kEp})
     TESSERA_CHECK(s.size(a) >= 1 && s.size(a) <= 65536, where, axis_name(a), " must be in [1, 65536], got ",
                   s.size(a));
-  TESSERA_CHECK(s.cp == 1, where, "cp = ", s.cp, ": context parallelism is not available yet (cp must be 1)");
   const int64_t inner = s.pp * s.tp * s.cp * s.ep;
-  const std::string ep = s.ep > 1 ? " x ep " + std::to_string(s.ep) : "";
+  const std::string ep = (s.ep > 1 ? " x ep " + std::to_string(s.ep) : "") + (s.cp > 1 ? " x cp " + std::to_string(s.cp) : "");
   if (s.dp == 0) {
     TESSERA_CHECK(world % inner == 0, where, "pp ", s.pp, " x tp ", s.tp, ep, " = ", inner, " does not divide the ",
                   world, " ranks");
@@ -120,11 +119,12 @@ DeviceMesh::DeviceMesh(comm::Communicator& world, const MeshShape& shape) : worl
     c[static_cast<int>(a)] = 0;
     groups_[static_cast<int>(a)] = world.split(rank_of(shape, c), coords_[static_cast<int>(a)]);
   }
-  if (shape.ep > 1) {
+  if (shape.ep > 1 || shape.cp > 1) {
     auto c = coords_;
-    c[static_cast<int>(Axis::kDp)] = c[static_cast<int>(Axis::kEp)] = 0;
-    data_ = world.split(rank_of(shape, c), static_cast<int>(coords_[static_cast<int>(Axis::kDp)] * shape.ep +
-                                                            coords_[static_cast<int>(Axis::kEp)]));
+    c[static_cast<int>(Axis::kDp)] = c[static_cast<int>(Axis::kEp)] = c[static_cast<int>(Axis::kCp)] = 0;
+    const int64_t key = (coords_[static_cast<int>(Axis::kDp)] * shape.ep + coords_[static_cast<int>(Axis::kEp)]) *
+                            shape.cp + coords_[static_cast<int>(Axis::kCp)];
+    data_ = world.split(rank_of(shape, c), static_cast<int>(key));
   }
 }
 

@@ -1,6 +1,7 @@
 // The ranks of a job laid out on named axes (Megatron's / torchtitan's device mesh): dp
 // (data), pp (pipeline stages), tp (tensor), ep (expert: inside dp, the ep ranks of a
-// replica hold different experts and see different data), with cp (context) reserved.
+// replica hold different experts and see different data), cp (context: the cp ranks
+// see the same sequences, each its share of their tokens).
 // Rank order puts tp innermost, so a tensor-parallel group is consecutive ranks (one node
 // under mpirun's default by-slot mapping), then cp, ep, dp, and pp outermost:
 //   rank = (((pp_i * dp + dp_i) * ep + ep_i) * cp + cp_i) * tp + tp_i
@@ -29,7 +30,7 @@ struct MeshShape {
 };
 
 // `shape` with dp resolved against `world`, checked: every size >= 1, the product equal to
-// the world size, cp 1 (reserved for the next issue). Throws tessera::Error with one
+// the world size. Throws tessera::Error with one
 // line naming `source`, the axis and the reason ("run.toml: [parallel] tp = 3 times pp = 1
 // does not divide the 4 ranks").
 MeshShape resolve_mesh_shape(MeshShape shape, int64_t world, const std::string& source);
@@ -52,8 +53,10 @@ class DeviceMesh {
   int coord(Axis a) const { return coords_[static_cast<int>(a)]; }
   // The group of ranks that differ from this one only along `a` (rank order = coordinate).
   comm::Communicator& group(Axis a) { return *groups_[static_cast<int>(a)]; }
-  // The ranks that differ from this one only in dp and ep: the data-parallel group, each
-  // rank its own rows of the batch (rank dp_i * ep + ep_i). The dp group itself at ep 1.
+  // The ranks that differ from this one only in dp, ep and cp: the data-parallel group
+  // (gradients are averaged over it), rank (dp_i * ep + ep_i) * cp + cp_i; each dp x ep
+  // coordinate takes its own rows of the batch, each cp rank its tokens of them. The dp
+  // group itself when ep and cp are 1.
   comm::Communicator& data_group() { return data_ ? *data_ : group(Axis::kDp); }
   comm::Communicator& world() { return world_; }
 
@@ -69,7 +72,7 @@ class DeviceMesh {
   MeshShape shape_;
   std::array<int, kNumAxes> coords_{};
   std::array<std::unique_ptr<comm::Communicator>, kNumAxes> groups_;
-  std::unique_ptr<comm::Communicator> data_;  // ep > 1
+  std::unique_ptr<comm::Communicator> data_;  // ep or cp > 1
 };
 
 }  // namespace tessera::parallel

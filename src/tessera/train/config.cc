@@ -304,6 +304,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   for (auto [key, v] : {std::pair<const char*, int64_t*>{"tp", &pa.tp}, {"pp", &pa.pp}, {"cp", &pa.cp},
                         {"ep", &pa.ep}})
     p.get(key, *v, 1, 65536);
+  p.get("cp_method", pa.cp_method);
   p.get("sequence_parallel", pa.sequence_parallel);
   p.get("sp_overlap", pa.sp_overlap);
   p.get("pp_schedule", pa.pp_schedule);
@@ -312,6 +313,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   p.check_unknown();
   check_one_of(pa.algorithm, {"auto", "backend", "ring", "hd", "hierarchical"}, p, "algorithm");
   check_one_of(pa.pp_schedule, {"gpipe", "1f1b", "interleaved"}, p, "pp_schedule");
+  check_one_of(pa.cp_method, {"ring", "ulysses"}, p, "cp_method");
   return c;
 }
 

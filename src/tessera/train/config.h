@@ -84,6 +84,9 @@ struct ParallelSection {
   double timeout_s = 300;      // watchdog: a collective slower than this aborts the job
   // The device mesh (parallel/device_mesh.h): dp 0 = the ranks left after pp x tp.
   int64_t dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
+  // Context parallelism (cp > 1): "ring" (ring attention, causal load balancing) or
+  // "ulysses" (all-to-all to a head split); model/context_parallel.h.
+  std::string cp_method = "ring";
   // Megatron sequence parallelism inside the tp groups (needs tp > 1).
   bool sequence_parallel = false;
   // With sequence parallelism: overlap each forward all-gather with the GEMM of this

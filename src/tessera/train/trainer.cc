@@ -98,9 +98,12 @@ class Run {
         mesh_(make_mesh(mesh_shape_, comm_)),
         tp_(make_tp(*mesh_, model_, c.parallel.sequence_parallel, c.parallel.sp_overlap)),
         ep_(make_ep(*mesh_, model_)),
+        cp_(make_cp(*mesh_, model_, c.parallel.cp_method)),
         dp_group_(mesh_->data_group()),
         dp_rank_(dp_group_.rank()),
         dp_size_(dp_group_.size()),
+        row_rank_(dp_rank_ / static_cast<int>(mesh_shape_.cp)),
+        row_size_(dp_size_ / static_cast<int>(mesh_shape_.cp)),
         flags_(param_flags(model_)),
         dp_(model_, dp_group_, dp_config_on(c, *mesh_)),
         embed_group_(make_embed_group(mesh_shape_, model_config_, comm_)),
@@ -132,8 +135,10 @@ class Run {
       // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
       // the sums are added over the replicas.
       auto all = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, tr.eval_batches);
+      // (Context parallelism: the cp ranks of a replica evaluate its batches together,
+      // each its tokens of them.)
       for (size_t i = 0; i < all.size(); ++i)
-        if (static_cast<int>(i % dp_size_) == dp_rank_) val_.push_back(std::move(all[i]));
+        if (static_cast<int>(i % row_size_) == row_rank_) val_.push_back(my_tokens(all[i]));
       has_val_ = !all.empty();
       // Expert parallelism: the ep ranks exchange tokens in every MoE layer, so each runs
       // as many batches as the busiest rank (a repeat whose sums are not counted).
@@ -184,7 +189,7 @@ class Run {
                    model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str());
     std::optional<base::ProgressBar> bar;
     if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
-    const int64_t local_b = B / dp_size_;  // the tp ranks of a replica share its rows
+    const int64_t local_b = B / row_size_;  // the tp (and cp) ranks of a replica share its rows
     Tensor ids, targets;
     if (!c_.logging.trace.empty()) {
       result.trace_path = trace_path(c_.logging.trace, rank_, world_);
@@ -203,8 +208,8 @@ class Run {
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
       const auto rows = [&](int64_t) {
         next_batch(B, ids, targets);  // the global batch; this rank takes its rows
-        return std::pair{ids.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b),
-                         targets.slice(0, dp_rank_ * local_b, (dp_rank_ + 1) * local_b)};
+        return my_tokens({ids.slice(0, row_rank_ * local_b, (row_rank_ + 1) * local_b),
+                          targets.slice(0, row_rank_ * local_b, (row_rank_ + 1) * local_b)});
       };
       const GradientPass gp = pipe_ ? pipeline_gradients(accum, scale, rows)
                                     : accumulate_gradients(model_, dp_, accum, scale, rows);
@@ -295,6 +300,7 @@ class Run {
         rec["ep_comm_bytes"] = ep_->bytes_sent();
         ep_->reset_bytes();
       }
+      if (cp_) take_cp_metrics(rec, *cp_, c_.parallel.cp_method);
       if (pipe_) add_pipeline_metrics(rec);
       if (!gp.expert_load.empty()) add_moe_metrics(rec, gp, dp_, accum * dp_size_);
       if (metrics) metrics->write(rec);
@@ -362,6 +368,14 @@ class Run {
     const double total = dp_.sum_over_ranks(sum);
     const double n = dp_.sum_over_ranks(static_cast<double>(count));
     return n > 0 ? total / n : -1.0;
+  }
+
+  // Context parallelism: this rank's tokens of (ids, targets) rows; the rows at cp 1.
+  std::pair<Tensor, Tensor> my_tokens(const std::pair<Tensor, Tensor>& b) const {
+    if (!cp_) return b;
+    const auto m = model_.cp_method();
+    const int r = cp_->rank(), n = cp_->size();
+    return {model::cp_local_tokens(b.first, m, r, n), model::cp_local_tokens(b.second, m, r, n)};
   }
 
   // The sum over the pipeline stages (exact, the same on every stage); x at pp 1.
@@ -530,7 +544,8 @@ class Run {
   // else the ranks of the first data-parallel replica (under ep: one per expert shard).
   bool saves_shard(int r) const {
     if (c_.parallel.zero_stage > 0 && dp_size_ > 1) return true;
-    return parallel::DeviceMesh::coords_of(mesh_shape_, r)[static_cast<int>(parallel::Axis::kDp)] == 0;
+    const auto co = parallel::DeviceMesh::coords_of(mesh_shape_, r);
+    return co[static_cast<int>(parallel::Axis::kDp)] == 0 && co[static_cast<int>(parallel::Axis::kCp)] == 0;
   }
 
   // The model's Hugging Face tensors, whole: on rank 0 under tp (gathered from the tp ranks
@@ -692,8 +707,10 @@ class Run {
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::unique_ptr<parallel::CommTp> tp_;
   std::unique_ptr<parallel::CommEp> ep_;  // ep > 1: the MoE layers' token exchange
+  std::unique_ptr<parallel::CommCp> cp_;  // cp > 1: the attention's transfers
   comm::Communicator& dp_group_;  // the data-parallel ranks (dp x ep) of this rank's shard
   int dp_rank_, dp_size_;
+  int row_rank_, row_size_;  // which rows of the batch: dp x ep (the cp ranks share them)
   std::map<std::string, ParamFlags> flags_;
   parallel::DataParallel dp_;
   // pp > 1 with tied embeddings: this rank and its peer at the other end of the pipeline

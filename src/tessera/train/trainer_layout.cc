@@ -52,6 +52,17 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                 s.ep > 1 ? " x ep: each expert-parallel rank takes its own rows)" : ")");
   TESSERA_CHECK(s.ep == 1 || (s.tp == 1 && s.pp == 1), src, ": [parallel] ep = ", s.ep,
                 " with tp or pp > 1 is not supported yet (mixture-of-experts models run tp = pp = 1)");
+  if (s.cp > 1) {
+    const auto method = model::parse_cp_method(c.parallel.cp_method, src + ": [parallel]");
+    TESSERA_CHECK(s.pp == 1 && s.ep == 1 && !c.parallel.sequence_parallel, src, ": [parallel] cp = ", s.cp,
+                  " with pp, ep or sequence_parallel is not supported yet");
+    TESSERA_CHECK(m.uses_rope(), src, ": [parallel] cp = ", s.cp, " needs a RoPE model (", m.model_type,
+                  " has learned positions)");
+    const int64_t parts = method == model::CpMethod::kRing ? 2 * s.cp : s.cp;
+    TESSERA_CHECK(c.data.seq_len % parts == 0, src, ": data.seq_len = ", c.data.seq_len, " does not split in ", parts,
+                  " equal chunks ([parallel] cp = ", s.cp, ", cp_method = \"", c.parallel.cp_method, "\"",
+                  method == model::CpMethod::kRing ? ": ring attention holds 2 chunks per rank)" : ")");
+  }
   TESSERA_CHECK(!c.parallel.sequence_parallel || s.tp > 1, src,
                 ": [parallel] sequence_parallel = true needs tp > 1 (it splits the tp group's rows)");
   TESSERA_CHECK(!c.parallel.sp_overlap || c.parallel.sequence_parallel, src,
@@ -65,11 +76,16 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
   const auto coords = parallel::DeviceMesh::coords_of(s, rank);
   const model::TpShard shard{coords[static_cast<int>(parallel::Axis::kTp)], static_cast<int>(s.tp),
                              coords[static_cast<int>(parallel::Axis::kEp)], static_cast<int>(s.ep)};
+  model::LocalDims d;
   try {
-    model::local_dims(m, shard);
+    d = model::local_dims(m, shard);
   } catch (const Error& e) {
     fail(src, ": [parallel] ", e.what());
   }
+  if (s.cp > 1 && c.parallel.cp_method == "ulysses")
+    TESSERA_CHECK(d.heads % s.cp == 0 && d.kv_heads % s.cp == 0, src, ": [parallel] cp = ", s.cp,
+                  " with cp_method = \"ulysses\" needs the ", d.heads, " query and ", d.kv_heads,
+                  " key/value heads of a rank (after tp) divisible by cp");
   return shard;
 }
 
@@ -227,11 +243,27 @@ void write_pipeline_svg(const std::string& path, const parallel::Pipeline& pipe,
                                       ", pp " + std::to_string(sh.pp) + ", m " + std::to_string(sh.micro_batches)));
 }
 
+std::unique_ptr<parallel::CommCp> make_cp(parallel::DeviceMesh& mesh, model::Model& m, const std::string& method) {
+  if (mesh.size(parallel::Axis::kCp) == 1) return nullptr;
+  auto cp = std::make_unique<parallel::CommCp>(mesh.group(parallel::Axis::kCp));
+  m.set_cp_comm(cp.get(), model::parse_cp_method(method, "[parallel] cp_method"));
+  return cp;
+}
+
 std::unique_ptr<parallel::CommEp> make_ep(parallel::DeviceMesh& mesh, model::Model& m) {
   if (m.tp_shard().ep_size == 1) return nullptr;
   auto ep = std::make_unique<parallel::CommEp>(mesh.group(parallel::Axis::kEp));
   m.set_ep_comm(ep.get());
   return ep;
+}
+
+void take_cp_metrics(nlohmann::json& rec, parallel::CommCp& cp, const std::string& method) {
+  rec["cp_method"] = method;
+  rec["cp_comm_bytes"] = cp.bytes_sent;
+  rec["cp_attention_s"] = cp.attention_s;
+  rec["cp_wait_s"] = cp.wait_s;  // the transfers' time not hidden behind attention
+  cp.bytes_sent = 0;
+  cp.attention_s = cp.wait_s = 0;
 }
 
 void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp) {

@@ -14,6 +14,7 @@
 #include "tessera/model/model.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/parallel/device_mesh.h"
+#include "tessera/parallel/context_parallel.h"
 #include "tessera/parallel/expert_parallel.h"
 #include "tessera/parallel/pipeline_parallel.h"
 #include "tessera/parallel/tensor_parallel.h"
@@ -49,6 +50,11 @@ std::unique_ptr<comm::Communicator> make_embed_group(const parallel::MeshShape& 
 void take_tp_metrics(nlohmann::json& rec, parallel::CommTp& tp);
 // The model's expert exchange over the mesh's ep group (nullptr at ep 1).
 std::unique_ptr<parallel::CommEp> make_ep(parallel::DeviceMesh& mesh, model::Model& m);
+// Context parallelism's step figures into a metrics record (and reset): bytes sent,
+// seconds of attention, seconds waiting for transfers.
+void take_cp_metrics(nlohmann::json& rec, parallel::CommCp& cp, const std::string& method);
+// The model's context-parallel attention over the mesh's cp group (nullptr at cp 1).
+std::unique_ptr<parallel::CommCp> make_cp(parallel::DeviceMesh& mesh, model::Model& m, const std::string& method);
 
 // One step's micro-batches through the pipeline: every stage draws the same batches (the
 // data order is deterministic), runs the schedule, the replicas reduce, and a tied table's

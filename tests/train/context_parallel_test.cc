@@ -1,0 +1,152 @@
+// Context parallelism by equivalence. The layer: ring and Ulysses attention over cp = 2
+// and 4 local ranks give each rank the whole-sequence causal attention's outputs and
+// q / k / v gradients for its tokens (grouped-query heads), with the transfers' bytes
+// the analytic count. The trainer: a 4096-token sequence trained with cp2 and cp4 (ring
+// and Ulysses) gives the single process's losses and gradient norms within 1e-5, and each
+// rank's saved activations shrink with cp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <random>
+
+#include "tessera/comm/communicator.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/model/context_parallel.h"
+#include "tessera/parallel/context_parallel.h"
+#include "test_util/tensor_diff.h"
+#include "train/trainer_test_util.h"
+
+namespace tessera::parallel {
+namespace {
+
+using tessera::testing::max_rel_diff;
+
+Tensor randn(const Shape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  return tessera::testing::random_normal(shape, rng, 1.f);
+}
+
+// Rows `pos` (global token positions, in this rank's order) of x (B, T, H, D).
+Tensor take_tokens(const Tensor& x, const std::vector<int64_t>& pos) {
+  Tensor out = Tensor::empty({x.size(0), static_cast<int64_t>(pos.size()), x.size(2), x.size(3)}, DType::kF32);
+  for (size_t i = 0; i < pos.size(); ++i)
+    out.slice(1, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).copy_from(x.slice(1, pos[i], pos[i] + 1));
+  return out;
+}
+
+TEST(ContextParallel, RingAndUlyssesAttentionEqualTheWholeSequence) {
+  const int64_t B = 2, T = 96, Hq = 8, Hk = 4, D = 16;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const Tensor q = randn({B, T, Hq, D}, 1), k = randn({B, T, Hk, D}, 2), v = randn({B, T, Hk, D}, 3);
+  const Tensor dout = randn({B, T, Hq, D}, 4);
+  Tensor out = Tensor::empty({B, T, Hq, D}, DType::kF32), lse = Tensor::empty({B, Hq, T}, DType::kF32);
+  kernels::AttentionParams p;
+  p.scale = scale;
+  kernels::attention_forward(q, k, v, out, &lse, p);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32), dk = Tensor::empty(k.shape(), DType::kF32),
+         dv = Tensor::empty(v.shape(), DType::kF32);
+  kernels::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+  for (auto method : {model::CpMethod::kRing, model::CpMethod::kUlysses})
+    for (int P : {2, 4}) {
+      SCOPED_TRACE(std::string(model::cp_method_name(method)) + " cp " + std::to_string(P));
+      std::mutex mu;
+      int64_t bytes = 0;
+      comm::run_local(P, [&](comm::Communicator& c) {
+        CommCp cp(c);
+        const int64_t Tl = T / P;
+        const auto pos = model::cp_positions(method, c.rank(), P, Tl);
+        const Tensor ql = take_tokens(q, pos), kl = take_tokens(k, pos), vl = take_tokens(v, pos);
+        Tensor o = Tensor::empty({B, Tl, Hq, D}, DType::kF32), l;
+        model::CpSaved saved;
+        model::cp_attention_forward(cp, method, ql, kl, vl, o, l, saved, scale);
+        EXPECT_LT(max_rel_diff(o, take_tokens(out, pos)), 1e-5f) << "rank " << c.rank();
+        Tensor gq = Tensor::empty(ql.shape(), DType::kF32), gk = Tensor::empty(kl.shape(), DType::kF32),
+               gv = Tensor::empty(vl.shape(), DType::kF32);
+        model::cp_attention_backward(cp, method, ql, kl, vl, o, l, saved, take_tokens(dout, pos), gq, gk, gv, scale);
+        EXPECT_LT(max_rel_diff(gq, take_tokens(dq, pos)), 1e-5f) << "rank " << c.rank();
+        EXPECT_LT(max_rel_diff(gk, take_tokens(dk, pos)), 1e-5f) << "rank " << c.rank();
+        EXPECT_LT(max_rel_diff(gv, take_tokens(dv, pos)), 1e-5f) << "rank " << c.rank();
+        std::lock_guard<std::mutex> lock(mu);
+        bytes += cp.bytes_sent;
+      });
+      // Per rank, f32: ring forward passes its k and v blocks P - 1 times, backward the
+      // blocks P - 1 times and their dK / dV P times; Ulysses sends (P - 1) / P of its q,
+      // k, v and out forward, of dout, dq, dk, dv backward.
+      const int64_t local_kv = 2 * B * (T / P) * Hk * D * 4, local_q = B * (T / P) * Hq * D * 4;
+      const int64_t want = method == model::CpMethod::kRing
+                               ? P * ((P - 1) * local_kv + (P - 1) * local_kv + P * local_kv)
+                               : P * (P - 1) * (2 * (local_q + local_kv + local_q)) / P;
+      EXPECT_EQ(bytes, want);
+    }
+}
+
+TEST(ContextParallel, BadSplitsAreOneLineErrors) {
+  EXPECT_THROW(model::cp_local_tokens(Tensor::zeros({1, 10}, DType::kI32), model::CpMethod::kRing, 0, 2), Error);
+  EXPECT_THROW(model::parse_cp_method("zigzag", "run.toml"), Error);
+}
+
+namespace tt = tessera::train;
+
+std::string cp_config(const std::string& root, const std::string& name, const std::string& data,
+                      const std::string& parallel, int64_t seq) {
+  std::string c = tt::base_config(root + "/" + name, data, 3, "[parallel]\n" + parallel + "\n") +
+                  "[optimizer]\nlr = 0.003\n";
+  for (const auto& [key, val] :
+       {std::pair<std::string, std::string>{"seq_len = 32\n", "seq_len = " + std::to_string(seq) + "\n"},
+        std::pair<std::string, std::string>{"batch_size = 4\n", "batch_size = 1\n"},
+        std::pair<std::string, std::string>{"seed = 3\n", "seed = 3\nnum_heads = 4\nnum_kv_heads = 4\n"
+                                                          "max_position_embeddings = 16384\n"}})
+    c.replace(c.find(key), key.size(), val);
+  return c;
+}
+
+// cp2 and cp4, ring and Ulysses, on 4096-token sequences; ring cp4 and Ulysses cp2 on
+// 16384.
+TEST(ContextParallel, TrainerMatchesOneProcessOn4kAnd16kSequences) {
+  const std::string root = tt::temp_dir("cp_train");
+  const std::string data = tt::make_data(root, 200000);
+  for (const int64_t T : {4096, 16384}) {
+  const tt::RunOut ref = tt::train(cp_config(root, "single" + std::to_string(T), data, "", T), 0);
+  ASSERT_EQ(ref.losses.size(), 3u);
+  const double act1 = ref.records.at(0).at("mem_activations").get<double>();
+  for (const std::string method : {"ring", "ulysses"})
+    for (int P : {2, 4}) {
+      if (T > 4096 && (method == "ring") != (P == 4)) continue;
+      const std::string name = method + std::to_string(P) + "_" + std::to_string(T);
+      SCOPED_TRACE(name);
+      const tt::RunOut got =
+          tt::train(cp_config(root, name, data, "cp = " + std::to_string(P) + "\ncp_method = \"" + method + "\"", T), P);
+      tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
+      tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
+      EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss);
+      const auto& rec = got.records.at(0);
+      EXPECT_EQ(rec.at("cp_method").get<std::string>(), method);
+      EXPECT_GT(rec.at("cp_comm_bytes").get<double>(), 0);
+      // Each rank saves its 1/P of the activations (Ulysses: plus its heads' whole-sequence
+      // q, k, v and output, the same size again as its own).
+      const double ratio = rec.at("mem_activations").get<double>() / act1;
+      EXPECT_LT(ratio, (method == "ring" ? 1.1 : 1.4) / P) << ratio;
+      EXPECT_GT(ratio, 0.9 / P) << ratio;
+    }
+  }
+}
+
+TEST(ContextParallel, TrainerRefusesLayoutsItCannotRun) {
+  const std::string root = tt::temp_dir("cp_bad");
+  const std::string data = tt::make_data(root);
+  auto fails = [&](const std::string& parallel, int ranks, int64_t seq, const std::string& needle) {
+    try {
+      tt::train(cp_config(root, "bad", data, parallel, seq), ranks);
+      ADD_FAILURE() << parallel << ": no error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  fails("cp = 2", 2, 62, "data.seq_len = 62 does not split in 4 equal chunks");
+  fails("cp = 8\ncp_method = \"ulysses\"", 8, 64, "needs the 4 query and 4 key/value heads");
+  fails("cp = 2\ncp_method = \"zigzag\"", 2, 64, "cp_method");
+}
+
+}  // namespace
+}  // namespace tessera::parallel
