@@ -96,6 +96,23 @@ TEST(BenchMoeCli, ReportsTheExpertLayerAgainstDenseAndRejectsBadSizes) {
   EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
 }
 
+// `bench cp` times ring and Ulysses attention over 2 ranks against one rank's whole
+// sequence and reports the exposed communication; a split that does not fit is one line.
+TEST(BenchCpCli, ReportsExposedCommunicationAndRejectsBadSplits) {
+  const std::string cli = TESSERA_CLI_PATH;
+  for (const std::string method : {"ring", "ulysses"}) {
+    const auto r = run_command(cli + " bench cp --cp 2 --method " + method +
+                               " --tokens 256 --heads 4 --kv-heads 2 --head-dim 16 --repeats 1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(line_after(r.out, "attention").find("exposed communication"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("the transfers alone:"), std::string::npos) << r.out;
+  }
+  const auto bad = run_command(cli + " bench cp --cp 2 --tokens 250 2>&1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("does not split"), std::string::npos) << bad.out;
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
+}
+
 TEST(BenchGemmCli, PeakProbeAgreesWithTheTableWithinTenPercent) {
   if (!std::getenv("TESSERA_PEAK_TEST")) GTEST_SKIP() << "runs as the serial ctest bench_gemm_peak_probe";
   double worst = 0;

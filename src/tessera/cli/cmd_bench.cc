@@ -2,6 +2,7 @@
 // measured in the same run, printed as ratios.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -10,7 +11,9 @@
 #include "tessera/cli/commands.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/peak.h"
+#include "tessera/comm/communicator.h"
 #include "tessera/model/benchmark.h"
+#include "tessera/parallel/context_parallel.h"
 #include "tessera/train/benchmark.h"
 #include "tessera/train/token_shard.h"
 #include "tessera/train/trainer_setup.h"
@@ -275,6 +278,38 @@ void add_bench(CLI::App& app, Action& action) {
                   r.dense_forward_s * 1e3, r.forward_ratio, r.expert_gflop / r.moe_forward_s);
       std::printf("backward: moe %.2f ms, dense %.2f ms: moe at %.2f of dense\n", r.moe_backward_s * 1e3,
                   r.dense_backward_s * 1e3, r.backward_ratio);
+      return 0;
+    };
+  });
+  auto co = std::make_shared<parallel::CpBenchOptions>();
+  auto* cpb = bench->add_subcommand("cp", "Context-parallel attention (ring or Ulysses) over --cp ranks: exposed "
+                                          "and hidden communication, vs one rank's whole sequence");
+  cpb->add_option("--cp", co->cp, "Ranks (threads, or mpirun's -np)")->capture_default_str();
+  cpb->add_option("--method", co->method, "ring or ulysses")->capture_default_str();
+  cpb->add_option("--tokens", co->tokens, "Tokens per sequence")->capture_default_str();
+  cpb->add_option("--heads", co->heads, "Query heads")->capture_default_str();
+  cpb->add_option("--kv-heads", co->kv_heads, "Key/value heads")->capture_default_str();
+  cpb->add_option("--head-dim", co->head_dim, "Head dimension")->capture_default_str();
+  cpb->add_option("--batch", co->batch, "Sequences")->capture_default_str();
+  cpb->add_option("--repeats", co->repeats, "Runs; the median is reported")->capture_default_str();
+  cpb->callback([&action, co] {
+    action = [co] {
+      const auto r = parallel::bench_context_parallel(*co);
+      if (comm::running_under_mpi() && comm::mpi_world().rank() != 0) return 0;
+      std::printf("cp: %s attention, cp %d, %lld x %lld tokens, %lld/%lld heads of %lld\n", co->method.c_str(),
+                  co->cp, static_cast<long long>(co->batch), static_cast<long long>(co->tokens),
+                  static_cast<long long>(co->heads), static_cast<long long>(co->kv_heads),
+                  static_cast<long long>(co->head_dim));
+      std::printf("forward+backward: %.1f ms per rank (one rank, whole sequence: %.1f ms; %.2fx)\n", r.step_s * 1e3,
+                  r.single_s * 1e3, r.single_s / r.step_s);
+      std::printf("attention %.1f ms, waiting on transfers %.1f ms: exposed communication %.1f%% of attention\n",
+                  r.attention_s * 1e3, r.wait_s * 1e3, 100 * r.exposed_fraction());
+      std::printf("the transfers alone: %.1f ms (%.1f%% of attention), %.1f MB sent per rank\n", r.transfer_s * 1e3,
+                  100 * r.transfer_s / std::max(1e-12, r.attention_s), r.bytes / 1e6);
+      if (r.wait_s < r.transfer_s)
+        std::printf("hidden behind attention: at least %.0f%% of the transfer time\n", 100 * r.hidden_fraction());
+      else
+        std::printf("the waits exceed the transfers alone: they are the ranks' compute skew as much as transfer\n");
       return 0;
     };
   });
