@@ -132,6 +132,38 @@ TEST(ContextParallel, TrainerMatchesOneProcessOn4kAnd16kSequences) {
   }
 }
 
+// A sequence whose activations do not fit one rank's [training] memory_limit_mb stops with
+// one line naming the parts; with cp4 each rank holds a quarter of them and it trains.
+TEST(ContextParallel, ASequenceOverOneRanksMemoryLimitTrainsWithCp) {
+  const std::string root = tt::temp_dir("cp_memory");
+  const std::string data = tt::make_data(root, 60000);
+  const int64_t T = 4096;
+  const tt::RunOut free = tt::train(cp_config(root, "free", data, "", T), 0);
+  const auto& r = free.records.at(0);
+  const double mb = 1024.0 * 1024.0;
+  const double states = (r.at("mem_params").get<double>() + r.at("mem_grads").get<double>() +
+                         r.at("mem_optimizer").get<double>()) / mb;
+  const double acts = r.at("mem_activations").get<double>() / mb;
+  ASSERT_GT(acts, states);  // the sequence's activations dominate
+  const double limit = states + 0.5 * acts;
+  auto with_limit = [&](const std::string& name, const std::string& parallel) {
+    std::string c = cp_config(root, name, data, parallel, T);
+    const std::string key = "precision = \"fp32\"\n";
+    return c.replace(c.find(key), key.size(), key + "memory_limit_mb = " + std::to_string(limit) + "\n");
+  };
+  try {
+    tt::train(with_limit("one", ""), 0);
+    ADD_FAILURE() << "one rank fit under " << limit << " MiB";
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("need more than [training] memory_limit_mb"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("activations"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  const tt::RunOut cp4 = tt::train(with_limit("cp4", "cp = 4"), 4);
+  tt::expect_close(cp4.losses, free.losses, 1e-5, "cp4 under the limit");
+}
+
 TEST(ContextParallel, TrainerRefusesLayoutsItCannotRun) {
   const std::string root = tt::temp_dir("cp_bad");
   const std::string data = tt::make_data(root);

@@ -50,6 +50,10 @@ struct TrainingSection {
   // gives a model without one a bias (saved as gate.e_score_correction_bias).
   double moe_capacity_factor = 0.0;
   double moe_bias_update_rate = 0.0;
+  // Per-rank memory budget in MiB (0 = none): after the first step, a rank whose
+  // parameters, gradients, optimizer state and saved activations (the metrics' mem_*)
+  // exceed it stops the run with a one-line error naming the parts, before any checkpoint.
+  double memory_limit_mb = 0.0;
 };
 
 struct CheckpointSection {

@@ -295,6 +295,7 @@ class Run {
       nlohmann::json rec = sm.to_record();
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
       add_memory(rec, activation_bytes);
+      if (result.steps_run == 0 && tr.memory_limit_mb > 0) check_memory_limit(rec);
       if (tp_) take_tp_metrics(rec, *tp_);
       if (ep_) {
         rec["ep_comm_bytes"] = ep_->bytes_sent();
@@ -411,6 +412,25 @@ class Run {
     rec["mem_activations"] = activation_bytes;
     if (c_.parallel.offload) rec["mem_offloaded"] = m.offloaded + moments;
     if (c_.parallel.zero_stage == 3) rec["mem_gathered_peak"] = m.gathered_peak;
+  }
+
+  // [training] memory_limit_mb against this rank's bytes after its first step; every rank
+  // stops together when one is over (collective over the world).
+  void check_memory_limit(const nlohmann::json& rec) const {
+    const double mb = 1024.0 * 1024.0;
+    const double p = rec.at("mem_params").get<double>() / mb, g = rec.at("mem_grads").get<double>() / mb,
+                 o = rec.at("mem_optimizer").get<double>() / mb, a = rec.at("mem_activations").get<double>() / mb;
+    const bool over = p + g + o + a > c_.training.memory_limit_mb;
+    const double ranks_over = parallel::exact_sum(comm_, over ? 1.0 : 0.0);
+    if (ranks_over == 0) return;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "%s: %g of %d rank(s) need more than [training] memory_limit_mb = %g; rank %d needs %.1f MiB "
+                  "(parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f); spread it: [parallel] cp "
+                  "splits the sequence, zero_stage the states, tp / pp the model",
+                  c_.source_name().c_str(), ranks_over, world_, c_.training.memory_limit_mb, rank_, p + g + o + a, p,
+                  g, o, a);
+    fail(buf);
   }
 
   void prepare_out_dir() {
