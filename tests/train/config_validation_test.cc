@@ -306,7 +306,7 @@ TEST(ConfigValidation, TrainCliReportsBadConfigsAsOneLine) {
       // The device mesh: checked against the world (1 rank here) before anything loads.
       {with("parallel", "tp", "2", ok), "[parallel] pp 1 x tp 2 = 2 does not divide the 1 ranks"},
       {with("parallel", "dp", "2", ok), "[parallel] dp 2 x pp 1 x tp 1 = 2 ranks, but the job has 1"},
-      {with("parallel", "cp", "2", with("parallel", "dp", "1", ok)), "[parallel] cp = 2: context parallelism"},
+      {with("parallel", "cp", "2", with("parallel", "dp", "1", ok)), "[parallel] dp 1 x pp 1 x tp 1 x cp 2 = 2 ranks, but the job has 1"},
       {with("parallel", "tp", "0", ok), "parallel.tp must be in [1, 65536], got 0"},
   };
   int i = 0;

@@ -132,6 +132,28 @@ TEST(ContextParallel, TrainerMatchesOneProcessOn4kAnd16kSequences) {
   }
 }
 
+// cp composes with tp (Ulysses splits each rank's tp heads further; the ring passes each
+// rank's tp blocks) and with dp under ZeRO: cp2 x tp2 and dp2 x cp2 (ZeRO-1) on 4 ranks.
+TEST(ContextParallel, ComposesWithTensorAndDataParallelism) {
+  const std::string root = tt::temp_dir("cp_compose");
+  const std::string data = tt::make_data(root, 60000);
+  const int64_t T = 1024;
+  auto with_batch2 = [](std::string c) {
+    const std::string key = "batch_size = 1\n";
+    return c.replace(c.find(key), key.size(), "batch_size = 2\n");
+  };
+  const tt::RunOut ref = tt::train(with_batch2(cp_config(root, "single", data, "", T)), 0);
+  for (const auto& [name, parallel] :
+       {std::pair<std::string, std::string>{"cp2_tp2_ring", "cp = 2\ntp = 2"},
+        std::pair<std::string, std::string>{"cp2_tp2_ulysses", "cp = 2\ntp = 2\ncp_method = \"ulysses\""},
+        std::pair<std::string, std::string>{"dp2_cp2_z1", "cp = 2\ndp = 2\nzero_stage = 1"}}) {
+    const tt::RunOut got = tt::train(with_batch2(cp_config(root, name, data, parallel, T)), 4);
+    tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
+    tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
+    EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << name;
+  }
+}
+
 // A sequence whose activations do not fit one rank's [training] memory_limit_mb stops with
 // one line naming the parts; with cp4 each rank holds a quarter of them and it trains.
 TEST(ContextParallel, ASequenceOverOneRanksMemoryLimitTrainsWithCp) {

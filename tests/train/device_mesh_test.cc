@@ -97,7 +97,7 @@ TEST(DeviceMesh, BadLayoutsAreOneLineErrorsNamingTheAxis) {
       {shape(1, 1, 0), 1, 1, "[parallel] tp must be in [1, 65536], got 0"},
       {neg, 1, 1, "[parallel] pp must be in [1, 65536], got -1"},
       {shape(-2, 1, 1), 2, 1, "[parallel] dp must be in [1, 65536]"},
-      {cp2, 2, 1, "[parallel] cp = 2: context parallelism is not available yet"},
+      {cp2, 4, 1, "[parallel] dp 1 x pp 1 x tp 1 x cp 2 = 2 ranks, but the job has 4"},
       {ep2, 2, 1, "[parallel] ep = 2 needs a mixture-of-experts model; llama has no experts"},
       {shape(1, 1, 8), 8, 1, "[parallel] tp = 8 does not divide the model's 4 attention heads"},
       {shape(1, 1, 2), 2, 1, "[parallel] tp = 2 does not divide the model's MLP size 131"},
