@@ -117,7 +117,8 @@ TEST(TpServing, EachRankCachesItsKvHeadsAndBadTpIsOneLine) {
 // Expert-parallel serving (--ep): a Mixtral model's 4 experts split over 2 and 4 ranks,
 // every rank running each step over its own cache, each MoE layer's rows split between
 // the ranks and gathered. Greedy output is token-identical to one process; so are the
-// expert loads rank 0 reports (every rank's rows counted).
+// expert loads rank 0 reports (every rank's rows counted). So is --tp 2 on the same model
+// (attention split, experts replicated).
 std::string moe_dir() {
   static const std::string dir = [] {
     model::ModelConfig c = model::ModelConfig::named_shape("tiny");
@@ -146,10 +147,10 @@ struct EpRun {
   std::vector<int64_t> load;
 };
 
-EpRun ep_batch(int ep) {
+EpRun ep_batch(int ep, int tp = 1) {
   EpRun r;
-  run_tensor_parallel(1, moe_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
-    EXPECT_EQ(g != nullptr, ep > 1);
+  run_tensor_parallel(tp, moe_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
+    EXPECT_EQ(g != nullptr, ep * tp > 1);
     EXPECT_EQ(m.weights().layers[0].moe.gate_up.size(0), 4 / ep);  // only its experts
     EngineConfig ec;
     ec.block_size = 4;
@@ -185,6 +186,10 @@ TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
     EXPECT_EQ(got.outs, want.outs) << "ep " << ep;
     EXPECT_EQ(got.load, want.load) << "ep " << ep;
   }
+  // --tp over the same model: the attention split, the experts replicated.
+  const EpRun tp2 = ep_batch(1, 2);
+  EXPECT_EQ(tp2.outs, want.outs) << "tp 2";
+  EXPECT_EQ(tp2.load, want.load) << "tp 2";
   try {
     run_tensor_parallel(1, moe_dir(), DType::kF32, [](const model::Model&, TpGroup*) { return 0; }, "", 3);
     ADD_FAILURE() << "ep 3 accepted";

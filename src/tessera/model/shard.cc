@@ -12,8 +12,12 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   TESSERA_CHECK(s.size >= 1 && s.rank >= 0 && s.rank < s.size, "tensor-parallel rank ", s.rank,
                 " is outside a group of ", s.size);
   const int64_t tp = s.size;
-  TESSERA_CHECK(tp == 1 || !c.is_moe(), "tp = ", tp, ": tensor parallelism over mixture-of-experts layers is "
-                "not supported yet (run tp = 1)");
+  // Mixture of experts under tp: the attention splits as usual; the router and experts are
+  // replicated over the tp group (each rank runs the MoE layer on the same rows). A
+  // shared expert (qwen2_moe: the layer's dense MLP) is not split yet.
+  TESSERA_CHECK(tp == 1 || !c.is_moe() || !c.shared_expert, "tp = ", tp, ": tensor parallelism over ", c.model_type,
+                "'s shared expert is not supported yet (run tp = 1)");
+  const bool dense_mlp = !c.is_moe() || c.shared_expert;
   auto split = [&](int64_t n, const char* what) {
     TESSERA_CHECK(n % tp == 0, "tp = ", tp, " does not divide ", what, " = ", n);
     return n / tp;
@@ -34,7 +38,7 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   d.q = d.heads * d.head_dim;
   d.kv = d.kv_heads * d.head_dim;
   d.qkv = d.q + 2 * d.kv;
-  d.ffn = split(c.intermediate_size, "intermediate_size");
+  d.ffn = dense_mlp ? split(c.intermediate_size, "intermediate_size") : c.intermediate_size;
   TESSERA_CHECK(c.vocab_size >= tp, "tp = ", tp, " exceeds vocab_size = ", c.vocab_size);
   const int64_t per = (c.vocab_size + tp - 1) / tp;
   d.vocab_begin = std::min<int64_t>(c.vocab_size, per * s.rank);

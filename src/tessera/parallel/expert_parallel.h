@@ -30,8 +30,14 @@ class CommEp : public model::EpComm {
 
 // An expert shard's Hugging Face tensors with every expert present (all-gathered over
 // the ep group, f32), under transformers' names: what save() would write for the whole
-// model. Collective over `group`.
+// model. Collective over `group`. The model must be whole but for its experts (tp 1).
 std::vector<std::pair<std::string, Tensor>> gather_expert_tensors(const model::Model& m,
                                                                   comm::Communicator& group);
+// The same over a named list that holds this ep rank's experts (and any other tensors,
+// kept as they are), e.g. what gather_whole_tensors gave a tp rank 0: every rank of
+// `group` lists the same tensors but for its experts' ids. Collective over `group`.
+std::vector<std::pair<std::string, Tensor>> gather_expert_tensors(
+    const std::vector<std::pair<std::string, Tensor>>& named, const model::ModelConfig& config,
+    comm::Communicator& group);
 
 }  // namespace tessera::parallel

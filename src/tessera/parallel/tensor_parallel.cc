@@ -137,7 +137,8 @@ std::string tp_piece_key(const std::string& name, model::TpShard shard, int bloc
 std::vector<std::pair<std::string, Tensor>> gather_whole_tensors(const model::Model& m,
                                                                  comm::Communicator& group) {
   const auto& c = m.config();
-  const model::TpShard me{group.rank(), group.size()};
+  // (An expert shard lists only its own experts, whole: the ep gather is the caller's.)
+  const model::TpShard me{group.rank(), group.size(), m.tp_shard().ep_rank, m.tp_shard().ep_size};
   TESSERA_CHECK(m.tp_shard().size == me.size && m.tp_shard().rank == me.rank,
                 "gather_whole_tensors: the model is shard ", m.tp_shard().rank, " of ",
                 m.tp_shard().size, ", the group has rank ", me.rank, " of ", me.size);

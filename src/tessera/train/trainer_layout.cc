@@ -50,8 +50,10 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
   TESSERA_CHECK(c.data.batch_size % (s.dp * s.ep) == 0, src, ": data.batch_size = ", c.data.batch_size,
                 " does not split evenly over ", s.dp * s.ep, " data-parallel ranks ([parallel] dp",
                 s.ep > 1 ? " x ep: each expert-parallel rank takes its own rows)" : ")");
-  TESSERA_CHECK(s.ep == 1 || (s.tp == 1 && s.pp == 1), src, ": [parallel] ep = ", s.ep,
-                " with tp or pp > 1 is not supported yet (mixture-of-experts models run tp = pp = 1)");
+  TESSERA_CHECK(s.ep == 1 || s.pp == 1, src, ": [parallel] ep = ", s.ep,
+                " with pp > 1 is not supported yet");
+  TESSERA_CHECK(!m.is_moe() || !c.parallel.sequence_parallel, src, ": [parallel] sequence_parallel = true over ",
+                "mixture-of-experts layers is not supported yet");
   if (s.cp > 1) {
     const auto method = model::parse_cp_method(c.parallel.cp_method, src + ": [parallel]");
     TESSERA_CHECK(s.pp == 1 && s.ep == 1 && !c.parallel.sequence_parallel, src, ": [parallel] cp = ", s.cp,
