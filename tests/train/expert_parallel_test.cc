@@ -189,6 +189,24 @@ TEST(ExpertParallel, ComposesWithTensorParallelAttention) {
   }
 }
 
+// Pipeline parallelism over a mixture-of-experts model: each stage routes its own layers.
+// pp2 (1F1B, 2 micro-batches) trains to the single process's losses; with the balancing
+// loss trained (it spans every stage's layers) it is a one-line error.
+TEST(ExpertParallel, PipelineStagesOfAMixtureOfExpertsModel) {
+  const std::string root = tt::temp_dir("moe_pp");
+  const std::string data = tt::make_data(root);
+  const tt::RunOut ref = tt::train(ep_config(root, "single", data, mixtral_json(root, false), 4, 2, "zero_stage = 0"), 0);
+  const tt::RunOut got = tt::train(ep_config(root, "pp2", data, mixtral_json(root, false), 4, 2, "pp = 2"), 2);
+  tt::expect_close(got.losses, ref.losses, 1e-5, "pp2 loss");
+  tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "pp2 grad norm");
+  try {
+    tt::train(ep_config(root, "pp2_aux", data, mixtral_json(root, true), 4, 2, "pp = 2"), 2);
+    ADD_FAILURE() << "pp2 with the balancing loss: no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("trains its balancing loss"), std::string::npos) << e.what();
+  }
+}
+
 // With the balancing loss on, each rank takes it over its own rows (as transformers and
 // Megatron-LM do per micro-batch): ep2 equals one process running the same two halves of
 // each batch as two accumulated micro-batches.

@@ -99,8 +99,11 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 
 Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
                             ChunkPass& pass) const {
-  TESSERA_CHECK(!config_.is_moe() || stage_.whole(), "pipeline parallelism over mixture-of-experts models is "
-                "not supported yet (their balancing loss spans every layer)");
+  // (Each stage routes its own layers; only the balancing loss, taken over every layer's
+  // routing at once, would need the other stages'.)
+  TESSERA_CHECK(!config_.is_moe() || stage_.whole() || !(config_.output_router_logits && config_.router_aux_loss_coef > 0),
+                "pipeline parallelism over a mixture-of-experts model that trains its balancing loss "
+                "(output_router_logits) is not supported yet: the loss spans every stage's layers");
   pass.chunk = chunk;
   pass.acts = std::make_shared<Activations>();
   pass.head_input = Tensor();
