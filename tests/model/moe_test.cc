@@ -31,12 +31,19 @@ struct Case {
   double coef;
   bool bias = false;      // a selection bias (DeepSeek-V3's noaux_tc)
   double capacity = 0.0;  // MoeSpec::capacity_factor
+  // DeepSeek's gate: sigmoid scores, groups (n_group, topk_group, top-2 sums), scaling.
+  bool sigmoid = false;
+  int64_t n_group = 1, topk_group = 1;
+  bool top2 = false;
+  double scaling = 1.0;
 };
 
 void check_against_pytorch(const Case& c) {
   SCOPED_TRACE("E " + std::to_string(c.experts) + " k " + std::to_string(c.top_k) +
                (c.norm_topk_prob ? " renormalised" : " raw") + " coef " + std::to_string(c.coef) +
-               (c.bias ? " biased" : "") + " capacity " + std::to_string(c.capacity));
+               (c.bias ? " biased" : "") + " capacity " + std::to_string(c.capacity) + (c.sigmoid ? " sigmoid" : "") +
+               " groups " + std::to_string(c.topk_group) + "/" + std::to_string(c.n_group) + " scaling " +
+               std::to_string(c.scaling));
   const int layers = 2;
   std::mt19937 rng(static_cast<uint32_t>(c.experts * 131 + c.top_k * 7 + c.tokens));
   model::MoeSpec spec;
@@ -44,13 +51,18 @@ void check_against_pytorch(const Case& c) {
   spec.top_k = c.top_k;
   spec.norm_topk_prob = c.norm_topk_prob;
   spec.capacity_factor = c.capacity;
+  spec.scoring = c.sigmoid ? model::MoeScoring::kSigmoid : model::MoeScoring::kSoftmax;
+  spec.n_group = c.n_group;
+  spec.topk_group = c.topk_group;
+  spec.group_score = c.top2 ? model::MoeGroupScore::kTop2Sum : model::MoeGroupScore::kMax;
+  spec.routed_scaling_factor = c.scaling;
   const int64_t E = c.experts, H = c.hidden, F = c.ffn, N = c.tokens;
   std::vector<model::MoeWeights> w(layers);
   std::vector<Tensor> h(layers), dout(layers);
   std::vector<std::pair<std::string, Tensor>> in;
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";
-    w[L].router = randn({E, H}, rng, 0.5f);
+    w[L].router = randn({E, H}, rng, c.sigmoid ? 0.1f : 0.5f);  // (sigmoid: scores away from 0 and 1)
     Tensor w1 = randn({E, F, H}, rng, 0.2f), w3 = randn({E, F, H}, rng, 0.2f);
     w[L].down = randn({E, H, F}, rng, 0.2f);
     w[L].gate_up = Tensor::empty({E, 2 * F, H}, DType::kF32);
@@ -62,8 +74,8 @@ void check_against_pytorch(const Case& c) {
     dout[L] = randn({N, H}, rng, 1.f);
     in.insert(in.end(), {{p + "h", h[L]}, {p + "gate", w[L].router}, {p + "w1", w1}, {p + "w3", w3},
                          {p + "w2", w[L].down}, {p + "dout", dout[L]}});
-    if (c.bias) {  // large enough to overrule the scores now and then
-      w[L].bias = randn({E}, rng, 0.3f);
+    if (c.bias) {  // large enough to overrule the scores now and then (sigmoid: keeps them > 0)
+      w[L].bias = randn({E}, rng, c.sigmoid ? 0.03f : 0.3f);
       in.emplace_back(p + "bias", w[L].bias);
     }
   }
@@ -75,6 +87,11 @@ void check_against_pytorch(const Case& c) {
                         {"norm_topk_prob", c.norm_topk_prob ? "true" : "false"},
                         {"coef", std::to_string(c.coef)},
                         {"capacity", std::to_string(c.capacity)},
+                        {"scoring", c.sigmoid ? "sigmoid" : "softmax"},
+                        {"n_group", std::to_string(c.n_group)},
+                        {"topk_group", std::to_string(c.topk_group)},
+                        {"group_score", c.top2 ? "top2" : "max"},
+                        {"scaling", std::to_string(c.scaling)},
                         {"layers", std::to_string(layers)}});
   const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
                                       "/tests/parity/moe_reference.py " + in_path + " " + out_path);
@@ -101,7 +118,8 @@ void check_against_pytorch(const Case& c) {
     }
     balance.add(saved[L].routing);
   }
-  if (!c.bias && c.capacity == 0) EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
+  const bool plain = !c.bias && c.capacity == 0 && !c.sigmoid && c.n_group == 1 && c.scaling == 1.0;
+  if (plain) EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
   const std::vector<float> aux = balance.score_grad(c.coef);
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";
@@ -126,6 +144,20 @@ TEST(Moe, ForwardRoutingAndEveryGradientMatchTransformersMixtral) {
   for (const Case& c : {Case{8, 2, 32, 48, 40, true, 0.02}, Case{8, 3, 24, 40, 33, true, 0.5},
                         Case{6, 2, 32, 24, 17, false, 0.0}, Case{16, 2, 16, 24, 5, true, 0.1}})
     check_against_pytorch(c);
+}
+
+// DeepSeek's gate against a transcription of its MoEGate: V2's group-limited greedy
+// (softmax, 8 experts in 4 groups, the 2 best groups by their best expert, scaled weights
+// unnormalised) and V3's noaux_tc (sigmoid, selection bias, groups by their two best
+// experts' sum, renormalised then scaled).
+TEST(Moe, DeepSeekGatesMatchTheReference) {
+  Case v2{8, 2, 32, 48, 40, false, 0.0};
+  v2.n_group = 4, v2.topk_group = 2, v2.scaling = 16.0;
+  Case v3{16, 4, 32, 24, 37, true, 0.0, true};
+  v3.sigmoid = true, v3.n_group = 4, v3.topk_group = 2, v3.top2 = true, v3.scaling = 2.5;
+  Case v3_capacity = v3;
+  v3_capacity.capacity = 1.0;
+  for (const Case& c : {v2, v3, v3_capacity}) check_against_pytorch(c);
 }
 
 // DeepSeek-V3's selection bias (chooses, does not weigh) and an expert capacity (training:

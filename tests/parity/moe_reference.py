@@ -7,6 +7,8 @@ through hf_models.routed_experts and hf_models.balancing_loss.
 Usage: moe_reference.py IN.safetensors OUT.safetensors
 IN (float32): per layer L (0, 1, ...): L.h (N, H), L.gate (E, H), L.w1 / L.w3 (E, F, H),
 L.w2 (E, H, F), L.dout (N, H); __metadata__ {"top_k", "norm_topk_prob", "coef", "layers"}.
+Optional: DeepSeek's gate (deepseek_gate): metadata "scoring" (softmax | sigmoid),
+"n_group", "topk_group", "group_score" (max | top2), "scaling" (routed_scaling_factor).
 Optional: L.bias (E) a selection bias, chosen on softmax + bias and weighted by softmax
 (DeepSeek-V3's noaux_tc, modeling_deepseek.py MoEGate), and metadata "capacity" c > 0:
 each expert takes at most ceil(c N top_k / E) slots, first come (token, then choice) first
@@ -44,15 +46,35 @@ def sparse_moe_block(h, gate, w1, w2, w3, top_k, norm_topk_prob):
     return final, router_logits, selected_experts
 
 
-def capacity_routed_experts(h, router_logits, experts, top_k, norm_topk_prob, bias, capacity):
-    """Routing with a selection bias and an expert capacity, token by token."""
-    scores = F.softmax(router_logits, dim=1)
+def deepseek_gate(router_logits, top_k, norm_topk_prob, bias, scoring, n_group, topk_group, group_score,
+                  scaling):
+    """DeepSeek's MoEGate (modeling_deepseek.py, V2 and V3): softmax or sigmoid scores, a
+    selection bias (V3's e_score_correction_bias), group-limited choice (a group scores its
+    best expert, V2's group_limited_greedy, or its two best, V3's noaux_tc; the groups not
+    kept are masked to 0), weights from the unbiased scores, renormalised, times
+    routed_scaling_factor. Returns (selected (N, k), weights (N, k))."""
+    scores = F.softmax(router_logits, dim=1) if scoring == "softmax" else router_logits.sigmoid()
     choice = scores if bias is None else scores + bias
+    n, e = scores.shape
+    if n_group > 1:
+        grouped = choice.view(n, n_group, -1)
+        group_scores = grouped.max(dim=-1).values if group_score == "max" else grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, -1)
+        choice = choice.masked_fill(~score_mask.bool(), 0.0)
     selected = torch.topk(choice, top_k, dim=-1)[1]
     weights = scores.gather(1, selected)
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    n, e = scores.shape
+    return selected, weights * scaling
+
+
+def capacity_routed_experts(h, router_logits, experts, top_k, norm_topk_prob, bias, capacity, **gate):
+    """Routing with a selection bias and an expert capacity, token by token."""
+    selected, weights = deepseek_gate(router_logits, top_k, norm_topk_prob, bias, **gate)
+    n, e = router_logits.shape
     cap = math.ceil(capacity * n * top_k / e - 1e-9) if capacity > 0 else n * top_k
     count, rows, dropped = [0] * e, [], 0
     for t in range(n):
@@ -72,19 +94,23 @@ def main(inp, outp):
     t, meta = load(inp)
     top_k, norm, coef, layers = int(meta["top_k"]), meta["norm_topk_prob"] == "true", float(meta["coef"]), int(meta["layers"])
     capacity = float(meta.get("capacity", "0"))
+    gate = {"scoring": meta.get("scoring", "softmax"), "n_group": int(meta.get("n_group", "1")),
+            "topk_group": int(meta.get("topk_group", "1")), "group_score": meta.get("group_score", "max"),
+            "scaling": float(meta.get("scaling", "1"))}
+    plain = gate == {"scoring": "softmax", "n_group": 1, "topk_group": 1, "group_score": "max", "scaling": 1.0}
     params, outs, logits, out = [], [], [], {}
     loss = torch.zeros((), dtype=torch.float64)
     for L in range(layers):
         p = {k: torch.tensor(t[f"{L}.{k}"], dtype=torch.float64, requires_grad=k != "dout")
              for k in ("h", "gate", "w1", "w2", "w3", "dout")}
         bias = torch.tensor(t[f"{L}.bias"], dtype=torch.float64) if f"{L}.bias" in t else None
-        if bias is None and capacity == 0:
+        if bias is None and capacity == 0 and plain:
             y, lg, sel = sparse_moe_block(p["h"], p["gate"], p["w1"], p["w2"], p["w3"], top_k, norm)
         else:
             assert coef == 0, "the balancing loss is transformers' plain top-k's"
             lg = p["h"] @ p["gate"].t()
             experts = [_Expert(p["w1"][x], p["w2"][x], p["w3"][x]) for x in range(p["gate"].shape[0])]
-            y, sel, dropped = capacity_routed_experts(p["h"], lg, experts, top_k, norm, bias, capacity)
+            y, sel, dropped = capacity_routed_experts(p["h"], lg, experts, top_k, norm, bias, capacity, **gate)
             out[f"{L}.dropped"] = np.array([dropped], dtype=np.int32)
         loss = loss + (y * p["dout"]).sum()
         params.append(p)

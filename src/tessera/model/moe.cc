@@ -19,6 +19,12 @@ void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
   TESSERA_CHECK(!ep || E % ep->size() == 0, "moe: ep = ", ep ? ep->size() : 1, " does not divide ", E, " experts");
   TESSERA_CHECK(E >= 1 && spec.top_k >= 1 && spec.top_k <= E, "moe: top_k ", spec.top_k, " of ", E,
                 " experts");
+  TESSERA_CHECK(spec.n_group >= 1 && E % spec.n_group == 0 && spec.topk_group >= 1 && spec.topk_group <= spec.n_group &&
+                    spec.top_k <= spec.topk_group * (E / spec.n_group),
+                "moe: ", E, " experts in n_group = ", spec.n_group, " groups, topk_group = ", spec.topk_group,
+                ", top_k = ", spec.top_k, " do not fit (the groups must divide the experts and hold top_k)");
+  TESSERA_CHECK(spec.group_score == MoeGroupScore::kMax || E / spec.n_group >= 2,
+                "moe: a group score of its two best experts needs groups of 2 or more experts");
   TESSERA_CHECK(h.dim() == 2 && h.dtype() == DType::kF32, "moe: h must be (N, H) f32, got ", h.describe());
   TESSERA_CHECK(w.router.shape() == (Shape{E, H}), "moe: router is ", w.router.describe(), ", expected (", E,
                 ", ", H, ")");
@@ -40,21 +46,47 @@ MoeRouting route(const MoeSpec& spec, Tensor scores, const Tensor& bias) {
   r.weight.resize(N * k);
   const float* p = scores.data<float>();
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const int64_t G = spec.n_group, per = E / G;
   base::parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
-    std::vector<int32_t> ids(E);
-    std::vector<float> key(E);
+    std::vector<int32_t> ids(E), gids(G);
+    std::vector<float> key(E), gscore(G);
     for (int64_t n = n0; n < n1; ++n) {
       const float* pn = p + n * E;
       for (int64_t e = 0; e < E; ++e) key[e] = b ? pn[e] + b[e] : pn[e];  // chooses; pn weighs
+      if (G > 1) {
+        // The topk_group best groups keep their keys; the others' read 0 (as DeepSeek's
+        // masked_fill), so they are chosen only if nothing kept scores above 0.
+        for (int64_t g = 0; g < G; ++g) {
+          const float* kg = key.data() + g * per;
+          if (spec.group_score == MoeGroupScore::kMax) {
+            gscore[g] = *std::max_element(kg, kg + per);
+          } else {
+            float a = -INFINITY, c = -INFINITY;
+            for (int64_t i = 0; i < per; ++i)
+              if (kg[i] > a) c = a, a = kg[i];
+              else if (kg[i] > c) c = kg[i];
+            gscore[g] = a + c;
+          }
+        }
+        std::iota(gids.begin(), gids.end(), 0);
+        std::partial_sort(gids.begin(), gids.begin() + spec.topk_group, gids.end(), [&](int32_t x, int32_t y) {
+          return gscore[x] > gscore[y] || (gscore[x] == gscore[y] && x < y);
+        });
+        std::vector<uint8_t> keep(G, 0);
+        for (int64_t i = 0; i < spec.topk_group; ++i) keep[gids[i]] = 1;
+        for (int64_t e = 0; e < E; ++e)
+          if (!keep[e / per]) key[e] = 0.f;
+      }
       std::iota(ids.begin(), ids.end(), 0);
       std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t c) {
         return key[a] > key[c] || (key[a] == key[c] && a < c);
       });
       float sum = 0.f;
       for (int64_t j = 0; j < k; ++j) sum += pn[ids[j]];
+      const float scale = static_cast<float>(spec.routed_scaling_factor);
       for (int64_t j = 0; j < k; ++j) {
         r.expert[n * k + j] = ids[j];
-        r.weight[n * k + j] = spec.norm_topk_prob ? pn[ids[j]] / sum : pn[ids[j]];
+        r.weight[n * k + j] = (spec.norm_topk_prob ? pn[ids[j]] / sum : pn[ids[j]]) * scale;
       }
     }
   });
@@ -140,7 +172,12 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   const int64_t F = w.gate_up.size(1) / 2, S = N * k, El = w.gate_up.size(0);
   Tensor logits = Tensor::empty({N, E}, DType::kF32);
   kernels::matmul(h, w.router, logits, false, true);
-  kernels::softmax_forward(logits, logits);
+  if (spec.scoring == MoeScoring::kSoftmax) {
+    kernels::softmax_forward(logits, logits);
+  } else {
+    float* l = logits.data<float>();
+    for (int64_t i = 0; i < logits.numel(); ++i) l[i] = 1.f / (1.f + std::exp(-l[i]));
+  }
   MoeSaved local;
   MoeSaved& sv = save ? *save : local;
   TESSERA_CHECK(!w.bias.defined() || (w.bias.shape() == Shape{E} && w.bias.dtype() == DType::kF32),
@@ -354,18 +391,25 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
     float* d = ds + n * E;
     if (aux_score_grad)
       for (int64_t e = 0; e < E; ++e) d[e] = (*aux_score_grad)[e];
+    const float c = static_cast<float>(spec.routed_scaling_factor);
     if (spec.norm_topk_prob) {
-      // w_j = p_j / S: d p_j = (dw_j - sum_i dw_i w_i) / S.
+      // w_j = c p_j / S: d p_j = (c dw_j - sum_i dw_i w_i) / S.
       float sum = 0.f, dot = 0.f;
       for (int64_t j = 0; j < k; ++j) sum += p[n * E + r.expert[n * k + j]];
       for (int64_t j = 0; j < k; ++j) dot += dweight[n * k + j] * r.weight[n * k + j];
-      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += (dweight[n * k + j] - dot) / sum;
+      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += (c * dweight[n * k + j] - dot) / sum;
     } else {
-      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += dweight[n * k + j];
+      for (int64_t j = 0; j < k; ++j) d[r.expert[n * k + j]] += c * dweight[n * k + j];
     }
   }
   Tensor dlogits = Tensor::empty({N, E}, DType::kF32);
-  kernels::softmax_backward(dscores, r.scores, dlogits);
+  if (spec.scoring == MoeScoring::kSoftmax) {
+    kernels::softmax_backward(dscores, r.scores, dlogits);
+  } else {  // d logit = d s * s (1 - s)
+    const float* dsp = dscores.data<float>();
+    float* dl = dlogits.data<float>();
+    for (int64_t i = 0; i < N * E; ++i) dl[i] = dsp[i] * p[i] * (1.f - p[i]);
+  }
   kernels::matmul(dlogits, w.router, dh, false, false, 1.f, 1.f);
   kernels::matmul(dlogits, h, grads.router, true, false, 1.f, 1.f);
 }

@@ -20,10 +20,25 @@
 
 namespace tessera::model {
 
+// How the router turns logits into scores: softmax over the experts (Mixtral, Qwen2-MoE,
+// DeepSeek-V2) or each expert's sigmoid (DeepSeek-V3).
+enum class MoeScoring { kSoftmax, kSigmoid };
+// Group-limited routing (DeepSeek): the experts fall in n_group equal groups, each token
+// keeps its topk_group best groups and chooses its top k inside them. A group's score is
+// its best expert's (DeepSeek-V2 group_limited_greedy) or its two best experts' sum
+// (DeepSeek-V3 noaux_tc), on the scores the choice is made on (biased, when a bias is).
+enum class MoeGroupScore { kMax, kTop2Sum };
+
 struct MoeSpec {
   int64_t num_experts = 8;
   int64_t top_k = 2;
   bool norm_topk_prob = true;  // renormalise the top-k probabilities (Mixtral: always)
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  int64_t n_group = 1, topk_group = 1;
+  MoeGroupScore group_score = MoeGroupScore::kMax;
+  // The combine weights are multiplied by it (after the renormalisation), DeepSeek's
+  // routed_scaling_factor.
+  double routed_scaling_factor = 1.0;
   // Training only (inference never drops): each expert takes at most
   // ceil(capacity_factor x N k / E) of the N tokens' slots, first come (token order, then
   // choice) first served; the rest are dropped: computed by no expert, their share of the
@@ -49,7 +64,7 @@ struct MoeWeights {
 // Which experts each token went to, and how the slots are grouped by expert.
 struct MoeRouting {
   int64_t tokens = 0, top_k = 0;
-  Tensor scores;                  // (N, E) f32: softmax of the router logits
+  Tensor scores;                  // (N, E) f32: softmax (or sigmoid) of the router logits
   std::vector<int32_t> expert;    // (N k): slot n k + j's expert (j-th best for token n)
   std::vector<float> weight;      // (N k): its combine weight
   // (N k): the kept slots sorted by expert (stable: by token), then the dropped ones.
