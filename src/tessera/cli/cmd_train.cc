@@ -31,6 +31,7 @@ struct Flags {
   std::string mpirun = "mpirun";
   bool print_schedule = false;
   std::string layout;
+  double memory_limit_mb = -1;  // < 0: the config's [training] memory_limit_mb
 };
 
 std::string self_path() {
@@ -53,7 +54,8 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
   o.nproc = nproc;
   o.min_nproc = f.min_nproc;
   o.max_restarts = f.max_restarts;
-  o.shrink_multiple = static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.cp);
+  o.shrink_multiple =
+      static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.cp * config.parallel.ep);
   o.heartbeat_timeout_s = f.heartbeat_timeout;
   o.heartbeat_interval_s = f.heartbeat_interval;
   o.heartbeat_dir = config.out_dir + "/heartbeats";
@@ -68,6 +70,7 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
     if (f.resume || attempt > 0) argv.push_back("--resume");
     if (!f.trace.empty()) argv.insert(argv.end(), {"--trace", f.trace});
     if (!f.layout.empty()) argv.insert(argv.end(), {"--layout", f.layout});
+    if (f.memory_limit_mb >= 0) argv.insert(argv.end(), {"--memory-limit", std::to_string(f.memory_limit_mb)});
     return argv;
   };
   const train::ElasticResult r = train::run_elastic(o);
@@ -107,6 +110,10 @@ void add_train(CLI::App& app, Action& action) {
                   "Seconds between a rank's heartbeats (default 1; below --heartbeat-timeout)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", f->mpirun, "The mpirun program to launch ranks with");
+  cmd->add_option("--memory-limit", f->memory_limit_mb,
+                  "Per-rank memory budget in MiB, checked after the first step ([training] memory_limit_mb; "
+                  "0 = none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--layout", f->layout,
                   "Parallel layout in tessera plan train's spelling (dp=2,tp=2,pp=2,zero=1,mb=2,"
                   "recompute=selective,sp=on,sched=1f1b,vpp=1): overrides [parallel]")
@@ -117,6 +124,7 @@ void add_train(CLI::App& app, Action& action) {
     action = [f] {
       auto config = train::TrainConfig::load(f->config);
       if (!f->trace.empty()) config.logging.trace = f->trace;
+      if (f->memory_limit_mb >= 0) config.training.memory_limit_mb = f->memory_limit_mb;
       if (!f->layout.empty()) {
         // The world: mpirun's, or --nproc's for the supervisor; one process otherwise.
         int64_t world = f->nproc;
