@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <mutex>
 #include <random>
 
@@ -151,6 +152,44 @@ TEST(ContextParallel, ComposesWithTensorAndDataParallelism) {
     tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
     EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << name;
+  }
+}
+
+// cp composes with pipeline stages (each stage's ranks of a cp group pass their own
+// tokens' activations; RoPE at the global positions on every stage) and with expert
+// parallelism (a Mixtral model: the experts' gradients reduced over the ranks of dp x cp
+// holding them): pp2 x cp2 and ep2 x cp2 on 4 ranks match one process.
+TEST(ContextParallel, ComposesWithPipelineAndExpertParallelism) {
+  const std::string root = tt::temp_dir("cp_pp_ep");
+  const std::string data = tt::make_data(root, 60000);
+  const int64_t T = 512;
+  auto with = [](std::string c, const std::string& key, const std::string& val) {
+    return c.replace(c.find(key), key.size(), val);
+  };
+  {
+    auto cfg = [&](const std::string& name, const std::string& parallel) {
+      return with(cp_config(root, name, data, parallel, T), "batch_size = 1\n", "batch_size = 1\ngrad_accum = 2\n");
+    };
+    const tt::RunOut ref = tt::train(cfg("single", ""), 0);
+    const tt::RunOut got = tt::train(cfg("pp2_cp2", "cp = 2\npp = 2"), 4);
+    tt::expect_close(got.losses, ref.losses, 1e-5, "pp2 x cp2 loss");
+    tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "pp2 x cp2 grad norm");
+  }
+  {
+    const std::string json = root + "/mixtral.json";
+    std::ofstream(json) << R"({"model_type": "mixtral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 1024, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+    auto cfg = [&](const std::string& name, const std::string& parallel) {
+      std::string c = with(cp_config(root, name, data, parallel, T), "batch_size = 1\n", "batch_size = 2\n");
+      return with(c, "shape = \"tiny\"\n", "config = \"" + json + "\"\n");
+    };
+    const tt::RunOut ref = tt::train(cfg("moe_single", ""), 0);
+    const tt::RunOut got = tt::train(cfg("ep2_cp2", "cp = 2\nep = 2\nzero_stage = 1"), 4);
+    tt::expect_close(got.losses, ref.losses, 1e-5, "ep2 x cp2 loss");
+    tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "ep2 x cp2 grad norm");
+    EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss);
   }
 }
 

@@ -127,7 +127,7 @@ class Model {
   // Context parallelism (training passes): each sequence's tokens are split over the cp
   // group (cp_local_tokens says which this rank holds); RoPE runs at their global
   // positions and the attention crosses the group by `method` (model/context_parallel.h).
-  // nullptr: off. Not with pipeline stages or sequence parallelism.
+  // nullptr: off. Not with sequence parallelism.
   void set_cp_comm(CpComm* cp, CpMethod method);
   CpComm* cp_comm() const { return cp_comm_; }
   CpMethod cp_method() const { return cp_method_; }

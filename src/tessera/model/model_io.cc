@@ -118,8 +118,7 @@ void Model::set_moe_capacity_factor(double f) {
 }
 
 void Model::set_cp_comm(CpComm* cp, CpMethod method) {
-  TESSERA_CHECK(!cp || (stage_.whole() && !sequence_parallel_),
-                "context parallelism with pipeline stages or sequence parallelism is not supported yet");
+  TESSERA_CHECK(!cp || !sequence_parallel_, "context parallelism with sequence parallelism is not supported yet");
   cp_comm_ = cp;
   cp_method_ = method;
 }

@@ -128,6 +128,12 @@ DeviceMesh::DeviceMesh(comm::Communicator& world, const MeshShape& shape) : worl
                             shape.cp + coords_[static_cast<int>(Axis::kCp)];
     data_ = world.split(rank_of(shape, c), static_cast<int>(key));
   }
+  if (shape.ep > 1 && shape.cp > 1) {
+    auto c = coords_;
+    c[static_cast<int>(Axis::kDp)] = c[static_cast<int>(Axis::kCp)] = 0;
+    const int64_t key = coords_[static_cast<int>(Axis::kDp)] * shape.cp + coords_[static_cast<int>(Axis::kCp)];
+    expert_data_ = world.split(rank_of(shape, c), static_cast<int>(key));
+  }
 }
 
 std::string DeviceMesh::describe() const {

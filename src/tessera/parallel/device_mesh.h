@@ -58,6 +58,9 @@ class DeviceMesh {
   // coordinate takes its own rows of the batch, each cp rank its tokens of them. The dp
   // group itself when ep and cp are 1.
   comm::Communicator& data_group() { return data_ ? *data_ : group(Axis::kDp); }
+  // The ranks that differ from this one only in dp and cp: under expert parallelism, those
+  // holding the same experts (their gradients are reduced over it). The dp group at cp 1.
+  comm::Communicator& expert_data_group() { return expert_data_ ? *expert_data_ : group(Axis::kDp); }
   comm::Communicator& world() { return world_; }
 
   // The world rank at the given coordinates (pp, dp, ep, cp, tp).
@@ -72,7 +75,8 @@ class DeviceMesh {
   MeshShape shape_;
   std::array<int, kNumAxes> coords_{};
   std::array<std::unique_ptr<comm::Communicator>, kNumAxes> groups_;
-  std::unique_ptr<comm::Communicator> data_;  // ep or cp > 1
+  std::unique_ptr<comm::Communicator> data_;         // ep or cp > 1
+  std::unique_ptr<comm::Communicator> expert_data_;  // ep and cp > 1
 };
 
 }  // namespace tessera::parallel

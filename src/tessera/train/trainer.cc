@@ -59,7 +59,7 @@ std::string trace_path(const std::string& path, int rank, int world) {
 // dp axis (the ranks that hold the same experts).
 parallel::DataParallelConfig dp_config_on(const TrainConfig& c, parallel::DeviceMesh& mesh) {
   parallel::DataParallelConfig d = dp_config(c);
-  if (mesh.size(parallel::Axis::kEp) > 1) d.expert_comm = &mesh.group(parallel::Axis::kDp);
+  if (mesh.size(parallel::Axis::kEp) > 1) d.expert_comm = &mesh.expert_data_group();
   return d;
 }
 
@@ -144,8 +144,8 @@ class Run {
       // as many batches as the busiest rank (a repeat whose sums are not counted).
       val_counted_ = val_.size();
       if (ep_ && !all.empty())
-        while (static_cast<int64_t>(val_.size()) < (static_cast<int64_t>(all.size()) + dp_size_ - 1) / dp_size_)
-          val_.push_back(all[0]);
+        while (static_cast<int64_t>(val_.size()) < (static_cast<int64_t>(all.size()) + row_size_ - 1) / row_size_)
+          val_.push_back(my_tokens(all[0]));
     }
     for (const auto& [name, t] : opt_.state_tensors()) moment_bytes_ += static_cast<int64_t>(t.nbytes());
     const auto& mc = model_.config();

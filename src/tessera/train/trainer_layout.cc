@@ -56,8 +56,8 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
                 "mixture-of-experts layers is not supported yet");
   if (s.cp > 1) {
     const auto method = model::parse_cp_method(c.parallel.cp_method, src + ": [parallel]");
-    TESSERA_CHECK(s.pp == 1 && s.ep == 1 && !c.parallel.sequence_parallel, src, ": [parallel] cp = ", s.cp,
-                  " with pp, ep or sequence_parallel is not supported yet");
+    TESSERA_CHECK(!c.parallel.sequence_parallel, src, ": [parallel] cp = ", s.cp,
+                  " with sequence_parallel is not supported yet");
     TESSERA_CHECK(m.uses_rope(), src, ": [parallel] cp = ", s.cp, " needs a RoPE model (", m.model_type,
                   " has learned positions)");
     const int64_t parts = method == model::CpMethod::kRing ? 2 * s.cp : s.cp;
