@@ -5,6 +5,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/plan/search.h"
+#include "tessera/plan/train_layout.h"
 #include "tessera/plan/svg.h"
 
 namespace tessera::plan {
@@ -44,6 +45,20 @@ TEST(Search, LayoutProblemsAreNamed) {
   EXPECT_NE(layout_problem(model_preset("mixtral-8x7b"), hw, s, parse_layout("dp=16,ep=16", 16))
                 .find("does not divide the 8 experts"),
             std::string::npos);
+}
+
+// The planner's dp counts every data-parallel rank, ep ones included; the trainer's
+// [parallel] dp is the replicas of each expert (ep is its own axis inside dp).
+TEST(Search, ApplyLayoutPutsEpInsideDp) {
+  train::TrainConfig c;
+  c.data.batch_size = 8;
+  apply_layout(parse_layout("dp=4,ep=2,tp=2", 8), c);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.dp * c.parallel.ep * c.parallel.tp, 8);  // the world the layout names
+  EXPECT_EQ(c.data.batch_size, 4);  // dp x mb: every data-parallel rank takes its rows
+  EXPECT_THROW(apply_layout(parse_layout("dp=2,cp=2,ep=4", 4), c), Error);  // ep across cp
 }
 
 TEST(Search, ParseLayoutErrors) {

@@ -110,8 +110,14 @@ std::string parallel_table_toml(const Layout& l, const TrainSetup& s) {
      << "; in [training]: activation_checkpointing = \"" << recompute_name(l.recompute) << "\"";
   if (l.schedule != Schedule::k1F1B || l.vpp > 1)
     os << "; pipeline schedule " << schedule_name(l.schedule) << " with " << l.vpp << " virtual stages";
-  os << ".\n[parallel]\n"
-     << "dp = " << l.dp << "\ntp = " << l.tp << "\npp = " << l.pp << "\ncp = " << l.cp
+  os << ".\n";
+  if (l.ep > 1 && l.dp % l.ep == 0)
+    os << "# [parallel] dp counts the replicas of each expert: the layout's dp " << l.dp << " / ep " << l.ep << ".\n";
+  else if (l.ep > 1)
+    os << "# ep " << l.ep << " spans the cp ranks (it does not divide dp " << l.dp
+       << "): tessera train runs ep inside dp only, so this table does not run yet.\n";
+  os << "[parallel]\n"
+     << "dp = " << (l.dp % l.ep == 0 ? l.dp / l.ep : l.dp) << "\ntp = " << l.tp << "\npp = " << l.pp << "\ncp = " << l.cp
      << "\nep = " << l.ep << "\nzero_stage = " << l.zero
      << "\nsequence_parallel = " << (l.sp ? "true" : "false")
      << "\noffload = " << (l.offload ? "true" : "false") << "\n";

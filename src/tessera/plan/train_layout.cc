@@ -9,7 +9,11 @@ namespace tessera::plan {
 
 void apply_layout(const Layout& l, train::TrainConfig& c) {
   auto& p = c.parallel;
-  p.dp = l.dp, p.tp = l.tp, p.pp = l.pp, p.cp = l.cp, p.ep = l.ep;
+  // The planner's dp counts every data-parallel rank, its ep ranks included; the trainer's
+  // mesh has ep as its own axis inside dp, so [parallel] dp is the replicas of each expert.
+  TESSERA_CHECK(l.dp % l.ep == 0, "--layout ", l.str(), ": ep = ", l.ep, " does not divide dp = ", l.dp,
+                " (tessera train runs ep inside dp, not across the cp ranks)");
+  p.dp = l.dp / l.ep, p.tp = l.tp, p.pp = l.pp, p.cp = l.cp, p.ep = l.ep;
   p.zero_stage = l.zero;
   p.sequence_parallel = l.sp;
   p.offload = l.offload;
