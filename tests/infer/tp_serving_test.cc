@@ -20,22 +20,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A random model of config c saved under a temp dir, its weights scaled up (norms aside):
+// peaked logits, so greedy choices are clear.
+std::string saved_model(const model::ModelConfig& c, const std::string& tag, uint64_t seed) {
+  const std::string d = (fs::temp_directory_path() / (tag + std::to_string(::getpid()))).string();
+  fs::remove_all(d);
+  model::Model m = model::Model::random(c, DType::kF32, seed);
+  for (auto& [name, t] : m.weights().named(c)) {
+    Tensor f = t;
+    for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= name.find("norm") == std::string::npos ? 4.f : 1.f;
+  }
+  m.save(d);
+  return d;
+}
+
 std::string model_dir() {
   static const std::string dir = [] {
     model::ModelConfig c = model::ModelConfig::named_shape("tiny");
     c.vocab_size = 301;  // uneven over 2 and 4 ranks (vocab-parallel head)
     c.num_layers = 3;
     c.max_position_embeddings = 256;
-    const std::string d = (fs::temp_directory_path() / ("tessera_tp_serving_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
-    // Larger weights than the default init: peaked logits, so greedy choices are clear.
-    model::Model m = model::Model::random(c, DType::kF32, 17);
-    for (auto& [name, t] : m.weights().named(c)) {
-      Tensor f = t;
-      for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= name.find("norm") == std::string::npos ? 4.f : 1.f;
-    }
-    m.save(d);
-    return d;
+    return saved_model(c, "tessera_tp_serving_", 17);
   }();
   return dir;
 }
@@ -64,10 +69,19 @@ TEST(TpServing, GreedyGenerationIsTokenIdenticalToOneProcess) {
 }
 
 // Several requests at once, two of them sharing a long prefix (the second reuses the
-// first's cached blocks), with small blocks and a small token budget (chunked prefill).
-std::vector<std::vector<int32_t>> batch(int tp) {
+// first's cached blocks), with small blocks and a small token budget (chunked prefill),
+// on the model in `dir` over tp x ep ranks: each request's tokens, and the expert loads
+// rank 0 reports (mixture-of-experts models).
+struct BatchRun {
   std::vector<std::vector<int32_t>> outs;
-  run_tensor_parallel(tp, model_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
+  std::vector<int64_t> load;
+};
+
+BatchRun run_batch(const std::string& dir, int tp, int ep = 1) {
+  BatchRun r;
+  run_tensor_parallel(tp, dir, DType::kF32, [&](const model::Model& m, TpGroup* g) {
+    EXPECT_EQ(g != nullptr, ep * tp > 1);
+    if (m.config().is_moe()) EXPECT_EQ(m.weights().layers[0].moe.gate_up.size(0), 4 / ep);  // only its experts
     EngineConfig ec;
     ec.block_size = 4;
     ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);
@@ -75,7 +89,7 @@ std::vector<std::vector<int32_t>> batch(int tp) {
     Engine engine(m, ec, nullptr, nullptr, g);
     std::vector<int32_t> shared;
     for (int i = 0; i < 22; ++i) shared.push_back((i * 37 + 11) % 301);
-    std::vector<std::vector<int32_t>> prompts = {shared, shared, {1, 2, 3}, {200, 100, 50, 25}};
+    std::vector<std::vector<int32_t>> prompts = {shared, shared, {1, 2, 3}, {200, 100, 50, 25, 9}};
     prompts[1].push_back(7);
     SamplingParams p;
     p.max_tokens = 12;
@@ -85,12 +99,15 @@ std::vector<std::vector<int32_t>> batch(int tp) {
     std::map<RequestId, std::vector<int32_t>> got;
     while (engine.has_unfinished())
       for (const auto& o : engine.step()) got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
-    for (RequestId id : ids) outs.push_back(got[id]);
+    for (RequestId id : ids) r.outs.push_back(got[id]);
     EXPECT_GT(engine.stats().prefix_hit_blocks, 0);
+    r.load = m.expert_load();
     return 0;
-  });
-  return outs;
+  }, "", ep);
+  return r;
 }
+
+std::vector<std::vector<int32_t>> batch(int tp) { return run_batch(model_dir(), tp).outs; }
 
 TEST(TpServing, ABatchWithASharedPrefixIsTokenIdenticalToOneProcess) {
   const auto want = batch(1);
@@ -129,52 +146,13 @@ std::string moe_dir() {
     c.num_experts = 4;
     c.experts_per_token = 2;
     c.moe_intermediate_size = c.intermediate_size;
-    const std::string d = (fs::temp_directory_path() / ("tessera_ep_serving_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
-    model::Model m = model::Model::random(c, DType::kF32, 23);
-    for (auto& [name, t] : m.weights().named(c)) {
-      Tensor f = t;
-      for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= name.find("norm") == std::string::npos ? 4.f : 1.f;
-    }
-    m.save(d);
-    return d;
+    return saved_model(c, "tessera_ep_serving_", 23);
   }();
   return dir;
 }
 
-struct EpRun {
-  std::vector<std::vector<int32_t>> outs;
-  std::vector<int64_t> load;
-};
-
-EpRun ep_batch(int ep, int tp = 1) {
-  EpRun r;
-  run_tensor_parallel(tp, moe_dir(), DType::kF32, [&](const model::Model& m, TpGroup* g) {
-    EXPECT_EQ(g != nullptr, ep * tp > 1);
-    EXPECT_EQ(m.weights().layers[0].moe.gate_up.size(0), 4 / ep);  // only its experts
-    EngineConfig ec;
-    ec.block_size = 4;
-    ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);
-    ec.max_num_batched_tokens = 16;
-    Engine engine(m, ec, nullptr, nullptr, g);
-    std::vector<int32_t> shared;
-    for (int i = 0; i < 22; ++i) shared.push_back((i * 37 + 11) % 301);
-    std::vector<std::vector<int32_t>> prompts = {shared, shared, {1, 2, 3}, {200, 100, 50, 25, 9}};
-    prompts[1].push_back(7);
-    SamplingParams p;
-    p.max_tokens = 12;
-    p.ignore_eos = true;
-    std::vector<RequestId> ids;
-    for (const auto& pr : prompts) ids.push_back(engine.add_request(pr, p));
-    std::map<RequestId, std::vector<int32_t>> got;
-    while (engine.has_unfinished())
-      for (const auto& o : engine.step()) got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
-    for (RequestId id : ids) r.outs.push_back(got[id]);
-    r.load = m.expert_load();
-    return 0;
-  }, "", ep);
-  return r;
-}
+using EpRun = BatchRun;
+EpRun ep_batch(int ep, int tp = 1) { return run_batch(moe_dir(), tp, ep); }
 
 TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
   const EpRun want = ep_batch(1);

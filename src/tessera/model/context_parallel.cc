@@ -102,28 +102,34 @@ void unpack_heads(const Tensor& recv, int64_t at, Tensor x, int P) {
     x.slice(2, j * h, (j + 1) * h).copy_from(recv.select(0, j).slice(0, at, at + n).view({B, Tl, h, D}));
 }
 
-void exchange(CpComm& cp, const Tensor& send, Tensor& recv) {
-  Timed w{cp.wait_s};
-  cp.all_to_all(send.view({send.numel()}), recv);
-  cp.bytes_sent += static_cast<int64_t>(send.nbytes()) / cp.size() * (cp.size() - 1);
+// Each of xs cut into P blocks by pack(x, send, at, P), side by side in one buffer per
+// destination rank; one all-to-all; returns what arrived (P, the same per-rank size).
+template <typename Pack>
+Tensor exchange_blocks(CpComm& cp, const std::vector<const Tensor*>& xs, Pack pack) {
+  const int P = cp.size();
+  int64_t per = 0;
+  for (const Tensor* x : xs) per += x->numel() / P;
+  Tensor send = Tensor::empty({P, per}, DType::kF32), recv = Tensor::empty({P, per}, DType::kF32);
+  int64_t at = 0;
+  for (const Tensor* x : xs) {
+    pack(*x, send, at, P);
+    at += x->numel() / P;
+  }
+  Tensor flat = recv.view({recv.numel()});
+  {
+    Timed w{cp.wait_s};
+    cp.all_to_all(send.view({send.numel()}), flat);
+  }
+  cp.bytes_sent += static_cast<int64_t>(send.nbytes()) / P * (P - 1);
+  return recv;
 }
 
 // Sequence split -> head split for several (B, Tl, H_i, D) tensors at once.
 std::vector<Tensor> to_heads(CpComm& cp, const std::vector<const Tensor*>& xs) {
   const int P = cp.size();
-  int64_t per = 0;
-  for (const Tensor* x : xs) per += x->numel() / P;
-  Tensor send = Tensor::empty({P, per}, DType::kF32);
-  int64_t at = 0;
-  for (const Tensor* x : xs) {
-    pack_heads(*x, send, at, P);
-    at += x->numel() / P;
-  }
-  Tensor recv = Tensor::empty({P, per}, DType::kF32);
-  Tensor flat = recv.view({recv.numel()});
-  exchange(cp, send, flat);
+  const Tensor recv = exchange_blocks(cp, xs, pack_heads);
   std::vector<Tensor> out;
-  at = 0;
+  int64_t at = 0;
   for (const Tensor* x : xs) {
     Tensor full = Tensor::empty({x->size(0), x->size(1) * P, x->size(2) / P, x->size(3)}, DType::kF32);
     unpack_tokens(recv, at, full, P);
@@ -136,18 +142,8 @@ std::vector<Tensor> to_heads(CpComm& cp, const std::vector<const Tensor*>& xs) {
 // Head split -> sequence split: fulls (B, T, h_i, D) into outs (B, T / P, h_i P, D).
 void to_tokens(CpComm& cp, const std::vector<const Tensor*>& fulls, const std::vector<Tensor*>& outs) {
   const int P = cp.size();
-  int64_t per = 0;
-  for (const Tensor* x : fulls) per += x->numel() / P;
-  Tensor send = Tensor::empty({P, per}, DType::kF32);
+  const Tensor recv = exchange_blocks(cp, fulls, pack_tokens);
   int64_t at = 0;
-  for (const Tensor* x : fulls) {
-    pack_tokens(*x, send, at, P);
-    at += x->numel() / P;
-  }
-  Tensor recv = Tensor::empty({P, per}, DType::kF32);
-  Tensor flat = recv.view({recv.numel()});
-  exchange(cp, send, flat);
-  at = 0;
   for (size_t i = 0; i < fulls.size(); ++i) {
     unpack_heads(recv, at, *outs[i], P);
     at += fulls[i]->numel() / P;
