@@ -118,7 +118,9 @@ TEST_P(MoeModel, SavesUnderTransformersNamesAndLoadsBack) {
   EXPECT_EQ(cfg.at("model_type"), GetParam());
   for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                           "shared_expert_intermediate_size", "intermediate_size", "norm_topk_prob"})
-    if (orig.contains(key)) EXPECT_EQ(cfg.at(key), orig.at(key)) << key;
+    if (orig.contains(key)) {
+      EXPECT_EQ(cfg.at(key), orig.at(key)) << key;
+    }
   const auto file = io::SafetensorsModel::open(out), want = io::SafetensorsModel::open(dir);
   EXPECT_EQ(file.names(), want.names());
   const auto back = model::Model::load(out, DType::kF32);

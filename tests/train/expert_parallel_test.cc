@@ -27,19 +27,25 @@ Tensor randn(const Shape& shape, uint32_t seed, float sd) {
 }
 using tessera::testing::max_rel_diff;
 
+model::MoeWeights moe_weights(Tensor router, Tensor gate_up, Tensor down) {
+  model::MoeWeights w;
+  w.router = std::move(router), w.gate_up = std::move(gate_up), w.down = std::move(down);
+  return w;
+}
+
 TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
   const int64_t E = 8, H = 32, F = 48;
   model::MoeSpec spec;
   spec.num_experts = E;
   spec.top_k = 2;
-  model::MoeWeights full{randn({E, H}, 1, 0.5f), randn({E, 2 * F, H}, 2, 0.2f), randn({E, H, F}, 3, 0.2f)};
+  model::MoeWeights full = moe_weights(randn({E, H}, 1, 0.5f), randn({E, 2 * F, H}, 2, 0.2f), randn({E, H, F}, 3, 0.2f));
   for (int P : {2, 4}) {
     SCOPED_TRACE("ep " + std::to_string(P));
     const int64_t El = E / P;
     // The whole layer on each rank's tokens, and the experts' gradients summed over ranks.
     std::vector<Tensor> h(P), dout(P), want_out(P), want_dh(P), want_router(P);
-    model::MoeWeights sum{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
-                          Tensor::zeros({E, H, F}, DType::kF32)};
+    model::MoeWeights sum = moe_weights(Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
+                          Tensor::zeros({E, H, F}, DType::kF32));
     int64_t leaving = 0;
     for (int r = 0; r < P; ++r) {
       const int64_t N = 9 + 7 * r;  // ranks hold different numbers of tokens
@@ -49,8 +55,8 @@ TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
       want_dh[r] = Tensor::empty({N, H}, DType::kF32);
       model::MoeSaved sv;
       model::moe_forward(spec, full, h[r], want_out[r], &sv);
-      model::MoeWeights g{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
-                          Tensor::zeros({E, H, F}, DType::kF32)};
+      model::MoeWeights g = moe_weights(Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
+                          Tensor::zeros({E, H, F}, DType::kF32));
       model::moe_backward(spec, full, h[r], sv, dout[r], want_dh[r], g);
       want_router[r] = g.router;
       for (int64_t i = 0; i < g.gate_up.numel(); ++i) sum.gate_up.data<float>()[i] += g.gate_up.data<float>()[i];
@@ -63,14 +69,14 @@ TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
     comm::run_local(P, [&](comm::Communicator& c) {
       const int r = c.rank();
       CommEp ep(c);
-      model::MoeWeights mine{full.router, full.gate_up.slice(0, r * El, (r + 1) * El).contiguous(),
-                             full.down.slice(0, r * El, (r + 1) * El).contiguous()};
+      model::MoeWeights mine = moe_weights(full.router, full.gate_up.slice(0, r * El, (r + 1) * El).contiguous(),
+                             full.down.slice(0, r * El, (r + 1) * El).contiguous());
       const int64_t N = h[r].size(0);
       Tensor out = Tensor::empty({N, H}, DType::kF32), dh = Tensor::empty({N, H}, DType::kF32);
       model::MoeSaved sv;
       model::moe_forward(spec, mine, h[r], out, &sv, &ep);
-      model::MoeWeights g{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({El, 2 * F, H}, DType::kF32),
-                          Tensor::zeros({El, H, F}, DType::kF32)};
+      model::MoeWeights g = moe_weights(Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({El, 2 * F, H}, DType::kF32),
+                          Tensor::zeros({El, H, F}, DType::kF32));
       model::moe_backward(spec, mine, h[r], sv, dout[r], dh, g, nullptr, &ep);
       EXPECT_LT(max_rel_diff(out, want_out[r]), 1e-5f) << "rank " << r;
       EXPECT_LT(max_rel_diff(dh, want_dh[r]), 1e-5f) << "rank " << r;

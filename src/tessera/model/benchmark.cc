@@ -105,10 +105,13 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
   MoeSpec spec;
   spec.num_experts = E;
   spec.top_k = k;
-  MoeWeights w{randn({E, H}, 1.f).to(o.dtype), randn({E, 2 * F, H}, 0.02f).to(o.dtype),
-               randn({E, H, F}, 0.02f).to(o.dtype)};
-  MoeWeights g{Tensor::zeros({E, H}, DType::kF32), Tensor::zeros({E, 2 * F, H}, DType::kF32),
-               Tensor::zeros({E, H, F}, DType::kF32)};
+  MoeWeights w, g;
+  w.router = randn({E, H}, 1.f).to(o.dtype);
+  w.gate_up = randn({E, 2 * F, H}, 0.02f).to(o.dtype);
+  w.down = randn({E, H, F}, 0.02f).to(o.dtype);
+  g.router = Tensor::zeros({E, H}, DType::kF32);
+  g.gate_up = Tensor::zeros({E, 2 * F, H}, DType::kF32);
+  g.down = Tensor::zeros({E, H, F}, DType::kF32);
   const Tensor h = randn({N, H}, 1.f), dout = randn({N, H}, 1.f);
   Tensor out = Tensor::empty({N, H}, DType::kF32), dh = Tensor::empty({N, H}, DType::kF32);
   // The dense peer: one MLP of k F features, the same FLOPs as the k experts per token.

@@ -59,10 +59,17 @@ void merge_partial(Tensor o, Tensor lse, const Tensor& op, const Tensor& lp) {
   });
 }
 
-struct Timed {
-  double& acc;
-  base::Timer t;
-  ~Timed() { acc += t.seconds(); }
+// Adds the seconds of its scope to `acc`.
+class Timed {
+ public:
+  explicit Timed(double& acc) : acc_(acc) {}
+  ~Timed() { acc_ += timer_.seconds(); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double& acc_;
+  base::Timer timer_;
 };
 
 // The global chunk (of 2 cp) held at local half `half` of rank r (ring).
@@ -150,6 +157,43 @@ void to_tokens(CpComm& cp, const std::vector<const Tensor*>& fulls, const std::v
   }
 }
 
+// Ring attention's travelling key/value block: this rank's at first, then at step s the
+// block of rank (r - s) mod P, the next one's transfer running while `cur` is attended.
+struct KvRing {
+  CpComm& cp;
+  Tensor cur, nxt;  // (2, B, Tl, Hk, D): k, v
+  std::unique_ptr<CpComm::Pending> pending;
+  KvRing(CpComm& c, const Tensor& k, const Tensor& v) : cp(c) {
+    const Shape shape{2, k.size(0), k.size(1), k.size(2), k.size(3)};
+    cur = Tensor::empty(shape, DType::kF32), nxt = Tensor::empty(shape, DType::kF32);
+    cur.select(0, 0).copy_from(k);
+    cur.select(0, 1).copy_from(v);
+  }
+  void start(int step) {  // step s of P: pass the block on unless it is the last
+    if (step + 1 >= cp.size()) return;
+    pending = cp.ring_shift(cur, nxt, 0);
+    cp.bytes_sent += static_cast<int64_t>(cur.nbytes());
+  }
+  void finish() {
+    if (!pending) return;
+    Timed w{cp.wait_s};
+    pending->wait();
+    pending.reset();
+    std::swap(cur, nxt);
+  }
+};
+
+// The (query half, key half) pairs of rank r's chunks against rank src's that the causal
+// mask leaves anything of: f(qh, kh, causal) (causal: the same chunk, its diagonal).
+template <typename F>
+void visible_pairs(int r, int src, int P, F&& f) {
+  for (int qh = 0; qh < 2; ++qh)
+    for (int kh = 0; kh < 2; ++kh) {
+      const int64_t qc = ring_chunk(r, P, qh), kc = ring_chunk(src, P, kh);
+      if (kc <= qc) f(qh, kh, kc == qc);  // (a later chunk is wholly in the future)
+    }
+}
+
 kernels::AttentionParams params_of(float scale, bool causal) {
   kernels::AttentionParams p;
   p.scale = scale;
@@ -227,37 +271,23 @@ void cp_attention_forward(CpComm& cp, CpMethod method, const Tensor& q, const Te
   // they come round, the next block's transfer running meanwhile.
   TESSERA_CHECK(Tl % 2 == 0, "ring attention: ", Tl, " tokens per rank do not split in 2 chunks");
   const int64_t C = Tl / 2;
-  Tensor cur = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32), nxt = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32);
-  cur.select(0, 0).copy_from(k);
-  cur.select(0, 1).copy_from(v);
+  const auto half = [C](const Tensor& t, int h, int dim = 1) { return t.slice(dim, h * C, (h + 1) * C); };
+  KvRing ring(cp, k, v);
   Tensor acc = Tensor::zeros({B, Tl, Hq, D}, DType::kF32);
   lse = Tensor::empty({B, Hq, Tl}, DType::kF32);
   lse.fill(-std::numeric_limits<float>::infinity());
   Tensor op = Tensor::empty({B, C, Hq, D}, DType::kF32), lp = Tensor::empty({B, Hq, C}, DType::kF32);
   for (int s = 0; s < P; ++s) {
-    const int src = (r - s + P) % P;
-    std::unique_ptr<CpComm::Pending> pending;
-    if (s + 1 < P) {
-      pending = cp.ring_shift(cur, nxt, 0);
-      cp.bytes_sent += static_cast<int64_t>(cur.nbytes());
-    }
+    ring.start(s);
     {
       Timed a{cp.attention_s};
-      for (int qh = 0; qh < 2; ++qh)
-        for (int kh = 0; kh < 2; ++kh) {
-          const int64_t qc = ring_chunk(r, P, qh), kc = ring_chunk(src, P, kh);
-          if (kc > qc) continue;  // wholly in the future
-          kernels::attention_forward(q.slice(1, qh * C, (qh + 1) * C), cur.select(0, 0).slice(1, kh * C, (kh + 1) * C),
-                                     cur.select(0, 1).slice(1, kh * C, (kh + 1) * C), op, &lp,
-                                     params_of(scale, kc == qc));
-          merge_partial(acc.slice(1, qh * C, (qh + 1) * C), lse.slice(2, qh * C, (qh + 1) * C), op, lp);
-        }
+      visible_pairs(r, (r - s + P) % P, P, [&](int qh, int kh, bool causal) {
+        kernels::attention_forward(half(q, qh), half(ring.cur.select(0, 0), kh), half(ring.cur.select(0, 1), kh), op,
+                                   &lp, params_of(scale, causal));
+        merge_partial(half(acc, qh), half(lse, qh, 2), op, lp);
+      });
     }
-    if (pending) {
-      Timed w{cp.wait_s};
-      pending->wait();
-      std::swap(cur, nxt);
-    }
+    ring.finish();
   }
   out.copy_from(acc);
 }
@@ -280,11 +310,10 @@ void cp_attention_backward(CpComm& cp, CpMethod method, const Tensor& q, const T
     return;
   }
   const int64_t C = Tl / 2;
+  const auto half = [C](const Tensor& t, int h, int dim = 1) { return t.slice(dim, h * C, (h + 1) * C); };
   // The key/value blocks travel as in the forward; with each goes its dK / dV so far,
   // which after the last step reaches the rank that owns the block.
-  Tensor cur = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32), nxt = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32);
-  cur.select(0, 0).copy_from(k);
-  cur.select(0, 1).copy_from(v);
+  KvRing ring(cp, k, v);
   Tensor dq_acc = Tensor::zeros({B, Tl, Hq, D}, DType::kF32);
   Tensor blk = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32);  // this step's part of the block's dK / dV
   Tensor dsend = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32), drecv = Tensor::empty({2, B, Tl, Hk, D}, DType::kF32);
@@ -292,28 +321,18 @@ void cp_attention_backward(CpComm& cp, CpMethod method, const Tensor& q, const T
          dv_t = Tensor::empty({B, C, Hk, D}, DType::kF32);
   std::unique_ptr<CpComm::Pending> dpending;
   for (int s = 0; s < P; ++s) {
-    const int src = (r - s + P) % P;
-    std::unique_ptr<CpComm::Pending> pending;
-    if (s + 1 < P) {
-      pending = cp.ring_shift(cur, nxt, 0);
-      cp.bytes_sent += static_cast<int64_t>(cur.nbytes());
-    }
+    ring.start(s);
     blk.zero();
     {
       Timed a{cp.attention_s};
-      for (int qh = 0; qh < 2; ++qh)
-        for (int kh = 0; kh < 2; ++kh) {
-          const int64_t qc = ring_chunk(r, P, qh), kc = ring_chunk(src, P, kh);
-          if (kc > qc) continue;
-          const auto qs = [&](const Tensor& t) { return t.slice(1, qh * C, (qh + 1) * C); };
-          const auto ks = [&](const Tensor& t) { return t.slice(1, kh * C, (kh + 1) * C); };
-          kernels::attention_backward(qs(q), ks(cur.select(0, 0)), ks(cur.select(0, 1)), qs(out),
-                                      lse.slice(2, qh * C, (qh + 1) * C), qs(dout), dq_t, dk_t, dv_t,
-                                      params_of(scale, kc == qc));
-          add_tokens(qs(dq_acc), dq_t);
-          add_tokens(ks(blk.select(0, 0)), dk_t);
-          add_tokens(ks(blk.select(0, 1)), dv_t);
-        }
+      visible_pairs(r, (r - s + P) % P, P, [&](int qh, int kh, bool causal) {
+        kernels::attention_backward(half(q, qh), half(ring.cur.select(0, 0), kh), half(ring.cur.select(0, 1), kh),
+                                    half(out, qh), half(lse, qh, 2), half(dout, qh), dq_t, dk_t, dv_t,
+                                    params_of(scale, causal));
+        add_tokens(half(dq_acc, qh), dq_t);
+        add_tokens(half(blk.select(0, 0), kh), dk_t);
+        add_tokens(half(blk.select(0, 1), kh), dv_t);
+      });
     }
     // This block's dK / dV so far (from the rank before) plus this step's, on to the next rank.
     if (dpending) {
@@ -327,11 +346,7 @@ void cp_attention_backward(CpComm& cp, CpMethod method, const Tensor& q, const T
     }
     dpending = cp.ring_shift(dsend, drecv, 1);
     cp.bytes_sent += static_cast<int64_t>(dsend.nbytes());
-    if (pending) {
-      Timed w{cp.wait_s};
-      pending->wait();
-      std::swap(cur, nxt);
-    }
+    ring.finish();
   }
   {
     Timed w{cp.wait_s};
