@@ -34,6 +34,8 @@ struct DataParallel::Unit {
   int64_t begin = 0, end = 0;  // flat range
   int segment = 0;
   int expert_segment = -1;     // expert parallelism: the segment of its experts' slots
+  Tensor ebuf;                 // stage 3 with ep: its experts' gathered values (over expert_comm)
+  comm::RequestPtr egather;    // and their prefetch
   int refs = 0;                // stage 3: acquires outstanding
   bool resident = false;       // stage 3: gathered weights bound
   Tensor buf;                  // stage 3: (end - begin) gathered values
@@ -83,8 +85,6 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& comm, DataPa
     ep_ = comm_.size() / n;
     TESSERA_CHECK(ep_ == model_.tp_shard().ep_size, "data parallel: the model is an expert shard of ep = ",
                   model_.tp_shard().ep_size, ", the groups make ep = ", ep_);
-    TESSERA_CHECK(ep_ == 1 || config_.zero_stage < 3, "parallel.zero_stage = 3 with expert parallelism (ep = ",
-                  ep_, ") is not supported yet; use zero_stage 0, 1 or 2");
   } else {
     TESSERA_CHECK(model_.tp_shard().ep_size == 1, "data parallel: an expert shard (ep = ",
                   model_.tp_shard().ep_size, ") needs the expert group (DataParallelConfig::expert_comm)");
@@ -101,7 +101,8 @@ DataParallel::~DataParallel() {
   try {
     for (auto& p : pending_) p.req->wait();
     for (auto& u : units_)
-      if (u.gather) u.gather->wait();
+      for (auto* r : {&u.gather, &u.egather})
+        if (*r) (*r)->wait();
   } catch (...) {  // a failed collective was reported where it was waited for
   }
   model_.set_train_hooks(nullptr);
@@ -220,12 +221,20 @@ void DataParallel::build_layout() {
 
 comm::Communicator& DataParallel::group_of(const Segment& s) { return s.expert ? *config_.expert_comm : comm_; }
 
-void DataParallel::bind_unit_weights(int u, const Tensor& flat, int64_t flat_begin) {
-  Unit& unit = units_[u];
-  for (int i : unit.slots) {
+void DataParallel::bind_slots(int u, const Tensor& flat, int64_t flat_begin, int kind) {
+  for (int i : units_[u].slots) {
     const Slot& s = slots_[i];
+    if (kind >= 0 && s.expert != (kind == 1)) continue;
     *s.w = flat.slice(0, s.flat - flat_begin, s.flat - flat_begin + s.numel).view(s.shape);
   }
+}
+
+void DataParallel::bind_unit_weights(int u, const Tensor& flat, int64_t flat_begin) {
+  bind_slots(u, flat, flat_begin, -1);
+  bound(u);
+}
+
+void DataParallel::bound(int u) {
   if (u == 0) model_.weights().tie(model_.config());
   model_.refresh_compute_unit(u);  // native bf16: the unit's bf16 matmul weights
 }
@@ -269,15 +278,21 @@ void DataParallel::broadcast_and_shard() {
     for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
       Unit& unit = units_[u];
       if (unit.segment < 0) continue;  // another pipeline stage's unit
-      const Segment& seg = segments_[unit.segment];
-      Tensor full = Tensor::empty({unit.end - unit.begin}, DType::kF32);
-      for (int i : unit.slots) {
-        const Slot& s = slots_[i];
-        full.slice(0, s.flat - unit.begin, s.flat - unit.begin + s.numel).view(s.shape).copy_from(*s.w);
+      // Its replicated slots over the whole group, its experts (ep) over expert_comm.
+      for (int si : {unit.segment, unit.expert_segment}) {
+        if (si < 0) continue;
+        const Segment& seg = segments_[si];
+        comm::Communicator& g = group_of(seg);
+        Tensor full = Tensor::empty({seg.end - seg.begin}, DType::kF32);
+        for (int i : unit.slots) {
+          const Slot& s = slots_[i];
+          if (s.expert != seg.expert) continue;
+          full.slice(0, s.flat - seg.begin, s.flat - seg.begin + s.numel).view(s.shape).copy_from(*s.w);
+        }
+        if (g.size() > 1) g.broadcast(full, 0);
+        const Tensor mine = full.slice(0, seg.own_begin - seg.begin, seg.own_end - seg.begin);
+        params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size()).copy_from(mine);
       }
-      if (N > 1) comm_.broadcast(full, 0);
-      const Tensor mine = full.slice(0, seg.own_begin - unit.begin, seg.own_end - unit.begin);
-      params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size()).copy_from(mine);
       unbind_unit_weights(u);  // the full weights go; acquire() gathers them when needed
     }
     if (separate_master_) master_.copy_from(params_shard_);
@@ -463,12 +478,7 @@ void DataParallel::finish_gradients() {
     Unit& unit = units_[u];
     if (unit.refs > 0) continue;
     if (unit.gather) finish_gather(u);
-    if (unit.resident) {
-      unbind_unit_weights(u);
-      unit.resident = false;
-      gathered_bytes_ -= unit.buf.numel() * 4;
-      unit.buf = Tensor();
-    }
+    if (unit.resident) drop_gathered(u);
   }
   if (config_.offload) {  // device -> host: the CPU optimizer reads host memory only
     for (const Segment& seg : segments_) {
@@ -539,26 +549,39 @@ void DataParallel::publish_params() {
 
 void DataParallel::start_gather(int u, bool async) {
   Unit& unit = units_[u];
-  const Segment& seg = segments_[unit.segment];
-  unit.buf = Tensor::empty({unit.end - unit.begin}, DType::kF32);
-  gathered_bytes_ += unit.buf.numel() * 4;
-  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
-  const Tensor in = params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
-  if (async) {
-    unit.gather = comm_.all_gather_async(in, unit.buf, config_.algorithm);
-    return;
+  // The replicated slots over the whole group; the experts (ep) over expert_comm.
+  for (int si : {unit.segment, unit.expert_segment}) {
+    if (si < 0) continue;
+    const Segment& seg = segments_[si];
+    Tensor& buf = seg.expert ? unit.ebuf : unit.buf;
+    buf = Tensor::empty({seg.end - seg.begin}, DType::kF32);
+    gathered_bytes_ += buf.numel() * 4;
+    const Tensor in = params_shard_.slice(0, seg.own_offset, seg.own_offset + seg.own_size());
+    (seg.expert ? unit.egather : unit.gather) = group_of(seg).all_gather_async(in, buf, config_.algorithm);
   }
-  comm_.all_gather(in, unit.buf, config_.algorithm);
-  bind_unit_weights(u, unit.buf, unit.begin);
-  unit.resident = true;
+  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+  if (!async) finish_gather(u);
 }
 
 void DataParallel::finish_gather(int u) {
   Unit& unit = units_[u];
-  unit.gather->wait();
-  unit.gather = nullptr;
-  bind_unit_weights(u, unit.buf, unit.begin);
+  for (auto* r : {&unit.gather, &unit.egather})
+    if (*r) {
+      (*r)->wait();
+      *r = nullptr;
+    }
+  bind_slots(u, unit.buf, unit.begin, 0);
+  if (unit.expert_segment >= 0) bind_slots(u, unit.ebuf, segments_[unit.expert_segment].begin, 1);
+  bound(u);
   unit.resident = true;
+}
+
+void DataParallel::drop_gathered(int u) {
+  Unit& unit = units_[u];
+  unbind_unit_weights(u);
+  unit.resident = false;
+  gathered_bytes_ -= (unit.buf.numel() + (unit.ebuf.defined() ? unit.ebuf.numel() : 0)) * 4;
+  unit.buf = unit.ebuf = Tensor();
 }
 
 void DataParallel::acquire(int u) {
@@ -588,10 +611,7 @@ void DataParallel::release(int u) {
   Unit& unit = units_[u];
   TESSERA_CHECK(unit.refs > 0, "data parallel: unit ", u, " released more often than acquired");
   if (--unit.refs > 0) return;
-  unbind_unit_weights(u);
-  unit.resident = false;
-  gathered_bytes_ -= unit.buf.numel() * 4;
-  unit.buf = Tensor();
+  drop_gathered(u);
 }
 
 void DataParallel::gather_all() {

@@ -28,7 +28,7 @@ struct DataParallelConfig {
   // Expert parallelism (the model is an expert shard, TpShard::ep_size > 1): the ranks of
   // the group that hold this rank's experts (the dp axis; the group itself is dp x ep). The
   // experts' gradients, summed over the ep ranks' tokens by the MoE backward, are reduced
-  // and sharded over these ranks only; everything else over the whole group. Stages 0-2.
+  // and sharded over these ranks only; everything else over the whole group.
   comm::Communicator* expert_comm = nullptr;
 };
 
@@ -130,6 +130,11 @@ class DataParallel final : public model::TrainHooks {
   void build_pieces();
   // Views into a unit's flat values: `flat` holds the flat range from flat_begin on.
   void bind_unit_weights(int unit, const Tensor& flat, int64_t flat_begin);
+  // The same for some of its slots (kind 0: replicated, 1: experts, -1: all), and what
+  // follows once they all are (the tied head, the compute copies).
+  void bind_slots(int unit, const Tensor& flat, int64_t flat_begin, int kind);
+  void bound(int unit);
+  void drop_gathered(int unit);  // stage 3: unbinds a gathered unit and frees its buffers
   void unbind_unit_weights(int unit);
   void bind_segment_grads(Segment& s, const Tensor& flat);
   void launch_reduction(Segment& s);
