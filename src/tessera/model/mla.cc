@@ -1,0 +1,253 @@
+// Multi-head latent attention: training passes and the absorbed latent-cache decode (mla.h).
+#include "tessera/model/mla.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/attention.h"
+#include "tessera/kernels/elementwise.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/kernels/norm.h"
+
+namespace tessera::model {
+namespace {
+
+void check(const MlaSpec& s, const MlaWeights& w, int64_t H) {
+  TESSERA_CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.qk_nope >= 0 && s.qk_rope > 0 && s.qk_rope % 2 == 0 &&
+                    s.v_head > 0,
+                "mla: heads ", s.heads, ", kv_lora_rank ", s.kv_lora_rank, ", qk_nope ", s.qk_nope, ", qk_rope ",
+                s.qk_rope, " (even), v_head ", s.v_head, " must be positive");
+  const int64_t qk = s.qk_dim();
+  auto shape = [](const Tensor& t, const Shape& want, const char* name) {
+    TESSERA_CHECK(t.defined() && t.shape() == want && t.dtype() == DType::kF32, "mla: ", name, " is ",
+                  t.defined() ? t.describe() : std::string("missing"), ", expected ", shape_str(want), " f32");
+  };
+  if (s.q_lora_rank > 0) {
+    shape(w.q_a, {s.q_lora_rank, H}, "q_a_proj");
+    shape(w.q_a_norm, {s.q_lora_rank}, "q_a_layernorm");
+    shape(w.q_b, {s.heads * qk, s.q_lora_rank}, "q_b_proj");
+  } else {
+    shape(w.q_proj, {s.heads * qk, H}, "q_proj");
+  }
+  shape(w.kv_a, {s.kv_lora_rank + s.qk_rope, H}, "kv_a_proj_with_mqa");
+  shape(w.kv_a_norm, {s.kv_lora_rank}, "kv_a_layernorm");
+  shape(w.kv_b, {s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank}, "kv_b_proj");
+  shape(w.o, {H, s.heads * s.v_head}, "o_proj");
+}
+
+// Rotates adjacent pairs of the `rope` columns starting at column `at` of each row of x
+// (N rows, any row stride) by position x theta^(-2i/rope); inverse: by the negative angle.
+void rope_pairs(Tensor x, int64_t at, int64_t rope, const Tensor& positions, double theta, bool inverse,
+                int64_t heads = 1, int64_t head_stride = 0) {
+  const int64_t N = x.size(0), ld = x.stride(0);
+  float* p = x.data<float>();
+  const int32_t* pos = positions.data<int32_t>();
+  base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t i = 0; i < rope / 2; ++i) {
+        const double a = pos[n] * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rope));
+        const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
+        for (int64_t h = 0; h < heads; ++h) {
+          float* r = p + n * ld + h * head_stride + at + 2 * i;
+          const float x0 = r[0], x1 = r[1];
+          r[0] = x0 * c - x1 * s;
+          r[1] = x1 * c + x0 * s;
+        }
+      }
+  });
+}
+
+// The queries (N, heads qk), RoPE applied to each head's rope part.
+Tensor queries(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Tensor& positions, MlaSaved* sv) {
+  const int64_t N = x.size(0), qk = s.qk_dim();
+  Tensor q = Tensor::empty({N, s.heads * qk}, DType::kF32);
+  if (s.q_lora_rank > 0) {
+    Tensor qa = Tensor::empty({N, s.q_lora_rank}, DType::kF32), qa_n = Tensor::empty({N, s.q_lora_rank}, DType::kF32);
+    Tensor rstd = Tensor::empty({N}, DType::kF32);
+    kernels::matmul(x, w.q_a, qa, false, true);
+    kernels::rmsnorm_forward(qa, w.q_a_norm, s.norm_eps, qa_n, &rstd);
+    kernels::matmul(qa_n, w.q_b, q, false, true);
+    if (sv) sv->qa = qa, sv->qa_rstd = rstd, sv->qa_n = qa_n;
+  } else {
+    kernels::matmul(x, w.q_proj, q, false, true);
+  }
+  rope_pairs(q, s.qk_nope, s.qk_rope, positions, s.rope_theta, false, s.heads, qk);
+  return q;
+}
+
+// kv_a's output (N, kv_lora + rope) with its rope part rotated, and the normalised latent.
+void latents(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Tensor& positions, Tensor& ckv,
+             Tensor& c_n, Tensor* rstd) {
+  const int64_t N = x.size(0), L = s.kv_lora_rank;
+  ckv = Tensor::empty({N, L + s.qk_rope}, DType::kF32);
+  kernels::matmul(x, w.kv_a, ckv, false, true);
+  c_n = Tensor::empty({N, L}, DType::kF32);
+  kernels::rmsnorm_forward(ckv.slice(1, 0, L), w.kv_a_norm, s.norm_eps, c_n, rstd);
+  rope_pairs(ckv, L, s.qk_rope, positions, s.rope_theta, false);
+}
+
+}  // namespace
+
+float MlaSpec::softmax_scale() const {
+  return scale > 0 ? scale : 1.f / std::sqrt(static_cast<float>(qk_dim()));
+}
+
+MlaWeights mla_zero_grads(const MlaWeights& w) {
+  MlaWeights g;
+  auto z = [](const Tensor& t) { return t.defined() ? Tensor::zeros(t.shape(), DType::kF32) : Tensor(); };
+  g.q_proj = z(w.q_proj), g.q_a = z(w.q_a), g.q_a_norm = z(w.q_a_norm), g.q_b = z(w.q_b);
+  g.kv_a = z(w.kv_a), g.kv_a_norm = z(w.kv_a_norm), g.kv_b = z(w.kv_b), g.o = z(w.o);
+  return g;
+}
+
+void mla_forward(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Tensor& positions, int64_t B,
+                 int64_t T, Tensor& out, MlaSaved* save) {
+  const int64_t N = x.size(0), H = x.size(1), qk = s.qk_dim(), nv = s.qk_nope + s.v_head, L = s.kv_lora_rank;
+  TESSERA_CHECK(N == B * T && positions.numel() == N, "mla_forward: ", N, " rows are not ", B, " x ", T);
+  check(s, w, H);
+  MlaSaved local;
+  MlaSaved& sv = save ? *save : local;
+  sv.B = B, sv.T = T, sv.x = x, sv.positions = positions;
+  const Tensor q = queries(s, w, x, positions, &sv);
+  sv.c_rstd = Tensor::empty({N}, DType::kF32);
+  latents(s, w, x, positions, sv.ckv, sv.c_n, &sv.c_rstd);
+  sv.kv = Tensor::empty({N, s.heads * nv}, DType::kF32);
+  kernels::matmul(sv.c_n, w.kv_b, sv.kv, false, true);
+  // The attention's operands, padded to one head size D (the kernel's q, k and v share it):
+  // the zeros change no score and no output column that is kept.
+  const int64_t D = std::max(qk, s.v_head);
+  sv.qp = Tensor::zeros({B, T, s.heads, D}, DType::kF32);
+  sv.kp = Tensor::zeros({B, T, s.heads, D}, DType::kF32);
+  sv.vp = Tensor::zeros({B, T, s.heads, D}, DType::kF32);
+  const Tensor q4 = q.view({B, T, s.heads, qk}), kv4 = sv.kv.view({B, T, s.heads, nv});
+  sv.qp.slice(3, 0, qk).copy_from(q4);
+  sv.kp.slice(3, 0, s.qk_nope).copy_from(kv4.slice(3, 0, s.qk_nope));
+  sv.vp.slice(3, 0, s.v_head).copy_from(kv4.slice(3, s.qk_nope, nv));
+  const Tensor kpe = sv.ckv.slice(1, L, L + s.qk_rope).contiguous().view({B, T, 1, s.qk_rope});
+  for (int64_t h = 0; h < s.heads; ++h) sv.kp.slice(2, h, h + 1).slice(3, s.qk_nope, qk).copy_from(kpe);
+  sv.outp = Tensor::empty({B, T, s.heads, D}, DType::kF32);
+  sv.lse = Tensor::empty({B, s.heads, T}, DType::kF32);
+  kernels::AttentionParams ap;
+  ap.scale = s.softmax_scale();
+  kernels::attention_forward(sv.qp, sv.kp, sv.vp, sv.outp, &sv.lse, ap);
+  sv.att = Tensor::empty({N, s.heads * s.v_head}, DType::kF32);
+  sv.att.view({B, T, s.heads, s.v_head}).copy_from(sv.outp.slice(3, 0, s.v_head));
+  TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "mla_forward: out is ", out.describe());
+  kernels::matmul(sv.att, w.o, out, false, true);
+}
+
+void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, const Tensor& dout, Tensor& dx,
+                  MlaWeights& g) {
+  const int64_t B = sv.B, T = sv.T, N = B * T, H = sv.x.size(1), qk = s.qk_dim(), nv = s.qk_nope + s.v_head;
+  const int64_t L = s.kv_lora_rank, D = sv.qp.size(3);
+  // o_proj, then the attention over the padded operands.
+  Tensor datt = Tensor::empty({N, s.heads * s.v_head}, DType::kF32);
+  kernels::matmul(dout, w.o, datt, false, false);
+  kernels::matmul(dout, sv.att, g.o, true, false, 1.f, 1.f);
+  Tensor doutp = Tensor::zeros({B, T, s.heads, D}, DType::kF32);
+  doutp.slice(3, 0, s.v_head).copy_from(datt.view({B, T, s.heads, s.v_head}));
+  Tensor dqp = Tensor::empty(sv.qp.shape(), DType::kF32), dkp = Tensor::empty(sv.kp.shape(), DType::kF32),
+         dvp = Tensor::empty(sv.vp.shape(), DType::kF32);
+  kernels::AttentionParams ap;
+  ap.scale = s.softmax_scale();
+  kernels::attention_backward(sv.qp, sv.kp, sv.vp, sv.outp, sv.lse, doutp, dqp, dkp, dvp, ap);
+  // Back to q, the per-head k_nope / v (kv), and the shared rope key (summed over heads).
+  Tensor dq = Tensor::empty({N, s.heads * qk}, DType::kF32);
+  dq.view({B, T, s.heads, qk}).copy_from(dqp.slice(3, 0, qk));
+  rope_pairs(dq, s.qk_nope, s.qk_rope, sv.positions, s.rope_theta, true, s.heads, qk);
+  Tensor dkv = Tensor::empty({N, s.heads * nv}, DType::kF32);
+  Tensor dkv4 = dkv.view({B, T, s.heads, nv});
+  dkv4.slice(3, 0, s.qk_nope).copy_from(dkp.slice(3, 0, s.qk_nope));
+  dkv4.slice(3, s.qk_nope, nv).copy_from(dvp.slice(3, 0, s.v_head));
+  Tensor dckv = Tensor::zeros({N, L + s.qk_rope}, DType::kF32);
+  {
+    const float* k = dkp.data<float>();
+    float* o = dckv.data<float>();
+    base::parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t i = 0; i < s.qk_rope; ++i) o[n * (L + s.qk_rope) + L + i] += k[(n * s.heads + h) * D + s.qk_nope + i];
+    });
+  }
+  rope_pairs(dckv, L, s.qk_rope, sv.positions, s.rope_theta, true);
+  // The latent: kv = c_n kv_b^T, c_n = rmsnorm(c); then kv_a.
+  kernels::matmul(dkv, sv.c_n, g.kv_b, true, false, 1.f, 1.f);
+  Tensor dc_n = Tensor::empty({N, L}, DType::kF32);
+  kernels::matmul(dkv, w.kv_b, dc_n, false, false);
+  Tensor dc = dckv.slice(1, 0, L);
+  kernels::rmsnorm_backward(dc_n, sv.ckv.slice(1, 0, L), w.kv_a_norm, sv.c_rstd, dc, g.kv_a_norm);
+  kernels::matmul(dckv, sv.x, g.kv_a, true, false, 1.f, 1.f);
+  TESSERA_CHECK(dx.shape() == (Shape{N, H}) && dx.dtype() == DType::kF32, "mla_backward: dx is ", dx.describe());
+  kernels::matmul(dckv, w.kv_a, dx, false, false);
+  // The queries.
+  if (s.q_lora_rank > 0) {
+    kernels::matmul(dq, sv.qa_n, g.q_b, true, false, 1.f, 1.f);
+    Tensor dqa_n = Tensor::empty({N, s.q_lora_rank}, DType::kF32), dqa = Tensor::empty({N, s.q_lora_rank}, DType::kF32);
+    kernels::matmul(dq, w.q_b, dqa_n, false, false);
+    kernels::rmsnorm_backward(dqa_n, sv.qa, w.q_a_norm, sv.qa_rstd, dqa, g.q_a_norm);
+    kernels::matmul(dqa, sv.x, g.q_a, true, false, 1.f, 1.f);
+    kernels::matmul(dqa, w.q_a, dx, false, false, 1.f, 1.f);
+  } else {
+    kernels::matmul(dq, sv.x, g.q_proj, true, false, 1.f, 1.f);
+    kernels::matmul(dq, w.q_proj, dx, false, false, 1.f, 1.f);
+  }
+}
+
+MlaCache MlaCache::create(const MlaSpec& spec, int64_t capacity) {
+  MlaCache c;
+  c.c = Tensor::empty({capacity, spec.kv_lora_rank}, DType::kF32);
+  c.kpe = Tensor::empty({capacity, spec.qk_rope}, DType::kF32);
+  return c;
+}
+
+void mla_decode(const MlaSpec& s, const MlaWeights& w, const Tensor& x, MlaCache& cache, Tensor& out) {
+  const int64_t n = x.size(0), H = x.size(1), qk = s.qk_dim(), nv = s.qk_nope + s.v_head, L = s.kv_lora_rank;
+  check(s, w, H);
+  const int64_t past = cache.length, len = past + n;
+  TESSERA_CHECK(len <= cache.c.size(0), "mla_decode: ", len, " tokens exceed the cache's ", cache.c.size(0));
+  Tensor positions = Tensor::empty({n}, DType::kI32);
+  for (int64_t i = 0; i < n; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(past + i);
+  const Tensor q = queries(s, w, x, positions, nullptr);
+  Tensor ckv, c_n;
+  latents(s, w, x, positions, ckv, c_n, nullptr);
+  cache.c.slice(0, past, len).copy_from(c_n);
+  cache.kpe.slice(0, past, len).copy_from(ckv.slice(1, L, L + s.qk_rope));
+  cache.length = len;
+  const Tensor C = cache.c.slice(0, 0, len), K = cache.kpe.slice(0, 0, len);
+  const float scale = s.softmax_scale();
+  Tensor att = Tensor::empty({n, s.heads * s.v_head}, DType::kF32);
+  Tensor qc = Tensor::empty({n, L}, DType::kF32), scores = Tensor::empty({n, len}, DType::kF32);
+  Tensor ctx = Tensor::empty({n, L}, DType::kF32);
+  for (int64_t h = 0; h < s.heads; ++h) {
+    // Absorbed: q_nope . (W_k c) = (W_k^T q_nope) . c, with W_k head h's k_nope rows of kv_b.
+    const Tensor wk = w.kv_b.slice(0, h * nv, h * nv + s.qk_nope), wv = w.kv_b.slice(0, h * nv + s.qk_nope, (h + 1) * nv);
+    kernels::matmul(q.slice(1, h * qk, h * qk + s.qk_nope), wk, qc, false, false);
+    kernels::matmul(qc, C, scores, false, true, scale);
+    kernels::matmul(q.slice(1, h * qk + s.qk_nope, (h + 1) * qk), K, scores, false, true, scale, 1.f);
+    float* sc = scores.data<float>();
+    for (int64_t i = 0; i < n; ++i) {  // causal softmax: token i sees the cache up to itself
+      float* r = sc + i * len;
+      const int64_t seen = past + i + 1;
+      const float m = *std::max_element(r, r + seen);
+      float sum = 0.f;
+      for (int64_t t = 0; t < seen; ++t) sum += (r[t] = std::exp(r[t] - m));
+      for (int64_t t = 0; t < seen; ++t) r[t] /= sum;
+      std::fill(r + seen, r + len, 0.f);
+    }
+    kernels::matmul(scores, C, ctx, false, false);
+    Tensor ah = att.slice(1, h * s.v_head, (h + 1) * s.v_head);
+    kernels::matmul(ctx, wv, ah, false, true);  // the values: W_v (sum_t p_t c_t)
+  }
+  TESSERA_CHECK(out.shape() == (Shape{n, H}) && out.dtype() == DType::kF32, "mla_decode: out is ", out.describe());
+  kernels::matmul(att, w.o, out, false, true);
+}
+
+int64_t mla_cache_bytes_per_token(const MlaSpec& s, int64_t bytes) { return (s.kv_lora_rank + s.qk_rope) * bytes; }
+
+int64_t mha_cache_bytes_per_token(const MlaSpec& s, int64_t bytes) {
+  return s.heads * (s.qk_dim() + s.v_head) * bytes;
+}
+
+}  // namespace tessera::model
