@@ -5,12 +5,13 @@
 // samples fork; aborts free everything.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 
+#include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generate.h"
-#include <algorithm>
 
 namespace tessera::infer {
 namespace {
@@ -83,6 +84,14 @@ std::map<RequestId, std::vector<int32_t>> run_all(Engine& e) {
 }
 
 void check_against_alone(model::Arch arch, bool moe = false) {
+  // One thread: some 2000 tiny forwards, each a few parallel regions, crawl when ctest runs
+  // another such test beside this one on 2 cores (each region waits for a descheduled
+  // worker); what is checked does not depend on the thread count.
+  struct OneThread {
+    int before = base::num_threads();
+    OneThread() { base::set_num_threads(1); }
+    ~OneThread() { base::set_num_threads(before); }
+  } one_thread;
   const model::Model m = make_model(arch, 5, moe);
   std::mt19937 rng(42);
   const std::vector<int32_t> shared = random_tokens(rng, 40);  // a common prefix
