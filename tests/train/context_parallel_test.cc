@@ -136,7 +136,8 @@ TEST(ContextParallel, TrainerMatchesOneProcessOn4kAnd16kSequences) {
 }
 
 // cp composes with tp (Ulysses splits each rank's tp heads further; the ring passes each
-// rank's tp blocks) and with dp under ZeRO: cp2 x tp2 and dp2 x cp2 (ZeRO-1) on 4 ranks.
+// rank's tp blocks) and with dp under ZeRO: cp2 x tp2 and dp2 x cp2 (ZeRO-1, ZeRO-3) on 4
+// ranks.
 TEST(ContextParallel, ComposesWithTensorAndDataParallelism) {
   const std::string root = tt::temp_dir("cp_compose");
   const std::string data = tt::make_data(root, 60000);
@@ -149,7 +150,8 @@ TEST(ContextParallel, ComposesWithTensorAndDataParallelism) {
   for (const auto& [name, parallel] :
        {std::pair<std::string, std::string>{"cp2_tp2_ring", "cp = 2\ntp = 2"},
         std::pair<std::string, std::string>{"cp2_tp2_ulysses", "cp = 2\ntp = 2\ncp_method = \"ulysses\""},
-        std::pair<std::string, std::string>{"dp2_cp2_z1", "cp = 2\ndp = 2\nzero_stage = 1"}}) {
+        std::pair<std::string, std::string>{"dp2_cp2_z1", "cp = 2\ndp = 2\nzero_stage = 1"},
+        std::pair<std::string, std::string>{"dp2_cp2_z3", "cp = 2\ndp = 2\nzero_stage = 3"}}) {
     const tt::RunOut got = tt::train(with_batch2(cp_config(root, name, data, parallel, T)), 4);
     tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
