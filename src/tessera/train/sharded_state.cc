@@ -113,4 +113,66 @@ std::map<std::string, std::vector<std::pair<std::string, Box>>> tp_blocks(
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> read_sharded_state(
+    const std::string& dir, const std::vector<std::string>& files, int64_t saved_tp,
+    const model::ModelConfig& config, model::TpShard shard, int64_t tp, std::vector<parallel::ShardPiece>& pieces,
+    const std::vector<ParamRef>& refs, const std::vector<std::pair<std::string, Tensor>>& state) {
+  const PieceReader reader(files);
+  std::shared_ptr<io::SafetensorsFile> weights;  // only for checkpoints without masters
+  // A checkpoint without masters (fp32 without sharding, at tp 1): the model's weights.
+  auto whole_weight = [&](const parallel::ShardPiece& piece) {
+    if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
+    TESSERA_CHECK(weights->has(piece.name), dir, "/model.safetensors: missing tensor ", piece.name);
+    const Tensor src = weights->get(piece.name);
+    TESSERA_CHECK(src.shape() == piece.full_shape, dir, "/model.safetensors: ", piece.name, " has shape ",
+                  src.describe(), ", the configured model needs ", shape_str(piece.full_shape));
+    return src.view({src.numel()});
+  };
+  // At another tp the saved blocks of each tensor are cut to this rank's block.
+  const auto saved_blocks = saved_tp == tp ? decltype(tp_blocks(config, 1)){} : tp_blocks(config, saved_tp);
+  // Fills dst with state `kind` ("master.", "exp_avg.", ...) of `piece`.
+  // A pipeline's last-stage copy of a tied table has the embedding's values and state
+  // (the two take the same steps): it reads the embedding's, under any saved layout.
+  const std::string embed_name = model::embedding_name(config);
+  auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece_in, Tensor& dst) {
+    parallel::ShardPiece piece = piece_in;
+    if (config.tie_word_embeddings && piece.name == "lm_head.weight") {
+      piece.name = embed_name;
+      piece.key = parallel::tp_piece_key(embed_name, shard);
+    }
+    auto source = [&](const std::string& key) -> std::function<void(int64_t, Tensor&)> {
+      if (reader.has(kind + key) || kind != "master.")
+        return [&reader, name = kind + key](int64_t at, Tensor& out) { reader.read(name, at, out); };
+      const Tensor src = whole_weight(piece);
+      return [src](int64_t at, Tensor& out) { out.copy_from(src.slice(0, at, at + out.numel()).view(out.shape())); };
+    };
+    if (saved_tp == tp) {
+      source(piece.key)(piece.offset, dst);
+      return;
+    }
+    const Box mine{piece.block_offset, piece.tensor_shape};
+    int64_t filled = 0;
+    for (const auto& [key, box] : saved_blocks.at(piece.name))
+      filled += copy_box_overlap(box, mine, piece.offset, dst, source(key));
+    TESSERA_CHECK(filled == dst.numel(), dir, ": the tp = ", saved_tp, " blocks of ", kind, piece.name, " cover ",
+                  filled, " of this rank's ", dst.numel(), " elements");
+  };
+  std::map<std::string, const parallel::ShardPiece*> by_ref;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    auto& piece = pieces[i];
+    by_ref[refs[i].name] = &piece;
+    Tensor dst = piece.master;
+    read_state("master.", piece, dst);
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : state) {
+    const size_t dot = name.find('.');
+    const auto* piece = by_ref.at(name.substr(dot + 1));
+    Tensor dst = Tensor::empty(t.shape(), DType::kF32);
+    read_state(name.substr(0, dot + 1), *piece, dst);
+    out.emplace_back(name, dst);
+  }
+  return out;
+}
+
 }  // namespace tessera::train

@@ -12,6 +12,8 @@
 
 #include "tessera/io/safetensors.h"
 #include "tessera/model/config.h"
+#include "tessera/parallel/data_parallel.h"
+#include "tessera/train/grad_utils.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::train {
@@ -57,5 +59,15 @@ int64_t copy_box_overlap(const Box& src, const Box& dst, int64_t window_begin, T
 // (state name, block) (tp_piece_key names; a block held by several ranks listed once).
 std::map<std::string, std::vector<std::pair<std::string, Box>>> tp_blocks(
     const model::ModelConfig& config, int64_t tp);
+
+// Resumes from checkpoint `dir` under this rank's layout: fills each of `pieces`' master
+// (refs[i] is pieces[i]'s optimizer name) from the saved shard `files`, cutting the blocks
+// of a checkpoint saved at another tp (saved_tp) to this rank's (`shard` of `tp`); a
+// checkpoint without masters (fp32, unsharded, tp 1) gives the model's weights. Returns
+// the optimizer state named as `state` (the optimizer's state_tensors(): "<kind>.<ref>").
+std::vector<std::pair<std::string, Tensor>> read_sharded_state(
+    const std::string& dir, const std::vector<std::string>& files, int64_t saved_tp,
+    const model::ModelConfig& config, model::TpShard shard, int64_t tp, std::vector<parallel::ShardPiece>& pieces,
+    const std::vector<ParamRef>& refs, const std::vector<std::pair<std::string, Tensor>>& state);
 
 }  // namespace tessera::train

@@ -12,7 +12,6 @@
 #include <memory>
 #include <map>
 #include <optional>
-#include <set>
 
 #include "tessera/base/aligned_alloc.h"
 #include "tessera/base/error.h"
@@ -295,7 +294,8 @@ class Run {
       nlohmann::json rec = sm.to_record();
       if (scaler_.enabled()) rec["skipped_steps"] = st_.skipped_steps;
       add_memory(rec, activation_bytes);
-      if (result.steps_run == 0 && tr.memory_limit_mb > 0) check_memory_limit(rec);
+      if (result.steps_run == 0 && tr.memory_limit_mb > 0)
+        check_memory_limit(rec, tr.memory_limit_mb, comm_, c_.source_name());
       if (tp_) take_tp_metrics(rec, *tp_);
       if (ep_) {
         rec["ep_comm_bytes"] = ep_->bytes_sent();
@@ -414,25 +414,6 @@ class Run {
     if (c_.parallel.zero_stage == 3) rec["mem_gathered_peak"] = m.gathered_peak;
   }
 
-  // [training] memory_limit_mb against this rank's bytes after its first step; every rank
-  // stops together when one is over (collective over the world).
-  void check_memory_limit(const nlohmann::json& rec) const {
-    const double mb = 1024.0 * 1024.0;
-    const double p = rec.at("mem_params").get<double>() / mb, g = rec.at("mem_grads").get<double>() / mb,
-                 o = rec.at("mem_optimizer").get<double>() / mb, a = rec.at("mem_activations").get<double>() / mb;
-    const bool over = p + g + o + a > c_.training.memory_limit_mb;
-    const double ranks_over = parallel::exact_sum(comm_, over ? 1.0 : 0.0);
-    if (ranks_over == 0) return;
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "%s: %g of %d rank(s) need more than [training] memory_limit_mb = %g; rank %d needs %.1f MiB "
-                  "(parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f); spread it: [parallel] cp "
-                  "splits the sequence, zero_stage the states, tp / pp the model",
-                  c_.source_name().c_str(), ranks_over, world_, c_.training.memory_limit_mb, rank_, p + g + o + a, p,
-                  g, o, a);
-    fail(buf);
-  }
-
   void prepare_out_dir() {
     fs::create_directories(c_.out_dir);
     const auto latest = CheckpointManager::find_latest_in(c_.out_dir);
@@ -509,18 +490,9 @@ class Run {
     const auto weights = whole_weights();
     if (saves_shard(rank_)) {
       // Under tp and ep the masters are always written (the model file holds whole tensors).
-      // Each piece is written by the first rank holding it (ep at stage 0 replicates
-      // the shared tensors over the whole group, the experts over the dp axis).
-      std::vector<ParamRef> mine;
-      for (size_t i = 0; i < refs_.size(); ++i)
-        if (dp_.pieces()[i].primary) mine.push_back(refs_[i]);
-      std::vector<std::pair<std::string, Tensor>> shard =
-          master_tensors(mine, rank_ == 0 && !tp_ && !ep_ ? weights : decltype(weights){});
-      std::set<std::string> names;
-      for (const ParamRef& r : mine) names.insert(r.name);
-      for (auto& [name, t] : opt_.state_tensors())
-        if (names.count(name.substr(name.find('.') + 1))) shard.emplace_back(name, std::move(t));
-      f.safetensors.push_back({shard_file_name(rank_), std::move(shard)});
+      f.safetensors.push_back({shard_file_name(rank_),
+                               shard_file_tensors(dp_.pieces(), refs_, opt_.state_tensors(),
+                                                  rank_ == 0 && !tp_ && !ep_ ? weights : decltype(weights){})});
     }
     if (rank_ != 0) return f;
     f.safetensors.insert(f.safetensors.begin(), {"model.safetensors", weights});
@@ -642,64 +614,10 @@ class Run {
       } else {
         files.push_back(dir + "/optimizer.safetensors");
       }
-      const PieceReader reader(files);
-      std::shared_ptr<io::SafetensorsFile> weights;  // only for checkpoints without masters
-      // A checkpoint without masters (fp32 without sharding, at tp 1): the model's weights.
-      auto whole_weight = [&](const parallel::ShardPiece& piece) {
-        if (!weights) weights = io::SafetensorsFile::open(dir + "/model.safetensors");
-        TESSERA_CHECK(weights->has(piece.name), dir, "/model.safetensors: missing tensor ", piece.name);
-        const Tensor src = weights->get(piece.name);
-        TESSERA_CHECK(src.shape() == piece.full_shape, dir, "/model.safetensors: ", piece.name,
-                      " has shape ", src.describe(), ", the configured model needs ",
-                      shape_str(piece.full_shape));
-        return src.view({src.numel()});
-      };
-      // At another tp the saved blocks of each tensor are cut to this rank's block.
-      const auto saved_blocks = saved_tp == mesh_shape_.tp
-                                    ? decltype(tp_blocks(model_.config(), 1)){}
-                                    : tp_blocks(model_.config(), saved_tp);
-      // Fills dst with state `kind` ("master.", "exp_avg.", ...) of `piece`.
-      // A pipeline's last-stage copy of a tied table has the embedding's values and state
-      // (the two take the same steps): it reads the embedding's, under any saved layout.
-      const std::string embed_name = model::embedding_name(model_config_);
-      auto read_state = [&](const std::string& kind, const parallel::ShardPiece& piece_in, Tensor& dst) {
-        parallel::ShardPiece piece = piece_in;
-        if (model_config_.tie_word_embeddings && piece.name == "lm_head.weight") {
-          piece.name = embed_name;
-          piece.key = parallel::tp_piece_key(embed_name, tp_shard_);
-        }
-        auto source = [&](const std::string& key) -> std::function<void(int64_t, Tensor&)> {
-          if (reader.has(kind + key) || kind != "master.")
-            return [&reader, name = kind + key](int64_t at, Tensor& out) { reader.read(name, at, out); };
-          const Tensor src = whole_weight(piece);
-          return [src](int64_t at, Tensor& out) { out.copy_from(src.slice(0, at, at + out.numel()).view(out.shape())); };
-        };
-        if (saved_tp == mesh_shape_.tp) {
-          source(piece.key)(piece.offset, dst);
-          return;
-        }
-        const Box mine{piece.block_offset, piece.tensor_shape};
-        int64_t filled = 0;
-        for (const auto& [key, box] : saved_blocks.at(piece.name))
-          filled += copy_box_overlap(box, mine, piece.offset, dst, source(key));
-        TESSERA_CHECK(filled == dst.numel(), dir, ": the tp = ", saved_tp, " blocks of ", kind,
-                      piece.name, " cover ", filled, " of this rank's ", dst.numel(), " elements");
-      };
-      std::map<std::string, const parallel::ShardPiece*> by_ref;
-      for (size_t i = 0; i < refs_.size(); ++i) {
-        const auto& piece = dp_.pieces()[i];
-        by_ref[refs_[i].name] = &piece;
-        Tensor dst = piece.master;
-        read_state("master.", piece, dst);
-      }
-      std::vector<std::pair<std::string, Tensor>> opt_state;
-      for (const auto& [name, t] : opt_.state_tensors()) {
-        const size_t dot = name.find('.');
-        const auto* piece = by_ref.at(name.substr(dot + 1));
-        Tensor dst = Tensor::empty(t.shape(), DType::kF32);
-        read_state(name.substr(0, dot + 1), *piece, dst);
-        opt_state.emplace_back(name, dst);
-      }
+      std::vector<std::pair<std::string, Tensor>> state_names;
+      for (auto& [name, t] : opt_.state_tensors()) state_names.emplace_back(name, t);
+      const auto opt_state = read_sharded_state(dir, files, saved_tp, model_config_, tp_shard_, mesh_shape_.tp,
+                                                dp_.pieces(), refs_, state_names);
       opt_.load_state(opt_state, state.at("optimizer_step").get<int64_t>());
       dp_.publish_params();
       scaler_.load_json(state.at("loss_scaler"));

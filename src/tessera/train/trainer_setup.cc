@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -279,6 +280,37 @@ void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::Data
   const double dropped = dp.sum_over_ranks(static_cast<double>(gp.dropped));
   rec["moe_dropped_slots"] = dropped;
   rec["moe_dropped_fraction"] = total + dropped > 0 ? dropped / (total + dropped) : 0.0;
+}
+
+std::vector<std::pair<std::string, Tensor>> shard_file_tensors(
+    const std::vector<parallel::ShardPiece>& pieces, const std::vector<ParamRef>& refs,
+    std::vector<std::pair<std::string, Tensor>> state, const std::vector<std::pair<std::string, Tensor>>& in_model) {
+  std::vector<ParamRef> mine;
+  for (size_t i = 0; i < refs.size(); ++i)
+    if (pieces[i].primary) mine.push_back(refs[i]);
+  auto out = master_tensors(mine, in_model);
+  std::set<std::string> names;
+  for (const ParamRef& r : mine) names.insert(r.name);
+  for (auto& [name, t] : state)
+    if (names.count(name.substr(name.find('.') + 1))) out.emplace_back(name, std::move(t));
+  return out;
+}
+
+void check_memory_limit(const nlohmann::json& rec, double limit_mb, comm::Communicator& world,
+                        const std::string& source) {
+  const double mb = 1024.0 * 1024.0;
+  const double p = rec.at("mem_params").get<double>() / mb, g = rec.at("mem_grads").get<double>() / mb,
+               o = rec.at("mem_optimizer").get<double>() / mb, a = rec.at("mem_activations").get<double>() / mb;
+  const bool over = p + g + o + a > limit_mb;
+  const double ranks_over = parallel::exact_sum(world, over ? 1.0 : 0.0);
+  if (ranks_over == 0) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s: %g of %d rank(s) need more than [training] memory_limit_mb = %g; rank %d needs %.1f MiB "
+                "(parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f); spread it: [parallel] cp "
+                "splits the sequence, zero_stage the states, tp / pp the model",
+                source.c_str(), ranks_over, world.size(), limit_mb, world.rank(), p + g + o + a, p, g, o, a);
+  fail(buf);
 }
 
 void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate) {

@@ -84,6 +84,11 @@ struct GradientPass {
 // towards the mean load, b_e += rate x sign(mean - load_e), over the step's global batch
 // (summed over dp's ranks: every rank calls this).
 void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate);
+// [training] memory_limit_mb against this rank's bytes after its first step (the
+// record's mem_*): every rank of `world` stops together with one line naming the parts
+// when one is over (collective over `world`).
+void check_memory_limit(const nlohmann::json& rec, double limit_mb, comm::Communicator& world,
+                        const std::string& source);
 void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp,
                      int64_t micro_batches);
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
@@ -95,6 +100,13 @@ GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& d
 // holds it already, and the loader reads it from there instead of a second copy).
 std::vector<std::pair<std::string, Tensor>> master_tensors(
     const std::vector<ParamRef>& refs, const std::vector<std::pair<std::string, Tensor>>& in_model);
+// What this rank's optimizer shard file holds: the master weights (as master_tensors) and
+// optimizer state ("<kind>.<ref>", from `state`) of the pieces it is the first holder of
+// (ParamRef i is pieces[i]; ep at stage 0 replicates the shared tensors over the whole
+// group, the experts over the dp axis: each piece is written once).
+std::vector<std::pair<std::string, Tensor>> shard_file_tensors(
+    const std::vector<parallel::ShardPiece>& pieces, const std::vector<ParamRef>& refs,
+    std::vector<std::pair<std::string, Tensor>> state, const std::vector<std::pair<std::string, Tensor>>& in_model);
 
 // Moving mean and deviation of the last `window` losses; a loss above
 // mean + sigma * std (after min_history losses) is a spike and is not added.
