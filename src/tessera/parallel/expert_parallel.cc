@@ -78,19 +78,9 @@ std::vector<std::pair<std::string, Tensor>> gather_expert_tensors(const model::M
   TESSERA_CHECK(m.tp_shard().ep_size == group.size() && m.tp_shard().ep_rank == group.rank(),
                 "gather_expert_tensors: the model is expert shard ", m.tp_shard().ep_rank, " of ",
                 m.tp_shard().ep_size, ", the group has rank ", group.rank(), " of ", group.size());
-  model::Params whole = m.weights();  // the same tensors; each layer's experts replaced
-  for (auto& L : whole.layers)
-    for (Tensor* t : {&L.moe.gate_up, &L.moe.down}) {
-      if (!t->defined()) continue;
-      Shape shape = t->shape();
-      shape[0] *= group.size();
-      const Tensor mine = t->dtype() == DType::kF32 ? t->contiguous() : t->to(DType::kF32);
-      Tensor all = Tensor::empty(shape, DType::kF32);
-      Tensor flat = all.view({all.numel()});
-      group.all_gather(mine.view({mine.numel()}), flat);
-      *t = all;
-    }
-  return whole.named(m.config());
+  std::vector<std::pair<std::string, Tensor>> named;  // (tp 1: every piece whole)
+  for (auto& p : m.weights().pieces(m.config(), m.tp_shard())) named.emplace_back(std::move(p.name), std::move(p.view));
+  return gather_expert_tensors(named, m.config(), group);
 }
 
 }  // namespace tessera::parallel
