@@ -88,6 +88,7 @@ TEST(ContextParallel, BadSplitsAreOneLineErrors) {
 }
 
 namespace tt = tessera::train;
+namespace fs = std::filesystem;
 
 std::string cp_config(const std::string& root, const std::string& name, const std::string& data,
                       const std::string& parallel, int64_t seq, int64_t steps = 3) {
@@ -133,6 +134,7 @@ TEST(ContextParallel, TrainerMatchesOneProcessOn4kAnd16kSequences) {
       EXPECT_GT(ratio, 0.9 / P) << ratio;
     }
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // cp composes with tp (Ulysses splits each rank's tp heads further; the ring passes each
@@ -157,6 +159,7 @@ TEST(ContextParallel, ComposesWithTensorAndDataParallelism) {
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
     EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << name;
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // cp composes with pipeline stages (each stage's ranks of a cp group pass their own
@@ -195,6 +198,7 @@ TEST(ContextParallel, ComposesWithPipelineAndExpertParallelism) {
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "ep2 x cp2 grad norm");
     EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss);
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // A sequence whose activations do not fit one rank's [training] memory_limit_mb stops with
@@ -227,6 +231,7 @@ TEST(ContextParallel, ASequenceOverOneRanksMemoryLimitTrainsWithCp) {
   }
   const tt::RunOut cp4 = tt::train(with_limit("cp4", "cp = 4"), 4);
   tt::expect_close(cp4.losses, free.losses, 1e-5, "cp4 under the limit");
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 TEST(ContextParallel, TrainerRefusesLayoutsItCannotRun) {
@@ -243,6 +248,7 @@ TEST(ContextParallel, TrainerRefusesLayoutsItCannotRun) {
   fails("cp = 2", 2, 62, "data.seq_len = 62 does not split in 4 equal chunks");
   fails("cp = 8\ncp_method = \"ulysses\"", 8, 64, "needs the 4 query and 4 key/value heads");
   fails("cp = 2\ncp_method = \"zigzag\"", 2, 64, "cp_method");
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 }  // namespace

@@ -98,6 +98,7 @@ TEST(ExpertParallel, SplitExpertsGiveTheWholeLayersOutputsAndGradients) {
 // dp2 x ep2 under DDP and ZeRO-1/2/3. Its checkpoints resume on another layout, and the final
 // model holds every expert.
 namespace tt = tessera::train;
+namespace fs = std::filesystem;
 
 std::string ep_config(const std::string& root, const std::string& name, const std::string& data,
                       const std::string& model_json, int64_t batch, int64_t accum, const std::string& parallel) {
@@ -164,6 +165,7 @@ TEST(ExpertParallel, TrainerEpAxisMatchesOneProcess) {
                      name + " loss");
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");  // (metrics: all 20)
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // Tensor parallelism on the attention of a mixture-of-experts model (the router and
@@ -194,6 +196,7 @@ TEST(ExpertParallel, ComposesWithTensorParallelAttention) {
       EXPECT_LT(max_rel_diff(a.qkv.weight, b.qkv.weight), 1e-3f) << "layer " << l;
     }
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // Pipeline parallelism over a mixture-of-experts model: each stage routes its own layers.
@@ -212,6 +215,7 @@ TEST(ExpertParallel, PipelineStagesOfAMixtureOfExpertsModel) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("trains its balancing loss"), std::string::npos) << e.what();
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // With the balancing loss on, each rank takes it over its own rows (as transformers and
@@ -226,6 +230,7 @@ TEST(ExpertParallel, TrainerEpAxisWithBalancingLossMatchesMicroBatches) {
   tt::expect_close(got.losses, ref.losses, 1e-5, "ep2 loss");
   tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "ep2 grad norm");
   EXPECT_GT(ref.records[0].value("moe_aux_loss", 0.0), 1.9);
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // Auxiliary-loss-free balancing: after each step every layer's selection bias moves by the
@@ -268,6 +273,7 @@ TEST(ExpertParallel, SelectionBiasUpdateFollowsTheLoadOnEveryLayout) {
     for (size_t i = 0; i < ref.records.size(); ++i)
       EXPECT_EQ(got.records[i].at("moe_layer_load"), ref.records[i].at("moe_layer_load")) << name << " step " << i + 1;
   }
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // Capacity: past capacity_factor x its even share an expert drops the slots (counted in
@@ -294,6 +300,7 @@ TEST(ExpertParallel, CapacityDropsSlotsPerRankAsPerMicroBatch) {
     EXPECT_LT(ref.records[i].at("moe_dropped_fraction").get<double>(), 0.5);
   }
   EXPECT_GT(dropped, 0);
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 // Bad layouts are refused before anything loads, naming the axis.
@@ -314,6 +321,7 @@ TEST(ExpertParallel, TrainerRefusesLayoutsItCannotRun) {
   fails("ep = 3", 3, "does not divide the model's 4 experts");
   fails("ep = 2", 2, "needs a mixture-of-experts model", "tiny");
   fails("ep = 2\ndp = 2", 2, "ranks, but the job has 2");
+  fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
 }  // namespace
