@@ -16,7 +16,7 @@
 namespace tessera::infer {
 namespace {
 
-model::Model make_model(model::Arch arch, uint64_t seed, bool moe = false) {
+model::Model make_model(model::Arch arch, uint64_t seed, bool moe = false, bool deepseek = false) {
   model::ModelConfig c = model::ModelConfig::named_shape("tiny");
   c.max_position_embeddings = 512;
   if (moe) {  // Mixtral: top-2 of 4 experts in every layer
@@ -24,6 +24,20 @@ model::Model make_model(model::Arch arch, uint64_t seed, bool moe = false) {
     c.num_experts = 4;
     c.experts_per_token = 2;
     c.moe_intermediate_size = c.intermediate_size;
+  }
+  if (deepseek) {  // DeepSeek-V3: latent attention, a dense layer 0, then top-2 of 4 experts + 1 shared
+    c.model_type = "deepseek_v3";
+    c.q_lora_rank = 24, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 8, c.v_head_dim = 16;
+    c.num_kv_heads = c.num_heads;
+    c.head_dim = 24;
+    c.first_k_dense_replace = 1;
+    c.n_shared_experts = 1;
+    c.moe_intermediate_size = 32;
+    c.moe_sigmoid = true;
+    c.topk_method = "noaux_tc";
+    c.router_bias = true;
+    c.n_group = 2, c.topk_group = 1;
+    c.routed_scaling_factor = 2.5;
   }
   if (arch == model::Arch::kGpt2) {
     c.arch = arch;
@@ -39,9 +53,11 @@ model::Model make_model(model::Arch arch, uint64_t seed, bool moe = false) {
   for (int64_t i = 0; i < n; ++i) head.data<float>()[i] *= 8.f;
   // Random routers score every expert nearly alike, so a batch's rounding could swap a
   // token's second and third expert; scaled, no choice is within rounding of a tie.
+  // (Sigmoid scores saturate: DeepSeek's routers are widened less.)
   if (moe)
     for (auto& L : w.layers)
-      for (int64_t i = 0; i < L.moe.router.numel(); ++i) L.moe.router.data<float>()[i] *= 30.f;
+      for (int64_t i = 0; L.moe.router.defined() && i < L.moe.router.numel(); ++i)
+        L.moe.router.data<float>()[i] *= deepseek ? 4.f : 30.f;
   w.tie(c);
   return m;
 }
@@ -83,7 +99,7 @@ std::map<RequestId, std::vector<int32_t>> run_all(Engine& e) {
   return got;
 }
 
-void check_against_alone(model::Arch arch, bool moe = false) {
+void check_against_alone(model::Arch arch, bool moe = false, bool deepseek = false) {
   // One thread: some 2000 tiny forwards, each a few parallel regions, crawl when ctest runs
   // another such test beside this one on 2 cores (each region waits for a descheduled
   // worker); what is checked does not depend on the thread count.
@@ -92,7 +108,7 @@ void check_against_alone(model::Arch arch, bool moe = false) {
     OneThread() { base::set_num_threads(1); }
     ~OneThread() { base::set_num_threads(before); }
   } one_thread;
-  const model::Model m = make_model(arch, 5, moe);
+  const model::Model m = make_model(arch, 5, moe, deepseek);
   std::mt19937 rng(42);
   const std::vector<int32_t> shared = random_tokens(rng, 40);  // a common prefix
   struct Req {
@@ -134,20 +150,27 @@ void check_against_alone(model::Arch arch, bool moe = false) {
         << "request " << i;
   }
   if (!moe) return;
-  // Every token the engine forwarded went to 2 experts in each of the 2 layers.
+  // Every token the engine forwarded went to 2 experts in each MoE layer (2; deepseek: 1).
+  const int64_t per_token = deepseek ? 2 : 2 * 2;
   ASSERT_EQ(st.expert_tokens.size(), 4u);
   EXPECT_EQ(st.expert_tokens, load);
   int64_t slots = 0;
   for (int64_t v : st.expert_tokens) slots += v;
   EXPECT_GT(slots, 0);
-  EXPECT_EQ(slots % (2 * 2), 0);
-  EXPECT_GE(slots, 2 * 2 * (st.prompt_tokens + st.generation_tokens - static_cast<int64_t>(reqs.size())));
+  EXPECT_EQ(slots % per_token, 0);
+  EXPECT_GE(slots, per_token * (st.prompt_tokens + st.generation_tokens - static_cast<int64_t>(reqs.size())));
 }
 
 // A mixture-of-experts model through chunked prefill, preemption and prefix caching: each
 // token's experts depend on that token alone, so the output is each request's alone.
 TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneMixtral) {
   check_against_alone(model::Arch::kLlama, true);
+}
+
+// DeepSeek-V3's latent attention from paged latent rows (prefix-shared, copied on write,
+// preempted and recomputed) gives each request's output through the dense latent cache.
+TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneDeepSeek) {
+  check_against_alone(model::Arch::kLlama, true, true);
 }
 
 TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneLlama) {

@@ -1,7 +1,9 @@
-"""Plain-PyTorch copies of Hugging Face LlamaForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel.
+"""Plain-PyTorch copies of Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel,
+MixtralForCausalLM, Qwen2MoeForCausalLM and DeepSeek-V2 / V3 (DeepseekV2ForCausalLM).
 
 This is Tessera's independent reference for model parity tests. Each module follows the
-eager code path of `transformers` (modeling_llama.py, modeling_qwen2.py, modeling_gpt2.py)
+eager code path of `transformers` (modeling_llama.py, modeling_qwen2.py, modeling_gpt2.py,
+modeling_mixtral.py, modeling_qwen2_moe.py; DeepSeek's remote-code modeling_deepseek.py)
 operation by operation, including where HF changes dtype, so that running it in float32,
 float64 or bfloat16 gives what `transformers` would give with attn_implementation="eager".
 Parameter names are exactly the keys HF writes to model.safetensors.
@@ -14,6 +16,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# DeepSeek's attention and gate come from the stand-alone references of this directory
+# (looked up at call time: moe_reference imports this module too).
+import mla_reference  # noqa: E402
+import moe_reference  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -503,11 +510,311 @@ class GPT2LMHeadModel(nn.Module):
         return self.lm_head(self.transformer(input_ids))
 
 
+# ----------------------------------------------------------------------------- DeepSeek-V2 / V3
+
+class DeepseekV2MLP(Qwen2MoeMLP):
+    """modeling_deepseek.py DeepseekV2MLP: down(act(gate x) * up x); the dense layers use
+    intermediate_size, every expert moe_intermediate_size, the shared experts
+    moe_intermediate_size * n_shared_experts (one MLP)."""
+
+
+class DeepseekV2Attention(nn.Module):
+    """modeling_deepseek.py DeepseekV2Attention (V2 and V3 remote code, eager path, no
+    rope_scaling), the transcription of mla_reference.attention with HF's dtype handling:
+    q = q_proj(x) or q_b_proj(q_a_layernorm(q_a_proj(x))), split per head into q_nope / q_pe;
+    kv_a_proj_with_mqa(x) split into the latent c and the one shared rope key k_pe;
+    kv_b_proj(kv_a_layernorm(c)) split per head into k_nope / v; DeepSeek's
+    apply_rotary_pos_emb (de-interleave, then rotate_half) on q_pe and k_pe; scores
+    (q k^T) * (qk_nope + qk_rope)^-0.5, additive causal mask, softmax in f32 cast back;
+    o_proj over the heads' v_head_dim outputs."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        if cfg.get("rope_scaling"):
+            raise ValueError("rope_scaling is not supported by the parity reference")
+        if cfg.get("attention_bias", False):
+            raise ValueError("attention_bias is not supported by the DeepSeek parity reference")
+        h = cfg["hidden_size"]
+        eps = cfg["rms_norm_eps"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.q_lora_rank = cfg.get("q_lora_rank")
+        self.kv_lora_rank = cfg["kv_lora_rank"]
+        self.qk_nope_head_dim = cfg["qk_nope_head_dim"]
+        self.qk_rope_head_dim = cfg["qk_rope_head_dim"]
+        self.v_head_dim = cfg["v_head_dim"]
+        self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(h, self.num_heads * self.q_head_dim, bias=False)  # (heads*qk, hidden)
+        else:
+            self.q_a_proj = nn.Linear(h, self.q_lora_rank, bias=False)  # (q_lora, hidden)
+            self.q_a_layernorm = LlamaRMSNorm(self.q_lora_rank, eps=eps)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, self.num_heads * self.q_head_dim, bias=False)
+        # (kv_lora + rope, hidden)
+        self.kv_a_proj_with_mqa = nn.Linear(h, self.kv_lora_rank + self.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = LlamaRMSNorm(self.kv_lora_rank, eps=eps)
+        # (heads * (nope + v), kv_lora)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
+                                   bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_head_dim, h, bias=False)  # (hidden, heads*v)
+        # DeepseekV2RotaryEmbedding: the same inv_freq / f32 cos-sin as Llama's, over qk_rope_head_dim.
+        self.rotary_emb = LlamaRotaryEmbedding(self.qk_rope_head_dim, base=cfg.get("rope_theta", 10000.0))
+        self.softmax_scale = self.q_head_dim ** (-0.5)
+
+    def _cos_sin(self, x, seq_len):
+        """cos_cached / sin_cached [:seq_len]: (T, rope) computed in f32, cast to x.dtype."""
+        ct = _upcast_dtype(x.dtype)
+        t = torch.arange(seq_len, device=x.device, dtype=ct)
+        freqs = torch.outer(t, self.rotary_emb.inv_freq(x.device, ct))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def forward(self, hidden_states, position_ids, attention_mask):
+        bsz, q_len, _ = hidden_states.size()
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden_states)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q = q.view(bsz, q_len, self.num_heads, self.q_head_dim).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+
+        compressed_kv = self.kv_a_proj_with_mqa(hidden_states)
+        compressed_kv, k_pe = torch.split(compressed_kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        k_pe = k_pe.view(bsz, q_len, 1, self.qk_rope_head_dim).transpose(1, 2)
+        kv = (self.kv_b_proj(self.kv_a_layernorm(compressed_kv))
+              .view(bsz, q_len, self.num_heads, self.qk_nope_head_dim + self.v_head_dim).transpose(1, 2))
+        k_nope, value_states = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+
+        cos, sin = self._cos_sin(value_states, q_len)
+        q_pe, k_pe = mla_reference.apply_rotary_pos_emb(q_pe, k_pe, cos, sin, position_ids)
+
+        query_states = torch.cat([q_nope, q_pe], dim=-1)
+        key_states = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1, -1)], dim=-1)
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) * self.softmax_scale
+        attn_weights = attn_weights + attention_mask
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=_upcast_dtype(attn_weights.dtype)).to(query_states.dtype)
+        attn_output = torch.matmul(attn_weights, value_states)
+        attn_output = attn_output.transpose(1, 2).contiguous().reshape(bsz, q_len, self.num_heads * self.v_head_dim)
+        return self.o_proj(attn_output)
+
+
+class DeepseekV2MoEGate(nn.Module):
+    """modeling_deepseek.py MoEGate without the auxiliary loss (aux_loss_alpha is only used in
+    training mode; the fixtures set it to 0). Logits in f32 (F.linear of both operands cast
+    to f32), choice through moe_reference.deepseek_gate:
+      V2 (topk_method greedy | group_limited_greedy, group score = best expert): weights
+         renormalised when top_k > 1 and norm_topk_prob, otherwise times routed_scaling_factor;
+      V3 (noaux_tc, group score = sum of the two best, chosen on scores +
+         e_score_correction_bias, weighted by the unbiased scores): renormalised when
+         top_k > 1 and norm_topk_prob, then always times routed_scaling_factor.
+    The remote code's renormalisation denominator carries a + 1e-20: a no-op for sums of
+    softmax / sigmoid scores (far above 1e-13) in f32 and f64, so deepseek_gate's plain sum
+    gives the same bits."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.top_k = cfg["num_experts_per_tok"]
+        self.n_routed_experts = cfg["n_routed_experts"]
+        self.routed_scaling_factor = float(cfg.get("routed_scaling_factor", 1.0))
+        self.scoring_func = cfg.get("scoring_func", "softmax")
+        self.topk_method = cfg.get("topk_method", "greedy")
+        self.n_group = cfg.get("n_group") or 1
+        self.topk_group = cfg.get("topk_group") or 1
+        self.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
+        if self.scoring_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported scoring_func '{self.scoring_func}'")
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise ValueError(f"unsupported topk_method '{self.topk_method}'")
+        if self.topk_method != "greedy" and self.n_routed_experts % self.n_group != 0:
+            raise ValueError("n_routed_experts must be a multiple of n_group")
+        self.weight = nn.Parameter(torch.empty(self.n_routed_experts, cfg["hidden_size"]))  # (E, hidden)
+        if self.topk_method == "noaux_tc":
+            # A Parameter in the V3 remote code (so a checkpoint key), never trained by backprop.
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(self.n_routed_experts), requires_grad=False)
+
+    def forward(self, hidden_states):
+        """hidden_states (N, hidden) -> selected (N, top_k) long, weights (N, top_k) in f32
+        (f64 for an f64 model)."""
+        ct = _upcast_dtype(hidden_states.dtype)
+        logits = F.linear(hidden_states.to(ct), self.weight.to(ct), None)
+        noaux = self.topk_method == "noaux_tc"
+        normalise = self.top_k > 1 and self.norm_topk_prob
+        scaling = self.routed_scaling_factor if (noaux or not normalise) else 1.0
+        bias = self.e_score_correction_bias.to(ct) if noaux else None
+        return moe_reference.deepseek_gate(
+            logits, self.top_k, normalise, bias, self.scoring_func,
+            1 if self.topk_method == "greedy" else self.n_group, self.topk_group,
+            "top2" if noaux else "max", scaling)
+
+
+class DeepseekV2MoE(nn.Module):
+    """modeling_deepseek.py DeepseekV2MoE: every expert over the (token, choice) slots routed
+    to it, the top_k outputs weighted in the gate weights' dtype (f32) and summed there,
+    cast back to the model dtype (as both its training path and moe_infer do), plus
+    shared_experts(x)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts_per_tok = cfg["num_experts_per_tok"]
+        self.experts = nn.ModuleList([DeepseekV2MLP(cfg, cfg["moe_intermediate_size"])
+                                      for _ in range(cfg["n_routed_experts"])])
+        self.gate = DeepseekV2MoEGate(cfg)
+        if cfg.get("n_shared_experts"):
+            self.shared_experts = DeepseekV2MLP(cfg, cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+
+    def forward(self, hidden_states):
+        identity = hidden_states
+        orig_shape = hidden_states.shape
+        x = hidden_states.reshape(-1, orig_shape[-1])
+        topk_idx, topk_weight = self.gate(x)
+        flat_topk_idx = topk_idx.reshape(-1)
+        xr = x.repeat_interleave(self.num_experts_per_tok, dim=0)  # slot s = token s // k, choice s % k
+        y = torch.zeros_like(xr)
+        for i, expert in enumerate(self.experts):
+            slots = torch.nonzero(flat_topk_idx == i).squeeze(1)
+            if slots.numel():
+                y = y.index_copy(0, slots, expert(xr[slots]))
+        y = (y.view(*topk_weight.shape, -1).to(topk_weight.dtype) * topk_weight.unsqueeze(-1)).sum(dim=1)
+        y = y.to(x.dtype).view(*orig_shape)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(identity)
+        return y
+
+
+def _deepseek_is_moe_layer(cfg, layer_idx):
+    return (cfg.get("n_routed_experts") is not None and layer_idx >= cfg.get("first_k_dense_replace", 0)
+            and layer_idx % cfg.get("moe_layer_freq", 1) == 0)
+
+
+class DeepseekV2DecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.self_attn = DeepseekV2Attention(cfg)
+        if _deepseek_is_moe_layer(cfg, layer_idx):
+            self.mlp = DeepseekV2MoE(cfg)
+        else:
+            self.mlp = DeepseekV2MLP(cfg, cfg["intermediate_size"])
+        self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+        self.post_attention_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+
+    def forward(self, hidden_states, position_ids, attention_mask):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, position_ids, attention_mask)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states
+
+
+class _SharedHead(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.norm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+
+
+class DeepseekV3MTPLayer(DeepseekV2DecoderLayer):
+    """DeepSeek-V3's multi-token-prediction module, stored as model.layers.{num_hidden_layers}
+    (checkpoint layout): a full decoder layer plus enorm, hnorm, eh_proj (hidden, 2 hidden)
+    and shared_head.norm. Its embedding and output head are the main model's. Predicts, at
+    position i, token i + 2 from the main model's final (normed) hidden state at i and the
+    embedding of token i + 1 (vLLM deepseek_mtp.py / Megatron order: embedding half first)."""
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        h = cfg["hidden_size"]
+        self.enorm = LlamaRMSNorm(h, eps=cfg["rms_norm_eps"])
+        self.hnorm = LlamaRMSNorm(h, eps=cfg["rms_norm_eps"])
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)  # (hidden, 2 hidden)
+        self.shared_head = _SharedHead(cfg)
+
+    def mtp_forward(self, input_ids, main_hidden, embed_tokens, lm_head):
+        """input_ids (B, T), main_hidden (B, T, hidden) after model.norm -> mtp logits (B, T, V)."""
+        bsz, t = input_ids.shape
+        mtp_ids = torch.zeros_like(input_ids)
+        mtp_ids[:, :-1] = input_ids[:, 1:]
+        x = self.eh_proj(torch.cat([self.enorm(embed_tokens(mtp_ids)), self.hnorm(main_hidden)], dim=-1))
+        position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(bsz, t)
+        mask = _causal_additive_mask(t, x.dtype, x.device)
+        x = super().forward(x, position_ids, mask)  # the decoder layer, residuals inside
+        return lm_head(self.shared_head.norm(x))
+
+
+def mtp_targets(targets):
+    """targets (B, T) -> MTP targets: targets[:, i + 1] for i < T-1, -100 at T-1."""
+    out = torch.full_like(targets, -100)
+    out[:, :-1] = targets[:, 1:]
+    return out
+
+
+class DeepseekV2Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_hidden_layers = cfg["num_hidden_layers"]
+        n_mtp = cfg.get("num_nextn_predict_layers") or 0
+        if n_mtp not in (0, 1):
+            raise ValueError("num_nextn_predict_layers must be 0 or 1 in the parity reference")
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])  # (vocab, hidden)
+        layers = [DeepseekV2DecoderLayer(cfg, i) for i in range(self.num_hidden_layers)]
+        if n_mtp:
+            layers.append(DeepseekV3MTPLayer(cfg, self.num_hidden_layers))
+        self.layers = nn.ModuleList(layers)
+        self.norm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+
+    def forward(self, input_ids):
+        bsz, t = input_ids.shape
+        hidden_states = self.embed_tokens(input_ids)
+        position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(bsz, t)
+        mask = _causal_additive_mask(t, hidden_states.dtype, hidden_states.device)
+        for layer in self.layers[:self.num_hidden_layers]:
+            hidden_states = layer(hidden_states, position_ids, mask)
+        return self.norm(hidden_states)
+
+
+class DeepseekV2ForCausalLM(nn.Module):
+    """DeepSeek-V2 (model_type deepseek_v2) and DeepSeek-V3 (deepseek_v3): MLA attention,
+    dense MLPs in the first first_k_dense_replace layers, then (every moe_layer_freq-th
+    layer) routed + shared experts; V3 checkpoints add the MTP module (forward_mtp)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = dict(cfg)
+        self.model = DeepseekV2Model(cfg)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)  # (vocab, hidden)
+        if cfg.get("tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def has_mtp(self):
+        return len(self.model.layers) > self.model.num_hidden_layers
+
+    def forward(self, input_ids):
+        # input_ids: (B, T) long -> logits (B, T, vocab) in the model dtype (main model only)
+        return self.lm_head(self.model(input_ids))
+
+    def forward_mtp(self, input_ids):
+        """-> (logits, mtp_logits), both (B, T, vocab); mtp_logits[:, i] predicts token i + 2."""
+        hidden = self.model(input_ids)
+        mtp = self.model.layers[self.model.num_hidden_layers]
+        return self.lm_head(hidden), mtp.mtp_forward(input_ids, hidden, self.model.embed_tokens, self.lm_head)
+
+    def checkpoint_copies(self):
+        """{extra checkpoint key: parameter it copies}: DeepSeek-V3 checkpoints store the MTP
+        module's (shared) embedding and head again under its own layer."""
+        if not self.has_mtp:
+            return {}
+        p = f"model.layers.{self.model.num_hidden_layers}."
+        head = "model.embed_tokens.weight" if self.config.get("tie_word_embeddings", False) else "lm_head.weight"
+        return {p + "embed_tokens.weight": "model.embed_tokens.weight", p + "shared_head.head.weight": head}
+
+
 # ----------------------------------------------------------------------------- building / loading
 
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel,
                  "mixtral": LlamaForCausalLM,  # (Mixtral: Llama attention, sparse MoE MLP)
-                 "qwen2_moe": Qwen2ForCausalLM}  # (Qwen2 attention, experts + shared expert)
+                 "qwen2_moe": Qwen2ForCausalLM,  # (Qwen2 attention, experts + shared expert)
+                 "deepseek_v2": DeepseekV2ForCausalLM,  # (MLA attention, DeepSeek MoE)
+                 "deepseek_v3": DeepseekV2ForCausalLM}  # (same, noaux_tc gate, MTP module)
 
 
 def build_model(cfg):
@@ -519,8 +826,13 @@ def build_model(cfg):
 
 
 def saved_state(model):
-    """{HF name: tensor} as save_pretrained writes it: tied lm_head.weight left out."""
-    return {name: p.detach() for name, p in model.named_parameters()}
+    """{HF name: tensor} as save_pretrained writes it: tied lm_head.weight left out; plus the
+    copies a checkpoint keeps of shared tensors (DeepSeek-V3's MTP embedding and head)."""
+    state = {name: p.detach() for name, p in model.named_parameters()}
+    copies = model.checkpoint_copies() if hasattr(model, "checkpoint_copies") else {}
+    for name, source in copies.items():
+        state[name] = state[source].clone()
+    return state
 
 
 def load_weights(model, tensors):
@@ -533,6 +845,10 @@ def load_weights(model, tensors):
         emb_name = next(iter(params))  # the embedding is registered first in every model here
         if torch.equal(tensors["lm_head.weight"], tensors.get(emb_name, torch.empty(0))):
             extra.discard("lm_head.weight")
+    copies = model.checkpoint_copies() if hasattr(model, "checkpoint_copies") else {}
+    for name, source in copies.items():  # stored copies of a shared tensor must equal it
+        if name in extra and torch.equal(tensors[name], tensors.get(source, torch.empty(0))):
+            extra.discard(name)
     missing = set(params) - set(tensors)
     if missing or extra:
         raise ValueError(f"weights mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")

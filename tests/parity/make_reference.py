@@ -1,11 +1,15 @@
 #!/usr/bin/python3
 """Writes a tiny random Hugging Face model directory plus PyTorch reference outputs.
 
-  make_reference.py --arch {llama,qwen2,gpt2,mixtral,qwen2_moe} --out DIR [--seed N] [--variant NAME]
+  make_reference.py --arch {llama,qwen2,gpt2,mixtral,qwen2_moe,deepseek_v2,deepseek_v3} --out DIR
+                    [--seed N] [--variant NAME]
 
 DIR gets config.json, generation_config.json, model.safetensors (f32, HF tensor names),
 eval_ids.txt and reference.safetensors (inputs, targets, logits, loss, every gradient,
 bf16 logits, eval NLL). Tessera's C++ parity tests load DIR and compare against it.
+A model with a multi-token-prediction module (DeepSeek-V3) trains on
+loss = loss_main + MTP_LOSS_WEIGHT * loss_mtp; its reference adds loss_main, loss_mtp and
+mtp_logits, and the metadata mtp_loss_weight.
 """
 import argparse
 import copy
@@ -24,6 +28,8 @@ BATCH, SEQ = 3, 17
 EVAL_TOKENS, EVAL_CTX = 300, 128
 # Fixed extra ignore positions (batch, position) besides the last position of every row.
 EXTRA_IGNORED = [(0, 5), (1, 11), (2, 0)]
+# Weight of the multi-token-prediction loss (DeepSeek-V3's lambda) in the reference loss.
+MTP_LOSS_WEIGHT = 0.3
 
 _TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
@@ -89,8 +95,34 @@ def _qwen2_moe_config():
     }
 
 
+def _deepseek_v2_config():
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        **{**_TINY, "num_key_value_heads": 4, "num_hidden_layers": 3},
+        "q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+        "v_head_dim": 16, "moe_intermediate_size": 24, "n_routed_experts": 8, "n_shared_experts": 2,
+        "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1, "ep_size": 1,
+        "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "scoring_func": "softmax",
+        "norm_topk_prob": False, "routed_scaling_factor": 1.5, "aux_loss_alpha": 0.0, "seq_aux": True,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "pretraining_tp": 1, "initializer_range": 0.02, "use_cache": True,
+        "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    }
+
+
+def _deepseek_v3_config():
+    return {
+        **_deepseek_v2_config(),
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "q_lora_rank": 48, "n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
+    }
+
+
 BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config,
-                "qwen2_moe": _qwen2_moe_config}
+                "qwen2_moe": _qwen2_moe_config, "deepseek_v2": _deepseek_v2_config,
+                "deepseek_v3": _deepseek_v3_config}
 # Variants override keys of the base config, to cover the other branch of each option.
 VARIANTS = {
     "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
@@ -99,6 +131,8 @@ VARIANTS = {
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
     "qwen2_moe": {"default": {}},
+    "deepseek_v2": {"default": {}},
+    "deepseek_v3": {"default": {}},
 }
 
 
@@ -112,9 +146,14 @@ def init_weights(model, gen):
     """Large-ish random weights so every parameter visibly moves the logits and the loss."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            is_norm = any(k in name for k in ("layernorm", "model.norm", "ln_1", "ln_2", "ln_f"))
+            # (layernorm also covers DeepSeek's q_a_layernorm / kv_a_layernorm)
+            is_norm = any(k in name for k in ("layernorm", "model.norm", "ln_1", "ln_2", "ln_f",
+                                              ".enorm.", ".hnorm.", ".shared_head.norm."))
             if is_norm and name.endswith(".weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".e_score_correction_bias"):
+                # DeepSeek-V3's selection bias: non-zero so that it changes the routing.
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             elif "wpe" in name:
@@ -178,8 +217,15 @@ def main():
 
     ids, targets = make_batch(vocab, gen)
     model.zero_grad(set_to_none=True)
-    logits = model(ids.long())
-    loss = hf_models.lm_loss(logits, targets)
+    has_mtp = getattr(model, "has_mtp", False)
+    if has_mtp:  # DeepSeek-V3: main loss + MTP_LOSS_WEIGHT x the MTP module's loss
+        logits, mtp_logits = model.forward_mtp(ids.long())
+        loss_main = hf_models.lm_loss(logits, targets)
+        loss_mtp = hf_models.lm_loss(mtp_logits, hf_models.mtp_targets(targets))
+        loss = loss_main + MTP_LOSS_WEIGHT * loss_mtp
+    else:
+        logits = model(ids.long())
+        loss = hf_models.lm_loss(logits, targets)
     if cfg.get("output_router_logits"):  # MixtralForCausalLM: + router_aux_loss_coef x balancing loss
         loss = loss + cfg["router_aux_loss_coef"] * hf_models.load_balancing_loss(model)
     loss.backward()
@@ -190,7 +236,17 @@ def main():
         "logits": logits.detach().float(),
         "loss": loss.detach().float().reshape(1),
     }
+    if has_mtp:
+        ref["loss_main"] = loss_main.detach().float().reshape(1)
+        ref["loss_mtp"] = loss_mtp.detach().float().reshape(1)
+        ref["mtp_logits"] = mtp_logits.detach().float()
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # DeepSeek-V3's e_score_correction_bias: not trained by backprop
+            continue
+        if p.grad is None:  # an expert no token was routed to: its gradient is zero
+            print(f"make_reference: note: {name} got no gradient (stored as zeros)")
+            ref["grad." + name] = torch.zeros(p.shape, dtype=torch.float32)
+            continue
         ref["grad." + name] = p.grad.detach().float().clone()
 
     with torch.no_grad():
@@ -221,6 +277,8 @@ def main():
     write_eval_ids(os.path.join(args.out, "eval_ids.txt"), eval_ids)
     meta = {"format": "pt", "arch": args.arch, "variant": args.variant, "seed": str(args.seed),
             "torch_version": torch.__version__, "generator": "tests/parity/make_reference.py"}
+    if has_mtp:
+        meta["mtp_loss_weight"] = str(MTP_LOSS_WEIGHT)
     safetensors_io.save_file(ref, os.path.join(args.out, "reference.safetensors"), metadata=meta)
 
     n_params = sum(t.numel() for t in weights.values())

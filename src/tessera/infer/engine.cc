@@ -39,12 +39,18 @@ std::string Engine::kv_cache_summary() const {
   const int64_t per_block = KvPool::bytes_per_block(model_.config(), pool_.block_size, model_.dims().kv_heads,
                                                     pool_.dtype);
   const int64_t tokens = pool_.num_blocks * pool_.block_size;
+  std::string latent;  // latent attention: against the same model caching every head's k and v
+  if (model_.config().uses_mla()) {
+    const int64_t mha = KvPool::mha_bytes_per_token(model_.config(), pool_.dtype);
+    latent = base::strprintf(" (latent rows; multi-head attention would cache %lld bytes per token: %.1f%%)",
+                             (long long)mha, 100.0 * (per_block / pool_.block_size) / mha);
+  }
   return base::strprintf("KV cache %s: %lld blocks of %lld tokens (%.1f MB, %lld bytes per token), "
                          "%lld requests of %lld tokens at once",
                          kernels::kv_cache_dtype_name(pool_.dtype), (long long)pool_.num_blocks,
                          (long long)pool_.block_size, pool_.num_blocks * per_block / 1e6,
                          (long long)(per_block / pool_.block_size), (long long)(tokens / max_len_),
-                         (long long)max_len_);
+                         (long long)max_len_) + latent;
 }
 
 void EngineConfig::validate() const {

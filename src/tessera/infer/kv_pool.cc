@@ -11,8 +11,16 @@ namespace tessera::infer {
 
 int64_t KvPool::bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads,
                                 kernels::KvCacheDtype dtype) {
+  if (c.uses_mla())  // one row per token: the latent and the rope key (model/mla.h)
+    return c.num_layers * block_size * kernels::kv_cache_row_bytes(dtype, c.kv_lora_rank + c.qk_rope_head_dim);
   return 2 * c.num_layers * block_size * (kv_heads > 0 ? kv_heads : c.num_kv_heads) *
          kernels::kv_cache_row_bytes(dtype, c.head_dim);
+}
+
+int64_t KvPool::mha_bytes_per_token(const model::ModelConfig& c, kernels::KvCacheDtype dtype) {
+  if (!c.uses_mla()) return bytes_per_block(c, 1, 0, dtype);
+  return c.num_layers * c.num_heads *
+         (kernels::kv_cache_row_bytes(dtype, c.head_dim) + kernels::kv_cache_row_bytes(dtype, c.v_head_dim));
 }
 
 KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t block_size,
@@ -25,11 +33,29 @@ KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t b
   p.block_size = block_size;
   p.dtype = dtype;
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.uses_mla()) {  // the latent rows, one tensor (no values apart)
+      p.k.push_back(kernels::make_kv_cache(num_blocks, block_size, 1, c.kv_lora_rank + c.qk_rope_head_dim, dtype));
+      p.v.emplace_back();
+      continue;
+    }
     // Pages are touched as blocks are first written, so a large pool costs nothing upfront.
     p.k.push_back(kernels::make_kv_cache(num_blocks, block_size, kv_heads, c.head_dim, dtype));
     p.v.push_back(kernels::make_kv_cache(num_blocks, block_size, kv_heads, c.head_dim, dtype));
   }
   return p;
+}
+
+void PagedKvAttention::attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn) {
+  const Tensor r = rows.contiguous();
+  const int64_t N = r.size(0), D = r.size(1);
+  Tensor none;
+  kernels::write_kv_cache(r.view({N, 1, D}), Tensor(), seqs_, pool_.k[layer], none);
+  for (const auto& s : seqs_) {
+    if (s.q_len == 0) continue;
+    Tensor cached = Tensor::empty({s.context_len, 1, D}, DType::kF32);
+    kernels::read_kv_rows(pool_.k[layer], s, cached);
+    fn(s.q_begin, s.q_len, cached.view({s.context_len, D}));
+  }
 }
 
 int64_t kv_blocks_for_memory(const model::ModelConfig& c, int64_t block_size, int64_t bytes,

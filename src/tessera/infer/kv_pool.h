@@ -23,8 +23,13 @@ struct KvPool {
                        int64_t kv_heads, kernels::KvCacheDtype dtype);
   // Bytes one block costs across all layers (K and V; int8 / fp8 scales included); the
   // defaults are the config's heads and the engine's default dtype.
+  // Latent attention (deepseek) caches one row of kv_lora + rope values per token and
+  // layer (k; v is undefined).
   static int64_t bytes_per_block(const model::ModelConfig& c, int64_t block_size, int64_t kv_heads = 0,
                                  kernels::KvCacheDtype dtype = kernels::KvCacheDtype::kBF16);
+  // Bytes per token the same model would cache as multi-head attention (every head's key
+  // and value): what latent attention is compared with. bytes_per_block(1) for others.
+  static int64_t mha_bytes_per_token(const model::ModelConfig& c, kernels::KvCacheDtype dtype);
 };
 
 // Blocks that fit in `bytes` (at least 1; throws naming the budget when not even one fits).
@@ -45,6 +50,7 @@ class PagedKvAttention final : public model::KvAttention {
     kernels::write_kv_cache(k, v, seqs_, pool_.k[layer], pool_.v[layer]);
     kernels::paged_attention(q, pool_.k[layer], pool_.v[layer], seqs_, out, params_);
   }
+  void attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn) override;
 
  private:
   KvPool& pool_;

@@ -28,9 +28,11 @@ void check_rows(const Tensor& t, const char* op, const char* name) {
                 " needs head stride == D (", D, "), got ", t.stride(1));
 }
 
-PagedDims check_caches(const Tensor& k_cache, const Tensor& v_cache, const char* op) {
+// v_optional: an undefined v_cache is a cache of one tensor (latent attention's rows).
+PagedDims check_caches(const Tensor& k_cache, const Tensor& v_cache, const char* op, bool v_optional = false) {
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
                                 {&v_cache, "v_cache"}}) {
+    if (t == &v_cache && v_optional && !v_cache.defined()) continue;
     TESSERA_CHECK(t->defined(), op, ": ", name, " is undefined");
     TESSERA_CHECK(t->dim() == 4, op, ": ", name, " must be (num_blocks, block_size, Hkv, D), got ",
                   shape_str(t->shape()));
@@ -42,7 +44,7 @@ PagedDims check_caches(const Tensor& k_cache, const Tensor& v_cache, const char*
     TESSERA_CHECK(t->is_contiguous(), op, ": ", name, " ", shape_str(t->shape()),
                   " must be contiguous");
   }
-  TESSERA_CHECK(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), op,
+  TESSERA_CHECK(!v_cache.defined() || (k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype()), op,
                 ": v_cache ", v_cache.describe(), " must have the shape and dtype of k_cache ",
                 k_cache.describe());
   PagedDims d;
@@ -172,11 +174,15 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
                     Tensor& k_cache, Tensor& v_cache) {
   const char* op = "write_kv_cache";
-  const PagedDims d = check_caches(k_cache, v_cache, op);
+  const PagedDims d = check_caches(k_cache, v_cache, op, true);
+  const bool has_v = v_cache.defined();
   check_rows(k, op, "k");
-  check_rows(v, op, "v");
-  TESSERA_CHECK(v.shape() == k.shape(), op, ": v ", shape_str(v.shape()), " must have the shape of k ",
-                shape_str(k.shape()));
+  TESSERA_CHECK(has_v == v.defined(), op, ": v and v_cache must both be given or both be undefined");
+  if (has_v) {
+    check_rows(v, op, "v");
+    TESSERA_CHECK(v.shape() == k.shape(), op, ": v ", shape_str(v.shape()), " must have the shape of k ",
+                  shape_str(k.shape()));
+  }
   TESSERA_CHECK(k.size(1) == d.Hkv && k.size(2) == d.D, op, ": k ", shape_str(k.shape()),
                 " must be (Ntok, Hkv, D) of k_cache ", shape_str(k_cache.shape()));
   check_sequences(seqs, k.size(0), d, op, /*reads_all_keys=*/false);
@@ -197,16 +203,37 @@ void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSeq
                   op, ": token rows ", sorted[j - 1].token, " and ", sorted[j].token,
                   " both write block ", sorted[j].block, " row ", sorted[j].slot,
                   " (a shared block must be copied before it is written)");
+  if (!has_v) {
+    TESSERA_KERNEL(op,
+                   cpu::write_kv_cache_cpu(d, rows_view(k), cpu::AttnView{}, writes, cpu::kv_cache_view(k_cache),
+                                           cpu::KvCacheView{}, cpu::best_attention_isa()),
+                   k, k_cache);
+    return;
+  }
   TESSERA_KERNEL(op,
                  cpu::write_kv_cache_cpu(d, rows_view(k), rows_view(v), writes, cpu::kv_cache_view(k_cache),
                                          cpu::kv_cache_view(v_cache), cpu::best_attention_isa()),
                  k, v, k_cache, v_cache);
 }
 
+void read_kv_rows(const Tensor& cache, const PagedSequence& s, Tensor& out) {
+  const char* op = "read_kv_rows";
+  const PagedDims d = check_caches(cache, Tensor(), op, true);
+  TESSERA_CHECK(out.dim() == 3 && out.size(0) == s.context_len && out.size(1) == d.Hkv && out.size(2) == d.D &&
+                    out.dtype() == DType::kF32 && out.is_contiguous(),
+                op, ": out ", out.describe(), " must be contiguous f32 (", s.context_len, ", ", d.Hkv, ", ", d.D, ")");
+  TESSERA_CHECK(s.context_len == 0 || s.block_table != nullptr, op, ": the sequence has no block_table");
+  for (int64_t b = 0; b * d.block_size < s.context_len; ++b)
+    TESSERA_CHECK(s.block_table[b] >= 0 && s.block_table[b] < d.num_blocks, op, ": block_table[", b, "] = ",
+                  s.block_table[b], " is outside the cache's ", d.num_blocks, " blocks");
+  TESSERA_KERNEL(op, cpu::read_kv_rows_cpu(d, cpu::kv_cache_view(cache), s, out.data<float>(), cpu::best_attention_isa()),
+                 cache, out);
+}
+
 void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
                     const std::vector<std::pair<int32_t, int32_t>>& copies) {
   const char* op = "copy_kv_blocks";
-  const PagedDims d = check_caches(k_cache, v_cache, op);
+  const PagedDims d = check_caches(k_cache, v_cache, op, true);
   std::vector<int32_t> dsts;
   for (size_t i = 0; i < copies.size(); ++i) {
     const auto [src, dst] = copies[i];
@@ -219,6 +246,10 @@ void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,
   const auto dup = std::adjacent_find(dsts.begin(), dsts.end());
   TESSERA_CHECK(dup == dsts.end(), op, ": block ", dup == dsts.end() ? 0 : *dup,
                 " is the destination of more than one copy");
+  if (!v_cache.defined()) {
+    TESSERA_KERNEL(op, cpu::copy_kv_blocks_cpu(cpu::kv_cache_view(k_cache), cpu::KvCacheView{}, copies), k_cache);
+    return;
+  }
   TESSERA_KERNEL(op, cpu::copy_kv_blocks_cpu(cpu::kv_cache_view(k_cache), cpu::kv_cache_view(v_cache), copies),
                  k_cache, v_cache);
 }

@@ -76,6 +76,11 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void write_kv_cache(const Tensor& k, const Tensor& v, const std::vector<PagedSequence>& seqs,
                     Tensor& k_cache, Tensor& v_cache);
 
+// Latent attention (model/mla.h) caches one tensor of rows: write_kv_cache and
+// copy_kv_blocks take an undefined v_cache (and v) for it, and read_kv_rows hands a
+// sequence's rows [0, context_len) back as f32: out (context_len, Hkv, D), contiguous.
+void read_kv_rows(const Tensor& cache, const PagedSequence& seq, Tensor& out);
+
 // Copy-on-write: copies whole blocks src -> dst (pairs (src, dst)) in both caches, in
 // list order. A dst may appear only once.
 void copy_kv_blocks(Tensor& k_cache, Tensor& v_cache,

@@ -1,5 +1,6 @@
 // Activations the training forward saves for the backward pass. Internal to model/.
 #pragma once
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -23,6 +24,21 @@ struct LayerActivations {
   Tensor shared_y;      // (N, H) qwen2_moe: the shared expert's output before its gate
   Tensor shared_z;      // (N, 1) and its gate's logit
   CpSaved cp;           // context parallelism: what its attention's backward needs
+  MlaSaved mla;         // a latent-attention layer's (deepseek): kept under selective recompute too
+};
+
+// DeepSeek-V3's multi-token prediction module in a training pass (Model::mtp_loss_weight
+// > 0): position t predicts token t + 2 from the main model's final hidden state at t and
+// the embedding of token t + 1.
+struct MtpActivations {
+  Tensor ids;             // (N) i32: each position's next token (0 past the end of its sequence)
+  Tensor emb;             // (N, H) their embeddings
+  Tensor h_in;            // (N, H) the main model's final hidden state (hnorm's input)
+  Tensor e_rstd, h_rstd;  // (N): enorm's and hnorm's statistics
+  Tensor cat;             // (N, 2H): [enorm(emb) | hnorm(hf)], eh_proj's input
+  LayerActivations layer; // the module's block (layer num_layers)
+  Tensor x_out, rstd;     // (N, H) the block's output residual; (N) shared_head.norm's statistics
+  Tensor hm;              // (N, H) shared_head.norm's output, the head's input
 };
 
 struct Activations {
@@ -37,7 +53,13 @@ struct Activations {
   // Mixture-of-experts models: every layer's routing load, for the balancing loss (kept
   // whatever the layers keep, so a recomputing backward sees the forward's).
   std::optional<MoeBalance> moe_balance;
+  std::shared_ptr<MtpActivations> mtp;  // when the pass trains the multi-token prediction module
 };
+
+// The multi-token prediction module's forward (activations.h MtpActivations): ids and
+// embeddings while the embeddings are at hand, the rest from the final hidden state hf.
+void mtp_embed(const Model& m, const Activations& acts, MtpActivations& mtp);
+void mtp_forward(const Model& m, const Activations& acts, const Tensor& hf, MtpActivations& mtp);
 
 // (B * T) i32: start, start + 1, ... for each of the B sequences of T tokens.
 Tensor make_positions(int64_t B, int64_t T, int64_t start);

@@ -19,7 +19,7 @@ namespace tessera::model {
 namespace {
 
 void check_grads(const ModelConfig& c, const PpStage& stage, const Params& g) {
-  const bool sized = static_cast<int64_t>(g.layers.size()) == c.num_layers;
+  const bool sized = static_cast<int64_t>(g.layers.size()) == c.num_layers + c.mtp_layers;
   const Tensor& probe = stage.holds_embed() ? g.embed
                         : stage.holds_head() || !sized
                             ? g.final_norm_w
@@ -36,7 +36,9 @@ int64_t activation_bytes(const Activations& a) {
   for (const auto& L : a.layers)
     for (const Tensor* t : {&L.x_in, &L.mean1, &L.rstd1, &L.h1, &L.qkv, &L.att, &L.lse, &L.x_mid,
                             &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a, &L.moe.x, &L.moe.u, &L.moe.a, &L.moe.y,
-                            &L.moe.routing.scores, &L.shared_y, &L.shared_z})
+                            &L.moe.routing.scores, &L.shared_y, &L.shared_z, &L.mla.qa, &L.mla.qa_n, &L.mla.ckv,
+                            &L.mla.c_n, &L.mla.kv, &L.mla.qp, &L.mla.kp, &L.mla.vp, &L.mla.outp, &L.mla.lse,
+                            &L.mla.att})
       add(*t);
   for (const auto& L : a.layers) n += L.cp.bytes();
   for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
@@ -198,7 +200,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     return first ? Tensor() : Tensor::zeros({Nl, H}, DType::kF32);
   }
   const LocalDims& d = dims_;
-  const int64_t Q = d.q, F = d.ffn;
+  const int64_t Q = d.q;
   // Each activation or gradient that feeds matmuls is rounded once (mode; a bf16 copy
   // under kNative), and the matmuls are handed the rounded operands (pm): hf, h1, h2 and
   // a come rounded from forward_train.
@@ -208,9 +210,171 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
+  // Block l's backward from dres, the gradient w.r.t. its output residual stream, which
+  // becomes the gradient w.r.t. its input (A: what its forward kept).
+  const auto params = attention_params(c, 0);
+  Tensor tmp = Tensor::empty({Nl, H}, DType::kF32);
+  Tensor da, du;  // (N, F), (N, 2F | F): sized per layer (deepseek's dense and shared-expert MLPs differ)
+  const bool mla = c.uses_mla();
+  Tensor datt = mla ? Tensor() : Tensor::empty({N, Q}, DType::kF32);
+  Tensor dqkv = mla ? Tensor() : Tensor::empty({N, d.qkv}, DType::kF32);
+  auto block_backward = [&](int64_t l, const LayerActivations& A, Tensor& dres) {
+    const LayerParams& W = weights_.layers[l];
+    LayerParams& G = grads.layers[l];
+    const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
+                      &Ldown = kBlockLinears[3];
+    // The dense MLP's backward from its output gradient dy (all rows): x_out = x_mid +
+    // down(act(up(norm2(x_mid)))); dh gets its input gradient. (qwen2_moe: the shared expert.)
+    Tensor dres_all = all_rows(*this, dres), op;
+    const int64_t F = layer_ffn(*this, l);
+    if (F > 0 && (!da.defined() || da.size(1) != F)) {
+      da = Tensor::empty({N, F}, DType::kF32);
+      du = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
+    }
+    auto dense_mlp_backward = [&](const Tensor& dy) {
+      op = matmul_operand(dy, mode);
+      input_grad(*this, Ldown, l, op, da, da, pm);
+      linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
+      if (c.gated_mlp()) {
+        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
+        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+      } else {
+        kernels::gelu_backward(da, A.u, du);
+      }
+      op = matmul_operand(du, mode);
+      input_grad(*this, Lup, l, op, dh_full, dh, pm);
+      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
+    };
+    if (!c.layer_is_moe(l)) {
+      dense_mlp_backward(dres_all);
+    } else {
+      // x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and router
+      // gradients accumulate (prepare cleared them under kAssign).
+      const MoeWeights& E = compute_moe(l);
+      const std::vector<float>* aux = moe_score_grad.empty() ? nullptr : &moe_score_grad;
+      Tensor dh_moe = dh;
+      if (c.shared_expert) {
+        // qwen2_moe: + sigmoid(z) y, z = h2 . g, y the shared expert (the dense MLP):
+        // dy = sigmoid(z) dout per row, dz = (dout . y) sigmoid'(z).
+        Tensor dy = Tensor::empty({N, H}, DType::kF32), dz = Tensor::empty({N, 1}, DType::kF32);
+        const float* gp = dres.data<float>();
+        const float* yp = A.shared_y.data<float>();
+        const float* zp = A.shared_z.data<float>();
+        float* dyp = dy.data<float>();
+        for (int64_t n = 0; n < N; ++n) {
+          const float sg = 1.f / (1.f + std::exp(-zp[n]));
+          double dot = 0;
+          for (int64_t k = 0; k < H; ++k) {
+            dyp[n * H + k] = sg * gp[n * H + k];
+            dot += static_cast<double>(gp[n * H + k]) * yp[n * H + k];
+          }
+          dz.data<float>()[n] = static_cast<float>(dot) * sg * (1.f - sg);
+        }
+        dense_mlp_backward(dy);
+        kernels::matmul(dz, E.shared_gate, dh, false, false, 1.f, 1.f);
+        kernels::matmul(dz, A.h2, G.moe.shared_gate, true, false, 1.f, 1.f);
+        dh_moe = Tensor::empty({N, H}, DType::kF32);
+      }
+      const bool ungated_shared = !c.shared_expert && F > 0;  // deepseek's shared experts: + y
+      if (ungated_shared) {
+        dense_mlp_backward(dres);
+        dh_moe = Tensor::empty({N, H}, DType::kF32);
+      }
+      moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux, ep_comm_);
+      if (c.shared_expert || ungated_shared) kernels::add_inplace(dh, dh_moe);
+    }
+    norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
+    kernels::add_inplace(dres, tmp);
+    // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))); dh gets d loss / d norm1's output.
+    auto attention_backward = [&] {
+      dres_all = all_rows(*this, dres);
+      op = matmul_operand(dres_all, mode);
+      input_grad(*this, Lo, l, op, datt, datt, pm);
+      linear_backward_weight(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which), pm,
+                             !assign);
+      const QkvViews v = qkv_views(d, A.qkv, B, T);
+      QkvViews dv = qkv_views(d, dqkv, B, T);
+      if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
+        cp_attention_backward(*cp_comm_, cp_method_, v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
+                              A.cp, datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v, params.scale);
+      else
+        kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
+                                    datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
+                                    params);
+      apply_rope(*this, dqkv, acts.positions, true);
+      op = matmul_operand(dqkv, mode);
+      input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
+      if (d.kv_replicas > 1) {
+        // A replicated kv head is read by the query heads of kv_replicas ranks: its weight
+        // gradient sums theirs (the input gradient above took only this rank's part).
+        Tensor dkv = dqkv.slice(1, d.q, d.qkv).contiguous();
+        tp_comm_->all_reduce_kv_replicas(dkv);
+        dqkv.slice(1, d.q, d.qkv).copy_from(dkv);
+        op = matmul_operand(dqkv, mode);
+      }
+      linear_backward_weight(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which), pm, !assign);
+    };
+    if (mla)  // latent attention: x_mid = x_in + mla(norm1(x_in)) (tp = 1)
+      mla_backward(mla_spec(c), W.mla, A.mla, dres, dh, G.mla);
+    else
+      attention_backward();
+    norm_grad(*this, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
+    kernels::add_inplace(dres, tmp);
+  };
+  // DeepSeek-V3's multi-token prediction module: position t's logits against token t + 2,
+  // weighted; back through shared_head.norm, its block, eh_proj and the two norms to the
+  // main model's final hidden state (d_hf) and the next tokens' embeddings (d_emb).
+  bool mtp_wrote_head = false;
+  auto mtp_backward = [&](MtpActivations& t, Tensor& d_hf, Tensor& d_emb) {
+    const int64_t T = acts.T;
+    Tensor targets_m = Tensor::empty({N}, DType::kI32);
+    const int32_t* tg = tflat.data<int32_t>();
+    int32_t* tm = targets_m.data<int32_t>();
+    int64_t count_m = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      tm[n] = n % T + 1 < T ? tg[n + 1] : kernels::kIgnoreIndex;
+      count_m += tm[n] != kernels::kIgnoreIndex;
+    }
+    result.mtp_count = count_m;
+    if (count_m == 0) {  // nothing to predict: no gradient (cleared, when assigned)
+      if (assign)
+        for (auto& [name, g] : grads.unit_tensors(c, head))
+          if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) g->zero();
+      return;
+    }
+    const MtpParams& P = weights_.mtp;
+    Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
+    kernels::matmul(matmul_input(t.hm, pm), compute_lm_head(), logits, false, true);
+    const float scale = static_cast<float>(mtp_loss_weight_) * grad_scale / static_cast<float>(count_m);
+    const auto ce = head_cross_entropy(*this, logits, targets_m, scale);
+    result.mtp_loss = ce.loss_sum / static_cast<double>(ce.count);
+    round_matmul_input_in_place(logits, mode);
+    Tensor dhm = Tensor::empty({N, H}, DType::kF32), dx = Tensor::empty({N, H}, DType::kF32), none;
+    kernels::matmul(matmul_input(logits, pm), compute_lm_head(), dhm, false, false);
+    matmul_weight_grad(logits, t.hm, grads.lm_head, pm, !assign);  // (the first writer; the head's adds)
+    mtp_wrote_head = true;
+    norm_grad(*this, dhm, t.x_out, P.head_norm, Tensor(), t.rstd, dx, grads.mtp.head_norm, none);
+    block_backward(c.num_layers, t.layer, dx);  // dx: now d loss / d eh_proj's output
+    Tensor dcat = Tensor::empty({N, 2 * H}, DType::kF32);
+    kernels::matmul(dx, P.eh_proj, dcat, false, false);
+    kernels::matmul(dx, t.cat, grads.mtp.eh_proj, true, false, 1.f, 1.f);
+    d_emb = Tensor::empty({N, H}, DType::kF32);
+    d_hf = Tensor::empty({N, H}, DType::kF32);
+    norm_grad(*this, dcat.slice(1, 0, H).contiguous(), t.emb, P.enorm, Tensor(), t.e_rstd, d_emb, grads.mtp.enorm,
+              none);
+    norm_grad(*this, dcat.slice(1, H, 2 * H).contiguous(), t.h_in, P.hnorm, Tensor(), t.h_rstd, d_hf,
+              grads.mtp.hnorm, none);
+  };
+  Tensor d_mtp_emb;  // the multi-token prediction module's gradient w.r.t. its embeddings
   if (last) {
     prepare(head);
     if (tied && first) prepare(0);
+    Tensor d_hf_mtp;  // ... and w.r.t. the final hidden state, added to the head's below
+    if (acts.mtp)
+      mtp_backward(*acts.mtp, d_hf_mtp, d_mtp_emb);
+    else if (assign && c.mtp_layers > 0)  // the module did not run: its gradients are 0
+      for (auto& [name, t] : grads.unit_tensors(c, head))
+        if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) t->zero();
     const Tensor& hf = pass.head_input;
     // Loss and d(loss)/d(logits), written over the logits.
     Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
@@ -242,7 +406,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       scatter_rows(*this, dh_full, dh);
     else
       tp_reduce(*this, dh);
-    matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign);  // before embed's scatter-add
+    if (d_hf_mtp.defined()) kernels::add_inplace(dh, d_hf_mtp);
+    matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign || mtp_wrote_head);  // before embed's scatter-add
     norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
               grads.final_norm_w, grads.final_norm_b);
     pass.head_input = Tensor();
@@ -255,19 +420,10 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     dres.copy_from(grad_output.view({Nl, H}));
   }
 
-  const auto params = attention_params(c, 0);
-  Tensor tmp = Tensor::empty({Nl, H}, DType::kF32);
-  Tensor da = Tensor::empty({N, F}, DType::kF32);
-  Tensor du = Tensor::empty({N, c.gated_mlp() ? 2 * F : F}, DType::kF32);
-  Tensor datt = Tensor::empty({N, Q}, DType::kF32);
-  Tensor dqkv = Tensor::empty({N, d.qkv}, DType::kF32);
-
   for (int64_t l = l1 - 1; l >= l0; --l) {
     const int unit = static_cast<int>(l) + 1;
     if (hooks) hooks->acquire(unit);
     prepare(unit);
-    const LayerParams& W = weights_.layers[l];
-    LayerParams& G = grads.layers[l];
     // Activation checkpointing: rebuild what the forward pass did not keep.
     LayerActivations recomputed;
     if (recompute_ == Recompute::kFull) {
@@ -278,90 +434,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     } else if (recompute_ == Recompute::kSelective) {
       recompute_attention(*this, acts, acts.layers[l]);
     }
-    const LayerActivations& A = recompute_ == Recompute::kFull ? recomputed : acts.layers[l];
-    const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
-                      &Ldown = kBlockLinears[3];
-    // The dense MLP's backward from its output gradient dy (all rows): x_out = x_mid +
-    // down(act(up(norm2(x_mid)))); dh gets its input gradient. (qwen2_moe: the shared expert.)
-    Tensor dres_all = all_rows(*this, dres), op;
-    auto dense_mlp_backward = [&](const Tensor& dy) {
-      op = matmul_operand(dy, mode);
-      input_grad(*this, Ldown, l, op, da, da, pm);
-      linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
-      if (c.gated_mlp()) {
-        Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
-        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
-      } else {
-        kernels::gelu_backward(da, A.u, du);
-      }
-      op = matmul_operand(du, mode);
-      input_grad(*this, Lup, l, op, dh_full, dh, pm);
-      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
-    };
-    if (!c.is_moe()) {
-      dense_mlp_backward(dres_all);
-    } else {
-      // x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and router
-      // gradients accumulate (prepare cleared them under kAssign).
-      const MoeWeights& E = compute_moe(l);
-      const std::vector<float>* aux = moe_score_grad.empty() ? nullptr : &moe_score_grad;
-      Tensor dh_moe = dh;
-      if (c.shared_expert) {
-        // qwen2_moe: + sigmoid(z) y, z = h2 . g, y the shared expert (the dense MLP):
-        // dy = sigmoid(z) dout per row, dz = (dout . y) sigmoid'(z).
-        Tensor dy = Tensor::empty({N, H}, DType::kF32), dz = Tensor::empty({N, 1}, DType::kF32);
-        const float* gp = dres.data<float>();
-        const float* yp = A.shared_y.data<float>();
-        const float* zp = A.shared_z.data<float>();
-        float* dyp = dy.data<float>();
-        for (int64_t n = 0; n < N; ++n) {
-          const float sg = 1.f / (1.f + std::exp(-zp[n]));
-          double dot = 0;
-          for (int64_t k = 0; k < H; ++k) {
-            dyp[n * H + k] = sg * gp[n * H + k];
-            dot += static_cast<double>(gp[n * H + k]) * yp[n * H + k];
-          }
-          dz.data<float>()[n] = static_cast<float>(dot) * sg * (1.f - sg);
-        }
-        dense_mlp_backward(dy);
-        kernels::matmul(dz, E.shared_gate, dh, false, false, 1.f, 1.f);
-        kernels::matmul(dz, A.h2, G.moe.shared_gate, true, false, 1.f, 1.f);
-        dh_moe = Tensor::empty({N, H}, DType::kF32);
-      }
-      moe_backward(moe_spec(c), E, A.h2, A.moe, dres, dh_moe, G.moe, aux, ep_comm_);
-      if (c.shared_expert) kernels::add_inplace(dh, dh_moe);
-    }
-    norm_grad(*this, dh, A.x_mid, W.norm2_w, A.mean2, A.rstd2, tmp, G.norm2_w, G.norm2_b);
-    kernels::add_inplace(dres, tmp);
-    // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))).
-    dres_all = all_rows(*this, dres);
-    op = matmul_operand(dres_all, mode);
-    input_grad(*this, Lo, l, op, datt, datt, pm);
-    linear_backward_weight(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which), pm,
-                           !assign);
-    const QkvViews v = qkv_views(d, A.qkv, B, T);
-    QkvViews dv = qkv_views(d, dqkv, B, T);
-    if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
-      cp_attention_backward(*cp_comm_, cp_method_, v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
-                            A.cp, datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v, params.scale);
-    else
-      kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
-                                  datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
-                                  params);
-    apply_rope(*this, dqkv, acts.positions, true);
-    op = matmul_operand(dqkv, mode);
-    input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
-    if (d.kv_replicas > 1) {
-      // A replicated kv head is read by the query heads of kv_replicas ranks: its weight
-      // gradient sums theirs (the input gradient above took only this rank's part).
-      Tensor dkv = dqkv.slice(1, d.q, d.qkv).contiguous();
-      tp_comm_->all_reduce_kv_replicas(dkv);
-      dqkv.slice(1, d.q, d.qkv).copy_from(dkv);
-      op = matmul_operand(dqkv, mode);
-    }
-    linear_backward_weight(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which), pm, !assign);
-    norm_grad(*this, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
-    kernels::add_inplace(dres, tmp);
+    block_backward(l, recompute_ == Recompute::kFull ? recomputed : acts.layers[l], dres);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now
     if (hooks) {
       hooks->grads_ready(unit);
@@ -375,6 +448,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
   embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
+  if (d_mtp_emb.defined()) kernels::embedding_backward(d_mtp_emb, acts.mtp->ids, grads.embed);
   if (hooks) hooks->grads_ready(0);
   pass.acts.reset();
   return Tensor();

@@ -49,7 +49,7 @@ void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Te
 
 // MLP activation: a (N, F) from u (N, 2F | F).
 void mlp_activation(const Model& m, const Tensor& u, Tensor& a) {
-  const int64_t F = m.dims().ffn;
+  const int64_t F = a.size(1);
   if (m.config().gated_mlp())
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
   else
@@ -63,6 +63,19 @@ Tensor& scratch(Tensor& t, int64_t rows, int64_t cols) {
 }
 
 }  // namespace
+
+MlaSpec mla_spec(const ModelConfig& c) {
+  MlaSpec s;
+  s.heads = c.num_heads;
+  s.q_lora_rank = c.q_lora_rank;
+  s.kv_lora_rank = c.kv_lora_rank;
+  s.qk_nope = c.qk_nope_head_dim;
+  s.qk_rope = c.qk_rope_head_dim;
+  s.v_head = c.v_head_dim;
+  s.rope_theta = c.rope_theta;
+  s.norm_eps = c.norm_eps;
+  return s;
+}
 
 kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset) {
   kernels::AttentionParams p;
@@ -277,13 +290,21 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     norm_forward(c, W.norm1_w, W.norm1_b, s.x, h1, mean, rstd);
   }
   if (A && !A->x_in.defined()) A->x_in = s.x.clone();
-  if (A) round_matmul_input_in_place(h1, mode);
-  Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);
-  column_parallel(kBlockLinears[0], h1, qkv);
-  apply_rope(m, qkv, *opt.positions, false);
-  Tensor& att = fresh(A ? A->att : s.att, s.att, Nf, d.q);
-  attend(l, qkv, att);
-  const Tensor& o = row_parallel(kBlockLinears[1], att, mode);  // att stays exact for backward
+  Tensor* attn_out;
+  if (c.uses_mla()) {  // deepseek's latent attention (tp = 1), from h1 as the norm left it
+    TESSERA_CHECK(opt.mla, "block_forward: layer ", l, " is latent attention and this pass gave no way to run it");
+    attn_out = &scratch(s.delta, N, H);
+    opt.mla(l, h1, *attn_out);
+  } else {
+    if (A) round_matmul_input_in_place(h1, mode);
+    Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);
+    column_parallel(kBlockLinears[0], h1, qkv);
+    apply_rope(m, qkv, *opt.positions, false);
+    Tensor& att = fresh(A ? A->att : s.att, s.att, Nf, d.q);
+    attend(l, qkv, att);
+    attn_out = &row_parallel(kBlockLinears[1], att, mode);  // att stays exact for backward
+  }
+  const Tensor& o = *attn_out;
 
   // MLP half.
   Tensor& h2 = fresh(A ? A->h2 : s.h, s.h, N, H);
@@ -293,7 +314,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     A->x_mid = s.x.clone();
     round_matmul_input_in_place(h2, mode);
   }
-  if (c.is_moe()) {  // (tp = 1: no sequence parallelism, N rows throughout)
+  if (c.layer_is_moe(l)) {  // (tp = 1: no sequence parallelism, N rows throughout)
     Tensor& out = scratch(s.delta, N, H);
     const MoeWeights& E = m.compute_moe(l);
     TESSERA_CHECK(m.tp_shard().ep_size == 1 || m.ep_comm(), "an expert-parallel shard runs with its ep group "
@@ -315,15 +336,22 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
         m.count_expert_load(routed.routing);
       });
     }
-    if (!c.shared_expert) return;
-    // qwen2_moe's shared expert, every token: out += sigmoid(h2 . g) * down(swiglu(up(h2))).
-    Tensor& u = fresh(A ? A->u : s.u, s.u, N, 2 * d.ffn);
+    const int64_t F = layer_ffn(m, l);
+    if (F == 0) return;  // no shared expert (mixtral)
+    // The shared expert(s), every token: out += g * down(swiglu(up(h2))), with qwen2_moe's
+    // gate g = sigmoid(h2 . shared_expert_gate), deepseek's g = 1.
+    Tensor& u = fresh(A ? A->u : s.u, s.u, N, 2 * F);
     run_linear(m, kBlockLinears[2], l, h2, u, pm, opt.rowwise);
-    Tensor& a = fresh(A ? A->a : s.a, s.a, N, d.ffn);
+    Tensor& a = fresh(A ? A->a : s.a, s.a, N, F);
     mlp_activation(m, u, a);
     if (A) round_matmul_input_in_place(a, mode);
-    Tensor y = Tensor::empty({N, H}, DType::kF32), z = Tensor::empty({N, 1}, DType::kF32);
+    Tensor y = Tensor::empty({N, H}, DType::kF32);
     run_linear(m, kBlockLinears[3], l, a, y, pm, opt.rowwise);
+    if (!c.shared_expert) {
+      kernels::add_inplace(out, y);
+      return;
+    }
+    Tensor z = Tensor::empty({N, 1}, DType::kF32);
     by_rows(h2, z, opt.rowwise, [&](const Tensor& hi, Tensor& zi) { kernels::matmul(hi, E.shared_gate, zi, false, true); });
     const float* yp = y.data<float>();
     const float* zp = z.data<float>();
@@ -338,10 +366,10 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     }
     return;
   }
-  const int64_t U = c.gated_mlp() ? 2 * d.ffn : d.ffn;
+  const int64_t F = layer_ffn(m, l), U = c.gated_mlp() ? 2 * F : F;
   Tensor& u = fresh(A ? A->u : s.u, s.u, Nf, U);
   column_parallel(kBlockLinears[2], h2, u);
-  Tensor& a = fresh(A ? A->a : s.a, s.a, Nf, d.ffn);
+  Tensor& a = fresh(A ? A->a : s.a, s.a, Nf, F);
   mlp_activation(m, u, a);
   if (A) round_matmul_input_in_place(a, mode);
   row_parallel(kBlockLinears[3], a, pm);

@@ -39,14 +39,36 @@ struct BlockOptions {
   // statistics, h1, qkv, att, x_mid, h2, u, a; lse is the AttendFn's to fill). An x_in
   // already defined is kept (a recompute from the saved input).
   LayerActivations* save = nullptr;
+  // Latent-attention layers (ModelConfig::uses_mla): the attention half, out (N, H) = the
+  // o_proj output for h1 (N, H), the normalised input (how: training, cache or pages).
+  std::function<void(int64_t layer, const Tensor& h1, Tensor& out)> mla;
 };
+
+// The features of layer l's dense MLP on this rank (a MoE layer's shared expert; 0: none).
+// (MoE layers and deepseek run at tp = 1; a dense layer's MLP splits over tp.)
+inline int64_t layer_ffn(const Model& m, int64_t l) {
+  const auto& c = m.config();
+  return c.layer_is_moe(l) || c.is_deepseek() ? c.mlp_size(l) : m.dims().ffn;
+}
+// Latent attention's settings from the config (model/mla.h).
+MlaSpec mla_spec(const ModelConfig& c);
 
 // The mixture-of-experts layer's routing settings from the config.
 inline MoeSpec moe_spec(const ModelConfig& c) {
   MoeSpec spec;
   spec.num_experts = c.num_experts;
   spec.top_k = c.experts_per_token;
-  spec.norm_topk_prob = c.norm_topk_prob;
+  // DeepSeek's MoEGate renormalises only when top_k > 1; V2 scales by routed_scaling_factor
+  // only when it does not renormalise, V3 always (after it).
+  spec.norm_topk_prob = c.norm_topk_prob && (!c.is_deepseek() || c.experts_per_token > 1);
+  if (c.is_deepseek()) {
+    spec.scoring = c.moe_sigmoid ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+    spec.n_group = c.n_group;
+    spec.topk_group = c.topk_group;
+    spec.group_score = c.topk_method == "noaux_tc" ? MoeGroupScore::kTop2Sum : MoeGroupScore::kMax;
+    const bool v2_normalised = c.model_type == "deepseek_v2" && spec.norm_topk_prob;
+    spec.routed_scaling_factor = v2_normalised ? 1.0 : c.routed_scaling_factor;
+  }
   return spec;
 }
 

@@ -2,6 +2,8 @@
 #include "tessera/model/config.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -54,12 +56,14 @@ double get_float(const json& j, const std::string& source, const char* key, doub
 
 // A mixture-of-experts model's "topk_method": "greedy" (plain top-k, the default) or
 // "noaux_tc" (a per-expert selection bias, DeepSeek-V3's auxiliary-loss-free balancing).
-std::string topk_method(const json& j, const std::string& source) {
+// group_limited_greedy (DeepSeek-V2) only where groups are read (DeepSeek models).
+std::string read_topk_method(const json& j, const std::string& source, bool groups = false) {
   auto it = j.find("topk_method");
   if (it == j.end() || it->is_null()) return "greedy";
   const std::string m = it->is_string() ? it->get<std::string>() : "";
-  TESSERA_CHECK(m == "greedy" || m == "noaux_tc", source, ": 'topk_method' ", io::json_brief(*it),
-                " is not supported (greedy or noaux_tc)");
+  TESSERA_CHECK(m == "greedy" || m == "noaux_tc" || (groups && m == "group_limited_greedy"), source,
+                ": 'topk_method' ", io::json_brief(*it), " is not supported (greedy",
+                groups ? ", group_limited_greedy" : "", " or noaux_tc)");
   return m;
 }
 
@@ -97,6 +101,70 @@ double get_nonnegative(const json& j, const std::string& source, const char* key
   const double v = get_float(j, source, key, dflt);
   TESSERA_CHECK(std::isfinite(v) && v >= 0 && v <= hi, source, ": key '", key, "' must be in [0, ", hi, "], got ", v);
   return v;
+}
+
+
+// DeepSeek-V2 / V3 (modeling_deepseek.py's DeepseekV2Config / DeepseekV3Config).
+void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
+  c.arch = Arch::kLlama;
+  c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
+  c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
+  c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
+  c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
+  c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+  c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 2048, false);
+  c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
+  c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
+  c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
+  TESSERA_CHECK(!get_bool(j, source, "attention_bias", false), source, ": 'attention_bias': true is not supported");
+  auto act = j.find("hidden_act");
+  TESSERA_CHECK(act == j.end() || (act->is_string() && act->get<std::string>() == "silu"), source, ": 'hidden_act' ",
+                act == j.end() ? "" : io::json_brief(*act), " is not supported (only \"silu\")");
+  auto rs = j.find("rope_scaling");
+  TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
+  // Multi-head latent attention.
+  c.q_lora_rank = get_int(j, source, "q_lora_rank", 1, kMaxHidden, 0, false);
+  c.kv_lora_rank = get_int(j, source, "kv_lora_rank", 1, kMaxHidden);
+  c.qk_nope_head_dim = get_int(j, source, "qk_nope_head_dim", 0, kMaxHeadDim);
+  c.qk_rope_head_dim = get_int(j, source, "qk_rope_head_dim", 2, kMaxHeadDim);
+  c.v_head_dim = get_int(j, source, "v_head_dim", 1, kMaxHeadDim);
+  TESSERA_CHECK(c.qk_rope_head_dim % 2 == 0, source, ": 'qk_rope_head_dim' ", c.qk_rope_head_dim, " must be even");
+  c.num_kv_heads = c.num_heads;  // every head has its own k (from the shared latent)
+  c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  // Experts (none: every layer dense).
+  c.num_experts = get_int(j, source, "n_routed_experts", 1, kMaxExperts, 0, false);
+  const bool v3 = c.model_type == "deepseek_v3";
+  if (c.num_experts > 0) {
+    c.experts_per_token = get_int(j, source, "num_experts_per_tok", 1, c.num_experts);
+    c.moe_intermediate_size = get_int(j, source, "moe_intermediate_size", 1, kMaxIntermediate);
+    c.n_shared_experts = get_int(j, source, "n_shared_experts", 0, kMaxExperts, 0, false);
+    c.first_k_dense_replace = get_int(j, source, "first_k_dense_replace", 0, kMaxLayers, 0, false);
+    c.moe_layer_freq = get_int(j, source, "moe_layer_freq", 1, kMaxLayers, 1, false);
+    c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", v3);
+    auto sf = j.find("scoring_func");
+    const std::string scoring = sf == j.end() || sf->is_null() ? (v3 ? "sigmoid" : "softmax")
+                                : sf->is_string() ? sf->get<std::string>() : io::json_brief(*sf);
+    TESSERA_CHECK(scoring == "softmax" || scoring == "sigmoid", source, ": 'scoring_func' ", scoring,
+                  " is not supported (softmax or sigmoid)");
+    c.moe_sigmoid = scoring == "sigmoid";
+    c.topk_method = j.contains("topk_method") ? read_topk_method(j, source, true) : (v3 ? "noaux_tc" : "greedy");
+    c.router_bias = c.topk_method == "noaux_tc";
+    if (c.topk_method != "greedy") {
+      c.n_group = get_int(j, source, "n_group", 1, c.num_experts, 1, false);
+      c.topk_group = get_int(j, source, "topk_group", 1, c.n_group, 1, false);
+      TESSERA_CHECK(c.num_experts % c.n_group == 0, source, ": 'n_group' ", c.n_group, " does not divide the ",
+                    c.num_experts, " routed experts");
+      TESSERA_CHECK(c.topk_method != "noaux_tc" || c.num_experts / c.n_group >= 2, source,
+                    ": topk_method noaux_tc scores a group by its two best experts; groups of ",
+                    c.num_experts / c.n_group, " expert are too small");
+      TESSERA_CHECK(c.topk_group * (c.num_experts / c.n_group) >= c.experts_per_token, source, ": 'topk_group' ",
+                    c.topk_group, " groups of ", c.num_experts / c.n_group, " experts hold fewer than the ",
+                    c.experts_per_token, " experts per token");
+    }
+    c.routed_scaling_factor = get_positive(j, source, "routed_scaling_factor", 1.0, 1e6);
+    c.aux_loss_alpha = get_nonnegative(j, source, "aux_loss_alpha", 0.0, 1e6);
+  }
+  c.mtp_layers = get_int(j, source, "num_nextn_predict_layers", 0, 1, 0, false);
 }
 
 }  // namespace
@@ -141,7 +209,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", false);
       c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
       c.output_router_logits = get_bool(j, source, "output_router_logits", false);
-      c.router_bias = topk_method(j, source) == "noaux_tc";
+      c.router_bias = read_topk_method(j, source) == "noaux_tc";
       TESSERA_CHECK(get_int(j, source, "decoder_sparse_step", 1, kMaxLayers, 1, false) == 1, source,
                     ": 'decoder_sparse_step' other than 1 is not supported (every layer sparse)");
       auto dense = j.find("mlp_only_layers");
@@ -158,7 +226,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       c.moe_intermediate_size = c.intermediate_size;
       c.router_aux_loss_coef = get_nonnegative(j, source, "router_aux_loss_coef", 0.001, 1e6);
       c.output_router_logits = get_bool(j, source, "output_router_logits", false);
-      c.router_bias = topk_method(j, source) == "noaux_tc";
+      c.router_bias = read_topk_method(j, source) == "noaux_tc";
       const double jitter = get_nonnegative(j, source, "router_jitter_noise", 0.0, 1e6);
       TESSERA_CHECK(jitter == 0.0, source, ": 'router_jitter_noise' ", jitter,
                     " is not supported (0: the router sees its input unperturbed)");
@@ -168,6 +236,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       TESSERA_CHECK(sw == j.end() || sw->is_null(), source,
                     ": 'sliding_window' attention is not supported");
     }
+  } else if (c.model_type == "deepseek_v2" || c.model_type == "deepseek_v3") {
+    parse_deepseek(j, source, c);
   } else if (c.model_type == "gpt2") {
     c.arch = Arch::kGpt2;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
@@ -197,7 +267,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, mistral, mixtral, qwen2_moe, gpt2)");
+         "' (supported: llama, qwen2, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -219,7 +289,7 @@ void ModelConfig::validate(const std::string& source) const {
   bounded(num_kv_heads, "number of key/value heads", kMaxHeads);
   bounded(head_dim, "head_dim", kMaxHeadDim);
   bounded(max_position_embeddings, "max_position_embeddings", kMaxPositions);
-  TESSERA_CHECK(hidden_size % num_heads == 0, source, ": hidden size ", hidden_size,
+  TESSERA_CHECK(uses_mla() || hidden_size % num_heads == 0, source, ": hidden size ", hidden_size,
                 " is not divisible by the number of attention heads ", num_heads);
   TESSERA_CHECK(num_heads % num_kv_heads == 0, source, ": number of key/value heads ",
                 num_kv_heads, " does not divide the number of attention heads ", num_heads);
@@ -234,40 +304,85 @@ void ModelConfig::validate(const std::string& source) const {
                   experts_per_token, " must be in [1, ", num_experts, "]");
     bounded(moe_intermediate_size, "expert intermediate size", kMaxIntermediate);
     TESSERA_CHECK(shared_expert ? arch == Arch::kQwen2 : (arch == Arch::kLlama && !qkv_bias), source,
-                  ": experts are supported in mixtral (Llama attention) and qwen2_moe (Qwen2 attention) models");
+                  ": experts are supported in mixtral (Llama attention), qwen2_moe (Qwen2 attention) and deepseek models");
     TESSERA_CHECK(!quantization, source, ": quantized mixture-of-experts checkpoints are not supported yet");
   }
+  if (uses_mla()) {
+    TESSERA_CHECK(is_deepseek() && num_kv_heads == num_heads && head_dim == qk_nope_head_dim + qk_rope_head_dim &&
+                      qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && v_head_dim > 0 && !qkv_bias,
+                  source, ": latent attention (kv_lora_rank ", kv_lora_rank, ") needs a deepseek model with even "
+                  "qk_rope_head_dim, v_head_dim > 0, one kv head per head and head_dim = qk_nope + qk_rope");
+    TESSERA_CHECK(!quantization, source, ": quantized deepseek checkpoints are not supported yet");
+  }
+  TESSERA_CHECK(mtp_layers == 0 || (is_deepseek() && mtp_layers == 1), source,
+                ": multi-token prediction (num_nextn_predict_layers ", mtp_layers, ") is supported with one "
+                "module in deepseek models");
   (void)num_parameters();  // every size below fits in int64 (checked; throws naming the config)
+}
+
+int64_t ModelConfig::mlp_size(int64_t layer) const {
+  if (!layer_is_moe(layer) || shared_expert) return intermediate_size;  // dense, or qwen2_moe's shared expert
+  return n_shared_experts * moe_intermediate_size;                      // DeepSeek's shared experts (or none)
 }
 
 // The sizes use checked arithmetic: the bounds above keep them far inside int64, but a
 // struct filled by hand (tests, TOML [model] tables) is not guaranteed to be validated.
+namespace {
+
+// Matmul weights of one layer's attention.
+int64_t attention_elements(const ModelConfig& c, const std::string& what) {
+  const int64_t H = c.hidden_size;
+  if (!c.uses_mla())
+    return checked_add(checked_mul(H, checked_add(c.q_dim(), 2 * c.kv_dim(), what), what),
+                       checked_mul(c.q_dim(), H, what), what);
+  const int64_t qk = c.q_dim();  // heads x (nope + rope)
+  const int64_t q = c.q_lora_rank > 0 ? checked_add(checked_mul(H, c.q_lora_rank, what),
+                                                     checked_mul(c.q_lora_rank, qk, what), what)
+                                      : checked_mul(H, qk, what);
+  const int64_t kv = checked_add(checked_mul(H, c.kv_lora_rank + c.qk_rope_head_dim, what),
+                                 checked_product({c.kv_lora_rank, c.num_heads, c.qk_nope_head_dim + c.v_head_dim}, what),
+                                 what);
+  return checked_add(checked_add(q, kv, what), checked_product({c.num_heads, c.v_head_dim, H}, what), what);
+}
+
+// Matmul weights of layer l's MLP: read per token (`active`: the chosen experts only) or all.
+int64_t mlp_elements(const ModelConfig& c, int64_t l, bool active, const std::string& what) {
+  const int64_t H = c.hidden_size;
+  const int64_t dense = checked_product({c.gated_mlp() ? 3 : 2, H, c.mlp_size(l)}, what);
+  if (!c.layer_is_moe(l)) return dense;
+  // The experts, the router, the dense part (a shared expert) and qwen2_moe's shared gate.
+  const int64_t expert = checked_product({3, H, c.moe_intermediate_size}, what);
+  const int64_t experts = checked_mul(active ? c.experts_per_token : c.num_experts, expert, what);
+  return checked_add(checked_add(experts, checked_mul(c.num_experts, H, what), what),
+                     checked_add(dense, c.shared_expert ? H : 0, what), what);
+}
+
+}  // namespace
+
 int64_t ModelConfig::matmul_weight_elements() const {
   const std::string what = "model size (" + std::to_string(hidden_size) + " hidden, " +
                            std::to_string(num_layers) + " layers, " + std::to_string(vocab_size) + " vocab)";
-  const int64_t attn = checked_add(checked_mul(hidden_size, checked_add(q_dim(), 2 * kv_dim(), what), what),
-                                   checked_mul(q_dim(), hidden_size, what), what);
-  int64_t mlp = checked_product({gated_mlp() ? 3 : 2, hidden_size, intermediate_size}, what);
-  if (is_moe()) {  // read per token: the chosen experts, the router, the shared expert and its gate
-    const int64_t expert = checked_product({3, hidden_size, moe_intermediate_size}, what);
-    mlp = checked_add(checked_add(checked_mul(experts_per_token, expert, what), checked_mul(num_experts, hidden_size, what),
-                                  what),
-                      shared_expert ? checked_add(mlp, hidden_size, what) : 0, what);
-  }
-  return checked_add(checked_mul(num_layers, checked_add(attn, mlp, what), what),
-                     checked_mul(vocab_size, hidden_size, what), what);  // + lm_head
+  int64_t n = checked_mul(vocab_size, hidden_size, what);  // lm_head
+  const int64_t attn = attention_elements(*this, what);
+  for (int64_t l = 0; l < num_layers; ++l) n = checked_add(n, checked_add(attn, mlp_elements(*this, l, true, what), what), what);
+  return n;
 }
 
 int64_t ModelConfig::num_parameters() const {
   const std::string what = "parameter count";
-  int64_t n = matmul_weight_elements();
-  if (is_moe())  // every expert, not only the chosen ones
-    n = checked_add(n, checked_product({num_layers, num_experts - experts_per_token, 3, hidden_size, moe_intermediate_size}, what),
-                    what);
+  int64_t n = checked_mul(vocab_size, hidden_size, what);  // lm_head
+  const int64_t attn = attention_elements(*this, what);
+  for (int64_t l = 0; l < num_layers; ++l) n = checked_add(n, checked_add(attn, mlp_elements(*this, l, false, what), what), what);
   const int64_t table = checked_mul(vocab_size, hidden_size, what);
   if (!tie_word_embeddings) n = checked_add(n, table, what);  // embedding separate from lm_head
   const int64_t norms = uses_layernorm() ? 2 : 1;
   n = checked_add(n, checked_product({num_layers, 2, hidden_size, norms}, what) + hidden_size * norms, what);
+  if (uses_mla())  // q_a_layernorm, kv_a_layernorm
+    n = checked_add(n, checked_mul(num_layers, q_lora_rank + kv_lora_rank, what), what);
+  if (mtp_layers > 0)  // the module's layer (MoE when the model is), eh_proj, enorm, hnorm, shared_head.norm
+    n = checked_add(n, checked_add(checked_add(attn, mlp_elements(*this, num_layers, false, what), what),
+                                   checked_add(checked_mul(2 * hidden_size, hidden_size, what),
+                                               5 * hidden_size + q_lora_rank + kv_lora_rank, what), what), what);
   const int64_t qkv = checked_mul(num_heads + 2 * num_kv_heads, head_dim, what);
   if (qkv_bias || linear_biases()) n = checked_add(n, checked_mul(num_layers, qkv, what), what);
   if (linear_biases())
@@ -300,6 +415,42 @@ json ModelConfig::to_json() const {
     j["layer_norm_epsilon"] = norm_eps;
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
+  } else if (is_deepseek()) {
+    const bool v3 = model_type == "deepseek_v3";
+    j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+    j["model_type"] = model_type;
+    for (auto [key, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+             {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size},
+             {"num_hidden_layers", num_layers}, {"num_attention_heads", num_heads},
+             {"num_key_value_heads", num_kv_heads}, {"max_position_embeddings", max_position_embeddings},
+             {"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
+             {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}})
+      j[key] = v;
+    j["q_lora_rank"] = q_lora_rank > 0 ? json(q_lora_rank) : json(nullptr);
+    j["rms_norm_eps"] = norm_eps;
+    j["rope_theta"] = rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["tie_word_embeddings"] = tie_word_embeddings;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    if (is_moe()) {
+      j["n_routed_experts"] = num_experts;
+      j["num_experts_per_tok"] = experts_per_token;
+      j["moe_intermediate_size"] = moe_intermediate_size;
+      j["n_shared_experts"] = n_shared_experts;
+      j["first_k_dense_replace"] = first_k_dense_replace;
+      j["moe_layer_freq"] = moe_layer_freq;
+      j["norm_topk_prob"] = norm_topk_prob;
+      j["scoring_func"] = moe_sigmoid ? "sigmoid" : "softmax";
+      j["topk_method"] = topk_method;
+      j["n_group"] = n_group;
+      j["topk_group"] = topk_group;
+      j["routed_scaling_factor"] = routed_scaling_factor;
+      j["aux_loss_alpha"] = aux_loss_alpha;
+    } else {
+      j["n_routed_experts"] = nullptr;
+    }
+    j["num_nextn_predict_layers"] = mtp_layers;
   } else {
     const bool qwen_moe = is_moe() && shared_expert;
     j["architectures"] = {qwen_moe ? "Qwen2MoeForCausalLM" : is_moe() ? "MixtralForCausalLM"

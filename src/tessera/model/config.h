@@ -62,6 +62,26 @@ struct ModelConfig {
   bool router_bias = false;
   double router_aux_loss_coef = 0.0;   // the load-balancing loss's weight in training
   bool output_router_logits = false;   // transformers adds that loss only when this is set
+  // DeepSeek-V2/V3 (model_type deepseek_v2, deepseek_v3): multi-head latent attention
+  // (model/mla.h) in place of q/k/v/o when kv_lora_rank > 0 (num_kv_heads = num_heads and
+  // head_dim = qk_nope + qk_rope, as the query heads are); layers before
+  // first_k_dense_replace (and those off the moe_layer_freq stride) keep a dense MLP of
+  // intermediate_size, the others are MoE with n_shared_experts always-on experts (one
+  // SwiGLU MLP of n_shared_experts x moe_intermediate_size features, ungated: the layer's
+  // dense MLP tensors); the router as DeepSeek's MoEGate (moe_scoring, groups, scaling).
+  int64_t q_lora_rank = 0, kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int64_t first_k_dense_replace = 0, moe_layer_freq = 1;
+  int64_t n_shared_experts = 0;
+  bool moe_sigmoid = false;             // scoring_func "sigmoid" (DeepSeek-V3), else softmax
+  std::string topk_method = "greedy";   // greedy | group_limited_greedy | noaux_tc
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  double aux_loss_alpha = 0.0;          // DeepSeek's sequence-wise balancing loss: not trained (kept for to_json)
+  // Multi-token prediction modules (DeepSeek-V3 num_nextn_predict_layers; 0 or 1): stored
+  // as layer num_layers (model.layers.{L}.*), run by training (its loss weighted by
+  // [training] mtp_loss_weight) and by --speculative mtp.
+  int64_t mtp_layers = 0;
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
   // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
   std::optional<io::QuantCheckpointFormat> quantization;
@@ -71,6 +91,14 @@ struct ModelConfig {
   bool gated_mlp() const { return arch != Arch::kGpt2; }       // SwiGLU vs GELU MLP
   bool linear_biases() const { return arch == Arch::kGpt2; }   // biases on every linear
   bool is_moe() const { return num_experts > 0; }
+  bool uses_mla() const { return kv_lora_rank > 0; }
+  bool is_deepseek() const { return model_type == "deepseek_v2" || model_type == "deepseek_v3"; }
+  // Layer `layer`'s MLP: mixture of experts (else dense).
+  bool layer_is_moe(int64_t layer) const {
+    return is_moe() && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
+  // The features of layer `layer`'s dense MLP (a MoE layer's shared expert; 0: none).
+  int64_t mlp_size(int64_t layer) const;
   int64_t q_dim() const { return checked_mul(num_heads, head_dim, "num_heads * head_dim"); }
   int64_t kv_dim() const { return checked_mul(num_kv_heads, head_dim, "num_kv_heads * head_dim"); }
   int64_t qkv_dim() const { return checked_add(q_dim(), checked_mul(2, kv_dim(), "kv_dim"), "qkv_dim"); }

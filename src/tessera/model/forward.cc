@@ -32,7 +32,7 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
                 cache.capacity);
   TESSERA_CHECK(L + T <= c.max_position_embeddings || c.uses_rope(), "forward: position ", L + T - 1,
                 " is past max_position_embeddings ", c.max_position_embeddings);
-  TESSERA_CHECK(static_cast<int64_t>(cache.k.size()) == c.num_layers,
+  TESSERA_CHECK(static_cast<int64_t>(cache.k.size()) >= c.num_layers,
                 "forward: KV cache has ", cache.k.size(), " layers, model has ", c.num_layers);
   const LocalDims& d = dims_;
   const Tensor ids = Tensor::from_vector(tokens, {T});
@@ -56,6 +56,16 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   s.x = embed_tokens(*this, ids, positions);
   BlockOptions opt;
   opt.positions = &positions;
+  const MlaSpec spec = mla_spec(c);
+  opt.mla = [&](int64_t l, const Tensor& h1, Tensor& out) {  // the latent rows appended, then attended
+    const MlaWeights& W = weights_.layers[l].mla;
+    Tensor q, rows, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
+    mla_project(spec, W, h1, positions, q, rows);
+    const Tensor kc = cache.k[l].view({cache.capacity, mla_cache_row(spec)});
+    kc.slice(0, L, L + T).copy_from(rows);
+    mla_attend(spec, W, q, kc, L, att);
+    mla_output(W, att, out);
+  };
   for (int64_t l = 0; l < c.num_layers; ++l) block_forward(*this, l, s, opt, attend);
   cache.length = L + T;
   Tensor h = Tensor::empty({T, c.hidden_size}, DType::kF32);
@@ -92,6 +102,17 @@ Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAtten
   BlockOptions opt;
   opt.positions = &pos;
   opt.rowwise = rows;
+  const MlaSpec spec = mla_spec(c);
+  opt.mla = [&](int64_t l, const Tensor& h1, Tensor& out) {  // each sequence over its cached latent rows
+    const MlaWeights& W = weights_.layers[l].mla;
+    Tensor q, latent, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
+    mla_project(spec, W, h1, pos, q, latent);
+    kv.attend_latent(l, latent, [&](int64_t q_begin, int64_t q_len, const Tensor& cached) {
+      Tensor a = att.slice(0, q_begin, q_begin + q_len);
+      mla_attend(spec, W, q.slice(0, q_begin, q_begin + q_len), cached, cached.size(0) - q_len, a);
+    });
+    mla_output(W, att, out);
+  };
   for (int64_t l = 0; l < c.num_layers; ++l) block_forward(*this, l, s, opt, attend);
   Tensor h = Tensor::empty({T, H}, DType::kF32);
   final_norm_forward(*this, s, h, nullptr, nullptr);
@@ -131,10 +152,13 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
   BlockOptions opt;
   opt.positions = &acts.positions;
   opt.save = &A;
+  opt.mla = [&](int64_t, const Tensor& h1, Tensor& out) {
+    mla_forward(mla_spec(m.config()), m.weights().layers[l].mla, h1, acts.positions, acts.B, acts.T, out, &A.mla);
+  };
   block_forward(m, l, s, opt, [&](int64_t, const Tensor& qkv, Tensor& att) {
     train_attention(m, acts, qkv, att, A.lse, A.cp);
   });
-  if (!keep_attention) {  // selective checkpointing: recomputed in the backward pass
+  if (!keep_attention && !m.config().uses_mla()) {  // selective checkpointing: recomputed in the backward pass
     A.att = Tensor();
     A.lse = Tensor();
     A.cp = CpSaved();
@@ -142,6 +166,7 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
 }
 
 void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A) {
+  if (m.config().uses_mla()) return;  // latent attention keeps what it saved
   A.att = Tensor::empty({acts.B * acts.T, m.dims().q}, DType::kF32);
   train_attention(m, acts, A.qkv, A.att, A.lse, A.cp);
 }
@@ -178,6 +203,8 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.layers.assign(c.num_layers, LayerActivations{});
   acts.moe_balance.reset();
   if (c.is_moe()) acts.moe_balance.emplace(c.num_experts);
+  TESSERA_CHECK(!c.uses_mla() || !m.cp_comm(), "context parallelism over ", c.model_type,
+                "'s latent attention is not supported yet");
   const bool ln = c.uses_layernorm();
   const Recompute rc = m.recompute();
   const bool sp = m.sequence_parallel();
@@ -188,9 +215,12 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
 
   TrainHooks* hooks = m.train_hooks();
   BlockState s;
+  // DeepSeek-V3's multi-token prediction module trains with the whole model (its head).
+  if (m.mtp_loss_weight() > 0 && stage.whole()) acts.mtp = std::make_shared<MtpActivations>();
   if (first) {
     if (hooks) hooks->acquire(0);
     s.x = embed_tokens(m, acts.ids, acts.positions, sp);
+    if (acts.mtp) mtp_embed(m, acts, *acts.mtp);
     if (hooks) hooks->release(0);
   } else {
     TESSERA_CHECK(input.defined() && input.dtype() == DType::kF32 && input.dim() == 2 &&
@@ -207,10 +237,10 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
       LayerActivations scratch;
       layer_forward_train(m, l, acts, s, scratch, false);
       A.x_in = std::move(scratch.x_in);
-      if (acts.moe_balance) acts.moe_balance->add(scratch.moe.routing);
+      if (acts.moe_balance && c.layer_is_moe(l)) acts.moe_balance->add(scratch.moe.routing);
     } else {
       layer_forward_train(m, l, acts, s, A, rc == Recompute::kNone);
-      if (acts.moe_balance) acts.moe_balance->add(A.moe.routing);
+      if (acts.moe_balance && c.layer_is_moe(l)) acts.moe_balance->add(A.moe.routing);
     }
     if (hooks) hooks->release(unit);
   }
@@ -225,6 +255,7 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.hf = Tensor::empty({Nl, H}, DType::kF32);
   final_norm_forward(m, s, acts.hf, ln ? &acts.meanf : nullptr, &acts.rstdf);
   acts.x_final = s.x;
+  if (acts.mtp) mtp_forward(m, acts, acts.hf, *acts.mtp);  // (from hf as the norm left it)
   round_matmul_input_in_place(acts.hf, m.bf16_mode());  // feeds only the head's matmuls
   return sp ? gather_rows(m, acts.hf) : acts.hf;  // the head sees every row
 }

@@ -195,53 +195,90 @@ void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, con
   }
 }
 
+int64_t mla_cache_row(const MlaSpec& s) { return s.kv_lora_rank + s.qk_rope; }
+
+void mla_project(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Tensor& positions, Tensor& q,
+                 Tensor& rows) {
+  const int64_t L = s.kv_lora_rank;
+  check(s, w, x.size(1));
+  TESSERA_CHECK(positions.numel() == x.size(0), "mla_project: ", positions.numel(), " positions for ", x.size(0),
+                " rows");
+  q = queries(s, w, x, positions, nullptr);
+  Tensor c_n;
+  latents(s, w, x, positions, rows, c_n, nullptr);  // rows = kv_a's output, its rope part rotated
+  rows.slice(1, 0, L).copy_from(c_n);               // ... and the latent normalised
+}
+
+void mla_attend(const MlaSpec& s, const MlaWeights& w, const Tensor& q, const Tensor& cached, int64_t past,
+                Tensor& att) {
+  const int64_t n = q.size(0), qk = s.qk_dim(), nv = s.qk_nope + s.v_head, L = s.kv_lora_rank, D = L + s.qk_rope;
+  const int64_t len = past + n, heads = s.heads;
+  TESSERA_CHECK(cached.dim() == 2 && cached.size(0) >= len && cached.size(1) == D && cached.dtype() == DType::kF32,
+                "mla_attend: cached rows ", cached.describe(), " must be f32 (>= ", len, ", ", D, ")");
+  TESSERA_CHECK(att.shape() == (Shape{n, heads * s.v_head}), "mla_attend: att is ", att.describe());
+  const Tensor rows = cached.slice(0, 0, len);
+  // Absorbed queries (n, heads, D): W_k^T q_nope per head, then q_pe as it is.
+  Tensor qa = Tensor::empty({n * heads, D}, DType::kF32);
+  Tensor qa3 = qa.view({n, heads, D});
+  for (int64_t h = 0; h < heads; ++h) {
+    const Tensor wk = w.kv_b.slice(0, h * nv, h * nv + s.qk_nope);
+    Tensor dst = qa3.select(1, h).slice(1, 0, L);
+    if (s.qk_nope > 0) {
+      kernels::matmul(q.slice(1, h * qk, h * qk + s.qk_nope), wk, dst, false, false);
+    } else {
+      dst.zero();
+    }
+    qa3.select(1, h).slice(1, L, D).copy_from(q.slice(1, h * qk + s.qk_nope, (h + 1) * qk));
+  }
+  Tensor scores = Tensor::empty({n * heads, len}, DType::kF32);
+  kernels::matmul(qa, rows, scores, false, true, s.softmax_scale());
+  float* sc = scores.data<float>();
+  base::parallel_for(n * heads, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {  // causal softmax: query i sees the cache up to itself
+      float* p = sc + r * len;
+      const int64_t seen = past + r / heads + 1;
+      const float m = *std::max_element(p, p + seen);
+      float sum = 0.f;
+      for (int64_t t = 0; t < seen; ++t) sum += (p[t] = std::exp(p[t] - m));
+      for (int64_t t = 0; t < seen; ++t) p[t] /= sum;
+      std::fill(p + seen, p + len, 0.f);
+    }
+  });
+  Tensor ctx = Tensor::empty({n * heads, L}, DType::kF32);
+  kernels::matmul(scores, rows.slice(1, 0, L), ctx, false, false);
+  const Tensor ctx3 = ctx.view({n, heads, L});
+  for (int64_t h = 0; h < heads; ++h) {  // the values: W_v (sum_t p_t c_t)
+    const Tensor wv = w.kv_b.slice(0, h * nv + s.qk_nope, (h + 1) * nv);
+    Tensor ah = att.slice(1, h * s.v_head, (h + 1) * s.v_head);
+    kernels::matmul(ctx3.select(1, h), wv, ah, false, true);
+  }
+}
+
+void mla_output(const MlaWeights& w, const Tensor& att, Tensor& out) {
+  TESSERA_CHECK(out.shape() == (Shape{att.size(0), w.o.size(0)}) && out.dtype() == DType::kF32, "mla: out is ",
+                out.describe());
+  kernels::matmul(att, w.o, out, false, true);
+}
+
 MlaCache MlaCache::create(const MlaSpec& spec, int64_t capacity) {
   MlaCache c;
-  c.c = Tensor::empty({capacity, spec.kv_lora_rank}, DType::kF32);
-  c.kpe = Tensor::empty({capacity, spec.qk_rope}, DType::kF32);
+  c.rows = Tensor::empty({capacity, mla_cache_row(spec)}, DType::kF32);
   return c;
 }
 
 void mla_decode(const MlaSpec& s, const MlaWeights& w, const Tensor& x, MlaCache& cache, Tensor& out) {
-  const int64_t n = x.size(0), H = x.size(1), qk = s.qk_dim(), nv = s.qk_nope + s.v_head, L = s.kv_lora_rank;
-  check(s, w, H);
+  const int64_t n = x.size(0);
   const int64_t past = cache.length, len = past + n;
-  TESSERA_CHECK(len <= cache.c.size(0), "mla_decode: ", len, " tokens exceed the cache's ", cache.c.size(0));
+  TESSERA_CHECK(len <= cache.rows.size(0), "mla_decode: ", len, " tokens exceed the cache's ", cache.rows.size(0));
   Tensor positions = Tensor::empty({n}, DType::kI32);
   for (int64_t i = 0; i < n; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(past + i);
-  const Tensor q = queries(s, w, x, positions, nullptr);
-  Tensor ckv, c_n;
-  latents(s, w, x, positions, ckv, c_n, nullptr);
-  cache.c.slice(0, past, len).copy_from(c_n);
-  cache.kpe.slice(0, past, len).copy_from(ckv.slice(1, L, L + s.qk_rope));
+  Tensor q, rows;
+  mla_project(s, w, x, positions, q, rows);
+  cache.rows.slice(0, past, len).copy_from(rows);
   cache.length = len;
-  const Tensor C = cache.c.slice(0, 0, len), K = cache.kpe.slice(0, 0, len);
-  const float scale = s.softmax_scale();
   Tensor att = Tensor::empty({n, s.heads * s.v_head}, DType::kF32);
-  Tensor qc = Tensor::empty({n, L}, DType::kF32), scores = Tensor::empty({n, len}, DType::kF32);
-  Tensor ctx = Tensor::empty({n, L}, DType::kF32);
-  for (int64_t h = 0; h < s.heads; ++h) {
-    // Absorbed: q_nope . (W_k c) = (W_k^T q_nope) . c, with W_k head h's k_nope rows of kv_b.
-    const Tensor wk = w.kv_b.slice(0, h * nv, h * nv + s.qk_nope), wv = w.kv_b.slice(0, h * nv + s.qk_nope, (h + 1) * nv);
-    kernels::matmul(q.slice(1, h * qk, h * qk + s.qk_nope), wk, qc, false, false);
-    kernels::matmul(qc, C, scores, false, true, scale);
-    kernels::matmul(q.slice(1, h * qk + s.qk_nope, (h + 1) * qk), K, scores, false, true, scale, 1.f);
-    float* sc = scores.data<float>();
-    for (int64_t i = 0; i < n; ++i) {  // causal softmax: token i sees the cache up to itself
-      float* r = sc + i * len;
-      const int64_t seen = past + i + 1;
-      const float m = *std::max_element(r, r + seen);
-      float sum = 0.f;
-      for (int64_t t = 0; t < seen; ++t) sum += (r[t] = std::exp(r[t] - m));
-      for (int64_t t = 0; t < seen; ++t) r[t] /= sum;
-      std::fill(r + seen, r + len, 0.f);
-    }
-    kernels::matmul(scores, C, ctx, false, false);
-    Tensor ah = att.slice(1, h * s.v_head, (h + 1) * s.v_head);
-    kernels::matmul(ctx, wv, ah, false, true);  // the values: W_v (sum_t p_t c_t)
-  }
-  TESSERA_CHECK(out.shape() == (Shape{n, H}) && out.dtype() == DType::kF32, "mla_decode: out is ", out.describe());
-  kernels::matmul(att, w.o, out, false, true);
+  mla_attend(s, w, q, cache.rows, past, att);
+  mla_output(w, att, out);
 }
 
 int64_t mla_cache_bytes_per_token(const MlaSpec& s, int64_t bytes) { return (s.kv_lora_rank + s.qk_rope) * bytes; }

@@ -66,15 +66,31 @@ void mla_forward(const MlaSpec& spec, const MlaWeights& w, const Tensor& x, cons
 void mla_backward(const MlaSpec& spec, const MlaWeights& w, const MlaSaved& saved, const Tensor& dout, Tensor& dx,
                   MlaWeights& grads);
 
-// One sequence's latent cache: per token its normalised latent and rope key.
+// Inference, in two steps, so the cache can live anywhere (a dense buffer, a paged pool):
+// mla_project gives the queries q (n, heads qk) of x (n, H) at `positions` (i32, n), RoPE
+// applied, and each token's cache row (n, kv_lora + rope): its normalised latent, then its
+// rope key. mla_attend then runs queries of one sequence, the first at position `past`,
+// over that sequence's cached rows (at least past + n of them, f32, any row stride, unit
+// column stride) with the absorbed weights: q_nope is folded into kv_b's key rows (scores
+// against the latent directly) and the attention-weighted latent through kv_b's value rows,
+// so no per-head k or v is ever made. att (n, heads v) is overwritten; o_proj is the
+// caller's (mla_output). The same outputs as mla_forward.
+int64_t mla_cache_row(const MlaSpec& spec);  // kv_lora + rope
+void mla_project(const MlaSpec& spec, const MlaWeights& w, const Tensor& x, const Tensor& positions, Tensor& q,
+                 Tensor& rows);
+void mla_attend(const MlaSpec& spec, const MlaWeights& w, const Tensor& q, const Tensor& cached, int64_t past,
+                Tensor& att);
+// out (n, H) = att @ o^T.
+void mla_output(const MlaWeights& w, const Tensor& att, Tensor& out);
+
+// One sequence's latent cache: per token its row (normalised latent, then rope key).
 struct MlaCache {
-  Tensor c;    // (capacity, kv_lora)
-  Tensor kpe;  // (capacity, rope)
+  Tensor rows;  // (capacity, kv_lora + rope)
   int64_t length = 0;
   static MlaCache create(const MlaSpec& spec, int64_t capacity);
 };
 // Runs x (n, H), the sequence's next n tokens at positions length .. length + n - 1:
-// appends their latents to the cache and returns their outputs in out (n, H).
+// appends their rows to the cache and returns their outputs in out (n, H).
 void mla_decode(const MlaSpec& spec, const MlaWeights& w, const Tensor& x, MlaCache& cache, Tensor& out);
 
 // KV cache bytes per token and layer: MLA's latent and rope key, against the same

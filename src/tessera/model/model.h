@@ -33,7 +33,9 @@ const char* recompute_name(Recompute r);
 
 // Keys and values of one sequence for every layer. Only Model::forward appends.
 struct KVCache {
-  std::vector<Tensor> k, v;  // per layer: (capacity, KV heads, head_dim) f32
+  // per layer: (capacity, KV heads, head_dim) f32; latent attention (deepseek): k holds
+  // (capacity, 1, kv_lora + rope), each token's latent row (model/mla.h), and v is undefined.
+  std::vector<Tensor> k, v;
   int64_t length = 0;        // tokens cached so far
   int64_t capacity = 0;
 
@@ -66,6 +68,12 @@ class KvAttention {
   // fused buffer, head dim contiguous). out (N, Hq, D) contiguous, to be overwritten.
   virtual void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                       Tensor& out) = 0;
+  // Latent attention (deepseek, model/mla.h): rows (N, D) are this step's cache rows; the
+  // cache stores them, then calls fn once per sequence with its query rows [q_begin,
+  // q_begin + q_len) and every row the sequence has cached (context_len, D) f32, this
+  // step's included. By default: an error (a cache of per-head keys and values).
+  using LatentFn = std::function<void(int64_t q_begin, int64_t q_len, const Tensor& cached)>;
+  virtual void attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn);
 };
 
 // DIR/config.json and generation_config.json (json_files) and DIR/model.safetensors with
@@ -236,6 +244,11 @@ class Model {
     double aux_loss = 0.0;
     std::vector<std::vector<double>> layer_load;  // per MoE layer: slots per expert
     int64_t dropped = 0;  // slots over capacity (set_moe_capacity_factor), every layer
+    // DeepSeek-V3's multi-token prediction (set_mtp_loss_weight > 0): the module's mean
+    // cross-entropy predicting token t + 2 at position t (not in `loss`; its weight x it is
+    // in the gradients), over mtp_count targets.
+    double mtp_loss = 0.0;
+    int64_t mtp_count = 0;
   };
   enum class GradWrite { kAccumulate, kAssign };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
@@ -275,6 +288,11 @@ class Model {
   // 0, the default: no limit). Inference never drops.
   void set_moe_capacity_factor(double f);
   double moe_capacity_factor() const { return moe_capacity_factor_; }
+  // DeepSeek-V3's multi-token prediction module (ModelConfig::mtp_layers): the training
+  // passes of the whole model add weight x its cross-entropy to the objective (0, the
+  // default: the module is not run and its gradients stay 0).
+  void set_mtp_loss_weight(double w);
+  double mtp_loss_weight() const { return mtp_loss_weight_; }
   Recompute recompute() const { return recompute_; }
 
   // Weight used by the matmuls (compute copy when one exists).
@@ -305,6 +323,7 @@ class Model {
   bool has_compute_copy_ = false;
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
   bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
+  std::vector<int64_t> unit_layers(int unit) const;  // the blocks a TrainHooks unit holds
   bool quantized_ = false;
   // MoE models: inference routing counts, made at the first count (copies made after it share it).
   mutable std::shared_ptr<ExpertLoad> expert_load_;
@@ -316,6 +335,7 @@ class Model {
   std::vector<std::pair<std::string, Tensor>> quantized_tensors() const;
   Recompute recompute_ = Recompute::kNone;
   double moe_capacity_factor_ = 0.0;
+  double mtp_loss_weight_ = 0.0;
   TrainHooks* hooks_ = nullptr;
 };
 

@@ -25,11 +25,21 @@ KVCache KVCache::create(const ModelConfig& c, int64_t capacity, TpShard shard) {
   const int64_t kv_heads = local_dims(c, shard).kv_heads;
   KVCache kv;
   kv.capacity = capacity;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  // (The multi-token prediction layer's too: --speculative mtp runs it over its own cache.)
+  for (int64_t l = 0; l < c.num_layers + c.mtp_layers; ++l) {
+    if (c.uses_mla()) {
+      kv.k.push_back(Tensor::empty({capacity, 1, c.kv_lora_rank + c.qk_rope_head_dim}, DType::kF32));
+      kv.v.emplace_back();
+      continue;
+    }
     kv.k.push_back(Tensor::empty({capacity, kv_heads, c.head_dim}, DType::kF32));
     kv.v.push_back(Tensor::empty({capacity, kv_heads, c.head_dim}, DType::kF32));
   }
   return kv;
+}
+
+void KvAttention::attend_latent(int64_t, const Tensor&, const LatentFn&) {
+  fail("this KV cache holds per-head keys and values, not the latent rows a latent-attention model caches");
 }
 
 namespace {
@@ -103,7 +113,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
   }
   int unused = 0;
   for (const auto& name : file.names()) {
-    if (used.count(name) || is_ignorable_buffer(name)) continue;
+    if (used.count(name) || is_ignorable_buffer(name) || is_mtp_shared_copy(m.config_, name)) continue;
     if (!stage.whole() || shard.ep_size > 1) continue;  // the other stages' or ranks' tensors
     // A tied checkpoint may still carry lm_head.weight; it must equal the embedding.
     if (name == "lm_head.weight" && m.config_.tie_word_embeddings) continue;
@@ -115,6 +125,14 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
 void Model::set_moe_capacity_factor(double f) {
   TESSERA_CHECK(f == 0.0 || (f > 0.0 && f <= 1e6), "moe capacity factor must be > 0 (or 0: no limit), got ", f);
   moe_capacity_factor_ = f;
+}
+
+void Model::set_mtp_loss_weight(double w) {
+  TESSERA_CHECK(std::isfinite(w) && w >= 0.0 && w <= 1e3, "mtp loss weight must be in [0, 1000], got ", w);
+  TESSERA_CHECK(w == 0.0 || config_.mtp_layers > 0, "mtp loss weight ", w, ": ", config_.model_type,
+                " has no multi-token prediction module (num_nextn_predict_layers)");
+  TESSERA_CHECK(w == 0.0 || stage_.whole(), "multi-token prediction under pipeline parallelism is not supported yet");
+  mtp_loss_weight_ = w;
 }
 
 void Model::set_cp_comm(CpComm* cp, CpMethod method) {
@@ -291,6 +309,7 @@ void save_hf_directory(const std::string& dir,
 
 void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
   auto tensors = weights_.named(config_);
+  add_mtp_shared_copies(config_, tensors);
   if (quantized_)
     for (auto& t : quantized_tensors()) tensors.push_back(std::move(t));
   save_hf_directory(dir, hf_json_files(), tensors, max_shard_bytes);
@@ -362,6 +381,15 @@ bool Model::unit_holds_lm_head(int unit) const {
                                                              : unit == config_.num_layers + 1;
 }
 
+std::vector<int64_t> Model::unit_layers(int unit) const {
+  const int64_t L = config_.num_layers;
+  if (unit >= 1 && unit <= L) return {unit - 1};
+  std::vector<int64_t> out;
+  if (unit == L + 1)
+    for (int64_t l = L; l < static_cast<int64_t>(weights_.layers.size()); ++l) out.push_back(l);
+  return out;
+}
+
 void Model::refresh_compute_unit(int unit) {
   if (!has_compute_copy_) return;
   const int64_t L = config_.num_layers;
@@ -384,9 +412,10 @@ void Model::refresh_compute_unit(int unit) {
     else
       dst = Tensor();
   };
-  if (unit >= 1 && unit <= L) {
-    const auto& src = weights_.layers[unit - 1];
-    auto& dst = compute_.layers[unit - 1];
+  // The unit's layers: its block, or (the head) the multi-token prediction layer.
+  for (int64_t l : unit_layers(unit)) {
+    const auto& src = weights_.layers[l];
+    auto& dst = compute_.layers[l];
     convert(src.qkv.weight, dst.qkv.weight);
     convert(src.o.weight, dst.o.weight);
     convert(src.up.weight, dst.up.weight);
@@ -412,8 +441,9 @@ void Model::refresh_compute_unit(int unit) {
 void Model::release_compute_unit(int unit) {
   if (!has_compute_copy_) return;
   const int64_t L = config_.num_layers;
-  if (unit >= 1 && unit <= L) {
-    auto& dst = compute_.layers[unit - 1];
+  TESSERA_CHECK(unit >= 0 && unit <= L + 1, "release_compute_unit: unit ", unit, " out of range");
+  for (int64_t l : unit_layers(unit)) {
+    auto& dst = compute_.layers[l];
     dst.qkv.weight = dst.o.weight = dst.up.weight = dst.down.weight = Tensor();
     dst.qkv.bias = dst.o.bias = dst.up.bias = dst.down.bias = Tensor();
     dst.moe = MoeWeights();

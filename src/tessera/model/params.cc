@@ -1,6 +1,8 @@
 // Params allocation and the Hugging Face name mapping.
 #include "tessera/model/params.h"
 
+#include <utility>
+
 namespace tessera::model {
 
 std::string hf_prefix(const ModelConfig& c) {
@@ -34,6 +36,32 @@ std::vector<LinearModule> linear_modules(const ModelConfig& c, int64_t layer, in
   }
 }
 
+namespace {
+std::pair<std::string, std::string> mtp_copy_names(const ModelConfig& c) {
+  const std::string m = hf_prefix(c) + "layers." + std::to_string(c.num_layers) + ".";
+  return {m + "embed_tokens.weight", m + "shared_head.head.weight"};
+}
+}  // namespace
+
+void add_mtp_shared_copies(const ModelConfig& c, std::vector<std::pair<std::string, Tensor>>& tensors) {
+  if (c.mtp_layers == 0) return;
+  const auto [embed_copy, head_copy] = mtp_copy_names(c);
+  Tensor embed, head;
+  for (const auto& [name, t] : tensors) {
+    if (name == embedding_name(c)) embed = t;
+    if (name == "lm_head.weight") head = t;
+  }
+  if (!head.defined()) head = embed;  // tied
+  if (embed.defined()) tensors.emplace_back(embed_copy, embed);
+  if (head.defined()) tensors.emplace_back(head_copy, head);
+}
+
+bool is_mtp_shared_copy(const ModelConfig& c, const std::string& name) {
+  if (c.mtp_layers == 0) return false;
+  const auto [embed_copy, head_copy] = mtp_copy_names(c);
+  return name == embed_copy || name == head_copy;
+}
+
 Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }
@@ -50,11 +78,12 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
     if (c.arch == Arch::kGpt2) p.pos_embed = make({c.max_position_embeddings, H});
   }
   const bool ln = c.uses_layernorm();
-  p.layers.resize(c.num_layers);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  p.layers.resize(c.num_layers + c.mtp_layers);
+  for (int64_t l = 0; l < c.num_layers + c.mtp_layers; ++l) {
     auto& L = p.layers[l];
     if (c.arch == Arch::kGpt2) L.qkv.in_out = L.o.in_out = L.up.in_out = L.down.in_out = true;
-    if (!stage.holds_layer(l)) continue;
+    // (The multi-token prediction layer sits with the head.)
+    if (l < c.num_layers ? !stage.holds_layer(l) : !stage.holds_head()) continue;
     L.norm1_w = make({H});
     L.norm2_w = make({H});
     if (ln) {
@@ -70,23 +99,48 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       L.o.bias = make({H});
       L.up.bias = make({F});
       L.down.bias = make({H});
+      continue;
+    }
+    if (c.uses_mla()) {  // (f32 always: the latent attention multiplies in f32)
+      MlaWeights& A = L.mla;
+      const auto f32 = [&](const Shape& shape) { return zeroed ? Tensor::zeros(shape, DType::kF32) : Tensor::empty(shape, DType::kF32); };
+      const int64_t qk = c.q_dim(), heads = c.num_heads;
+      if (c.q_lora_rank > 0) {
+        A.q_a = f32({c.q_lora_rank, H});
+        A.q_a_norm = f32({c.q_lora_rank});
+        A.q_b = f32({qk, c.q_lora_rank});
+      } else {
+        A.q_proj = f32({qk, H});
+      }
+      A.kv_a = f32({c.kv_lora_rank + c.qk_rope_head_dim, H});
+      A.kv_a_norm = f32({c.kv_lora_rank});
+      A.kv_b = f32({heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+      A.o = f32({H, heads * c.v_head_dim});
     } else {
       L.qkv.weight = make({d.qkv, H});
       L.o.weight = make({H, d.q});
-      if (c.is_moe()) {
-        const int64_t Fe = c.moe_intermediate_size;
-        L.moe.router = make({c.num_experts, H});
-        L.moe.gate_up = make({d.experts, 2 * Fe, H});
-        L.moe.down = make({d.experts, H, Fe});
-        if (c.shared_expert) L.moe.shared_gate = make({1, H});
-        if (c.router_bias) L.moe.bias = Tensor::zeros({c.num_experts}, DType::kF32);  // (selection only: f32)
-      }
-      if (!c.is_moe() || c.shared_expert) {  // the dense MLP, or qwen2_moe's shared expert
-        L.up.weight = make({2 * F, H});
-        L.down.weight = make({H, F});
-      }
       if (c.qkv_bias) L.qkv.bias = make({d.qkv});
     }
+    if (c.layer_is_moe(l)) {
+      const int64_t Fe = c.moe_intermediate_size;
+      L.moe.router = make({c.num_experts, H});
+      L.moe.gate_up = make({d.experts, 2 * Fe, H});
+      L.moe.down = make({d.experts, H, Fe});
+      if (c.shared_expert) L.moe.shared_gate = make({1, H});
+      if (c.router_bias) L.moe.bias = Tensor::zeros({c.num_experts}, DType::kF32);  // (selection only: f32)
+    }
+    // The dense MLP, or a MoE layer's shared expert(s) (qwen2_moe, deepseek).
+    const int64_t Fl = c.is_deepseek() ? c.mlp_size(l) : F;
+    if (Fl > 0 && (!c.layer_is_moe(l) || c.shared_expert || c.is_deepseek())) {
+      L.up.weight = make({2 * Fl, H});
+      L.down.weight = make({H, Fl});
+    }
+  }
+  if (c.mtp_layers > 0 && stage.holds_head()) {
+    p.mtp.enorm = make({H});
+    p.mtp.hnorm = make({H});
+    p.mtp.eh_proj = make({H, 2 * H});
+    p.mtp.head_norm = make({H});
   }
   if (!stage.holds_head()) return p;
   p.final_norm_w = make({H});
@@ -121,7 +175,7 @@ std::vector<std::pair<std::string, Tensor>> Params::named(const ModelConfig& c) 
 std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
   const LocalDims d = local_dims(c, shard);
   const int64_t r = shard.rank, H = c.hidden_size, V = c.vocab_size;
-  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size, Fl = d.ffn;
+  const int64_t Q = c.q_dim(), KV = c.kv_dim();
   std::vector<Piece> out;
   // A block of `full` at `offset`; a replicated tensor is its whole self.
   auto add = [&](const std::string& name, const Tensor& t, Shape full, std::vector<int64_t> off,
@@ -166,6 +220,7 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
       whole(h + "attn.c_proj.bias", L.o.bias);
       whole(h + "ln_2.weight", L.norm2_w);
       whole(h + "ln_2.bias", L.norm2_b);
+      const int64_t F = c.intermediate_size, Fl = d.ffn;
       add(h + "mlp.c_fc.weight", L.up.weight, {H, F}, {0, r * Fl});
       add(h + "mlp.c_fc.bias", L.up.bias, {F}, {r * Fl});
       add(h + "mlp.c_proj.weight", L.down.weight, {F, H}, {r * Fl, 0});
@@ -194,15 +249,30 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
           kvr);
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
+    if (c.uses_mla()) {  // deepseek's latent attention (tp = 1: whole tensors)
+      const std::string a = l + "self_attn.";
+      whole(a + "q_proj.weight", L.mla.q_proj);
+      whole(a + "q_a_proj.weight", L.mla.q_a);
+      whole(a + "q_a_layernorm.weight", L.mla.q_a_norm);
+      whole(a + "q_b_proj.weight", L.mla.q_b);
+      whole(a + "kv_a_proj_with_mqa.weight", L.mla.kv_a);
+      whole(a + "kv_a_layernorm.weight", L.mla.kv_a_norm);
+      whole(a + "kv_b_proj.weight", L.mla.kv_b);
+      whole(a + "o_proj.weight", L.mla.o);
+    }
     whole(l + "post_attention_layernorm.weight", L.norm2_w);
-    // The dense MLP (qwen2_moe: the shared expert, under mlp.shared_expert).
-    const std::string mlp = l + (c.shared_expert ? "mlp.shared_expert." : "mlp.");
+    // The dense MLP (qwen2_moe: the shared expert, under mlp.shared_expert; deepseek: the
+    // shared experts, under mlp.shared_experts).
+    const bool sparse = c.layer_is_moe(static_cast<int64_t>(i));
+    const std::string mlp = l + (!sparse ? "mlp." : c.shared_expert ? "mlp.shared_expert." : "mlp.shared_experts.");
+    const int64_t F = c.mlp_size(static_cast<int64_t>(i)), Fl = c.is_deepseek() ? F : d.ffn;
     add(mlp + "gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
     add(mlp + "up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
     add(mlp + "down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});
     if (L.moe.router.defined()) {  // transformers' names (tp = 1: every expert whole)
       const int64_t Fe = c.moe_intermediate_size;
-      const bool qwen = c.shared_expert;  // qwen2_moe: mlp.experts.E.gate_proj/up_proj/down_proj
+      // qwen2_moe, deepseek: mlp.experts.E.gate_proj/up_proj/down_proj
+      const bool qwen = c.shared_expert || c.is_deepseek();
       const std::string moe = l + (qwen ? "mlp." : "block_sparse_moe.");
       whole(moe + "gate.weight", L.moe.router);
       for (int64_t i = 0; i < d.experts; ++i) {  // this rank's experts (all of them at ep 1)
@@ -216,6 +286,13 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
       whole(moe + "gate.e_score_correction_bias", L.moe.bias);
     }
   }
+  if (mtp.enorm.defined()) {  // DeepSeek-V3's multi-token prediction module
+    const std::string m = pre + "layers." + std::to_string(c.num_layers) + ".";
+    whole(m + "enorm.weight", mtp.enorm);
+    whole(m + "hnorm.weight", mtp.hnorm);
+    whole(m + "eh_proj.weight", mtp.eh_proj);
+    whole(m + "shared_head.norm.weight", mtp.head_norm);
+  }
   whole(pre + "norm.weight", final_norm_w);
   if (!c.tie_word_embeddings || !embed.defined())  // (tied: the last stage's copy)
     add("lm_head.weight", lm_head, {V, H}, {d.vocab_begin, 0});
@@ -223,7 +300,7 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
 }
 
 std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelConfig& c, int unit) {
-  const int L = static_cast<int>(layers.size());
+  const int L = static_cast<int>(c.num_layers);
   TESSERA_CHECK(unit >= 0 && unit <= L + 1, "unit_tensors: unit ", unit, " out of range [0, ",
                 L + 1, "]");
   std::vector<std::pair<std::string, Tensor*>> out;
@@ -233,13 +310,11 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
   if (unit == 0) {
     add("embed", embed);
     add("pos_embed", pos_embed);
-  } else if (unit == L + 1) {
-    add("final_norm.weight", final_norm_w);
-    add("final_norm.bias", final_norm_b);
-    if (!c.tie_word_embeddings || !embed.defined()) add("lm_head", lm_head);
-  } else {
-    LayerParams& P = layers[unit - 1];
-    const std::string pre = "layers." + std::to_string(unit - 1) + ".";
+  }
+  // A block's tensors; the multi-token prediction layer's are the head's.
+  auto layer = [&](int64_t l) {
+    LayerParams& P = layers[l];
+    const std::string pre = "layers." + std::to_string(l) + ".";
     add(pre + "norm1.weight", P.norm1_w);
     add(pre + "norm1.bias", P.norm1_b);
     const char* names[] = {"qkv", "o", "up", "down"};
@@ -255,6 +330,23 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     add(pre + "moe.down", P.moe.down);
     add(pre + "moe.shared_gate", P.moe.shared_gate);
     add(pre + "moe.bias", P.moe.bias);
+    MlaWeights& A = P.mla;
+    for (auto [name, t] : {std::pair<const char*, Tensor*>{"mla.q_proj", &A.q_proj}, {"mla.q_a", &A.q_a},
+                           {"mla.q_a_norm", &A.q_a_norm}, {"mla.q_b", &A.q_b}, {"mla.kv_a", &A.kv_a},
+                           {"mla.kv_a_norm", &A.kv_a_norm}, {"mla.kv_b", &A.kv_b}, {"mla.o", &A.o}})
+      add(pre + name, *t);
+  };
+  if (unit == L + 1) {
+    add("final_norm.weight", final_norm_w);
+    add("final_norm.bias", final_norm_b);
+    if (!c.tie_word_embeddings || !embed.defined()) add("lm_head", lm_head);
+    for (int64_t l = L; l < static_cast<int64_t>(layers.size()); ++l) layer(l);
+    add("mtp.enorm", mtp.enorm);
+    add("mtp.hnorm", mtp.hnorm);
+    add("mtp.eh_proj", mtp.eh_proj);
+    add("mtp.head_norm", mtp.head_norm);
+  } else if (unit > 0) {
+    layer(unit - 1);
   }
   return out;
 }
@@ -280,13 +372,15 @@ void Params::zero() {
   z(pos_embed);
   for (auto& L : layers) {
     for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down,
-                      &L.moe.shared_gate, &L.moe.bias})
+                      &L.moe.shared_gate, &L.moe.bias, &L.mla.q_proj, &L.mla.q_a, &L.mla.q_a_norm, &L.mla.q_b,
+                      &L.mla.kv_a, &L.mla.kv_a_norm, &L.mla.kv_b, &L.mla.o})
       z(*t);
     for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) {
       z(lin->weight);
       z(lin->bias);
     }
   }
+  for (Tensor* t : {&mtp.enorm, &mtp.hnorm, &mtp.eh_proj, &mtp.head_norm}) z(*t);
   z(final_norm_w);
   z(final_norm_b);
   z(lm_head);  // tied: zeroes embed again, harmless

@@ -14,6 +14,7 @@
 
 #include "tessera/kernels/quant.h"
 #include "tessera/model/config.h"
+#include "tessera/model/mla.h"
 #include "tessera/model/moe.h"
 #include "tessera/model/shard.h"
 #include "tessera/tensor/tensor.h"
@@ -37,6 +38,7 @@ struct LayerParams {
   Linear up;                // out = 2F (gate rows, then up rows) when gated, else F
   Linear down;              // (H, F)
   MoeWeights moe;           // a mixture-of-experts layer's router and experts (up, down unset)
+  MlaWeights mla;           // deepseek: latent attention (qkv, o unset)
 
   // By BlockLinear::which: 0 qkv, 1 o, 2 up, 3 down.
   Linear& linear(int which) { return which == 0 ? qkv : which == 1 ? o : which == 2 ? up : down; }
@@ -59,10 +61,21 @@ struct Piece {
   Tensor block_of(const Tensor& whole_tensor) const;
 };
 
+// DeepSeek-V3's multi-token prediction module (besides its layer, layers[num_layers]):
+// x = eh_proj [enorm(embed(next token)); hnorm(h)], its logits lm_head(head_norm(layer(x))).
+struct MtpParams {
+  Tensor enorm, hnorm;  // (H)
+  Tensor eh_proj;       // (H, 2H)
+  Tensor head_norm;     // (H): shared_head.norm
+};
+
 struct Params {
   Tensor embed;                    // (V, H)
   Tensor pos_embed;                // (P, H), GPT-2 only
+  // num_layers blocks, then the multi-token prediction module's (ModelConfig::mtp_layers),
+  // held with the head (pipeline: by the last stage; TrainHooks: in the head unit).
   std::vector<LayerParams> layers;
+  MtpParams mtp;
   Tensor final_norm_w, final_norm_b;  // (H)
   Tensor lm_head;                  // (V, H); shares embed's storage when tied
 
@@ -101,6 +114,14 @@ struct LinearModule {
   int64_t rows = 0;
 };
 std::vector<LinearModule> linear_modules(const ModelConfig& config, int64_t layer, int which);
+
+// DeepSeek-V3 checkpoints store the multi-token prediction module's embedding and head as
+// copies of the model's (model.layers.{L}.embed_tokens.weight, .shared_head.head.weight),
+// which vLLM and SGLang read: appended to a named tensor list that holds the originals.
+// Nothing for a model without the module. Loading ignores them (the module shares the
+// model's own).
+void add_mtp_shared_copies(const ModelConfig& config, std::vector<std::pair<std::string, Tensor>>& tensors);
+bool is_mtp_shared_copy(const ModelConfig& config, const std::string& name);
 
 // Names as `transformers` writes them for this architecture.
 std::string hf_prefix(const ModelConfig& config);  // "model." or "transformer."

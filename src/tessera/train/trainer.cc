@@ -336,8 +336,11 @@ class Run {
     const auto weights = tp_ || pipe_ || ep_ ? whole_weights() : decltype(whole_weights()){};
     if (pipe_) write_pipeline_timeline();
     if (lead) {
-      if (tp_ || pipe_ || ep_)
-        model::save_hf_directory(result.model_dir, model_.hf_json_files(), weights);
+      if (tp_ || pipe_ || ep_) {
+        auto all = weights;
+        model::add_mtp_shared_copies(model_.config(), all);
+        model::save_hf_directory(result.model_dir, model_.hf_json_files(), all);
+      }
       else
         model_.save(result.model_dir);
       for (const auto& [name, text] : tokenizer_texts_)

@@ -517,14 +517,17 @@ void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView
   base::parallel_for(static_cast<int64_t>(writes.size()), 64, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const KvSlotWrite& x = writes[w];
+      const bool has_v = v_cache.data != nullptr;  // (a cache of one tensor: latent rows)
       if (k_cache.dtype == KvCacheDtype::kF32) {  // head stride D: a token's heads are one run
         std::memcpy(k_cache.row(x.block, x.slot, 0), k.row(0, x.token, 0, D), sizeof(float) * dims.Hkv * D);
-        std::memcpy(v_cache.row(x.block, x.slot, 0), v.row(0, x.token, 0, D), sizeof(float) * dims.Hkv * D);
+        if (has_v)
+          std::memcpy(v_cache.row(x.block, x.slot, 0), v.row(0, x.token, 0, D), sizeof(float) * dims.Hkv * D);
         continue;
       }
       for (int64_t h = 0; h < dims.Hkv; ++h) {
         kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h), avx512);
-        kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h), avx512);
+        if (has_v)
+          kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h), avx512);
       }
     }
   });
@@ -536,8 +539,20 @@ void copy_kv_blocks_cpu(const KvCacheView& k_cache, const KvCacheView& v_cache,
   for (const auto& [src, dst] : copies) {
     if (src == dst) continue;
     std::memcpy(k_cache.row(dst, 0, 0), k_cache.row(src, 0, 0), k_cache.block_bytes);
-    std::memcpy(v_cache.row(dst, 0, 0), v_cache.row(src, 0, 0), v_cache.block_bytes);
+    if (v_cache.data) std::memcpy(v_cache.row(dst, 0, 0), v_cache.row(src, 0, 0), v_cache.block_bytes);
   }
+}
+
+void read_kv_rows_cpu(const PagedDims& dims, const KvCacheView& cache, const PagedSequence& s, float* out,
+                      AttnIsa isa) {
+  const int64_t D = dims.D, bs = dims.block_size;
+  const bool avx512 = isa == AttnIsa::kAvx512;
+  base::parallel_for(s.context_len, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < dims.Hkv; ++h)
+        kv_row_to_f32(cache.dtype, cache.row(s.block_table[t / bs], t % bs, h), D, out + (t * dims.Hkv + h) * D,
+                      avx512);
+  });
 }
 
 }  // namespace tessera::kernels::cpu

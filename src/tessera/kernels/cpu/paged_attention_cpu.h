@@ -49,6 +49,9 @@ struct KvSlotWrite {
 void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView& v,
                         const std::vector<KvSlotWrite>& writes, const KvCacheView& k_cache,
                         const KvCacheView& v_cache, AttnIsa isa);
+// A sequence's cached rows [0, context_len) widened to f32: out (context_len, Hkv, D).
+void read_kv_rows_cpu(const PagedDims& dims, const KvCacheView& cache, const PagedSequence& s, float* out,
+                      AttnIsa isa);
 void copy_kv_blocks_cpu(const KvCacheView& k_cache, const KvCacheView& v_cache,
                         const std::vector<std::pair<int32_t, int32_t>>& copies);
 
