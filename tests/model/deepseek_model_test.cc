@@ -134,6 +134,29 @@ TEST_P(DeepseekModel, AssignedGradientsOverwriteNaNsAndWithoutTheModuleItsGradie
   }
 }
 
+TEST_P(DeepseekModel, TheMtpModuleAtInferenceGivesTheTrainingLogitsPositionByPosition) {
+  if (!v3()) GTEST_SKIP() << "deepseek_v2 has no multi-token prediction module";
+  const auto m = model::Model::load(dir_, DType::kF32);
+  const Tensor ids = ref("input_ids"), want = ref("mtp_logits");
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    const auto tokens = row(ids, b);
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    auto cache = model::KVCache::create(m.config(), T);
+    Tensor hidden;
+    m.forward(tokens, cache, true, &hidden);
+    // Position i from its hidden state and token i + 1; a prefill of 4 positions, then one by one.
+    auto mtp = model::KVCache::create_mtp(m.config(), T);
+    const std::vector<int32_t> next(tokens.begin() + 1, tokens.end());
+    Tensor got = m.mtp_forward(std::vector<int32_t>(next.begin(), next.begin() + 4), hidden.slice(0, 0, 4), mtp);
+    EXPECT_LT(relative_error(got, want.select(0, b).slice(0, 3, 4)), 1e-4) << "sequence " << b;
+    for (int64_t i = 4; i < T - 1; ++i) {
+      got = m.mtp_forward({next[i]}, hidden.slice(0, i, i + 1), mtp);
+      EXPECT_LT(relative_error(got, want.select(0, b).slice(0, i, i + 1)), 1e-4) << "sequence " << b << " position " << i;
+    }
+    EXPECT_EQ(mtp.length, T - 1);
+  }
+}
+
 TEST_P(DeepseekModel, PerplexityMatchesPyTorch) {
   const auto m = model::Model::load(dir_, DType::kF32);
   const auto ids = model::read_token_ids(dir_ + "/eval_ids.txt");

@@ -324,5 +324,48 @@ TEST(ExpertParallel, TrainerRefusesLayoutsItCannotRun) {
   fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
+// A DeepSeek-V3 model (latent attention, a dense first layer, then 4 routed experts with a
+// shared one, sigmoid noaux_tc routing, a multi-token prediction module trained at weight
+// 0.3) trains with its experts split over ep2, and under ZeRO-3 over dp2, to the single
+// process's losses within 1e-5; metrics.jsonl carries the module's loss and the saved model
+// holds every tensor the checkpoint names (the module's included).
+TEST(ExpertParallel, DeepSeekWithMultiTokenPredictionTrainsOnEveryLayout) {
+  const std::string root = tt::temp_dir("ds_train");
+  const std::string data = tt::make_data(root);
+  const std::string json = root + "/deepseek.json";
+  std::ofstream(json) << R"({"model_type": "deepseek_v3", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128,
+      "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+      "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+      "first_k_dense_replace": 1, "n_group": 2, "topk_group": 2, "routed_scaling_factor": 2.5,
+      "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  auto config = [&](const std::string& name, const std::string& parallel) {
+    std::string c = ep_config(root, name, data, json, 4, 1, parallel);
+    const std::string tr = "[training]\n";
+    c.replace(c.find(tr), tr.size(), tr + "mtp_loss_weight = 0.3\n");
+    return c;
+  };
+  const tt::RunOut ref = tt::train(config("single", "zero_stage = 0"), 0);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5);
+  ASSERT_FALSE(ref.records.empty());
+  ASSERT_TRUE(ref.records[0].contains("mtp_loss")) << ref.records[0].dump();
+  EXPECT_GT(ref.records[0].at("mtp_loss").get<double>(), ref.records.back().at("mtp_loss").get<double>());
+  for (const auto& [name, parallel, ranks] : {std::tuple<std::string, std::string, int>{"ep2", "ep = 2", 2},
+                                              {"dp2_z3", "dp = 2\nzero_stage = 3", 2}}) {
+    SCOPED_TRACE(name);
+    const tt::RunOut got = tt::train(config(name, parallel), ranks);
+    tt::expect_close(got.losses, ref.losses, 1e-5, name + " loss");
+    tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
+  }
+  const auto a = model::Model::load(root + "/ep2/model", DType::kF32);
+  const auto b = model::Model::load(root + "/single/model", DType::kF32);
+  EXPECT_EQ(a.config().mtp_layers, 1);
+  EXPECT_LT(max_rel_diff(a.weights().mtp.eh_proj, b.weights().mtp.eh_proj), 1e-3f);
+  EXPECT_LT(max_rel_diff(a.weights().layers[2].moe.gate_up, b.weights().layers[2].moe.gate_up), 1e-3f);
+  EXPECT_LT(max_rel_diff(a.weights().layers[0].mla.kv_b, b.weights().layers[0].mla.kv_b), 1e-3f);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace tessera::parallel

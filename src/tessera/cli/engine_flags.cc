@@ -17,7 +17,7 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
   cmd->add_flag("--no-prefix-caching", no_prefix_caching, "Do not reuse cached prompt prefixes");
   cmd->add_flag("--batch-invariant", e.batch_invariant,
                 "Logits independent of the rest of the batch (bit for bit; slower)");
-  cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram or draft");
+  cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram, draft or mtp (the model's multi-token prediction module)");
   cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens, "Tokens proposed per step");
 }
 

@@ -33,6 +33,10 @@ struct Engine::Seq {
   std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
   std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
   int64_t draft_valid = 0;                      // its tokens that are still the sequence's
+  // --speculative mtp: the module's latent rows of positions [0, mtp_cache->length) and
+  // its proposal for the token after them + 1 (-1: none).
+  std::unique_ptr<model::KVCache> mtp_cache;
+  int32_t mtp_next = -1;
 };
 
 std::string Engine::kv_cache_summary() const {
@@ -63,8 +67,10 @@ void EngineConfig::validate() const {
   TESSERA_CHECK(max_num_seqs >= 1, "max_num_seqs must be >= 1");
   TESSERA_CHECK(max_model_len >= 0, "max_model_len must not be negative");
   TESSERA_CHECK(speculative_method.empty() || speculative_method == "ngram" ||
-                    speculative_method == "draft",
-                "speculative method must be ngram or draft, got '", speculative_method, "'");
+                    speculative_method == "draft" || speculative_method == "mtp",
+                "speculative method must be ngram, draft or mtp, got '", speculative_method, "'");
+  TESSERA_CHECK(speculative_method != "mtp" || num_speculative_tokens == 1, "--speculative mtp proposes one token "
+                "per step (one prediction module), got --num-speculative-tokens ", num_speculative_tokens);
   TESSERA_CHECK(num_speculative_tokens >= 0 && num_speculative_tokens <= 16,
                 "num_speculative_tokens must be in [0, 16], got ", num_speculative_tokens);
   TESSERA_CHECK(speculative_method.empty() || num_speculative_tokens > 0,
@@ -79,6 +85,9 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   const auto& c = model_.config();
   TESSERA_CHECK(config_.speculative_method != "draft" || draft_,
                 "speculative method draft needs a draft model");
+  TESSERA_CHECK(config_.speculative_method != "mtp" || (c.mtp_layers > 0 && !tp_), "--speculative mtp needs a model "
+                "with a multi-token prediction module (deepseek num_nextn_predict_layers; ", c.model_type,
+                " has none) on one rank");
   TESSERA_CHECK(!draft_ || draft_->config().vocab_size == c.vocab_size, "the draft model's vocabulary (",
                 draft_ ? draft_->config().vocab_size : 0, ") differs from the model's (", c.vocab_size,
                 "); they must share a tokenizer");
@@ -217,6 +226,11 @@ bool Engine::append_token(Seq& s, int32_t token, const SampleResult& r, RequestO
 
 std::vector<int32_t> Engine::propose(Seq& s) {
   if (config_.speculative_method == "draft") return propose_draft(s);
+  if (config_.speculative_method == "mtp") {  // the module's proposal from the last step, if current
+    const int64_t len = static_cast<int64_t>(s.prompt.size() + s.output.size());
+    if (s.mtp_cache && s.mtp_next >= 0 && s.mtp_cache->length == len - 1) return {s.mtp_next};
+    return {};
+  }
   if (config_.speculative_method != "ngram") return {};
   // Prompt lookup: the longest suffix n-gram (ngram_max down to ngram_min) that occurred
   // earlier in prompt + output proposes the tokens that followed its latest occurrence.
@@ -270,6 +284,26 @@ std::vector<int32_t> Engine::propose_draft(Seq& s) {
   return out;
 }
 
+void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor& hidden, int64_t row0) {
+  // Position i needs the main model's hidden state at i (a row of this step whose input
+  // token was the sequence's: a rejected proposal's row is past total - 2) and token i + 1.
+  std::vector<int32_t> seq = s.prompt;
+  seq.insert(seq.end(), s.output.begin(), s.output.end());
+  const int64_t total = static_cast<int64_t>(seq.size());
+  const int64_t n = std::min(num_tokens, total - 1 - start);
+  s.mtp_next = -1;
+  if (!s.mtp_cache) s.mtp_cache = std::make_unique<model::KVCache>(model::KVCache::create_mtp(model_.config(), max_len_));
+  model::KVCache& cache = *s.mtp_cache;
+  // Positions before `start` must be cached (not when a prefix-cache hit skipped them:
+  // this sequence then goes without proposals); later ones are recomputed (preemption).
+  if (n <= 0 || cache.length < start) return;
+  cache.length = start;
+  const std::vector<int32_t> next(seq.begin() + start + 1, seq.begin() + start + 1 + n);
+  const Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache);
+  const float* x = logits.data<float>();
+  s.mtp_next = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);
+}
+
 std::vector<RequestOutput> Engine::step() {
   base::TraceScope scope("engine_step");
   std::vector<RequestOutput> out;
@@ -318,6 +352,11 @@ std::vector<RequestOutput> Engine::step() {
     int64_t num_spec;  // logits rows: 1 + num_spec, from the last known token on
   };
   std::vector<Sampling> sampling;
+  struct Span {  // a request's rows of this step (--speculative mtp)
+    RequestId id;
+    int64_t start, num_tokens, row0;
+  };
+  std::vector<Span> spans;
   int64_t row = 0;
   for (const ScheduledRequest& sr : so.requests) {
     const SchedRequest* r = scheduler_->find(sr.id);
@@ -338,6 +377,7 @@ std::vector<RequestOutput> Engine::step() {
     }
     if (sr.start < r->num_prompt_tokens)
       stats_.prompt_tokens += std::min(sr.start + sr.num_tokens, r->num_prompt_tokens) - sr.start;
+    spans.push_back({sr.id, sr.start, sr.num_tokens, row});
     kernels::PagedSequence ps;
     ps.q_begin = row;
     ps.q_len = sr.num_tokens;
@@ -359,7 +399,9 @@ std::vector<RequestOutput> Engine::step() {
   plan.rows = std::move(rows);
   plan.batch_invariant = config_.batch_invariant;
   if (tp_) tp_->send_step(plan);  // the workers run their shards of the same step
-  const Tensor logits = run_step(model_, pool_, plan);
+  const bool mtp = config_.speculative_method == "mtp";
+  Tensor hidden;
+  const Tensor logits = run_step(model_, pool_, plan, mtp ? &hidden : nullptr);
 
   // Sample, then let the scheduler advance every request; finish sequences after that.
   const int64_t V = model_.config().vocab_size;
@@ -427,6 +469,12 @@ std::vector<RequestOutput> Engine::step() {
   scheduler_->update(so, sampled);
   std::unordered_set<const Seq*> ended;
   for (const auto& [q, reason] : done) ended.insert(q);
+  if (mtp)  // the module follows every running sequence's accepted positions
+    for (const Span& sp : spans) {
+      auto it = seqs_.find(sp.id);
+      if (it == seqs_.end() || ended.count(it->second.get())) continue;
+      advance_mtp(*it->second, sp.start, sp.num_tokens, hidden, sp.row0);
+    }
   for (const auto& [child, tok] : forks) {
     Seq& c = *seqs_.at(child);
     if (ended.count(&c)) {

@@ -118,6 +118,10 @@ class Engine {
   void finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out);
   std::vector<int32_t> propose(Seq& s);  // speculative proposals for a decode
   std::vector<int32_t> propose_draft(Seq& s);
+  // --speculative mtp: runs the multi-token prediction module over a sequence's positions
+  // [start, ...) of this step, from their final hidden states (rows from row0), so that its
+  // last position proposes the next token.
+  void advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor& hidden, int64_t row0);
 
   const model::Model& model_;
   EngineConfig config_;

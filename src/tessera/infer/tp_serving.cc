@@ -18,7 +18,7 @@ constexpr int64_t kHeader = 8;  // kind, N, sequences, block-table entries, rows
 
 }  // namespace
 
-Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan) {
+Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tensor* hidden) {
   if (!plan.copies.empty())
     for (int64_t l = 0; l < static_cast<int64_t>(pool.k.size()); ++l)
       kernels::copy_kv_blocks(pool.k[l], pool.v[l], plan.copies);
@@ -27,7 +27,7 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan) {
   ap.batch_invariant = plan.batch_invariant;
   PagedKvAttention kv(pool, plan.seqs, ap);
   base::TraceScope fwd("forward_tokens");
-  return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant);
+  return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant, hidden);
 }
 
 TpGroup::TpGroup(comm::Communicator& comm) : comm_(comm) { comm_.set_timeout(0); }

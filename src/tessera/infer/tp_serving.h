@@ -31,8 +31,9 @@ struct StepPlan {
   bool batch_invariant = false;
 };
 
-// Applies the copies, then the model's forward over the paged cache: logits (rows, V).
-Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan);
+// Applies the copies, then the model's forward over the paged cache: logits (rows, V);
+// hidden (optional): every token's final hidden state (N, H).
+Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tensor* hidden = nullptr);
 
 // The engine's side of a tp group (rank 0) and the workers' (ranks > 0). Rank 0 must end
 // every group it started with stop() (the destructor does it), or the workers wait on.

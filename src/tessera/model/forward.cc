@@ -23,7 +23,28 @@ Tensor make_positions(int64_t B, int64_t T, int64_t start) {
   return p;
 }
 
-Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
+namespace {
+
+// Latent attention over a dense per-sequence cache: this step's T rows appended at
+// cache.length, then attended with everything cached before them.
+std::function<void(int64_t, const Tensor&, Tensor&)> dense_cache_mla(const Model& m, KVCache& cache,
+                                                                   const Tensor& positions) {
+  return [&m, &cache, &positions](int64_t l, const Tensor& h1, Tensor& out) {
+    const MlaSpec spec = mla_spec(m.config());
+    const MlaWeights& W = m.weights().layers[l].mla;
+    const int64_t T = h1.size(0), L = cache.length;
+    Tensor q, rows, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
+    mla_project(spec, W, h1, positions, q, rows);
+    const Tensor kc = cache.k[l].view({cache.capacity, mla_cache_row(spec)});
+    kc.slice(0, L, L + T).copy_from(rows);
+    mla_attend(spec, W, q, kc, L, att);
+    mla_output(W, att, out);
+  };
+}
+
+}  // namespace
+
+Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits, Tensor* hidden) const {
   const auto& c = config_;
   const int64_t T = static_cast<int64_t>(tokens.size());
   TESSERA_CHECK(T > 0, "forward: no tokens");
@@ -56,25 +77,46 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   s.x = embed_tokens(*this, ids, positions);
   BlockOptions opt;
   opt.positions = &positions;
-  const MlaSpec spec = mla_spec(c);
-  opt.mla = [&](int64_t l, const Tensor& h1, Tensor& out) {  // the latent rows appended, then attended
-    const MlaWeights& W = weights_.layers[l].mla;
-    Tensor q, rows, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
-    mla_project(spec, W, h1, positions, q, rows);
-    const Tensor kc = cache.k[l].view({cache.capacity, mla_cache_row(spec)});
-    kc.slice(0, L, L + T).copy_from(rows);
-    mla_attend(spec, W, q, kc, L, att);
-    mla_output(W, att, out);
-  };
+  opt.mla = dense_cache_mla(*this, cache, positions);
   for (int64_t l = 0; l < c.num_layers; ++l) block_forward(*this, l, s, opt, attend);
   cache.length = L + T;
   Tensor h = Tensor::empty({T, c.hidden_size}, DType::kF32);
   final_norm_forward(*this, s, h, nullptr, nullptr);
+  if (hidden) *hidden = h;
   return head_logits(*this, all_logits ? h : h.slice(0, T - 1, T), false);
 }
 
+Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache) const {
+  const auto& c = config_;
+  const int64_t n = static_cast<int64_t>(next.size()), L = cache.length, H = c.hidden_size;
+  TESSERA_CHECK(c.mtp_layers > 0 && static_cast<int64_t>(cache.k.size()) > c.num_layers, "mtp_forward: ",
+                c.model_type, " has no multi-token prediction module (or the cache is not its)");
+  TESSERA_CHECK(n > 0 && hidden.dim() == 2 && hidden.size(0) == n && hidden.size(1) == H, "mtp_forward: ", n,
+                " tokens with hidden states ", hidden.describe());
+  TESSERA_CHECK(L + n <= cache.capacity, "mtp_forward: ", L + n, " positions exceed the cache's ", cache.capacity);
+  const MtpParams& P = weights_.mtp;
+  const Tensor ids = Tensor::from_vector(next, {n}), positions = make_positions(1, n, L);
+  Tensor emb = Tensor::empty({n, H}, DType::kF32), cat = Tensor::empty({n, 2 * H}, DType::kF32);
+  kernels::embedding_forward(weights_.embed, ids, emb);
+  Tensor en = cat.slice(1, 0, H), hn = cat.slice(1, H, 2 * H);
+  norm_forward(c, P.enorm, Tensor(), emb, en, nullptr, nullptr);
+  norm_forward(c, P.hnorm, Tensor(), hidden.contiguous(), hn, nullptr, nullptr);
+  BlockState s;
+  s.x = Tensor::empty({n, H}, DType::kF32);
+  kernels::matmul(cat, P.eh_proj, s.x, false, true);
+  BlockOptions opt;
+  opt.positions = &positions;
+  opt.mla = dense_cache_mla(*this, cache, positions);
+  block_forward(*this, c.num_layers, s, opt, nullptr);
+  cache.length = L + n;
+  kernels::add_inplace(s.x, s.delta);
+  Tensor h = Tensor::empty({1, H}, DType::kF32);
+  norm_forward(c, P.head_norm, Tensor(), s.x.slice(0, n - 1, n), h, nullptr, nullptr);
+  return head_logits(*this, h, false);
+}
+
 Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
-                             const std::vector<int64_t>& logit_rows, bool batch_invariant) const {
+                             const std::vector<int64_t>& logit_rows, bool batch_invariant, Tensor* hidden) const {
   const auto& c = config_;
   TESSERA_CHECK(ids.dtype() == DType::kI32 && ids.dim() == 1 && positions.dtype() == DType::kI32 &&
                     positions.shape() == ids.shape(),
@@ -116,6 +158,7 @@ Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAtten
   for (int64_t l = 0; l < c.num_layers; ++l) block_forward(*this, l, s, opt, attend);
   Tensor h = Tensor::empty({T, H}, DType::kF32);
   final_norm_forward(*this, s, h, nullptr, nullptr);
+  if (hidden) *hidden = h;
   const int64_t R = static_cast<int64_t>(logit_rows.size());
   Tensor hl = Tensor::empty({std::max<int64_t>(R, 1), H}, DType::kF32);
   for (int64_t i = 0; i < R; ++i) {

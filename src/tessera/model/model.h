@@ -40,6 +40,8 @@ struct KVCache {
   int64_t capacity = 0;
 
   static KVCache create(const ModelConfig& config, int64_t capacity, TpShard shard = {});
+  // The multi-token prediction layer's cache alone (Model::mtp_forward).
+  static KVCache create_mtp(const ModelConfig& config, int64_t capacity);
   void reset() { length = 0; }
 };
 
@@ -215,14 +217,24 @@ class Model {
 
   // Inference: runs `tokens` (appended after cache.length) and returns logits f32,
   // (T, V) when all_logits else (1, V) for the last token.
-  Tensor forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits = false) const;
+  // hidden (optional): every token's final hidden state (T, H), after the final norm.
+  Tensor forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits = false,
+                 Tensor* hidden = nullptr) const;
+
+  // DeepSeek-V3's multi-token prediction module at inference (--speculative mtp): for the
+  // next positions of a sequence (cache.length on) with the main model's final hidden
+  // states `hidden` (n, H) there and each position's next token `next` (n), appends the
+  // module's latent rows to `cache` (KVCache::create_mtp) and returns its logits (1, V) for
+  // the last position: the distribution of the token two ahead of it.
+  Tensor mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache) const;
 
   // Serving forward over the flattened tokens of several sequences: ids, positions (N)
   // i32; attention through `kv`. Returns logits (logit_rows.size(), V) for the listed rows.
   // batch_invariant: every matmul runs one row at a time, so a token's logits do not
   // depend on what else is in the batch (bit for bit, given an invariant `kv`).
   Tensor forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
-                        const std::vector<int64_t>& logit_rows, bool batch_invariant = false) const;
+                        const std::vector<int64_t>& logit_rows, bool batch_invariant = false,
+                        Tensor* hidden = nullptr) const;
 
   // Training-path forward over a batch without a cache: ids (B, T) i32 -> logits (B, T, V).
   Tensor forward_batch(const Tensor& ids) const;

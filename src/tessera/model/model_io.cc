@@ -38,6 +38,17 @@ KVCache KVCache::create(const ModelConfig& c, int64_t capacity, TpShard shard) {
   return kv;
 }
 
+KVCache KVCache::create_mtp(const ModelConfig& c, int64_t capacity) {
+  TESSERA_CHECK(c.mtp_layers > 0 && c.uses_mla(), c.model_type, " has no multi-token prediction module");
+  TESSERA_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
+  KVCache kv;  // (the module's own layer only)
+  kv.capacity = capacity;
+  kv.k.resize(c.num_layers + 1);
+  kv.v.resize(c.num_layers + 1);
+  kv.k[c.num_layers] = Tensor::empty({capacity, 1, c.kv_lora_rank + c.qk_rope_head_dim}, DType::kF32);
+  return kv;
+}
+
 void KvAttention::attend_latent(int64_t, const Tensor&, const LatentFn&) {
   fail("this KV cache holds per-head keys and values, not the latent rows a latent-attention model caches");
 }

@@ -243,6 +243,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   t.get("eval_batches", tr.eval_batches, 0, kMaxInt);
   t.get("moe_capacity_factor", tr.moe_capacity_factor, {0, 1e6, false, false});
   t.get("moe_bias_update_rate", tr.moe_bias_update_rate, kUnit);
+  t.get("mtp_loss_weight", tr.mtp_loss_weight, {0, 1e3, false, false});
   t.get("memory_limit_mb", tr.memory_limit_mb, kNonNegative);
   t.get("fp16_init_scale", c.fp16_init_scale, {1, 1e38});  // held in f32 (max ~3.4e38)
   t.get("fp16_growth_interval", c.fp16_growth_interval, 1, kMaxInt);

@@ -50,6 +50,10 @@ struct TrainingSection {
   // gives a model without one a bias (saved as gate.e_score_correction_bias).
   double moe_capacity_factor = 0.0;
   double moe_bias_update_rate = 0.0;
+  // DeepSeek-V3's multi-token prediction module (num_nextn_predict_layers): the weight of
+  // its cross-entropy in the objective (its loss in metrics.jsonl as mtp_loss); unset (-1):
+  // 0.1 for a model with the module (Megatron-LM's default), 0 turns it off.
+  double mtp_loss_weight = -1.0;
   // Per-rank memory budget in MiB (0 = none): after the first step, a rank whose
   // parameters, gradients, optimizer state and saved activations (the metrics' mem_*)
   // exceed it stops the run with a one-line error naming the parts, before any checkpoint.

@@ -130,6 +130,8 @@ class Run {
     const auto& tr = c.training;
     model_.set_recompute(model::parse_recompute(tr.activation_checkpointing));
     model_.set_moe_capacity_factor(tr.moe_capacity_factor);
+    const bool mtp = model_.config().mtp_layers > 0 && model_.pp_stage().whole();
+    model_.set_mtp_loss_weight(tr.mtp_loss_weight >= 0 ? tr.mtp_loss_weight : mtp ? 0.1 : 0.0);
     if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
       // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
       // the sums are added over the replicas.
@@ -304,6 +306,8 @@ class Run {
       if (cp_) take_cp_metrics(rec, *cp_, c_.parallel.cp_method);
       if (pipe_) add_pipeline_metrics(rec);
       if (!gp.expert_load.empty()) add_moe_metrics(rec, gp, dp_, accum * dp_size_);
+      if (model_.mtp_loss_weight() > 0)  // the module's loss, averaged like the model's
+        rec["mtp_loss"] = dp_.sum_over_ranks(gp.mtp_loss_sum) / std::max(1.0, dp_.sum_over_ranks(gp.mtp_passes));
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;

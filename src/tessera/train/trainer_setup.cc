@@ -356,6 +356,7 @@ GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& d
     if (r.expert_load.empty()) r.expert_load.assign(fr.expert_load.size(), 0.0);
     for (size_t e = 0; e < fr.expert_load.size(); ++e) r.expert_load[e] += fr.expert_load[e];
     r.aux_loss_sum += fr.aux_loss;
+    if (fr.mtp_count > 0) r.mtp_loss_sum += fr.mtp_loss, r.mtp_passes += 1;
     if (r.layer_load.empty()) r.layer_load.assign(fr.layer_load.size(), std::vector<double>());
     for (size_t l = 0; l < fr.layer_load.size(); ++l) {
       r.layer_load[l].resize(fr.layer_load[l].size(), 0.0);

@@ -75,6 +75,7 @@ struct GradientPass {
   double aux_loss_sum = 0;          // MoE: of the micro-batches' balancing losses (this rank)
   std::vector<std::vector<double>> layer_load;  // MoE: per layer, slots per expert (this rank)
   int64_t dropped = 0;              // MoE: slots dropped over capacity (this rank)
+  double mtp_loss_sum = 0, mtp_passes = 0;  // multi-token prediction: its mean losses, micro-batches
 };
 // Mixture of experts, into a step's metrics record: each expert's share of the routed slots
 // (every layer, rank and micro-batch of the step: summed over dp's ranks, so every rank
