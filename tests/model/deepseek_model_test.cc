@@ -22,6 +22,7 @@
 #include "tessera/model/mla.h"
 #include "tessera/model/model.h"
 #include "tessera/model/perplexity.h"
+#include "tessera/model/rope_scaling.h"
 
 namespace tessera {
 namespace {
@@ -41,7 +42,8 @@ class DeepseekModel : public ::testing::TestWithParam<std::string> {
     ASSERT_FALSE(dir_.empty());
     ref_ = io::SafetensorsFile::open(dir_ + "/reference.safetensors");
   }
-  bool v3() const { return GetParam() == "deepseek_v3"; }
+  bool v3() const { return GetParam().rfind("deepseek_v3", 0) == 0; }
+  bool yarn() const { return GetParam().find("_yarn") != std::string::npos; }
   Tensor ref(const std::string& name) const { return ref_->get(name); }
   std::string dir_;
   std::shared_ptr<io::SafetensorsFile> ref_;
@@ -59,6 +61,20 @@ TEST_P(DeepseekModel, ConfigReadsAsTheCheckpointDescribesIt) {
   EXPECT_EQ(c.mlp_size(1), (v3() ? 1 : 2) * 24);  // the shared experts
   EXPECT_EQ(c.mtp_layers, v3() ? 1 : 0);
   EXPECT_EQ(c.router_bias, v3());
+  ASSERT_EQ(c.rope_scaling.has_value(), yarn());
+  if (!yarn()) return;
+  // DeepSeek's YaRN at the fixture's values (tests/parity/make_reference.py): factor 40 over
+  // an original 128 positions blends frequency 1, keeps 0, divides 2 and 3 by 40; the
+  // softmax scale takes mscale_all_dim's factor squared, cos and sin mscale's over it.
+  const auto f = model::yarn_inv_freq(*c.rope_scaling, 8, c.rope_theta);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_EQ(f[0], 1.0);
+  EXPECT_EQ(static_cast<float>(f[1]), 0.051249999552965164f);
+  EXPECT_EQ(static_cast<float>(f[2]), 0.0002500000118743628f);
+  EXPECT_EQ(static_cast<float>(f[3]), 2.499999936844688e-05f);
+  EXPECT_NEAR(model::yarn_softmax_factor(*c.rope_scaling), 1.5896261651208738, 1e-12);
+  const double m = 0.1 * std::log(40.0) + 1.0, m_all = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(model::yarn_attention_factor(*c.rope_scaling), v3() ? m / m_all : 1.0, 1e-12);
 }
 
 TEST_P(DeepseekModel, LogitsMatchPyTorchInABatchThroughTheLatentCacheAndDecoding) {
@@ -216,8 +232,10 @@ TEST_P(DeepseekModel, WhatIsNotSupportedYetIsAOneLineError) {
   expect_error([&] { model::Model::load(dir_, DType::kF32, model::TpShard{0, 2}); },
                "latent attention is not supported yet");
   nlohmann::json cfg = io::read_json_file(dir_ + "/config.json");
+  cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 4}};
+  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "is not supported yet (yarn)");
   cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}};
-  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'rope_scaling' is not supported yet");
+  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "yarn needs 'original_max_position_embeddings'");
   cfg = io::read_json_file(dir_ + "/config.json");
   cfg["scoring_func"] = "tanh";
   expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'scoring_func' tanh is not supported");
@@ -232,7 +250,8 @@ TEST_P(DeepseekModel, WhatIsNotSupportedYetIsAOneLineError) {
   if (!v3()) expect_error([&] { m.set_mtp_loss_weight(0.3); }, "has no multi-token prediction module");
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, DeepseekModel, ::testing::Values("deepseek_v2", "deepseek_v3"));
+INSTANTIATE_TEST_SUITE_P(Archs, DeepseekModel,
+                         ::testing::Values("deepseek_v2", "deepseek_v3", "deepseek_v2_yarn", "deepseek_v3_yarn"));
 
 }  // namespace
 }  // namespace tessera

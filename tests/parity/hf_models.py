@@ -9,7 +9,8 @@ float64 or bfloat16 gives what `transformers` would give with attn_implementatio
 Parameter names are exactly the keys HF writes to model.safetensors.
 
 Only what a causal-LM forward/backward needs is here: no KV cache, no padding mask, no
-dropout (Tessera trains without it; HF dropout is inactive in eval), no rope scaling.
+dropout (Tessera trains without it; HF dropout is inactive in eval), no rope scaling except
+DeepSeek's YaRN (DeepseekV2YarnRotaryEmbedding).
 """
 import math
 
@@ -111,6 +112,82 @@ class LlamaRotaryEmbedding(nn.Module):
             cos = emb.cos()
             sin = emb.sin()
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+# YaRN as modeling_deepseek.py (V2 and V3 alike) computes it.
+
+def yarn_find_correction_dim(num_rotations, dim, base=10000, max_position_embeddings=2048):
+    """The (fractional) rotary dimension whose wavelength fits num_rotations times into
+    max_position_embeddings."""
+    return (dim * math.log(max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def yarn_find_correction_range(low_rot, high_rot, dim, base=10000, max_position_embeddings=2048):
+    low = math.floor(yarn_find_correction_dim(low_rot, dim, base, max_position_embeddings))
+    high = math.ceil(yarn_find_correction_dim(high_rot, dim, base, max_position_embeddings))
+    return max(low, 0), min(high, dim - 1)  # clamped as DeepSeek does
+
+
+def yarn_get_mscale(scale=1, mscale=1):
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_linear_ramp_mask(min, max, dim, dtype=torch.float32):
+    """0 up to min, linear to 1 at max, 1 beyond (over indices 0..dim-1). DeepSeek builds it
+    in f32; dtype is there only for the f64 runs (see _upcast_dtype)."""
+    if min == max:
+        max += 0.001  # prevent singularity
+    linear_func = (torch.arange(dim, dtype=dtype) - min) / (max - min)
+    return torch.clamp(linear_func, 0, 1)
+
+
+class DeepseekV2YarnRotaryEmbedding(LlamaRotaryEmbedding):
+    """modeling_deepseek.py DeepseekV2YarnRotaryEmbedding: per frequency, a blend of the plain
+    one (freq_extra) and the one divided by `factor` (freq_inter), the unscaled ones kept below
+    the correction range [low, high] found from beta_fast / beta_slow rotations over
+    original_max_position_embeddings, a linear ramp across it; cos and sin are multiplied by
+    mscale = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim).
+
+    Like LlamaRotaryEmbedding, inv_freq is recomputed in the computation dtype (f32, f64 for
+    f64 runs) instead of being a buffer that model.to() could change."""
+
+    def __init__(self, dim, base, scaling_factor, original_max_position_embeddings, beta_fast=32, beta_slow=1,
+                 mscale=1, mscale_all_dim=0):
+        super().__init__(dim, base)
+        self.scaling_factor = scaling_factor
+        self.original_max_position_embeddings = original_max_position_embeddings
+        self.beta_fast = beta_fast
+        self.beta_slow = beta_slow
+        # The factor on cos and sin (DeepSeek's _mscale), a Python float.
+        self.mscale = float(yarn_get_mscale(scaling_factor, mscale) / yarn_get_mscale(scaling_factor, mscale_all_dim))
+
+    def inv_freq(self, device, dtype=torch.float32):
+        dim = self.dim
+        exponent = torch.arange(0, dim, 2, dtype=dtype, device=device) / dim
+        freq_extra = 1.0 / (self.base ** exponent)
+        freq_inter = 1.0 / (self.scaling_factor * self.base ** exponent)
+        low, high = yarn_find_correction_range(self.beta_fast, self.beta_slow, dim, self.base,
+                                               self.original_max_position_embeddings)
+        inv_freq_mask = 1.0 - yarn_linear_ramp_mask(low, high, dim // 2, dtype).to(device=device, dtype=dtype)
+        return freq_inter * (1 - inv_freq_mask) + freq_extra * inv_freq_mask
+
+
+def _deepseek_rope_scaling(cfg):
+    """config.json rope_scaling (null or DeepSeek's yarn) -> None or the yarn keyword arguments."""
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return None
+    kind = rs.get("type", rs.get("rope_type"))
+    if kind != "yarn":
+        raise ValueError(f"rope_scaling type '{kind}' is not supported by the DeepSeek parity reference (yarn)")
+    kwargs = {"scaling_factor": rs["factor"],
+              "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if key in rs:
+            kwargs[key] = rs[key]
+    return kwargs
 
 
 def rotate_half(x):
@@ -519,19 +596,20 @@ class DeepseekV2MLP(Qwen2MoeMLP):
 
 
 class DeepseekV2Attention(nn.Module):
-    """modeling_deepseek.py DeepseekV2Attention (V2 and V3 remote code, eager path, no
-    rope_scaling), the transcription of mla_reference.attention with HF's dtype handling:
+    """modeling_deepseek.py DeepseekV2Attention (V2 and V3 remote code, eager path, rope_scaling
+    null or yarn), the transcription of mla_reference.attention with HF's dtype handling:
     q = q_proj(x) or q_b_proj(q_a_layernorm(q_a_proj(x))), split per head into q_nope / q_pe;
     kv_a_proj_with_mqa(x) split into the latent c and the one shared rope key k_pe;
     kv_b_proj(kv_a_layernorm(c)) split per head into k_nope / v; DeepSeek's
     apply_rotary_pos_emb (de-interleave, then rotate_half) on q_pe and k_pe; scores
     (q k^T) * (qk_nope + qk_rope)^-0.5, additive causal mask, softmax in f32 cast back;
-    o_proj over the heads' v_head_dim outputs."""
+    o_proj over the heads' v_head_dim outputs. With yarn: DeepseekV2YarnRotaryEmbedding's
+    frequencies and cos/sin factor, and the scale times yarn_get_mscale(factor,
+    mscale_all_dim)^2 where mscale_all_dim is set."""
 
     def __init__(self, cfg):
         super().__init__()
-        if cfg.get("rope_scaling"):
-            raise ValueError("rope_scaling is not supported by the parity reference")
+        yarn = _deepseek_rope_scaling(cfg)
         if cfg.get("attention_bias", False):
             raise ValueError("attention_bias is not supported by the DeepSeek parity reference")
         h = cfg["hidden_size"]
@@ -556,16 +634,30 @@ class DeepseekV2Attention(nn.Module):
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
                                    bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.v_head_dim, h, bias=False)  # (hidden, heads*v)
-        # DeepseekV2RotaryEmbedding: the same inv_freq / f32 cos-sin as Llama's, over qk_rope_head_dim.
-        self.rotary_emb = LlamaRotaryEmbedding(self.qk_rope_head_dim, base=cfg.get("rope_theta", 10000.0))
+        base = cfg.get("rope_theta", 10000.0)
+        if yarn is None:
+            # DeepseekV2RotaryEmbedding: the same inv_freq / f32 cos-sin as Llama's, over qk_rope_head_dim.
+            self.rotary_emb = LlamaRotaryEmbedding(self.qk_rope_head_dim, base=base)
+        else:
+            self.rotary_emb = DeepseekV2YarnRotaryEmbedding(self.qk_rope_head_dim, base=base, **yarn)
         self.softmax_scale = self.q_head_dim ** (-0.5)
+        if yarn is not None:
+            mscale_all_dim = cfg["rope_scaling"].get("mscale_all_dim", 0)
+            scaling_factor = cfg["rope_scaling"]["factor"]
+            if mscale_all_dim:
+                mscale = yarn_get_mscale(scaling_factor, mscale_all_dim)
+                self.softmax_scale = self.softmax_scale * mscale * mscale
 
     def _cos_sin(self, x, seq_len):
-        """cos_cached / sin_cached [:seq_len]: (T, rope) computed in f32, cast to x.dtype."""
+        """cos_cached / sin_cached [:seq_len]: (T, rope) computed in f32, cast to x.dtype
+        (with yarn: times its mscale, in f32, before the cast)."""
         ct = _upcast_dtype(x.dtype)
         t = torch.arange(seq_len, device=x.device, dtype=ct)
         freqs = torch.outer(t, self.rotary_emb.inv_freq(x.device, ct))
         emb = torch.cat((freqs, freqs), dim=-1)
+        if isinstance(self.rotary_emb, DeepseekV2YarnRotaryEmbedding):
+            m = self.rotary_emb.mscale
+            return (emb.cos() * m).to(x.dtype), (emb.sin() * m).to(x.dtype)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
     def forward(self, hidden_states, position_ids, attention_mask):

@@ -123,6 +123,12 @@ def _deepseek_v3_config():
 BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config,
                 "qwen2_moe": _qwen2_moe_config, "deepseek_v2": _deepseek_v2_config,
                 "deepseek_v3": _deepseek_v3_config}
+# DeepSeek's YaRN (mscale values as DeepSeek-V2/V3 ship them). original_max_position_embeddings
+# 128 puts the correction range at rotary dims [0, 2] of qk_rope_head_dim 8 (the low end
+# clamped up from -1): of the 4 frequencies the first stays, the second is the mean of the plain
+# and the /factor one, the last two are divided by factor; the scale gains mscale(40, 0.707)^2.
+_DEEPSEEK_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 128, "beta_fast": 32,
+                  "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
 # Variants override keys of the base config, to cover the other branch of each option.
 VARIANTS = {
     "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
@@ -131,8 +137,9 @@ VARIANTS = {
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
     "qwen2_moe": {"default": {}},
-    "deepseek_v2": {"default": {}},
-    "deepseek_v3": {"default": {}},
+    "deepseek_v2": {"default": {}, "yarn": {"rope_scaling": _DEEPSEEK_YARN}},
+    # (V3's: mscale apart from mscale_all_dim, so cos and sin are scaled too)
+    "deepseek_v3": {"default": {}, "yarn": {"rope_scaling": {**_DEEPSEEK_YARN, "mscale": 1.0}}},
 }
 
 

@@ -74,6 +74,11 @@ MlaSpec mla_spec(const ModelConfig& c) {
   s.v_head = c.v_head_dim;
   s.rope_theta = c.rope_theta;
   s.norm_eps = c.norm_eps;
+  if (c.rope_scaling) {  // DeepSeek's YaRN
+    s.inv_freq = yarn_inv_freq(*c.rope_scaling, s.qk_rope, c.rope_theta);
+    s.rope_mscale = yarn_attention_factor(*c.rope_scaling);
+    s.scale = static_cast<float>(s.softmax_scale() * yarn_softmax_factor(*c.rope_scaling));
+  }
   return s;
 }
 

@@ -120,8 +120,7 @@ void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
   auto act = j.find("hidden_act");
   TESSERA_CHECK(act == j.end() || (act->is_string() && act->get<std::string>() == "silu"), source, ": 'hidden_act' ",
                 act == j.end() ? "" : io::json_brief(*act), " is not supported (only \"silu\")");
-  auto rs = j.find("rope_scaling");
-  TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
+  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) c.rope_scaling = parse_rope_scaling(*rs, source);
   // Multi-head latent attention.
   c.q_lora_rank = get_int(j, source, "q_lora_rank", 1, kMaxHidden, 0, false);
   c.kv_lora_rank = get_int(j, source, "kv_lora_rank", 1, kMaxHidden);
@@ -314,6 +313,7 @@ void ModelConfig::validate(const std::string& source) const {
                   "qk_rope_head_dim, v_head_dim > 0, one kv head per head and head_dim = qk_nope + qk_rope");
     TESSERA_CHECK(!quantization, source, ": quantized deepseek checkpoints are not supported yet");
   }
+  TESSERA_CHECK(!rope_scaling || uses_mla(), source, ": rope_scaling is supported for deepseek's latent attention only");
   TESSERA_CHECK(mtp_layers == 0 || (is_deepseek() && mtp_layers == 1), source,
                 ": multi-token prediction (num_nextn_predict_layers ", mtp_layers, ") is supported with one "
                 "module in deepseek models");
@@ -429,7 +429,7 @@ json ModelConfig::to_json() const {
     j["q_lora_rank"] = q_lora_rank > 0 ? json(q_lora_rank) : json(nullptr);
     j["rms_norm_eps"] = norm_eps;
     j["rope_theta"] = rope_theta;
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = rope_scaling ? rope_scaling_json(*rope_scaling) : json(nullptr);
     j["tie_word_embeddings"] = tie_word_embeddings;
     j["hidden_act"] = "silu";
     j["attention_bias"] = false;

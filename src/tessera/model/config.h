@@ -9,6 +9,7 @@
 
 #include "tessera/base/checked.h"
 #include "tessera/io/quant_config.h"
+#include "tessera/model/rope_scaling.h"
 
 namespace tessera::model {
 
@@ -82,6 +83,8 @@ struct ModelConfig {
   // as layer num_layers (model.layers.{L}.*), run by training (its loss weighted by
   // [training] mtp_loss_weight) and by --speculative mtp.
   int64_t mtp_layers = 0;
+  // config.json's rope_scaling (deepseek's latent attention: yarn); unset: plain RoPE.
+  std::optional<RopeScaling> rope_scaling;
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
   // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
   std::optional<io::QuantCheckpointFormat> quantization;

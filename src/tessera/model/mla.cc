@@ -37,18 +37,25 @@ void check(const MlaSpec& s, const MlaWeights& w, int64_t H) {
   shape(w.o, {H, s.heads * s.v_head}, "o_proj");
 }
 
-// Rotates adjacent pairs of the `rope` columns starting at column `at` of each row of x
-// (N rows, any row stride) by position x theta^(-2i/rope); inverse: by the negative angle.
-void rope_pairs(Tensor x, int64_t at, int64_t rope, const Tensor& positions, double theta, bool inverse,
+// Rotates adjacent pairs of the spec's qk_rope columns starting at column `at` of each row
+// of x (N rows, any row stride) by position x frequency i (theta^(-2i/rope), or the
+// spec's scaled frequencies), scaled by its rope_mscale; inverse: by the negative angle
+// (the transpose, for gradients).
+void rope_pairs(const MlaSpec& spec, Tensor x, int64_t at, const Tensor& positions, bool inverse,
                 int64_t heads = 1, int64_t head_stride = 0) {
-  const int64_t N = x.size(0), ld = x.stride(0);
+  const int64_t N = x.size(0), ld = x.stride(0), rope = spec.qk_rope;
+  std::vector<double> freq(rope / 2);
+  for (int64_t i = 0; i < rope / 2; ++i)
+    freq[i] = spec.inv_freq.empty() ? std::pow(spec.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(rope))
+                                    : spec.inv_freq[i];
   float* p = x.data<float>();
   const int32_t* pos = positions.data<int32_t>();
+  const double ms = spec.rope_mscale;
   base::parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t i = 0; i < rope / 2; ++i) {
-        const double a = pos[n] * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rope));
-        const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
+        const double a = pos[n] * freq[i];
+        const float c = static_cast<float>(ms * std::cos(a)), s = static_cast<float>(ms * (inverse ? -std::sin(a) : std::sin(a)));
         for (int64_t h = 0; h < heads; ++h) {
           float* r = p + n * ld + h * head_stride + at + 2 * i;
           const float x0 = r[0], x1 = r[1];
@@ -73,7 +80,7 @@ Tensor queries(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Ten
   } else {
     kernels::matmul(x, w.q_proj, q, false, true);
   }
-  rope_pairs(q, s.qk_nope, s.qk_rope, positions, s.rope_theta, false, s.heads, qk);
+  rope_pairs(s, q, s.qk_nope, positions, false, s.heads, qk);
   return q;
 }
 
@@ -85,7 +92,7 @@ void latents(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const Tenso
   kernels::matmul(x, w.kv_a, ckv, false, true);
   c_n = Tensor::empty({N, L}, DType::kF32);
   kernels::rmsnorm_forward(ckv.slice(1, 0, L), w.kv_a_norm, s.norm_eps, c_n, rstd);
-  rope_pairs(ckv, L, s.qk_rope, positions, s.rope_theta, false);
+  rope_pairs(s, ckv, L, positions, false);
 }
 
 }  // namespace
@@ -156,7 +163,7 @@ void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, con
   // Back to q, the per-head k_nope / v (kv), and the shared rope key (summed over heads).
   Tensor dq = Tensor::empty({N, s.heads * qk}, DType::kF32);
   dq.view({B, T, s.heads, qk}).copy_from(dqp.slice(3, 0, qk));
-  rope_pairs(dq, s.qk_nope, s.qk_rope, sv.positions, s.rope_theta, true, s.heads, qk);
+  rope_pairs(s, dq, s.qk_nope, sv.positions, true, s.heads, qk);
   Tensor dkv = Tensor::empty({N, s.heads * nv}, DType::kF32);
   Tensor dkv4 = dkv.view({B, T, s.heads, nv});
   dkv4.slice(3, 0, s.qk_nope).copy_from(dkp.slice(3, 0, s.qk_nope));
@@ -171,7 +178,7 @@ void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, con
           for (int64_t i = 0; i < s.qk_rope; ++i) o[n * (L + s.qk_rope) + L + i] += k[(n * s.heads + h) * D + s.qk_nope + i];
     });
   }
-  rope_pairs(dckv, L, s.qk_rope, sv.positions, s.rope_theta, true);
+  rope_pairs(s, dckv, L, sv.positions, true);
   // The latent: kv = c_n kv_b^T, c_n = rmsnorm(c); then kv_a.
   kernels::matmul(dkv, sv.c_n, g.kv_b, true, false, 1.f, 1.f);
   Tensor dc_n = Tensor::empty({N, L}, DType::kF32);

@@ -32,6 +32,10 @@ struct MlaSpec {
   double rope_theta = 10000.0;
   float norm_eps = 1e-6f;
   float scale = 0.f;  // 0: 1 / sqrt(qk_nope + qk_rope)
+  // Scaled RoPE (DeepSeek's YaRN, model/rope_scaling.h): the rope/2 frequencies (empty:
+  // rope_theta^(-2i/rope)) and the factor on cos and sin.
+  std::vector<double> inv_freq;
+  double rope_mscale = 1.0;
   int64_t qk_dim() const { return qk_nope + qk_rope; }
   float softmax_scale() const;
 };
