@@ -6,10 +6,32 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace tessera::base {
 namespace {
+
+// Subnormal floats (below 1.2e-38) are flushed to zero and read as zero (MXCSR FTZ and
+// DAZ), as oneDNN recommends: a few of them among a GEMM's operands made the grouped
+// expert GEMMs of the MoE backward half again as slow (each one costs a microcode assist,
+// 60x a normal operand's cost when every value is one), and no gradient or activation
+// that small carries information. Set once on the main thread before any other thread
+// exists, so OpenMP's threads (and every other) inherit it. TESSERA_DENORMALS=keep keeps
+// IEEE subnormals.
+struct FlushDenormals {
+  FlushDenormals() {
+#if defined(__x86_64__)
+    const char* keep = std::getenv("TESSERA_DENORMALS");
+    if (keep && std::strcmp(keep, "keep") == 0) return;
+    _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+  }
+} flush_denormals;
 
 int detect_threads() {
   for (const char* var : {"TESSERA_NUM_THREADS", "OMP_NUM_THREADS"}) {
