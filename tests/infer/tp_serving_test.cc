@@ -81,7 +81,8 @@ BatchRun run_batch(const std::string& dir, int tp, int ep = 1) {
   BatchRun r;
   run_tensor_parallel(tp, dir, DType::kF32, [&](const model::Model& m, TpGroup* g) {
     EXPECT_EQ(g != nullptr, ep * tp > 1);
-    if (m.config().is_moe()) EXPECT_EQ(m.weights().layers[0].moe.gate_up.size(0), 4 / ep);  // only its experts
+    if (m.config().is_moe())  // only its experts
+      EXPECT_EQ(m.weights().layers[m.config().num_layers - 1].moe.gate_up.size(0), 4 / ep);
     EngineConfig ec;
     ec.block_size = 4;
     ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);
@@ -174,6 +175,46 @@ TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--ep 3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("does not divide the model's 4 experts"), std::string::npos) << e.what();
+  }
+}
+
+// A DeepSeek-V3 model (latent attention, a dense first layer, then 4 routed experts and a
+// shared one) served over tp 2 (the heads and the dense and shared MLPs split, the latent
+// rows and the routed experts replicated) and over ep 2: token-identical to one process,
+// with the same expert loads.
+std::string deepseek_dir() {
+  static const std::string dir = [] {
+    model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+    c.model_type = "deepseek_v3";
+    c.vocab_size = 301;
+    c.num_layers = 3;
+    c.max_position_embeddings = 256;
+    c.q_lora_rank = 24, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 8, c.v_head_dim = 16;
+    c.num_kv_heads = c.num_heads;
+    c.head_dim = 24;
+    c.num_experts = 4;
+    c.experts_per_token = 2;
+    c.moe_intermediate_size = 32;
+    c.n_shared_experts = 1;
+    c.first_k_dense_replace = 1;
+    c.moe_sigmoid = true;
+    c.topk_method = "noaux_tc";
+    c.router_bias = true;
+    c.n_group = 2, c.topk_group = 2;
+    c.routed_scaling_factor = 2.5;
+    return saved_model(c, "tessera_ds_serving_", 29);
+  }();
+  return dir;
+}
+
+TEST(TpServing, DeepSeekOverTpAndEpIsTokenIdenticalToOneProcess) {
+  const BatchRun want = run_batch(deepseek_dir(), 1);
+  ASSERT_EQ(want.outs.size(), 4u);
+  for (const auto& w : want.outs) EXPECT_EQ(w.size(), 12u);
+  for (const auto& [tp, ep] : {std::pair<int, int>{2, 1}, {1, 2}}) {
+    const BatchRun got = run_batch(deepseek_dir(), tp, ep);
+    EXPECT_EQ(got.outs, want.outs) << "tp " << tp << " ep " << ep;
+    EXPECT_EQ(got.load, want.load) << "tp " << tp << " ep " << ep;
   }
 }
 

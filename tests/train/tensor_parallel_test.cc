@@ -13,6 +13,8 @@
 #include "tessera/comm/communicator.h"
 #include "tessera/model/model.h"
 #include "tessera/parallel/tensor_parallel.h"
+#include "model/parity_fixture.h"
+#include "tessera/io/safetensors.h"
 
 namespace tessera {
 namespace {
@@ -258,6 +260,51 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2_bias_tp2", tiny(Arch::kQwen2, 4, 2, true), 2},
                       Case{"gpt2_tp2", tiny(Arch::kGpt2, 4, 4, true), 2}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// DeepSeek-V2 / V3 (tests/parity fixtures) at tp 2: the latent attention's heads split
+// (q_proj / q_b and kv_b by rows, o by columns; q_a, kv_a and their norms replicated, their
+// gradients summed over the heads of every rank), the dense and shared MLPs split, the
+// routed experts replicated; V3's prediction module trained at weight 0.3. Loss, the
+// module's loss and every gradient equal the whole model's; so do the logits and the
+// latent-cache decode.
+TEST(TensorParallel, DeepSeekShardsGiveTheWholeModelsLossAndGradients) {
+  for (const std::string arch : {"deepseek_v2", "deepseek_v3_yarn"}) {
+    SCOPED_TRACE(arch);
+    const std::string dir = testing::parity_dir(arch);
+    ASSERT_FALSE(dir.empty());
+    const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+    const Tensor ids = ref->get("input_ids").contiguous(), targets = ref->get("targets").contiguous();
+    model::Model full = model::Model::load(dir, DType::kF32);
+    const ModelConfig& c = full.config();
+    const double w = c.mtp_layers ? 0.3 : 0.0;
+    full.set_mtp_loss_weight(w);
+    auto want_grads = model::Params::allocate(c, DType::kF32);
+    const auto want = full.forward_backward(ids, targets, want_grads);
+    const auto want_named = by_name(want_grads, c);
+    const Tensor want_logits = full.forward_batch(ids);
+    std::mutex mu;
+    comm::run_local(2, [&](comm::Communicator& g) {
+      RankShard rs(full, g);
+      model::Model& m = rs.m;
+      m.set_mtp_loss_weight(w);
+      auto grads = model::Params::allocate(c, DType::kF32, m.dims());
+      const auto got = m.forward_backward(ids, targets, grads);
+      const Tensor logits = m.forward_batch(ids);
+      std::lock_guard<std::mutex> lock(mu);
+      SCOPED_TRACE("rank " + std::to_string(g.rank()));
+      EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss);
+      EXPECT_NEAR(got.mtp_loss, want.mtp_loss, 1e-5 * want.mtp_loss + 1e-12);
+      int split = 0;
+      for (const auto& piece : grads.pieces(c, rs.shard)) {
+        const Tensor& whole = want_named.at(piece.name);
+        EXPECT_LT(max_rel(piece.view, piece.block_of(whole), &whole), 1e-5) << piece.name;
+        split += !piece.whole();
+      }
+      EXPECT_GT(split, 10);
+      EXPECT_LT(max_rel(logits, want_logits), 1e-5);
+    });
+  }
+}
 
 TEST(TensorParallel, ALayoutTheModelCannotSplitIsOneLine) {
   const ModelConfig c = tiny(Arch::kLlama, 4, 2, false);

@@ -315,7 +315,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       linear_backward_weight(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which), pm, !assign);
     };
     if (mla)  // latent attention: x_mid = x_in + mla(norm1(x_in)) (tp = 1)
-      mla_backward(mla_spec(c), W.mla, A.mla, dres, dh, G.mla);
+      mla_backward(mla_spec(*this), W.mla, A.mla, dres, dh, G.mla,
+                   tp_comm_ ? [this](Tensor& t) { tp_comm_->all_reduce_sum(t); } : MlaReduce());
     else
       attention_backward();
     norm_grad(*this, dh, A.x_in, W.norm1_w, A.mean1, A.rstd1, tmp, G.norm1_w, G.norm1_b);
@@ -351,6 +352,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     round_matmul_input_in_place(logits, mode);
     Tensor dhm = Tensor::empty({N, H}, DType::kF32), dx = Tensor::empty({N, H}, DType::kF32), none;
     kernels::matmul(matmul_input(logits, pm), compute_lm_head(), dhm, false, false);
+    tp_reduce(*this, dhm);  // vocab-parallel head: each rank's part from its rows
     matmul_weight_grad(logits, t.hm, grads.lm_head, pm, !assign);  // (the first writer; the head's adds)
     mtp_wrote_head = true;
     norm_grad(*this, dhm, t.x_out, P.head_norm, Tensor(), t.rstd, dx, grads.mtp.head_norm, none);
@@ -448,7 +450,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
   embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
-  if (d_mtp_emb.defined()) kernels::embedding_backward(d_mtp_emb, acts.mtp->ids, grads.embed);
+  if (d_mtp_emb.defined()) embed_backward(*this, d_mtp_emb, acts.mtp->ids, acts.positions, grads);
   if (hooks) hooks->grads_ready(0);
   pass.acts.reset();
   return Tensor();

@@ -64,9 +64,10 @@ Tensor& scratch(Tensor& t, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-MlaSpec mla_spec(const ModelConfig& c) {
+MlaSpec mla_spec(const Model& m) {
+  const ModelConfig& c = m.config();
   MlaSpec s;
-  s.heads = c.num_heads;
+  s.heads = m.dims().heads;
   s.q_lora_rank = c.q_lora_rank;
   s.kv_lora_rank = c.kv_lora_rank;
   s.qk_nope = c.qk_nope_head_dim;
@@ -300,6 +301,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     TESSERA_CHECK(opt.mla, "block_forward: layer ", l, " is latent attention and this pass gave no way to run it");
     attn_out = &scratch(s.delta, N, H);
     opt.mla(l, h1, *attn_out);
+    tp_reduce(m, *attn_out);  // o_proj is row-parallel: this rank's heads' partial sums
   } else {
     if (A) round_matmul_input_in_place(h1, mode);
     Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);

@@ -45,13 +45,15 @@ struct BlockOptions {
 };
 
 // The features of layer l's dense MLP on this rank (a MoE layer's shared expert; 0: none).
-// (MoE layers and deepseek run at tp = 1; a dense layer's MLP splits over tp.)
+// (A dense MLP and deepseek's shared experts split over tp; qwen2_moe's runs at tp = 1.)
 inline int64_t layer_ffn(const Model& m, int64_t l) {
   const auto& c = m.config();
-  return c.layer_is_moe(l) || c.is_deepseek() ? c.mlp_size(l) : m.dims().ffn;
+  if (c.is_deepseek()) return c.mlp_size(l) / m.tp_shard().size;
+  return c.layer_is_moe(l) ? c.mlp_size(l) : m.dims().ffn;
 }
-// Latent attention's settings from the config (model/mla.h).
-MlaSpec mla_spec(const ModelConfig& c);
+// Latent attention's settings from the config (model/mla.h), for this rank's heads (a
+// tensor-parallel shard holds heads / tp of them).
+MlaSpec mla_spec(const Model& m);
 
 // The mixture-of-experts layer's routing settings from the config.
 inline MoeSpec moe_spec(const ModelConfig& c) {

@@ -30,7 +30,7 @@ namespace {
 std::function<void(int64_t, const Tensor&, Tensor&)> dense_cache_mla(const Model& m, KVCache& cache,
                                                                    const Tensor& positions) {
   return [&m, &cache, &positions](int64_t l, const Tensor& h1, Tensor& out) {
-    const MlaSpec spec = mla_spec(m.config());
+    const MlaSpec spec = mla_spec(m);
     const MlaWeights& W = m.weights().layers[l].mla;
     const int64_t T = h1.size(0), L = cache.length;
     Tensor q, rows, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
@@ -96,8 +96,8 @@ Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden
   TESSERA_CHECK(L + n <= cache.capacity, "mtp_forward: ", L + n, " positions exceed the cache's ", cache.capacity);
   const MtpParams& P = weights_.mtp;
   const Tensor ids = Tensor::from_vector(next, {n}), positions = make_positions(1, n, L);
-  Tensor emb = Tensor::empty({n, H}, DType::kF32), cat = Tensor::empty({n, 2 * H}, DType::kF32);
-  kernels::embedding_forward(weights_.embed, ids, emb);
+  Tensor cat = Tensor::empty({n, 2 * H}, DType::kF32);
+  const Tensor emb = embed_tokens(*this, ids, positions);
   Tensor en = cat.slice(1, 0, H), hn = cat.slice(1, H, 2 * H);
   norm_forward(c, P.enorm, Tensor(), emb, en, nullptr, nullptr);
   norm_forward(c, P.hnorm, Tensor(), hidden.contiguous(), hn, nullptr, nullptr);
@@ -144,7 +144,7 @@ Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAtten
   BlockOptions opt;
   opt.positions = &pos;
   opt.rowwise = rows;
-  const MlaSpec spec = mla_spec(c);
+  const MlaSpec spec = mla_spec(*this);
   opt.mla = [&](int64_t l, const Tensor& h1, Tensor& out) {  // each sequence over its cached latent rows
     const MlaWeights& W = weights_.layers[l].mla;
     Tensor q, latent, att = Tensor::empty({T, spec.heads * spec.v_head}, DType::kF32);
@@ -196,7 +196,7 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
   opt.positions = &acts.positions;
   opt.save = &A;
   opt.mla = [&](int64_t, const Tensor& h1, Tensor& out) {
-    mla_forward(mla_spec(m.config()), m.weights().layers[l].mla, h1, acts.positions, acts.B, acts.T, out, &A.mla);
+    mla_forward(mla_spec(m), m.weights().layers[l].mla, h1, acts.positions, acts.B, acts.T, out, &A.mla);
   };
   block_forward(m, l, s, opt, [&](int64_t, const Tensor& qkv, Tensor& att) {
     train_attention(m, acts, qkv, att, A.lse, A.cp);

@@ -146,7 +146,7 @@ void mla_forward(const MlaSpec& s, const MlaWeights& w, const Tensor& x, const T
 }
 
 void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, const Tensor& dout, Tensor& dx,
-                  MlaWeights& g) {
+                  MlaWeights& g, const MlaReduce& reduce) {
   const int64_t B = sv.B, T = sv.T, N = B * T, H = sv.x.size(1), qk = s.qk_dim(), nv = s.qk_nope + s.v_head;
   const int64_t L = s.kv_lora_rank, D = sv.qp.size(3);
   // o_proj, then the attention over the padded operands.
@@ -179,10 +179,19 @@ void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, con
     });
   }
   rope_pairs(s, dckv, L, sv.positions, true);
-  // The latent: kv = c_n kv_b^T, c_n = rmsnorm(c); then kv_a.
+  // The latent: kv = c_n kv_b^T, c_n = rmsnorm(c); then kv_a. (Under tp this rank's
+  // heads give part of d c_n and of the rope key's gradient: summed before kv_a.)
   kernels::matmul(dkv, sv.c_n, g.kv_b, true, false, 1.f, 1.f);
   Tensor dc_n = Tensor::empty({N, L}, DType::kF32);
   kernels::matmul(dkv, w.kv_b, dc_n, false, false);
+  if (reduce) {
+    Tensor both = Tensor::empty({N, L + s.qk_rope}, DType::kF32);
+    both.slice(1, 0, L).copy_from(dc_n);
+    both.slice(1, L, L + s.qk_rope).copy_from(dckv.slice(1, L, L + s.qk_rope));
+    reduce(both);
+    dc_n.copy_from(both.slice(1, 0, L));
+    dckv.slice(1, L, L + s.qk_rope).copy_from(both.slice(1, L, L + s.qk_rope));
+  }
   Tensor dc = dckv.slice(1, 0, L);
   kernels::rmsnorm_backward(dc_n, sv.ckv.slice(1, 0, L), w.kv_a_norm, sv.c_rstd, dc, g.kv_a_norm);
   kernels::matmul(dckv, sv.x, g.kv_a, true, false, 1.f, 1.f);
@@ -193,12 +202,20 @@ void mla_backward(const MlaSpec& s, const MlaWeights& w, const MlaSaved& sv, con
     kernels::matmul(dq, sv.qa_n, g.q_b, true, false, 1.f, 1.f);
     Tensor dqa_n = Tensor::empty({N, s.q_lora_rank}, DType::kF32), dqa = Tensor::empty({N, s.q_lora_rank}, DType::kF32);
     kernels::matmul(dq, w.q_b, dqa_n, false, false);
+    if (reduce) reduce(dqa_n);  // (this rank's heads' part)
     kernels::rmsnorm_backward(dqa_n, sv.qa, w.q_a_norm, sv.qa_rstd, dqa, g.q_a_norm);
     kernels::matmul(dqa, sv.x, g.q_a, true, false, 1.f, 1.f);
     kernels::matmul(dqa, w.q_a, dx, false, false, 1.f, 1.f);
   } else {
     kernels::matmul(dq, sv.x, g.q_proj, true, false, 1.f, 1.f);
-    kernels::matmul(dq, w.q_proj, dx, false, false, 1.f, 1.f);
+    if (!reduce) {
+      kernels::matmul(dq, w.q_proj, dx, false, false, 1.f, 1.f);
+    } else {  // this rank's heads' part of the input gradient, summed over the group
+      Tensor dxq = Tensor::empty({N, H}, DType::kF32);
+      kernels::matmul(dq, w.q_proj, dxq, false, false);
+      reduce(dxq);
+      kernels::add_inplace(dx, dxq);
+    }
   }
 }
 

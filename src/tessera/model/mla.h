@@ -18,6 +18,7 @@
 // Internal to model/ (the block will call it for deepseek_v2 / deepseek_v3 layers).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/tensor/tensor.h"
@@ -67,8 +68,13 @@ struct MlaSaved {
 void mla_forward(const MlaSpec& spec, const MlaWeights& w, const Tensor& x, const Tensor& positions, int64_t B,
                  int64_t T, Tensor& out, MlaSaved* save);
 // dx (N, H) overwritten; grads (shaped as w) accumulated into.
+// Tensor parallelism (the heads split over the ranks: q_proj / q_b and kv_b by rows, o by
+// columns; q_a, kv_a and their norms replicated): `reduce` sums a tensor over the group.
+// The gradients of the replicated latents are summed before the replicated weights see
+// them, so their gradients and dx come out whole on every rank.
+using MlaReduce = std::function<void(Tensor&)>;
 void mla_backward(const MlaSpec& spec, const MlaWeights& w, const MlaSaved& saved, const Tensor& dout, Tensor& dx,
-                  MlaWeights& grads);
+                  MlaWeights& grads, const MlaReduce& reduce = {});
 
 // Inference, in two steps, so the cache can live anywhere (a dense buffer, a paged pool):
 // mla_project gives the queries q (n, heads qk) of x (n, H) at `positions` (i32, n), RoPE

@@ -162,6 +162,8 @@ void Model::set_ep_comm(EpComm* ep) {
 void Model::set_sequence_parallel(bool on) {
   TESSERA_CHECK(!on || (tp_comm_ && shard_.size > 1),
                 "sequence parallelism needs tensor parallelism (tp > 1 with its collectives)");
+  TESSERA_CHECK(!on || !config_.uses_mla(), "sequence parallelism over ", config_.model_type,
+                "'s latent attention is not supported yet");
   sequence_parallel_ = on;
 }
 

@@ -16,8 +16,7 @@ void mtp_embed(const Model& m, const Activations& acts, MtpActivations& t) {
   int32_t* nx = t.ids.data<int32_t>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < T; ++i) nx[b * T + i] = i + 1 < T ? id[b * T + i + 1] : 0;
-  t.emb = Tensor::empty({N, m.config().hidden_size}, DType::kF32);
-  kernels::embedding_forward(m.weights().embed, t.ids, t.emb);
+  t.emb = embed_tokens(m, t.ids, acts.positions);  // (vocab-parallel under tp)
 }
 
 void mtp_forward(const Model& m, const Activations& acts, const Tensor& hf, MtpActivations& t) {

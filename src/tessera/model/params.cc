@@ -104,7 +104,7 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
     if (c.uses_mla()) {  // (f32 always: the latent attention multiplies in f32)
       MlaWeights& A = L.mla;
       const auto f32 = [&](const Shape& shape) { return zeroed ? Tensor::zeros(shape, DType::kF32) : Tensor::empty(shape, DType::kF32); };
-      const int64_t qk = c.q_dim(), heads = c.num_heads;
+      const int64_t heads = d.heads, qk = heads * c.head_dim;  // (this rank's heads under tp)
       if (c.q_lora_rank > 0) {
         A.q_a = f32({c.q_lora_rank, H});
         A.q_a_norm = f32({c.q_lora_rank});
@@ -130,7 +130,7 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       if (c.router_bias) L.moe.bias = Tensor::zeros({c.num_experts}, DType::kF32);  // (selection only: f32)
     }
     // The dense MLP, or a MoE layer's shared expert(s) (qwen2_moe, deepseek).
-    const int64_t Fl = c.is_deepseek() ? c.mlp_size(l) : F;
+    const int64_t Fl = c.is_deepseek() ? c.mlp_size(l) * d.heads / c.num_heads : F;  // (/ tp)
     if (Fl > 0 && (!c.layer_is_moe(l) || c.shared_expert || c.is_deepseek())) {
       L.up.weight = make({2 * Fl, H});
       L.down.weight = make({H, Fl});
@@ -249,23 +249,25 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
           kvr);
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
-    if (c.uses_mla()) {  // deepseek's latent attention (tp = 1: whole tensors)
+    if (c.uses_mla()) {  // deepseek's latent attention: heads split over tp, the latents replicated
       const std::string a = l + "self_attn.";
-      whole(a + "q_proj.weight", L.mla.q_proj);
+      const int64_t qk = c.head_dim, nv = c.qk_nope_head_dim + c.v_head_dim, hl = d.heads, Hq = c.num_heads;
+      add(a + "q_proj.weight", L.mla.q_proj, {Hq * qk, H}, {r * hl * qk, 0});
       whole(a + "q_a_proj.weight", L.mla.q_a);
       whole(a + "q_a_layernorm.weight", L.mla.q_a_norm);
-      whole(a + "q_b_proj.weight", L.mla.q_b);
+      if (L.mla.q_b.defined())
+        add(a + "q_b_proj.weight", L.mla.q_b, {Hq * qk, c.q_lora_rank}, {r * hl * qk, 0});
       whole(a + "kv_a_proj_with_mqa.weight", L.mla.kv_a);
       whole(a + "kv_a_layernorm.weight", L.mla.kv_a_norm);
-      whole(a + "kv_b_proj.weight", L.mla.kv_b);
-      whole(a + "o_proj.weight", L.mla.o);
+      add(a + "kv_b_proj.weight", L.mla.kv_b, {Hq * nv, c.kv_lora_rank}, {r * hl * nv, 0});
+      add(a + "o_proj.weight", L.mla.o, {H, Hq * c.v_head_dim}, {0, r * hl * c.v_head_dim});
     }
     whole(l + "post_attention_layernorm.weight", L.norm2_w);
     // The dense MLP (qwen2_moe: the shared expert, under mlp.shared_expert; deepseek: the
     // shared experts, under mlp.shared_experts).
     const bool sparse = c.layer_is_moe(static_cast<int64_t>(i));
     const std::string mlp = l + (!sparse ? "mlp." : c.shared_expert ? "mlp.shared_expert." : "mlp.shared_experts.");
-    const int64_t F = c.mlp_size(static_cast<int64_t>(i)), Fl = c.is_deepseek() ? F : d.ffn;
+    const int64_t F = c.mlp_size(static_cast<int64_t>(i)), Fl = c.is_deepseek() ? F / shard.size : d.ffn;
     add(mlp + "gate_proj.weight", rows(L.up.weight, 0, Fl), {F, H}, {r * Fl, 0});
     add(mlp + "up_proj.weight", rows(L.up.weight, Fl, 2 * Fl), {F, H}, {r * Fl, 0});
     add(mlp + "down_proj.weight", L.down.weight, {H, F}, {0, r * Fl});

@@ -17,8 +17,9 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   // shared expert (qwen2_moe: the layer's dense MLP) is not split yet.
   TESSERA_CHECK(tp == 1 || !c.is_moe() || !c.shared_expert, "tp = ", tp, ": tensor parallelism over ", c.model_type,
                 "'s shared expert is not supported yet (run tp = 1)");
-  TESSERA_CHECK(tp == 1 || !c.uses_mla(), "tp = ", tp, ": tensor parallelism over ", c.model_type,
-                "'s latent attention is not supported yet (run tp = 1; ep splits its experts)");
+  if (c.is_deepseek())  // its dense MLPs and shared experts split over tp
+    for (int64_t l = 0; l < c.num_layers + c.mtp_layers; ++l)
+      TESSERA_CHECK(c.mlp_size(l) % tp == 0, "tp = ", tp, " does not divide layer ", l, "'s MLP size ", c.mlp_size(l));
   const bool dense_mlp = !c.is_moe() || c.shared_expert;
   auto split = [&](int64_t n, const char* what) {
     TESSERA_CHECK(n % tp == 0, "tp = ", tp, " does not divide ", what, " = ", n);
