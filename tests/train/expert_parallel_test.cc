@@ -343,7 +343,8 @@ TEST(ExpertParallel, DeepSeekWithMultiTokenPredictionTrainsOnEveryLayout) {
   auto config = [&](const std::string& name, const std::string& parallel, double mtp = 0.3) {
     std::string c = ep_config(root, name, data, json, 4, 1, parallel);
     const std::string tr = "[training]\n";
-    c.replace(c.find(tr), tr.size(), tr + "mtp_loss_weight = " + std::to_string(mtp) + "\n");
+    // (and the selection biases moved by the load: layers 1 and 2, then the module's layer)
+    c.replace(c.find(tr), tr.size(), tr + "mtp_loss_weight = " + std::to_string(mtp) + "\nmoe_bias_update_rate = 0.001\n");
     return c;
   };
   const tt::RunOut ref = tt::train(config("single", "zero_stage = 0"), 0);
@@ -376,6 +377,14 @@ TEST(ExpertParallel, DeepSeekWithMultiTokenPredictionTrainsOnEveryLayout) {
   EXPECT_LT(max_rel_diff(a.weights().mtp.eh_proj, b.weights().mtp.eh_proj), 1e-3f);
   EXPECT_LT(max_rel_diff(a.weights().layers[2].moe.gate_up, b.weights().layers[2].moe.gate_up), 1e-3f);
   EXPECT_LT(max_rel_diff(a.weights().layers[0].mla.kv_b, b.weights().layers[0].mla.kv_b), 1e-3f);
+  for (int64_t l : {1, 2}) {  // each MoE layer's bias moved by its own load: 20 steps of +-0.001
+    const Tensor bias = b.weights().layers[l].moe.bias;
+    float most = 0;
+    for (int64_t e = 0; e < bias.numel(); ++e) most = std::max(most, std::abs(bias.data<float>()[e]));
+    EXPECT_GT(most, 0.f) << "layer " << l;
+    EXPECT_LE(most, 0.020001f) << "layer " << l;
+    EXPECT_LT(max_rel_diff(a.weights().layers[l].moe.bias, bias), 1e-3f) << "layer " << l;
+  }
   fs::remove_all(root);
 }
 

@@ -298,7 +298,10 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.hf = Tensor::empty({Nl, H}, DType::kF32);
   final_norm_forward(m, s, acts.hf, ln ? &acts.meanf : nullptr, &acts.rstdf);
   acts.x_final = s.x;
-  if (acts.mtp) mtp_forward(m, acts, acts.hf, *acts.mtp);  // (from hf as the norm left it)
+  if (acts.mtp) {  // (from hf as the norm left it); its routing counted after the blocks'
+    mtp_forward(m, acts, acts.hf, *acts.mtp);
+    if (acts.moe_balance && c.layer_is_moe(c.num_layers)) acts.moe_balance->add(acts.mtp->layer.moe.routing);
+  }
   round_matmul_input_in_place(acts.hf, m.bf16_mode());  // feeds only the head's matmuls
   return sp ? gather_rows(m, acts.hf) : acts.hf;  // the head sees every row
 }

@@ -260,7 +260,7 @@ class Run {
         }
         base::TraceScope opt("optimizer_step");
         opt_.step(lr_scale);
-        if (c_.training.moe_bias_update_rate > 0) update_router_bias(dp_, gp, c_.training.moe_bias_update_rate);
+        if (c_.training.moe_bias_update_rate > 0) update_router_bias(dp_, gp, c_.training.moe_bias_update_rate, model_.config());
         dp_.publish_params();
         spikes_.add(loss);
       } else if (!finite) {

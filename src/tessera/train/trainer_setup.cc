@@ -313,7 +313,7 @@ void check_memory_limit(const nlohmann::json& rec, double limit_mb, comm::Commun
   fail(buf);
 }
 
-void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate) {
+void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate, const model::ModelConfig& c) {
   // The global batch's load per layer and expert (every rank calls this: a sum over dp).
   std::vector<double> flat;
   for (const auto& l : gp.layer_load) flat.insert(flat.end(), l.begin(), l.end());
@@ -325,8 +325,11 @@ void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, doub
     if (n.size() < suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     const size_t at = n.find("layers.") + 7;
     const size_t layer = std::stoul(n.substr(at, n.find('.', at) - at));
-    TESSERA_CHECK((layer + 1) * E <= flat.size(), "moe bias update: no load for layer ", layer);
-    const double* load = flat.data() + layer * E;
+    size_t index = 0;  // the MoE layers before it (deepseek's first layers are dense)
+    for (size_t l = 0; l < layer; ++l) index += c.layer_is_moe(static_cast<int64_t>(l)) || l >= size_t(c.num_layers);
+    if (layer >= size_t(c.num_layers) && (index + 1) * E > flat.size()) continue;  // the module did not run
+    TESSERA_CHECK((index + 1) * E <= flat.size(), "moe bias update: no load for layer ", layer);
+    const double* load = flat.data() + index * E;
     double mean = 0;
     for (size_t e = 0; e < E; ++e) mean += load[e];
     mean /= static_cast<double>(E);

@@ -84,7 +84,8 @@ struct GradientPass {
 // each MoE layer's selection bias (its master copy in dp.pieces()) moves by `rate`
 // towards the mean load, b_e += rate x sign(mean - load_e), over the step's global batch
 // (summed over dp's ranks: every rank calls this).
-void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate);
+// (gp.layer_load lists the MoE layers in order, a multi-token prediction layer last.)
+void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate, const model::ModelConfig& c);
 // [training] memory_limit_mb against this rank's bytes after its first step (the
 // record's mem_*): every rank of `world` stops together with one line naming the parts
 // when one is over (collective over `world`).
