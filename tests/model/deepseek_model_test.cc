@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -19,6 +20,7 @@
 
 #include "parity_fixture.h"
 #include "tessera/io/json_file.h"
+#include "tessera/model/activations.h"
 #include "tessera/model/mla.h"
 #include "tessera/model/model.h"
 #include "tessera/model/perplexity.h"
@@ -171,6 +173,34 @@ TEST_P(DeepseekModel, TheMtpModuleAtInferenceGivesTheTrainingLogitsPositionByPos
     }
     EXPECT_EQ(mtp.length, T - 1);
   }
+}
+
+TEST_P(DeepseekModel, RoutingDecisionsMatchPyTorchInEveryMoeLayer) {
+  auto m = model::Model::load(dir_, DType::kF32);
+  m.set_mtp_loss_weight(v3() ? 0.3 : 0.0);  // (the module's layer routes too)
+  model::Activations acts;
+  model::forward_train(m, ref("input_ids").contiguous(), acts);
+  const auto& c = m.config();
+  int checked = 0;
+  for (int64_t l = 0; l < c.num_layers + c.mtp_layers; ++l) {
+    if (!c.layer_is_moe(l)) continue;
+    const std::string key = "experts." + std::to_string(l);
+    ASSERT_TRUE(ref_->has(key)) << key;
+    const Tensor want = ref(key).contiguous();  // (N, k) in torch.topk's order
+    const model::MoeRouting& r = l < c.num_layers ? acts.layers[l].moe.routing : acts.mtp->layer.moe.routing;
+    const int64_t N = want.size(0), k = want.size(1);
+    ASSERT_EQ(r.tokens, N);
+    ASSERT_EQ(r.top_k, k);
+    for (int64_t n = 0; n < N; ++n) {  // the same set of experts per token (the order is the gate's)
+      std::vector<int32_t> a(r.expert.begin() + n * k, r.expert.begin() + (n + 1) * k);
+      std::vector<int32_t> b(want.data<int32_t>() + n * k, want.data<int32_t>() + (n + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      EXPECT_EQ(a, b) << "layer " << l << " token " << n;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, v3() ? 3 : 2);
 }
 
 TEST_P(DeepseekModel, PerplexityMatchesPyTorch) {

@@ -758,6 +758,7 @@ class DeepseekV2MoE(nn.Module):
         orig_shape = hidden_states.shape
         x = hidden_states.reshape(-1, orig_shape[-1])
         topk_idx, topk_weight = self.gate(x)
+        self.last_topk_idx = topk_idx.detach()  # the routing, for the reference (make_reference.py)
         flat_topk_idx = topk_idx.reshape(-1)
         xr = x.repeat_interleave(self.num_experts_per_tok, dim=0)  # slot s = token s // k, choice s % k
         y = torch.zeros_like(xr)

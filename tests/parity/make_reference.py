@@ -243,6 +243,10 @@ def main():
         "logits": logits.detach().float(),
         "loss": loss.detach().float().reshape(1),
     }
+    for name, module in model.named_modules():  # DeepSeek: each MoE layer's chosen experts (N, k)
+        if hasattr(module, "last_topk_idx") and ".layers." in name:
+            layer = int(name.split(".layers.")[1].split(".")[0])
+            ref[f"experts.{layer}"] = module.last_topk_idx.to(torch.int32).contiguous()
     if has_mtp:
         ref["loss_main"] = loss_main.detach().float().reshape(1)
         ref["loss_mtp"] = loss_mtp.detach().float().reshape(1)
