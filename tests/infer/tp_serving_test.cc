@@ -169,6 +169,9 @@ TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
   const EpRun tp2 = ep_batch(1, 2);
   EXPECT_EQ(tp2.outs, want.outs) << "tp 2";
   EXPECT_EQ(tp2.load, want.load) << "tp 2";
+  const EpRun tp2_ep2 = ep_batch(2, 2);  // the attention over tp 2, the experts over ep 2
+  EXPECT_EQ(tp2_ep2.outs, want.outs) << "tp 2 x ep 2";
+  EXPECT_EQ(tp2_ep2.load, want.load) << "tp 2 x ep 2";
   try {
     run_tensor_parallel(1, moe_dir(), DType::kF32, [](const model::Model&, TpGroup*) { return 0; }, "", 3);
     ADD_FAILURE() << "ep 3 accepted";
@@ -180,8 +183,8 @@ TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
 
 // A DeepSeek-V3 model (latent attention, a dense first layer, then 4 routed experts and a
 // shared one) served over tp 2 (the heads and the dense and shared MLPs split, the latent
-// rows and the routed experts replicated) and over ep 2: token-identical to one process,
-// with the same expert loads.
+// rows and the routed experts replicated), over ep 2 and over tp 2 x ep 2 (4 ranks):
+// token-identical to one process, with the same expert loads.
 std::string deepseek_dir() {
   static const std::string dir = [] {
     model::ModelConfig c = model::ModelConfig::named_shape("tiny");
@@ -211,7 +214,7 @@ TEST(TpServing, DeepSeekOverTpAndEpIsTokenIdenticalToOneProcess) {
   const BatchRun want = run_batch(deepseek_dir(), 1);
   ASSERT_EQ(want.outs.size(), 4u);
   for (const auto& w : want.outs) EXPECT_EQ(w.size(), 12u);
-  for (const auto& [tp, ep] : {std::pair<int, int>{2, 1}, {1, 2}}) {
+  for (const auto& [tp, ep] : {std::pair<int, int>{2, 1}, {1, 2}, {2, 2}}) {
     const BatchRun got = run_batch(deepseek_dir(), tp, ep);
     EXPECT_EQ(got.outs, want.outs) << "tp " << tp << " ep " << ep;
     EXPECT_EQ(got.load, want.load) << "tp " << tp << " ep " << ep;

@@ -2,6 +2,7 @@
 #include "tessera/infer/tp_serving.h"
 
 #include <cmath>
+#include <memory>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
@@ -151,10 +152,10 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                         const std::string& quantization, int ep) {
   TESSERA_CHECK(tp >= 1, "--tp ", tp, " must be >= 1");
   TESSERA_CHECK(ep >= 1, "--ep ", ep, " must be >= 1");
-  TESSERA_CHECK(tp == 1 || ep == 1, "--tp ", tp, " with --ep ", ep, ": tensor parallelism over a mixture-of-experts ",
-                "model is not supported yet (use one of them)");
   const int ranks = tp * ep;
-  const std::string flag = ep > 1 ? "--ep " + std::to_string(ep) : "--tp " + std::to_string(tp);
+  const std::string flag = ep > 1 && tp > 1 ? "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep)
+                           : ep > 1         ? "--ep " + std::to_string(ep)
+                                            : "--tp " + std::to_string(tp);
   if (ranks == 1 && !comm::running_under_mpi()) {
     model::Model m = model::Model::load(dir, dtype);
     model::quantize_on_load(m, quantization);
@@ -165,8 +166,11 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
   int rc = 0;
   auto body = [&](comm::Communicator& comm) {
     const model::ModelConfig c = model::ModelConfig::load(dir);
-    const model::TpShard shard = ep > 1 ? model::TpShard{0, 1, comm.rank(), comm.size()}
-                                        : model::TpShard{comm.rank(), comm.size()};
+    // Rank r is tp rank r % tp of ep rank r / tp (tp innermost, as the training mesh orders
+    // them): its attention shard with the ranks of its ep coordinate, its experts with the
+    // ranks of its tp coordinate. Every rank runs every step (the step plan goes to all).
+    const int t = comm.rank() % tp, e = comm.rank() / tp;
+    const model::TpShard shard{t, tp, e, ep};
     model::LocalDims d;
     try {
       d = model::local_dims(c, shard);
@@ -174,9 +178,10 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
       fail(flag, ": ", dir, ": ", e.what());
     }
     model::Model m = model::Model::load(dir, dtype, shard);
-    parallel::CommTp tpc(comm, d.kv_replicas);
-    parallel::CommEp epc(comm);
-    if (comm.size() > 1 && ep == 1) m.set_tp_comm(&tpc);
+    const std::unique_ptr<comm::Communicator> tp_group = comm.split(e, t), ep_group = comm.split(t, e);
+    parallel::CommTp tpc(*tp_group, d.kv_replicas);
+    parallel::CommEp epc(*ep_group);
+    if (tp > 1) m.set_tp_comm(&tpc);
     if (ep > 1) m.set_ep_comm(&epc);
     TpGroup group(comm);
     if (comm.rank() == 0) {
