@@ -144,13 +144,10 @@ TEST_P(MoeModel, WhatIsNotSupportedYetIsAOneLineError) {
   };
   auto m = model::Model::load(dir, DType::kF32);
   const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
-  if (qwen())  // (Mixtral's tp shard splits the attention and replicates the experts:
-               // tests/infer/tp_serving_test.cc, tests/train/expert_parallel_test.cc)
-    expect_error([&] { model::Model::load(dir, DType::kF32, model::TpShard{0, 2}); },
-                 "tensor parallelism over qwen2_moe's shared expert is not supported yet");
-  else
-    EXPECT_EQ(model::Model::load(dir, DType::kF32, model::TpShard{0, 2}).weights().layers[0].moe.gate_up.size(0),
-              m.config().num_experts);
+  // (A tp shard splits the attention and a shared expert and replicates the routed
+  // experts: tests/train/tensor_parallel_test.cc, tests/infer/tp_serving_test.cc.)
+  EXPECT_EQ(model::Model::load(dir, DType::kF32, model::TpShard{0, 2}).weights().layers[0].moe.gate_up.size(0),
+            m.config().num_experts);
   expect_error([&] { model::quantize_on_load(m, "int8"); }, "quantizing mixture-of-experts models is not supported yet");
   // Config fields the layer cannot honour.
   nlohmann::json cfg = io::read_json_file(dir + "/config.json");

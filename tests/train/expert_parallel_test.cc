@@ -361,7 +361,7 @@ TEST(ExpertParallel, DeepSeekWithMultiTokenPredictionTrainsOnEveryLayout) {
     tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, name + " grad norm");
   }
   // tp, without the module (with it, one step's loss and gradients are exact at tp 2,
-  // TensorParallel.DeepSeekShardsGiveTheWholeModelsLossAndGradients; over 20 steps the
+  // TensorParallel.MoeShardsGiveTheWholeModelsLossAndGradients; over 20 steps the
   // losses drift by up to 2e-4 from step 7 while the gradient norms agree within 1e-5).
   const tt::RunOut plain = tt::train(config("single_plain", "zero_stage = 0", 0.0), 0);
   for (const auto& [name, parallel, ranks] : {std::tuple<std::string, std::string, int>{"tp2", "tp = 2", 2},

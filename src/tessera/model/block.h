@@ -45,11 +45,12 @@ struct BlockOptions {
 };
 
 // The features of layer l's dense MLP on this rank (a MoE layer's shared expert; 0: none).
-// (A dense MLP and deepseek's shared experts split over tp; qwen2_moe's runs at tp = 1.)
+// (A dense MLP and a shared expert split over tp.)
 inline int64_t layer_ffn(const Model& m, int64_t l) {
   const auto& c = m.config();
   if (c.is_deepseek()) return c.mlp_size(l) / m.tp_shard().size;
-  return c.layer_is_moe(l) ? c.mlp_size(l) : m.dims().ffn;
+  if (c.layer_is_moe(l) && !c.shared_expert) return 0;  // mixtral: the experts only
+  return m.dims().ffn;
 }
 // Latent attention's settings from the config (model/mla.h), for this rank's heads (a
 // tensor-parallel shard holds heads / tp of them).

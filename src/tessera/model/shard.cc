@@ -12,11 +12,9 @@ LocalDims local_dims(const ModelConfig& c, TpShard s) {
   TESSERA_CHECK(s.size >= 1 && s.rank >= 0 && s.rank < s.size, "tensor-parallel rank ", s.rank,
                 " is outside a group of ", s.size);
   const int64_t tp = s.size;
-  // Mixture of experts under tp: the attention splits as usual; the router and experts are
-  // replicated over the tp group (each rank runs the MoE layer on the same rows). A
-  // shared expert (qwen2_moe: the layer's dense MLP) is not split yet.
-  TESSERA_CHECK(tp == 1 || !c.is_moe() || !c.shared_expert, "tp = ", tp, ": tensor parallelism over ", c.model_type,
-                "'s shared expert is not supported yet (run tp = 1)");
+  // Mixture of experts under tp: the attention splits as usual; the router and routed
+  // experts are replicated over the tp group (each rank runs them on the same rows); a
+  // shared expert (qwen2_moe's gated one, deepseek's) splits as a dense MLP does.
   if (c.is_deepseek())  // its dense MLPs and shared experts split over tp
     for (int64_t l = 0; l < c.num_layers + c.mtp_layers; ++l)
       TESSERA_CHECK(c.mlp_size(l) % tp == 0, "tp = ", tp, " does not divide layer ", l, "'s MLP size ", c.mlp_size(l));

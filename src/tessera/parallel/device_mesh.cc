@@ -76,8 +76,6 @@ void check_layout(const MeshShape& s, const model::ModelConfig& m, int64_t micro
                   " key/value heads: one must divide the other (kv heads are split, or replicated when tp exceeds them)");
     TESSERA_CHECK(m.intermediate_size % s.tp == 0 || (m.is_moe() && !m.shared_expert), where, "tp = ", s.tp,
                   " does not divide the model's MLP size ", m.intermediate_size);
-    TESSERA_CHECK(!m.is_moe() || !m.shared_expert, where, "tp = ", s.tp, " over ", m.model_type,
-                  "'s shared expert is not supported yet");
   }
   TESSERA_CHECK(s.pp <= m.num_layers, where, "pp = ", s.pp, " is more pipeline stages than the model's ",
                 m.num_layers, " layers");
