@@ -209,6 +209,15 @@ TEST(ExpertParallel, PipelineStagesOfAMixtureOfExpertsModel) {
   const tt::RunOut got = tt::train(ep_config(root, "pp2", data, mixtral_json(root, false), 4, 2, "pp = 2"), 2);
   tt::expect_close(got.losses, ref.losses, 1e-5, "pp2 loss");
   tt::expect_close(got.grad_norms, ref.grad_norms, 1e-5, "pp2 grad norm");
+  // With the experts split over ep 2 inside each stage (4 ranks).
+  const tt::RunOut pp_ep = tt::train(ep_config(root, "pp2_ep2", data, mixtral_json(root, false), 4, 2, "pp = 2\nep = 2"), 4);
+  tt::expect_close(pp_ep.losses, ref.losses, 1e-5, "pp2 x ep2 loss");
+  tt::expect_close(pp_ep.grad_norms, ref.grad_norms, 1e-5, "pp2 x ep2 grad norm");
+  {
+    const auto a = model::Model::load(root + "/pp2_ep2/model", DType::kF32);
+    const auto b = model::Model::load(root + "/single/model", DType::kF32);
+    EXPECT_LT(max_rel_diff(a.weights().layers[1].moe.gate_up, b.weights().layers[1].moe.gate_up), 1e-3f);
+  }
   try {
     tt::train(ep_config(root, "pp2_aux", data, mixtral_json(root, true), 4, 2, "pp = 2"), 2);
     ADD_FAILURE() << "pp2 with the balancing loss: no error";

@@ -551,14 +551,18 @@ class Run {
   // of replica 0, collective over them), this rank's own views otherwise. Under ep the
   // experts are gathered over the ep group (collective over it).
   std::vector<std::pair<std::string, Tensor>> whole_weights() const {
-    if (ep_ && !tp_) return parallel::gather_expert_tensors(model_, mesh_->group(parallel::Axis::kEp));
+    if (ep_ && !tp_ && !pipe_) return parallel::gather_expert_tensors(model_, mesh_->group(parallel::Axis::kEp));
     if (!tp_ && !pipe_) return model_.weights().named(model_.config());
     if (row_rank_ / static_cast<int>(mesh_shape_.ep) != 0) return {};  // (replica 0: its ep ranks too)
-    auto mine = tp_ ? parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp))
-                    : model_.weights().named(model_.config());
+    std::vector<std::pair<std::string, Tensor>> mine;
+    if (tp_) {
+      mine = parallel::gather_whole_tensors(model_, mesh_->group(parallel::Axis::kTp));
+    } else {  // (a stage of an expert shard: its pieces are whole tensors but for the experts)
+      for (auto& p : model_.weights().pieces(model_.config(), tp_shard_)) mine.emplace_back(p.name, p.view);
+    }
     if (ep_) {  // then every expert, over the ep group of the tp ranks 0
       if (tp_shard_.rank != 0) return {};
-      return parallel::gather_expert_tensors(mine, model_.config(), mesh_->group(parallel::Axis::kEp));
+      mine = parallel::gather_expert_tensors(mine, model_.config(), mesh_->group(parallel::Axis::kEp));
     }
     if (!pipe_) return mine;
     // The stages' tensors to pipeline rank 0 (from each stage's tp rank 0).

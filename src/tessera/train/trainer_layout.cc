@@ -50,8 +50,6 @@ model::TpShard checked_tp_shard(const TrainConfig& c, const parallel::MeshShape&
   TESSERA_CHECK(c.data.batch_size % (s.dp * s.ep) == 0, src, ": data.batch_size = ", c.data.batch_size,
                 " does not split evenly over ", s.dp * s.ep, " data-parallel ranks ([parallel] dp",
                 s.ep > 1 ? " x ep: each expert-parallel rank takes its own rows)" : ")");
-  TESSERA_CHECK(s.ep == 1 || s.pp == 1, src, ": [parallel] ep = ", s.ep,
-                " with pp > 1 is not supported yet");
   TESSERA_CHECK(!m.is_moe() || !c.parallel.sequence_parallel, src, ": [parallel] sequence_parallel = true over ",
                 "mixture-of-experts layers is not supported yet");
   if (s.cp > 1) {
