@@ -13,6 +13,7 @@
 #include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generate.h"
+#include "test_util/deepseek_config.h"
 
 namespace tessera::infer {
 namespace {
@@ -27,18 +28,8 @@ model::Model make_model(model::Arch arch, uint64_t seed, bool moe = false, bool 
     c.moe_intermediate_size = c.intermediate_size;
   }
   if (deepseek) {  // DeepSeek-V3: latent attention, a dense layer 0, then top-2 of 4 experts + 1 shared
-    c.model_type = "deepseek_v3";
-    c.q_lora_rank = 24, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 8, c.v_head_dim = 16;
-    c.num_kv_heads = c.num_heads;
-    c.head_dim = 24;
-    c.first_k_dense_replace = 1;
-    c.n_shared_experts = 1;
-    c.moe_intermediate_size = 32;
-    c.moe_sigmoid = true;
-    c.topk_method = "noaux_tc";
-    c.router_bias = true;
-    c.n_group = 2, c.topk_group = 1;
-    c.routed_scaling_factor = 2.5;
+    c = testing::tiny_deepseek_v3(c.vocab_size, c.num_layers, 1);
+    c.max_position_embeddings = 512;
   }
   if (arch == model::Arch::kGpt2) {
     c.arch = arch;

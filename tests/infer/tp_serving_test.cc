@@ -14,6 +14,7 @@
 #include "tessera/infer/generate.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/model.h"
+#include "test_util/deepseek_config.h"
 
 namespace tessera::infer {
 namespace {
@@ -187,24 +188,8 @@ TEST(EpServing, MixtureOfExpertsBatchIsTokenIdenticalToOneProcess) {
 // token-identical to one process, with the same expert loads.
 std::string deepseek_dir() {
   static const std::string dir = [] {
-    model::ModelConfig c = model::ModelConfig::named_shape("tiny");
-    c.model_type = "deepseek_v3";
-    c.vocab_size = 301;
-    c.num_layers = 3;
+    model::ModelConfig c = testing::tiny_deepseek_v3(301, 3, 2);
     c.max_position_embeddings = 256;
-    c.q_lora_rank = 24, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 8, c.v_head_dim = 16;
-    c.num_kv_heads = c.num_heads;
-    c.head_dim = 24;
-    c.num_experts = 4;
-    c.experts_per_token = 2;
-    c.moe_intermediate_size = 32;
-    c.n_shared_experts = 1;
-    c.first_k_dense_replace = 1;
-    c.moe_sigmoid = true;
-    c.topk_method = "noaux_tc";
-    c.router_bias = true;
-    c.n_group = 2, c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
     return saved_model(c, "tessera_ds_serving_", 29);
   }();
   return dir;

@@ -24,11 +24,7 @@ namespace {
 
 using testing::parity_dir;
 using testing::relative_error;
-
-std::vector<int32_t> row(const Tensor& ids, int64_t b) {
-  const Tensor r = ids.select(0, b).contiguous();
-  return std::vector<int32_t>(r.data<int32_t>(), r.data<int32_t>() + r.numel());
-}
+using testing::row;
 
 class MoeModel : public ::testing::TestWithParam<std::string> {
  protected:

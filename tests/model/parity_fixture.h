@@ -31,6 +31,12 @@ inline std::string parity_dir(const std::string& arch) {
   return dir;
 }
 
+// Sequence b of a (B, T) i32 tensor of token ids.
+inline std::vector<int32_t> row(const Tensor& ids, int64_t b) {
+  const Tensor r = ids.select(0, b).contiguous();
+  return std::vector<int32_t>(r.data<int32_t>(), r.data<int32_t>() + r.numel());
+}
+
 // Largest |a - b| over the largest |b|: the error relative to the tensor's scale.
 inline double relative_error(const Tensor& a, const Tensor& b) {
   const auto va = a.to_f32_vector(), vb = b.to_f32_vector();

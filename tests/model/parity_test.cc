@@ -18,6 +18,7 @@ namespace {
 
 using testing::parity_dir;
 using testing::relative_error;
+using testing::row;
 
 class Parity : public ::testing::TestWithParam<std::string> {
  protected:
@@ -27,10 +28,6 @@ class Parity : public ::testing::TestWithParam<std::string> {
     ref_ = io::SafetensorsFile::open(dir_ + "/reference.safetensors");
   }
   Tensor ref(const std::string& name) const { return ref_->get(name); }
-  std::vector<int32_t> row(const Tensor& ids, int64_t b) const {
-    const Tensor r = ids.select(0, b).contiguous();
-    return std::vector<int32_t>(r.data<int32_t>(), r.data<int32_t>() + r.numel());
-  }
   std::string dir_;
   std::shared_ptr<io::SafetensorsFile> ref_;
 };
