@@ -218,6 +218,28 @@ TEST(ExpertParallel, PipelineStagesOfAMixtureOfExpertsModel) {
     const auto b = model::Model::load(root + "/single/model", DType::kF32);
     EXPECT_LT(max_rel_diff(a.weights().layers[1].moe.gate_up, b.weights().layers[1].moe.gate_up), 1e-3f);
   }
+  // Auxiliary-loss-free balancing: each stage moves its own layers' biases by the loads.
+  auto with_bias = [](std::string c) {
+    c.replace(c.find("[training]\n"), 11, "[training]\nmoe_bias_update_rate = 0.001\n");
+    return c;
+  };
+  const tt::RunOut ref_b = tt::train(with_bias(ep_config(root, "single_b", data, mixtral_json(root, false), 4, 2, "zero_stage = 0")), 0);
+  const tt::RunOut pp_b = tt::train(with_bias(ep_config(root, "pp2_ep2_b", data, mixtral_json(root, false), 4, 2, "pp = 2\nep = 2")), 4);
+  tt::expect_close(pp_b.losses, ref_b.losses, 1e-5, "pp2 x ep2 with bias updates loss");
+  {
+    const auto a = model::Model::load(root + "/pp2_ep2_b/model", DType::kF32);
+    const auto b = model::Model::load(root + "/single_b/model", DType::kF32);
+    for (int64_t l = 0; l < 2; ++l) EXPECT_LT(max_rel_diff(a.weights().layers[l].moe.bias, b.weights().layers[l].moe.bias), 1e-6f);
+  }
+  // Each step's expert loads, every stage's layers: as one process counts them.
+  for (const tt::RunOut* run : {&got, &pp_ep}) {
+    ASSERT_EQ(run->records.size(), ref.records.size());
+    for (size_t i = 0; i < ref.records.size(); ++i) {
+      ASSERT_TRUE(run->records[i].contains("moe_layer_load")) << run->records[i].dump();
+      EXPECT_EQ(run->records[i].at("moe_layer_load"), ref.records[i].at("moe_layer_load")) << "step " << i + 1;
+      EXPECT_EQ(run->records[i].at("moe_expert_load"), ref.records[i].at("moe_expert_load")) << "step " << i + 1;
+    }
+  }
   try {
     tt::train(ep_config(root, "pp2_aux", data, mixtral_json(root, true), 4, 2, "pp = 2"), 2);
     ADD_FAILURE() << "pp2 with the balancing loss: no error";

@@ -148,6 +148,14 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   const bool tied = c.tie_word_embeddings;
   LossResult result;
   result.activation_bytes = pass.activation_bytes;
+  // Mixture of experts: this chunk's layers' routing (every chunk reports its own; the
+  // balancing loss below needs every layer's, so only a whole model trains it).
+  if (acts.moe_balance) {
+    result.expert_load = acts.moe_balance->routed;
+    result.aux_loss = acts.moe_balance->loss();
+    result.layer_load = acts.moe_balance->layer_routed;
+    result.dropped = acts.moe_balance->dropped;
+  }
   // A unit's gradient tensors exist (under ZeRO-2/3) once the hooks have prepared them.
   std::vector<const Tensor*> gemm_written;
   if (assign) {
@@ -387,12 +395,6 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     // Mixture of experts: transformers adds router_aux_loss_coef x the balancing loss over
     // every layer's tokens when the config asks for router logits; its gradient reaches each
     // layer's router probabilities (moe_backward).
-    if (acts.moe_balance) {
-      result.expert_load = acts.moe_balance->routed;
-      result.aux_loss = acts.moe_balance->loss();
-      result.layer_load = acts.moe_balance->layer_routed;
-      result.dropped = acts.moe_balance->dropped;
-    }
     if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
       result.loss += c.router_aux_loss_coef * result.aux_loss;
       moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);

@@ -108,6 +108,30 @@ Pipeline::Pipeline(const model::Model& model, comm::Communicator& pp, PipeSchedu
                 " virtual stages is too many for the message tags");
 }
 
+void Pipeline::add_expert_loads(int chunk, const model::Model::LossResult& lr, PipelineStep& out) const {
+  if (lr.expert_load.empty()) return;
+  const model::ModelConfig& c = model_.config();
+  if (out.expert_load.empty()) out.expert_load.assign(lr.expert_load.size(), 0.0);
+  for (size_t e = 0; e < lr.expert_load.size(); ++e) out.expert_load[e] += lr.expert_load[e];
+  out.dropped += lr.dropped;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.layer_is_moe(l);
+  if (out.layer_load.empty()) out.layer_load.assign(moe_layers, std::vector<double>(lr.expert_load.size(), 0.0));
+  // The chunk's MoE layers, in order, at their places among the model's.
+  const auto [l0, l1] = model_.pp_stage().layers(chunk, c.num_layers);
+  size_t k = 0;
+  int64_t index = 0;
+  for (int64_t l = 0; l < l1; ++l) {
+    if (!c.layer_is_moe(l)) continue;
+    if (l >= l0 && k < lr.layer_load.size()) {
+      auto& dst = out.layer_load[index];
+      for (size_t e = 0; e < dst.size() && e < lr.layer_load[k].size(); ++e) dst[e] += lr.layer_load[k][e];
+      ++k;
+    }
+    ++index;
+  }
+}
+
 PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params& grads,
                            float grad_scale,
                            const std::function<void(int chunk, bool last)>& before_backward) {
@@ -180,6 +204,7 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
         out.loss_sum += lr.loss;
         out.count += lr.count;
       }
+      add_expert_loads(a.chunk, lr, out);
       if (vs > 0) send(dx, vs - 1, false, a.micro);
     }
     out.spans.push_back({t0 - start, now_seconds() - start});

@@ -31,6 +31,12 @@ struct PipelineStep {
   int64_t sent_bytes = 0, sent_messages = 0;  // activations and gradients to neighbours
   double recv_wait_s = 0;        // blocked waiting for a neighbour
   double seconds = 0;            // the step's pipeline part, start to last pass
+  // Mixture-of-experts models: the slots this rank's layers routed over the micro-batches,
+  // per expert, and per MoE layer of the whole model (its position among the model's MoE
+  // layers; zeros for the other stages' layers), and the slots dropped over capacity.
+  std::vector<double> expert_load;
+  std::vector<std::vector<double>> layer_load;
+  int64_t dropped = 0;
 };
 
 class Pipeline {
@@ -56,7 +62,12 @@ class Pipeline {
   // sum of token losses and the targets counted (at the last stage; 0 and 0 elsewhere).
   std::pair<double, int64_t> evaluate(const std::vector<MicroBatch>& batches);
 
+  comm::Communicator& comm() const { return pp_; }  // the pp group
+
  private:
+  // A backward pass's expert loads into the step's (PipelineStep::expert_load, layer_load).
+  void add_expert_loads(int chunk, const model::Model::LossResult& lr, PipelineStep& out) const;
+
   const model::Model& model_;
   comm::Communicator& pp_;
   PipeSchedule schedule_;

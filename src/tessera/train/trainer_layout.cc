@@ -172,6 +172,23 @@ GradientPass run_pipeline_step(const model::Model& m, parallel::DataParallel& dp
   r.loss_sum = last.loss_sum;
   r.count = last.count;
   r.activation_bytes = last.activation_bytes;
+  if (m.config().is_moe()) {  // every stage's layers' loads, summed over the pp group
+    // (The same length on every stage: E, then E per MoE layer of the model, then dropped.)
+    const size_t E = static_cast<size_t>(m.config().num_experts);
+    size_t moe_layers = 0;
+    for (int64_t l = 0; l < m.config().num_layers; ++l) moe_layers += m.config().layer_is_moe(l);
+    std::vector<double> flat = last.expert_load;
+    flat.resize(E, 0.0);
+    for (size_t i = 0; i < moe_layers; ++i) {
+      if (i < last.layer_load.size()) flat.insert(flat.end(), last.layer_load[i].begin(), last.layer_load[i].end());
+      flat.resize(E * (i + 2), 0.0);
+    }
+    flat.push_back(static_cast<double>(last.dropped));
+    flat = parallel::exact_sums(pipe.comm(), flat);
+    r.expert_load.assign(flat.begin(), flat.begin() + E);
+    for (size_t at = E; at + E < flat.size(); at += E) r.layer_load.emplace_back(flat.begin() + at, flat.begin() + at + E);
+    r.dropped = static_cast<int64_t>(flat.back());
+  }
   return r;
 }
 
