@@ -342,7 +342,8 @@ namespace {
 // Draft-model speculation: with the target itself as the draft every greedy proposal is
 // accepted; with an unrelated draft few are; both give plain greedy's outputs.
 // DeepSeek-V3's multi-token prediction module proposes the token after next from the
-// main model's hidden states: greedy outputs stay those of plain decoding.
+// main model's hidden states: greedy outputs stay those of plain decoding, and seeded
+// samples those of sampling without proposals.
 TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
   model::Model m = [] {
     model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
@@ -359,18 +360,34 @@ TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
   ec.kv_cache_memory = 64 * KvPool::bytes_per_block(m.config(), ec.block_size);
   ec.speculative_method = "mtp";
   ec.num_speculative_tokens = 1;
-  Engine e(m, ec);
-  std::vector<RequestId> ids;
-  for (const auto& p : prompts) {
-    SamplingParams sp;
-    sp.max_tokens = 20;
-    sp.ignore_eos = true;
-    ids.push_back(e.add_request(p, sp));
-  }
-  const auto got = run_all(e);
-  for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(got.at(ids[i] * 1000), dense_greedy(m, prompts[i], 20)) << "request " << i;
-  EXPECT_GT(e.stats().spec_proposed, 0);
+  auto run = [&](bool spec, bool sample) {
+    EngineConfig c = ec;
+    if (!spec) c.speculative_method.clear(), c.num_speculative_tokens = 0;
+    Engine e(m, c);
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) {
+      SamplingParams sp;
+      sp.max_tokens = 20;
+      sp.ignore_eos = true;
+      if (sample) {
+        sp.temperature = 0.8f;
+        sp.seed = 99;
+      }
+      ids.push_back(e.add_request(p, sp));
+    }
+    auto got = run_all(e);
+    std::vector<std::vector<int32_t>> outs;
+    for (RequestId id : ids) outs.push_back(got[id * 1000]);
+    return std::pair(outs, e.stats());
+  };
+  const auto [greedy, s0] = run(true, false);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(greedy[i], dense_greedy(m, prompts[i], 20)) << "request " << i;
+  EXPECT_GT(s0.spec_proposed, 0);
+  // Seeded sampling: the same tokens as without proposals (each position samples the
+  // target's distribution; a proposal only decides how many positions one step verifies).
+  const auto [sampled, s1] = run(true, true);
+  EXPECT_EQ(sampled, run(false, true).first);
+  EXPECT_GT(s1.spec_proposed, 0);
   // A model without the module, or more than one token per step: one-line errors.
   EngineConfig bad = ec;
   bad.num_speculative_tokens = 2;

@@ -1,7 +1,9 @@
 // Parsing and validation of Hugging Face config.json files.
 #include "tessera/model/config.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <utility>
 
@@ -400,6 +402,18 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   return from_json(io::read_json_file(path), path);
 }
 
+namespace {
+
+// A float as the shortest decimal that reads back as it (0.1f as 0.1, not
+// 0.10000000149011612): what config.json said, and within the bounds from_json checks.
+double shortest(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+}  // namespace
+
 json ModelConfig::to_json() const {
   json j;
   if (arch == Arch::kGpt2) {
@@ -412,7 +426,7 @@ json ModelConfig::to_json() const {
     j["n_inner"] = intermediate_size;
     j["n_positions"] = max_position_embeddings;
     j["n_ctx"] = max_position_embeddings;
-    j["layer_norm_epsilon"] = norm_eps;
+    j["layer_norm_epsilon"] = shortest(norm_eps);
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
   } else if (is_deepseek()) {
@@ -427,8 +441,8 @@ json ModelConfig::to_json() const {
              {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}})
       j[key] = v;
     j["q_lora_rank"] = q_lora_rank > 0 ? json(q_lora_rank) : json(nullptr);
-    j["rms_norm_eps"] = norm_eps;
-    j["rope_theta"] = rope_theta;
+    j["rms_norm_eps"] = shortest(norm_eps);
+    j["rope_theta"] = shortest(rope_theta);
     j["rope_scaling"] = rope_scaling ? rope_scaling_json(*rope_scaling) : json(nullptr);
     j["tie_word_embeddings"] = tie_word_embeddings;
     j["hidden_act"] = "silu";
@@ -464,8 +478,8 @@ json ModelConfig::to_json() const {
     j["num_key_value_heads"] = num_kv_heads;
     j["head_dim"] = head_dim;
     j["max_position_embeddings"] = max_position_embeddings;
-    j["rms_norm_eps"] = norm_eps;
-    j["rope_theta"] = rope_theta;
+    j["rms_norm_eps"] = shortest(norm_eps);
+    j["rope_theta"] = shortest(rope_theta);
     j["tie_word_embeddings"] = tie_word_embeddings;
     j["hidden_act"] = "silu";
     if (arch == Arch::kLlama && !is_moe()) j["attention_bias"] = qkv_bias;
