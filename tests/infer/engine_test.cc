@@ -388,6 +388,25 @@ TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
   const auto [sampled, s1] = run(true, true);
   EXPECT_EQ(sampled, run(false, true).first);
   EXPECT_GT(s1.spec_proposed, 0);
+  // A request whose prompt hits the prefix cache: the module starts at its first computed
+  // position (it never saw the cached ones) and still proposes; the output stays exact.
+  {
+    Engine e(m, ec);
+    std::vector<int32_t> prompt = random_tokens(rng, 40);
+    SamplingParams sp;
+    sp.max_tokens = 20;
+    sp.ignore_eos = true;
+    e.add_request(prompt, sp);
+    run_all(e);
+    const EngineStats before = e.stats();
+    prompt.push_back(9);
+    const RequestId id = e.add_request(prompt, sp);
+    const auto got = run_all(e);
+    const EngineStats after = e.stats();
+    EXPECT_GT(after.prefix_hit_blocks, before.prefix_hit_blocks);
+    EXPECT_GT(after.spec_proposed, before.spec_proposed);
+    EXPECT_EQ(got.at(id * 1000), dense_greedy(m, prompt, 20));
+  }
   // A model without the module, or more than one token per step: one-line errors.
   EngineConfig bad = ec;
   bad.num_speculative_tokens = 2;

@@ -228,7 +228,8 @@ std::vector<int32_t> Engine::propose(Seq& s) {
   if (config_.speculative_method == "draft") return propose_draft(s);
   if (config_.speculative_method == "mtp") {  // the module's proposal from the last step, if current
     const int64_t len = static_cast<int64_t>(s.prompt.size() + s.output.size());
-    if (s.mtp_cache && s.mtp_next >= 0 && s.mtp_cache->length == len - 1) return {s.mtp_next};
+    if (s.mtp_cache && s.mtp_next >= 0 && s.mtp_cache->first_position + s.mtp_cache->length == len - 1)
+      return {s.mtp_next};
     return {};
   }
   if (config_.speculative_method != "ngram") return {};
@@ -294,10 +295,16 @@ void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor
   s.mtp_next = -1;
   if (!s.mtp_cache) s.mtp_cache = std::make_unique<model::KVCache>(model::KVCache::create_mtp(model_.config(), max_len_));
   model::KVCache& cache = *s.mtp_cache;
-  // Positions before `start` must be cached (not when a prefix-cache hit skipped them:
-  // this sequence then goes without proposals); later ones are recomputed (preemption).
-  if (n <= 0 || cache.length < start) return;
-  cache.length = start;
+  if (n <= 0) return;
+  // The module attends over the positions it has seen. When some before `start` were
+  // never computed (a prefix-cache hit skipped them), it starts afresh at `start`: its
+  // proposals then see less context, and the output stays exact. Positions from `start`
+  // on are recomputed (preemption).
+  if (cache.first_position + cache.length < start || cache.first_position > start) {
+    cache.first_position = start;
+    cache.length = 0;
+  }
+  cache.length = start - cache.first_position;
   const std::vector<int32_t> next(seq.begin() + start + 1, seq.begin() + start + 1 + n);
   const Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache);
   const float* x = logits.data<float>();

@@ -95,7 +95,7 @@ Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden
                 " tokens with hidden states ", hidden.describe());
   TESSERA_CHECK(L + n <= cache.capacity, "mtp_forward: ", L + n, " positions exceed the cache's ", cache.capacity);
   const MtpParams& P = weights_.mtp;
-  const Tensor ids = Tensor::from_vector(next, {n}), positions = make_positions(1, n, L);
+  const Tensor ids = Tensor::from_vector(next, {n}), positions = make_positions(1, n, cache.first_position + L);
   Tensor cat = Tensor::empty({n, 2 * H}, DType::kF32);
   const Tensor emb = embed_tokens(*this, ids, positions);
   Tensor en = cat.slice(1, 0, H), hn = cat.slice(1, H, 2 * H);

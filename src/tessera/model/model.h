@@ -38,11 +38,14 @@ struct KVCache {
   std::vector<Tensor> k, v;
   int64_t length = 0;        // tokens cached so far
   int64_t capacity = 0;
+  // The position of row 0: 0, or where a cache that starts mid-sequence begins (the
+  // multi-token prediction module's, after a prefix-cache hit; Model::mtp_forward).
+  int64_t first_position = 0;
 
   static KVCache create(const ModelConfig& config, int64_t capacity, TpShard shard = {});
   // The multi-token prediction layer's cache alone (Model::mtp_forward).
   static KVCache create_mtp(const ModelConfig& config, int64_t capacity);
-  void reset() { length = 0; }
+  void reset() { length = 0, first_position = 0; }
 };
 
 // What forward_backward tells a data-parallel wrapper (parallel/) as it goes, so the
@@ -222,7 +225,8 @@ class Model {
                  Tensor* hidden = nullptr) const;
 
   // DeepSeek-V3's multi-token prediction module at inference (--speculative mtp): for the
-  // next positions of a sequence (cache.length on) with the main model's final hidden
+  // next positions of a sequence (cache.first_position + cache.length on; a cache that
+  // starts mid-sequence attends over its own positions only) with the main model's final hidden
   // states `hidden` (n, H) there and each position's next token `next` (n), appends the
   // module's latent rows to `cache` (KVCache::create_mtp) and returns its logits (1, V) for
   // the last position: the distribution of the token two ahead of it.
