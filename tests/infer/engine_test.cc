@@ -91,6 +91,29 @@ std::map<RequestId, std::vector<int32_t>> run_all(Engine& e) {
   return got;
 }
 
+// Each prompt's output (max_tokens, ignoring EOS; greedy, or seeded sampling at 0.8) under
+// `ec`, and the engine's statistics.
+std::pair<std::vector<std::vector<int32_t>>, EngineStats> run_prompts(
+    const model::Model& m, const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
+    int64_t max_tokens, bool sample) {
+  Engine e(m, ec);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) {
+    SamplingParams sp;
+    sp.max_tokens = max_tokens;
+    sp.ignore_eos = true;
+    if (sample) {
+      sp.temperature = 0.8f;
+      sp.seed = 99;
+    }
+    ids.push_back(e.add_request(p, sp));
+  }
+  auto got = run_all(e);
+  std::vector<std::vector<int32_t>> outs;
+  for (RequestId id : ids) outs.push_back(got[id * 1000]);
+  return {outs, e.stats()};
+}
+
 void check_against_alone(model::Arch arch, bool moe = false, bool deepseek = false) {
   // One thread: some 2000 tiny forwards, each a few parallel regions, crawl when ctest runs
   // another such test beside this one on 2 cores (each region waits for a descheduled
@@ -304,22 +327,7 @@ TEST(Engine, NgramSpeculationKeepsOutputsAndAcceptsProposals) {
       ec.speculative_method = "ngram";
       ec.num_speculative_tokens = 4;
     }
-    Engine e(m, ec);
-    std::vector<RequestId> ids;
-    for (const auto& p : prompts) {
-      SamplingParams sp;
-      sp.max_tokens = 40;
-      sp.ignore_eos = true;
-      if (sample) {
-        sp.temperature = 0.8f;
-        sp.seed = 99;
-      }
-      ids.push_back(e.add_request(p, sp));
-    }
-    auto got = run_all(e);
-    std::vector<std::vector<int32_t>> outs;
-    for (RequestId id : ids) outs.push_back(got[id * 1000]);
-    return std::pair(outs, e.stats());
+    return run_prompts(m, ec, prompts, 40, sample);
   };
   const auto [plain, s0] = run(false, false);
   const auto [spec, s1] = run(true, false);
@@ -363,22 +371,7 @@ TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
   auto run = [&](bool spec, bool sample) {
     EngineConfig c = ec;
     if (!spec) c.speculative_method.clear(), c.num_speculative_tokens = 0;
-    Engine e(m, c);
-    std::vector<RequestId> ids;
-    for (const auto& p : prompts) {
-      SamplingParams sp;
-      sp.max_tokens = 20;
-      sp.ignore_eos = true;
-      if (sample) {
-        sp.temperature = 0.8f;
-        sp.seed = 99;
-      }
-      ids.push_back(e.add_request(p, sp));
-    }
-    auto got = run_all(e);
-    std::vector<std::vector<int32_t>> outs;
-    for (RequestId id : ids) outs.push_back(got[id * 1000]);
-    return std::pair(outs, e.stats());
+    return run_prompts(m, c, prompts, 20, sample);
   };
   const auto [greedy, s0] = run(true, false);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(greedy[i], dense_greedy(m, prompts[i], 20)) << "request " << i;

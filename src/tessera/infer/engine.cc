@@ -288,9 +288,8 @@ std::vector<int32_t> Engine::propose_draft(Seq& s) {
 void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor& hidden, int64_t row0) {
   // Position i needs the main model's hidden state at i (a row of this step whose input
   // token was the sequence's: a rejected proposal's row is past total - 2) and token i + 1.
-  std::vector<int32_t> seq = s.prompt;
-  seq.insert(seq.end(), s.output.begin(), s.output.end());
-  const int64_t total = static_cast<int64_t>(seq.size());
+  const int64_t P = static_cast<int64_t>(s.prompt.size());
+  const int64_t total = P + static_cast<int64_t>(s.output.size());
   const int64_t n = std::min(num_tokens, total - 1 - start);
   s.mtp_next = -1;
   if (!s.mtp_cache) s.mtp_cache = std::make_unique<model::KVCache>(model::KVCache::create_mtp(model_.config(), max_len_));
@@ -305,7 +304,11 @@ void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor
     cache.length = 0;
   }
   cache.length = start - cache.first_position;
-  const std::vector<int32_t> next(seq.begin() + start + 1, seq.begin() + start + 1 + n);
+  std::vector<int32_t> next(n);  // token i + 1 of each position i
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = start + 1 + i;
+    next[i] = t < P ? s.prompt[t] : s.output[t - P];
+  }
   const Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache);
   const float* x = logits.data<float>();
   s.mtp_next = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);

@@ -334,6 +334,12 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   // weighted; back through shared_head.norm, its block, eh_proj and the two norms to the
   // main model's final hidden state (d_hf) and the next tokens' embeddings (d_emb).
   bool mtp_wrote_head = false;
+  // The module did not run (or predicted nothing): its gradients are 0 (cleared, when assigned).
+  auto clear_mtp_grads = [&] {
+    if (!assign || c.mtp_layers == 0) return;
+    for (auto& [name, g] : grads.unit_tensors(c, head))
+      if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) g->zero();
+  };
   auto mtp_backward = [&](MtpActivations& t, Tensor& d_hf, Tensor& d_emb) {
     const int64_t T = acts.T;
     Tensor targets_m = Tensor::empty({N}, DType::kI32);
@@ -345,12 +351,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       count_m += tm[n] != kernels::kIgnoreIndex;
     }
     result.mtp_count = count_m;
-    if (count_m == 0) {  // nothing to predict: no gradient (cleared, when assigned)
-      if (assign)
-        for (auto& [name, g] : grads.unit_tensors(c, head))
-          if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) g->zero();
-      return;
-    }
+    if (count_m == 0) return clear_mtp_grads();  // nothing to predict
     const MtpParams& P = weights_.mtp;
     Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
     kernels::matmul(matmul_input(t.hm, pm), compute_lm_head(), logits, false, true);
@@ -382,9 +383,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     Tensor d_hf_mtp;  // ... and w.r.t. the final hidden state, added to the head's below
     if (acts.mtp)
       mtp_backward(*acts.mtp, d_hf_mtp, d_mtp_emb);
-    else if (assign && c.mtp_layers > 0)  // the module did not run: its gradients are 0
-      for (auto& [name, t] : grads.unit_tensors(c, head))
-        if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) t->zero();
+    else
+      clear_mtp_grads();
     const Tensor& hf = pass.head_input;
     // Loss and d(loss)/d(logits), written over the logits.
     Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);

@@ -84,6 +84,13 @@ class KvAttention {
 // DIR/config.json and generation_config.json (json_files) and DIR/model.safetensors with
 // `tensors` under their Hugging Face names: what Model::save writes, for weights assembled
 // elsewhere (the whole tensors of a tensor-parallel model).
+// save_hf_directory for a whole model's named tensors (Params::named or a gather of
+// them): adds what its checkpoints carry besides (DeepSeek-V3's MTP copies).
+void save_hf_model(const std::string& dir, const ModelConfig& config,
+                   const std::vector<std::pair<std::string, std::string>>& json_files,
+                   std::vector<std::pair<std::string, Tensor>> tensors,
+                   uint64_t max_shard_bytes = 5'000'000'000ull);
+
 struct Activations;  // activations.h: what a training forward saves for backward
 
 // One micro-batch's pass through one chunk of a pipeline stage, held between its forward

@@ -322,10 +322,16 @@ void save_hf_directory(const std::string& dir,
 
 void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
   auto tensors = weights_.named(config_);
-  add_mtp_shared_copies(config_, tensors);
   if (quantized_)
     for (auto& t : quantized_tensors()) tensors.push_back(std::move(t));
-  save_hf_directory(dir, hf_json_files(), tensors, max_shard_bytes);
+  save_hf_model(dir, config_, hf_json_files(), std::move(tensors), max_shard_bytes);
+}
+
+void save_hf_model(const std::string& dir, const ModelConfig& config,
+                   const std::vector<std::pair<std::string, std::string>>& json_files,
+                   std::vector<std::pair<std::string, Tensor>> tensors, uint64_t max_shard_bytes) {
+  add_mtp_shared_copies(config, tensors);
+  save_hf_directory(dir, json_files, tensors, max_shard_bytes);
 }
 
 Recompute parse_recompute(const std::string& name) {

@@ -128,10 +128,7 @@ class Run {
     }
     tokenizer_texts_ = tokenizer_files(tokenizer_dir_);
     const auto& tr = c.training;
-    model_.set_recompute(model::parse_recompute(tr.activation_checkpointing));
-    model_.set_moe_capacity_factor(tr.moe_capacity_factor);
-    const bool mtp = model_.config().mtp_layers > 0 && model_.pp_stage().whole();
-    model_.set_mtp_loss_weight(tr.mtp_loss_weight >= 0 ? tr.mtp_loss_weight : mtp ? 0.1 : 0.0);
+    apply_training_options(c, model_);
     if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
       // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
       // the sums are added over the replicas.
@@ -306,8 +303,7 @@ class Run {
       if (cp_) take_cp_metrics(rec, *cp_, c_.parallel.cp_method);
       if (pipe_) add_pipeline_metrics(rec);
       if (!gp.expert_load.empty()) add_moe_metrics(rec, gp, dp_, accum * dp_size_);
-      if (model_.mtp_loss_weight() > 0)  // the module's loss, averaged like the model's
-        rec["mtp_loss"] = dp_.sum_over_ranks(gp.mtp_loss_sum) / std::max(1.0, dp_.sum_over_ranks(gp.mtp_passes));
+      if (model_.mtp_loss_weight() > 0) add_mtp_metrics(rec, gp, dp_);
       if (metrics) metrics->write(rec);
       result.losses.push_back(loss);
       result.final_loss = loss;
@@ -340,11 +336,8 @@ class Run {
     const auto weights = tp_ || pipe_ || ep_ ? whole_weights() : decltype(whole_weights()){};
     if (pipe_) write_pipeline_timeline();
     if (lead) {
-      if (tp_ || pipe_ || ep_) {
-        auto all = weights;
-        model::add_mtp_shared_copies(model_.config(), all);
-        model::save_hf_directory(result.model_dir, model_.hf_json_files(), all);
-      }
+      if (tp_ || pipe_ || ep_)
+        model::save_hf_model(result.model_dir, model_.config(), model_.hf_json_files(), weights);
       else
         model_.save(result.model_dir);
       for (const auto& [name, text] : tokenizer_texts_)

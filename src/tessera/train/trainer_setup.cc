@@ -264,6 +264,18 @@ std::vector<std::pair<std::string, Tensor>> master_tensors(
   return out;
 }
 
+void apply_training_options(const TrainConfig& c, model::Model& m) {
+  const auto& tr = c.training;
+  m.set_recompute(model::parse_recompute(tr.activation_checkpointing));
+  m.set_moe_capacity_factor(tr.moe_capacity_factor);
+  const bool mtp = m.config().mtp_layers > 0 && m.pp_stage().whole();
+  m.set_mtp_loss_weight(tr.mtp_loss_weight >= 0 ? tr.mtp_loss_weight : mtp ? 0.1 : 0.0);
+}
+
+void add_mtp_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp) {
+  rec["mtp_loss"] = dp.sum_over_ranks(gp.mtp_loss_sum) / std::max(1.0, dp.sum_over_ranks(gp.mtp_passes));
+}
+
 void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp,
                      int64_t micro_batches) {
   const std::vector<double> load = dp.sum_over_ranks(gp.expert_load);

@@ -80,6 +80,11 @@ struct GradientPass {
 // Mixture of experts, into a step's metrics record: each expert's share of the routed slots
 // (every layer, rank and micro-batch of the step: summed over dp's ranks, so every rank
 // calls this), the busiest over the mean, and the mean balancing loss over `micro_batches`.
+// The MTP module's loss into a step's record, averaged like the model's over dp's ranks.
+void add_mtp_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::DataParallel& dp);
+// The [training] options the model itself carries: activation checkpointing, MoE capacity,
+// the MTP loss weight (unset: 0.1 for a model with the module, when it runs whole).
+void apply_training_options(const TrainConfig& c, model::Model& m);
 // Auxiliary-loss-free balancing, after the optimizer step and before dp.publish_params():
 // each MoE layer's selection bias (its master copy in dp.pieces()) moves by `rate`
 // towards the mean load, b_e += rate x sign(mean - load_e), over the step's global batch
