@@ -151,5 +151,35 @@ TEST_F(TokenizerCli, BadEncodeAndDecodeInput) {
   EXPECT_EQ(empty.out, "\n");
 }
 
+TEST_F(TokenizerCli, JsonIdsFileAndStream) {
+  ASSERT_EQ(run("tokenizer train --input " + dir_ + "/corpus.txt --vocab-size 300 --out " + dir_ + "/tok --quiet").code,
+            0);
+  const auto lib = io::Tokenizer::load(dir_ + "/tok");
+  const std::string tok = " --tokenizer " + dir_ + "/tok";
+  const std::string text = "Привет <|endoftext|> fox 数据";
+  const auto e = run("tokenizer encode" + tok + " --json --text '" + text + "'");
+  ASSERT_EQ(e.code, 0) << e.err;
+  const auto ids = lib.encode(text);
+  EXPECT_EQ(nlohmann::json::parse(e.out).get<std::vector<int32_t>>(), ids);
+  write("ids.json", e.out);
+  EXPECT_EQ(run("tokenizer decode" + tok + " --ids-file " + dir_ + "/ids.json").out, text);
+  EXPECT_EQ(run("tokenizer decode" + tok + " --ids-file " + dir_ + "/ids.json --skip-special-tokens").out,
+            lib.decode(ids, true));
+  // --stream: token by token as generation prints it, special tokens left out.
+  EXPECT_EQ(run("tokenizer decode" + tok + " --ids-file " + dir_ + "/ids.json --stream").out, lib.decode(ids, true));
+  expect_one_line_error(run("tokenizer decode" + tok), "exactly one of --ids and --ids-file");
+  expect_one_line_error(run("tokenizer decode" + tok + " --ids 1 --ids-file " + dir_ + "/ids.json"),
+                        "exactly one of --ids and --ids-file");
+  write("bad_ids.json", "[1, -2]");
+  expect_one_line_error(run("tokenizer decode" + tok + " --ids-file " + dir_ + "/bad_ids.json"),
+                        "--ids-file: '-2' is not a non-negative token id");
+  // A tokenizer.json of a model Tessera does not implement: one line naming the field.
+  auto j = io::read_json_file(dir_ + "/tok/tokenizer.json");
+  j["model"]["type"] = "Unigram";
+  write("unigram.json", j.dump());
+  expect_one_line_error(run("tokenizer encode --tokenizer " + dir_ + "/unigram.json --text a"),
+                        "model.type is 'Unigram'");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -266,7 +266,56 @@ def tokenizer_seeds():
                 out["bad_regex"] = compact(bad)
     # Found by this target: nlohmann's out_of_range.406 (number overflow) escaped parse_json_text.
     out["regress_number_overflow"] = b"\x003E\x003E2222E"
+    out.update(spm_tokenizer_seeds())
     return out
+
+
+# SentencePiece-style BPE (byte fallback, the Llama 2 / Gemma / Metaspace shapes) on a
+# hand-made vocabulary: the one tests/io/tokenizer_spm_test.cc uses.
+SPM_CHARS = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "i", "\u00e9"]
+SPM_MERGES = ["\u2581 h", "e l", "\u2581h el", "l o", "\u2581hel lo", "\u2581 w", "o r", "\u2581w or", "l d",
+              "\u2581wor ld"]
+
+
+def spm_tokenizer_json():
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+    vocab.update({c: 259 + i for i, c in enumerate(SPM_CHARS)})
+    vocab.update({m.replace(" ", ""): 269 + i for i, m in enumerate(SPM_MERGES)})
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    replace_space = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace_space]},
+            "pre_tokenizer": None,
+            "post_processor": {"type": "TemplateProcessing",
+                               "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                               "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": SPM_MERGES}}
+
+
+def spm_tokenizer_seeds():
+    text = "hello world <s> \u00f1\u20ac \u4f60\u597d \t\n  h\u00e9".encode()
+    llama2 = spm_tokenizer_json()
+    gemma = json.loads(json.dumps(llama2))
+    gemma["normalizer"] = llama2["normalizer"]["normalizers"][1]
+    gemma["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                              "invert": False}
+    gemma["decoder"]["decoders"] = gemma["decoder"]["decoders"][:3]
+    gemma["model"]["merges"] = [m.split(" ") for m in SPM_MERGES]
+    meta = json.loads(json.dumps(llama2))
+    meta["normalizer"] = None
+    meta["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}
+    meta["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}]}
+    return {name: compact(j) + b"\0" + text for name, j in
+            [("llama2_spm", llama2), ("gemma_spm", gemma), ("metaspace_spm", meta)]}
 
 # ----------------------------------------------------------------------------- config.json
 
@@ -461,6 +510,22 @@ def gguf_llama():
     return gguf(kvs, tensors, 9376 + 128)
 
 
+# The same vocabulary as SentencePiece GGUF metadata (tokenizer.ggml.model "llama"): tokens,
+# scores that order the merged pieces, token types (UNKNOWN, CONTROL, BYTE, NORMAL).
+def gguf_llama_spm():
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + SPM_CHARS + [
+        m.replace(" ", "") for m in SPM_MERGES]
+    scores = [0.0] * 259 + [-1000.0 - i for i in range(10)] + [-1.0 - i for i in range(10)]
+    types = [2, 3, 3] + [6] * 256 + [1] * 20
+    u32 = lambda k, v: g_kv(k, 4, struct.pack("<I", v))
+    kvs = [g_kv("tokenizer.ggml.model", 8, g_str("llama")), g_kv("tokenizer.ggml.tokens", 9, g_strings(tokens)),
+           g_kv("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, len(scores)) +
+                b"".join(struct.pack("<f", x) for x in scores)),
+           g_kv("tokenizer.ggml.token_type", 9, g_i32s(types)), u32("tokenizer.ggml.bos_token_id", 1),
+           u32("tokenizer.ggml.eos_token_id", 2), u32("tokenizer.ggml.unknown_token_id", 0)]
+    return gguf(kvs, [], 0)
+
+
 GGUF = {
     "valid_empty": gguf([], [], 0),
     "valid_v2": gguf([], [], 0, version=2),
@@ -471,6 +536,7 @@ GGUF = {
                          [g_tensor("f", [4, 2], 0, 0), g_tensor("q8", [32], 8, 64), g_tensor("q4k", [256], 12, 128),
                           g_tensor("q6k", [256], 14, 320), g_tensor("bf", [3], 30, 576)], 582, align=64),
     "valid_llama": gguf_llama(),
+    "valid_llama_spm": gguf_llama_spm(),
     "bad_magic": b"GGML" + gguf([], [], 0)[4:],
     "bad_version": gguf([], [], 0, version=1),
     "bad_count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1 << 60),

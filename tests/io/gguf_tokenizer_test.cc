@@ -156,7 +156,9 @@ TEST(GgufTokenizer, UnsupportedTokenizersAreOneLineErrors) {
       if (k == key) val = v;
     return error_of([&] { tokenizer_from_gguf(header_of(md), "t.gguf"); });
   };
-  EXPECT_NE(with("tokenizer.ggml.model", GgufValue::string("llama")).find("not SentencePiece (\"llama\")"),
+  EXPECT_NE(with("tokenizer.ggml.model", GgufValue::string("bert")).find("tokenizer.ggml.model is 'bert'"),
+            std::string::npos);
+  EXPECT_NE(with("tokenizer.ggml.model", GgufValue::string("llama")).find("no metadata key 'tokenizer.ggml.scores'"),
             std::string::npos);
   EXPECT_NE(with("tokenizer.ggml.pre", GgufValue::string("falcon")).find("tokenizer.ggml.pre 'falcon' is not supported"),
             std::string::npos);
@@ -180,6 +182,119 @@ TEST(GgufTokenizer, UnsupportedTokenizersAreOneLineErrors) {
   EXPECT_NE(error_of([&] { gguf_tokenizer_metadata(custom, custom.vocab_size()); }).find("llama.cpp has no name for"),
             std::string::npos);
   EXPECT_NE(error_of([&] { gguf_tokenizer_metadata(tok, 10); }).find("more than the model's vocabulary of 10"),
+            std::string::npos);
+}
+
+// A SentencePiece vocabulary as llama.cpp's converter writes it: <unk> (UNKNOWN), <s> and
+// </s> (CONTROL), the 256 <0xNN> BYTE tokens, characters, then merged pieces whose scores
+// put them in the order of `kMerged`, a USER_DEFINED token and an UNUSED filler.
+const char* const kChars[] = {"\u2581", "h", "e", "l", "o", "w", "r", "d", "i", "\u00e9"};
+const char* const kMerged[][2] = {{"\u2581", "h"}, {"e", "l"},     {"\u2581h", "el"}, {"l", "o"},
+                                  {"\u2581hel", "lo"}, {"\u2581", "w"}, {"o", "r"},  {"\u2581w", "or"},
+                                  {"l", "d"},         {"\u2581wor", "ld"}};
+constexpr int32_t kSpH = 269, kSpHello = 273, kSpWorld = 278, kTool = 279;
+
+GgufMetadata spm_metadata() {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<float> scores = {0, 0, 0};
+  std::vector<int32_t> types = {2, 3, 3};
+  char name[8];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    tokens.push_back(name);
+    scores.push_back(0);
+    types.push_back(6);
+  }
+  for (int i = 0; i < 10; ++i) {
+    tokens.push_back(kChars[i]);
+    scores.push_back(-1000.0f - i);
+    types.push_back(1);
+  }
+  for (int i = 0; i < 10; ++i) {
+    tokens.push_back(std::string(kMerged[i][0]) + kMerged[i][1]);
+    scores.push_back(-1.0f - i);
+    types.push_back(1);
+  }
+  tokens.push_back("<|tool|>");
+  scores.push_back(0);
+  types.push_back(4);
+  tokens.push_back("[PAD280]");
+  scores.push_back(0);
+  types.push_back(5);
+  return {{"tokenizer.ggml.model", GgufValue::string("llama")},
+          {"tokenizer.ggml.tokens", GgufValue::strings(tokens)},
+          {"tokenizer.ggml.scores", GgufValue::f32s(scores)},
+          {"tokenizer.ggml.token_type", GgufValue::i32s(types)},
+          {"tokenizer.ggml.bos_token_id", GgufValue::u32(1)},
+          {"tokenizer.ggml.eos_token_id", GgufValue::u32(2)},
+          {"tokenizer.ggml.unknown_token_id", GgufValue::u32(0)}};
+}
+
+GgufMetadata with_key(GgufMetadata md, const std::string& key, GgufValue v) {
+  for (auto& [k, val] : md)
+    if (k == key) {
+      val = std::move(v);
+      return md;
+    }
+  md.emplace_back(key, std::move(v));
+  return md;
+}
+
+TEST(GgufTokenizer, SentencePieceVocabularyMergesByScore) {
+  TempDir dir;
+  write_gguf(dir.file("spm.gguf"), spm_metadata(), {}, [](size_t) { return std::string(); });
+  const auto loaded = load_model_tokenizer(dir.file("spm.gguf"));
+  ASSERT_TRUE(loaded.has_value());
+  const Tokenizer& tok = *loaded;
+  // The merges are the splits of the merged pieces, highest score first.
+  nlohmann::json want = nlohmann::json::array();
+  for (const auto& m : kMerged) want.push_back({m[0], m[1]});
+  EXPECT_EQ(tok.to_json()["model"]["merges"], want);
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  EXPECT_TRUE(tok.add_bos());  // llama.cpp's default for SentencePiece
+  EXPECT_EQ(tok.encode("hello world"), (std::vector<int32_t>{1, kSpHello, kSpWorld}));
+  // Missing characters fall back to their bytes; the decoder puts them back and strips the
+  // space the normalizer prepended.
+  const auto ids = tok.encode("h\u00f1 hello", false);
+  EXPECT_EQ(ids, (std::vector<int32_t>{kSpH, 3 + 0xC3, 3 + 0xB1, kSpHello}));
+  EXPECT_EQ(tok.decode(ids), "h\u00f1 hello");
+  EXPECT_EQ(tok.decode_token(kSpHello), " hello");
+  EXPECT_EQ(tok.encode("<|tool|><s>", false), (std::vector<int32_t>{kTool, 1}));
+  EXPECT_FALSE(tok.is_special(kTool));
+  EXPECT_TRUE(tok.is_special(1));
+  EXPECT_EQ(tok.token_to_id("[PAD280]"), -1);  // UNUSED ids are left out
+  // Without byte tokens and with unk: unknown characters become one <unk>.
+  GgufMetadata md = spm_metadata();
+  auto types = md[3].second;
+  std::vector<int32_t> t;
+  for (uint64_t i = 0; i < types.size(); ++i) t.push_back(static_cast<int32_t>(types.int_at(i, "")));
+  for (int b = 0; b < 256; ++b) t[3 + b] = 5;  // the byte tokens unused
+  const Tokenizer no_bytes = tokenizer_from_gguf(header_of(with_key(md, "tokenizer.ggml.token_type", GgufValue::i32s(t))), "t.gguf");
+  EXPECT_EQ(no_bytes.encode("h\u00f1\u00f1 hello", false), (std::vector<int32_t>{kSpH, 0, kSpHello}));
+}
+
+TEST(GgufTokenizer, SentencePieceFlagsAndErrors) {
+  const Tokenizer plain = tokenizer_from_gguf(
+      header_of(with_key(with_key(spm_metadata(), "tokenizer.ggml.add_space_prefix", GgufValue::boolean(false)),
+                         "tokenizer.ggml.add_bos_token", GgufValue::boolean(false))),
+      "t.gguf");
+  EXPECT_FALSE(plain.add_bos());
+  EXPECT_EQ(plain.encode("hello"), (std::vector<int32_t>{260, 270, 272}));  // h el lo: no "\u2581" prepended
+  EXPECT_EQ(plain.decode({kSpHello, kSpWorld}), " hello world");          // and no Strip
+  auto error = [](const GgufMetadata& md) { return error_of([&] { tokenizer_from_gguf(header_of(md), "t.gguf"); }); };
+  GgufMetadata no_scores = spm_metadata();
+  no_scores.erase(no_scores.begin() + 2);
+  EXPECT_NE(error(no_scores).find("t.gguf: no metadata key 'tokenizer.ggml.scores'"), std::string::npos);
+  EXPECT_NE(error(with_key(spm_metadata(), "tokenizer.ggml.scores", GgufValue::f32s({0, 0, 0})))
+                .find("tokenizer.ggml.scores has 3 entries for 281 tokens"),
+            std::string::npos);
+  EXPECT_NE(error(with_key(spm_metadata(), "tokenizer.ggml.scores", GgufValue::i32s(std::vector<int32_t>(281))))
+                .find("tokenizer.ggml.scores: expected an array of floats"),
+            std::string::npos);
+  // Export writes byte-level tokenizers only.
+  const Tokenizer tok = tokenizer_from_gguf(header_of(spm_metadata()), "t.gguf");
+  EXPECT_NE(error_of([&] { gguf_tokenizer_metadata(tok, tok.vocab_size()); }).find("SentencePiece-style"),
             std::string::npos);
 }
 

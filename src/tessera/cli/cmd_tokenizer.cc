@@ -1,8 +1,9 @@
-// `tessera tokenizer train|encode|decode` and `tessera bench tokenizer`: byte-level BPE
-// (see docs/tokenizer.md).
+// `tessera tokenizer train|encode|decode` and `tessera bench tokenizer`: byte-level and
+// SentencePiece-style BPE (see docs/tokenizer.md).
 #include <time.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -20,10 +21,11 @@ namespace {
 
 struct TokenizerFlags {
   std::vector<std::string> inputs;
-  std::string out, tokenizer, file, text, ids;
-  bool has_text = false;
+  std::string out, tokenizer, file, text, ids, ids_file;
+  bool has_text = false, has_ids = false;
   io::BpeTrainOptions train;
   bool no_special_tokens = false, quiet = false, skip_special = false, no_add_special = false;
+  bool json = false, stream = false;
 };
 
 int run_train(TokenizerFlags f) {
@@ -47,21 +49,21 @@ int run_encode(const TokenizerFlags& f) {
   const auto tok = io::Tokenizer::load(f.tokenizer);
   const std::string text = f.has_text ? f.text : io::read_file_bytes(f.file);
   const auto ids = tok.encode(text, !f.no_add_special);
-  std::string line;
+  std::string line = f.json ? "[" : "";
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) line += ' ';
+    if (i) line += f.json ? "," : " ";
     line += std::to_string(ids[i]);
   }
-  line += '\n';
+  line += f.json ? "]\n" : "\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
   return 0;
 }
 
-// "1 2 3" or "1,2,3" -> ids; errors name the bad item.
-std::vector<int32_t> parse_ids(const std::string& text) {
+// "1 2 3", "1,2,3" or "[1, 2, 3]" -> ids; errors name the bad item and `flag`.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag) {
   std::string normalized = text;
   for (char& c : normalized)
-    if (c == ' ' || c == '\t' || c == '\n') c = ',';
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '[' || c == ']') c = ',';
   std::vector<int32_t> ids;
   std::string item;
   for (size_t i = 0; i <= normalized.size(); ++i) {
@@ -69,15 +71,35 @@ std::vector<int32_t> parse_ids(const std::string& text) {
       item += normalized[i];
       continue;
     }
-    if (!item.empty()) ids.push_back(parse_id_list(item, "--ids")[0]);
+    if (!item.empty()) ids.push_back(parse_id_list(item, flag)[0]);
     item.clear();
   }
   return ids;
 }
 
 int run_decode(const TokenizerFlags& f) {
+  TESSERA_CHECK(f.ids_file.empty() != !f.has_ids, "give exactly one of --ids and --ids-file");
   const auto tok = io::Tokenizer::load(f.tokenizer);
-  const std::string text = tok.decode(parse_ids(f.ids), f.skip_special);
+  const auto ids = f.has_ids ? parse_ids(f.ids, "--ids") : parse_ids(io::read_file_bytes(f.ids_file), "--ids-file");
+  std::string text;
+  if (f.stream) {
+    // What `generate` and the server stream: each token's bytes in turn (special tokens
+    // left out), a character cut between tokens held back until it is whole.
+    std::string pending;
+    for (int32_t id : ids) {
+      if (tok.is_special(id)) {
+        tok.decode_token(id);  // still checks the id
+        continue;
+      }
+      pending += tok.decode_token(id);
+      const size_t n = io::complete_utf8_prefix(pending);
+      text += pending.substr(0, n);
+      pending.erase(0, n);
+    }
+    text += pending;
+  } else {
+    text = tok.decode(ids, f.skip_special);
+  }
   std::fwrite(text.data(), 1, text.size(), stdout);  // exactly the text: no newline added
   return 0;
 }
@@ -110,7 +132,60 @@ struct BenchFlags {
   std::string tokenizer, file;
   int64_t vocab_size = 4096;
   double min_seconds = 2.0;
+  bool batch = false;  // also encode the text's lines as a batch of strings
+  int threads = 1;     // for the batch
 };
+
+// The batch: the text's non-empty lines, each one string (as a serving front end or a
+// data pipeline hands them over), encoded on `threads` threads in contiguous shares.
+void bench_batch(const io::Tokenizer& tok, const std::string& text, const BenchFlags& f) {
+  std::vector<std::string_view> lines;
+  for (size_t i = 0; i < text.size();) {
+    size_t e = text.find('\n', i);
+    if (e == std::string::npos) e = text.size();
+    if (e > i) lines.push_back(std::string_view(text).substr(i, e - i));
+    i = e + 1;
+  }
+  TESSERA_CHECK(!lines.empty(), "--batch: the text has no lines");
+  TESSERA_CHECK(f.threads >= 1 && f.threads <= 256, "--threads: expected 1 to 256, got ", f.threads);
+  size_t bytes = 0;
+  for (auto l : lines) bytes += l.size();
+  std::vector<size_t> counts(static_cast<size_t>(f.threads));
+  auto encode_share = [&](int t) {
+    size_t n = 0;
+    const size_t lo = lines.size() * t / f.threads, hi = lines.size() * (t + 1) / f.threads;
+    for (size_t i = lo; i < hi; ++i) n += tok.encode(lines[i], false).size();
+    counts[static_cast<size_t>(t)] = n;
+  };
+  // The workers live across runs, as a server's would, so their pre-token caches stay warm.
+  std::barrier start(f.threads), done(f.threads);
+  bool stop = false;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < f.threads; ++t)
+    pool.emplace_back([&, t] {
+      for (start.arrive_and_wait(); !stop; start.arrive_and_wait()) {
+        encode_share(t);
+        done.arrive_and_wait();
+      }
+    });
+  size_t n_tokens = 0;
+  const double sec = base::median_call_seconds(
+      [&](int64_t) {
+        start.arrive_and_wait();
+        encode_share(0);
+        done.arrive_and_wait();
+        n_tokens = 0;
+        for (size_t c : counts) n_tokens += c;
+      },
+      f.min_seconds);
+  stop = true;
+  start.arrive_and_wait();
+  for (auto& th : pool) th.join();
+  std::printf("encode batch of %zu lines (%.2f MB, %zu tokens), %d thread(s): %.1f MB/s wall, %.2f M tokens/s\n",
+              lines.size(), bytes / 1e6, n_tokens, f.threads, bytes / 1e6 / sec, n_tokens / sec / 1e6);
+  std::printf("{\"tokenizer_batch_mb_per_s\": %.3f, \"tokenizer_batch_tokens_per_s\": %.1f, \"threads\": %d}\n",
+              bytes / 1e6 / sec, n_tokens / sec, f.threads);
+}
 
 int run_bench_tokenizer(const BenchFlags& f) {
   std::vector<std::string> fortunes;
@@ -163,7 +238,9 @@ int run_bench_tokenizer(const BenchFlags& f) {
   std::printf("encode, 1 thread, cold cache (one run): %.1f MB/s wall, %.1f MB/s by CPU time\n", mb / cold,
               mb / cold_cpu);
   std::printf("{\"tokenizer_encode_mb_per_s\": %.3f, \"tokenizer_encode_cpu_mb_per_s\": %.3f, "
-              "\"tokenizer_encode_cold_mb_per_s\": %.3f}\n", mb / warm, mb / warm_cpu, mb / cold);
+              "\"tokenizer_encode_cold_mb_per_s\": %.3f, \"tokenizer_encode_tokens_per_s\": %.1f}\n",
+              mb / warm, mb / warm_cpu, mb / cold, n_tokens / warm);
+  if (f.batch) bench_batch(tok, text, f);
   return 0;
 }
 
@@ -176,11 +253,13 @@ void add_bench_tokenizer(CLI::App* bench, Action& action) {
   cmd->add_option("--file", f->file, "Text to encode (default: the fortunes text)");
   cmd->add_option("--vocab-size", f->vocab_size, "Vocab size of the trained tokenizer")->capture_default_str();
   cmd->add_option("--min-seconds", f->min_seconds, "Time spent in timed runs")->capture_default_str();
+  cmd->add_flag("--batch", f->batch, "Also encode the text's lines as a batch of strings");
+  cmd->add_option("--threads", f->threads, "Threads for the batch")->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_bench_tokenizer(*f); }; });
 }
 
 void add_tokenizer(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("tokenizer", "Byte-level BPE tokenizer: train, encode, decode");
+  auto* cmd = app.add_subcommand("tokenizer", "BPE tokenizer: train (byte-level), encode, decode");
   cmd->require_subcommand(1);
   auto f = std::make_shared<TokenizerFlags>();
 
@@ -206,12 +285,18 @@ void add_tokenizer(CLI::App& app, Action& action) {
   encode->add_option("--file", f->file, "Text file to encode");
   encode->add_option("--text", f->text, "Text to encode")->each([f](const std::string&) { f->has_text = true; });
   encode->add_flag("--no-special-tokens", f->no_add_special, "Do not add BOS / EOS from the template");
+  encode->add_flag("--json", f->json, "Print the ids as a JSON array");
   encode->callback([&action, f] { action = [f] { return run_encode(*f); }; });
 
   auto* decode = cmd->add_subcommand("decode", "Print the text of token ids (no newline is added)");
   decode->add_option("--tokenizer", f->tokenizer, "Directory with tokenizer.json, or the file")->required();
-  decode->add_option("--ids", f->ids, "Token ids separated by spaces or commas, e.g. \"1 2 3\"")->required();
+  decode->add_option("--ids", f->ids, "Token ids separated by spaces or commas, e.g. \"1 2 3\"")
+      ->each([f](const std::string&) { f->has_ids = true; });
+  decode->add_option("--ids-file", f->ids_file, "File of token ids (spaces, commas, or a JSON array)");
   decode->add_flag("--skip-special-tokens", f->skip_special, "Leave out special tokens");
+  decode->add_flag("--stream", f->stream,
+                   "Print the text as generation streams it: token by token, special tokens left out, "
+                   "no leading space stripped");
   decode->callback([&action, f] { action = [f] { return run_decode(*f); }; });
 }
 

@@ -66,6 +66,7 @@ class GgufValue {
   static GgufValue string(std::string v);
   static GgufValue strings(std::vector<std::string> v);
   static GgufValue i32s(const std::vector<int32_t>& v);
+  static GgufValue f32s(const std::vector<float>& v);
   // A scalar of numeric type `t` from its little-endian bytes (used by the parser).
   static GgufValue scalar(GgufType t, const uint8_t* bytes);
   // An array of numbers of type `elem` (or bools), `count` packed little-endian values.
@@ -85,6 +86,8 @@ class GgufValue {
   const std::vector<std::string>& as_strings(const std::string& what) const;  // array of strings
   // Element i of an array of integers.
   int64_t int_at(uint64_t i, const std::string& what) const;
+  // Element i of an array of f32 or f64.
+  double float_at(uint64_t i, const std::string& what) const;
 
   // The value's bytes as GGUF stores them after the u32 type tag.
   void append_to(std::string& out) const;

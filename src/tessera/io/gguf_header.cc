@@ -160,6 +160,17 @@ GgufValue GgufValue::i32s(const std::vector<int32_t>& x) {
   return packed_array(GgufType::kI32, x.size(), std::move(b));
 }
 
+GgufValue GgufValue::f32s(const std::vector<float>& x) {
+  std::string b;
+  b.reserve(x.size() * 4);
+  for (float e : x) {
+    uint32_t u;
+    std::memcpy(&u, &e, 4);
+    b += put_le(u, 4);
+  }
+  return packed_array(GgufType::kF32, x.size(), std::move(b));
+}
+
 GgufValue GgufValue::packed_array(GgufType elem, uint64_t count, std::string bytes) {
   TESSERA_CHECK(scalar_bytes(elem) > 0 && bytes.size() == count * scalar_bytes(elem),
                 "GGUF array of ", count, " ", gguf_type_name(elem), " needs ",
@@ -246,6 +257,23 @@ int64_t GgufValue::int_at(uint64_t i, const std::string& what) const {
   TESSERA_CHECK(is_signed(elem_) || v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
                 what, ": element ", i, " (", v, ") does not fit in a 64-bit signed integer");
   return static_cast<int64_t>(v);
+}
+
+double GgufValue::float_at(uint64_t i, const std::string& what) const {
+  TESSERA_CHECK(type_ == GgufType::kArray && (elem_ == GgufType::kF32 || elem_ == GgufType::kF64), what,
+                ": expected an array of floats, got ", describe());
+  TESSERA_CHECK(i < count_, what, ": index ", i, " past the ", count_, " elements");
+  const size_t n = scalar_bytes(elem_);
+  const uint64_t u = read_le(reinterpret_cast<const uint8_t*>(bytes_.data()) + i * n, n, false);
+  if (n == 4) {
+    float f;
+    const uint32_t u32 = static_cast<uint32_t>(u);
+    std::memcpy(&f, &u32, 4);
+    return f;
+  }
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
 }
 
 void GgufValue::append_to(std::string& out) const {

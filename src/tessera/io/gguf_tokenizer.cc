@@ -1,8 +1,12 @@
 // tokenizer.ggml.* <-> tokenizer.json: what llama.cpp's converter writes for a byte-level BPE
-// tokenizer, and the tokenizer.json that encodes the same way, built back from it.
+// tokenizer, and the tokenizer.json that encodes the same way, built back from it; and
+// SentencePiece vocabularies ("llama") read as the BPE tokenizer.json Hugging Face makes of them.
 #include "tessera/io/gguf_tokenizer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "tessera/base/error.h"
@@ -71,6 +75,10 @@ std::string split_pattern(const json& pre) {
 
 GgufMetadata gguf_tokenizer_metadata(const Tokenizer& tok, int64_t vocab_size) {
   const json j = tok.to_json();
+  const json decoder = j.value("decoder", json());
+  TESSERA_CHECK(decoder.is_null() || (decoder.is_object() && decoder.value("type", "") == "ByteLevel"),
+                "GGUF export: the tokenizer is SentencePiece-style BPE; export writes byte-level BPE (\"gpt2\") "
+                "tokenizers only");
   const std::string pattern = split_pattern(j.value("pre_tokenizer", json()));
   const PreTokenizerName* pre = nullptr;
   for (const auto& p : kPreNames)
@@ -112,6 +120,101 @@ GgufMetadata gguf_tokenizer_metadata(const Tokenizer& tok, int64_t vocab_size) {
   return md;
 }
 
+namespace {
+
+// tokenizer.ggml.model "llama": a SentencePiece vocabulary with a score per token, which
+// llama.cpp merges by score (the adjacent pair whose merged token scores highest, leftmost
+// among equals). Hugging Face's tokenizer.json for the same model (transformers'
+// LlamaConverter) is BPE whose merges come from the scores: every split of a token into two
+// tokens is a merge, ordered by the merged token's score, highest first (then by token id,
+// then by the ids of the two halves). That is the tokenizer built here, with byte fallback
+// (the <0xNN> tokens), fuse_unk, and Llama 2's normalizer and decoder.
+Tokenizer spm_tokenizer(const GgufHeader& h, const std::string& source, const std::vector<std::string>& tokens,
+                        const GgufValue* types, const json& config) {
+  auto what = [&](const char* key) { return source + ": " + key; };
+  const GgufValue* scores = h.find("tokenizer.ggml.scores");
+  TESSERA_CHECK(scores, source, ": no metadata key 'tokenizer.ggml.scores' (a SentencePiece vocabulary merges by score)");
+  TESSERA_CHECK(scores->size() == tokens.size(), source, ": tokenizer.ggml.scores has ", scores->size(),
+                " entries for ", tokens.size(), " tokens");
+  auto type_of = [&](size_t id) { return types ? types->int_at(id, what("tokenizer.ggml.token_type")) : 1; };
+  json vocab = json::object(), added = json::array();
+  std::map<std::string, int64_t, std::less<>> ids;
+  bool byte_tokens = false;
+  int64_t unk = -1;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    const int64_t type = type_of(id);
+    TESSERA_CHECK(type >= 0 && type <= static_cast<int64_t>(GgufTokenType::kByte), source,
+                  ": tokenizer.ggml.token_type of token ", id, " is ", type, ", not a llama.cpp token type");
+    if (type == static_cast<int64_t>(GgufTokenType::kUnused)) continue;
+    const std::string& t = tokens[id];
+    const auto [it, fresh] = ids.emplace(t, static_cast<int64_t>(id));
+    TESSERA_CHECK(fresh, source, ": tokenizer.ggml.tokens has '", t.substr(0, 40), "' at ids ", it->second, " and ", id);
+    vocab[t] = id;  // Hugging Face's converter keeps every piece in the BPE vocabulary
+    byte_tokens |= type == static_cast<int64_t>(GgufTokenType::kByte);
+    if (type == static_cast<int64_t>(GgufTokenType::kUnknown) && unk < 0) unk = static_cast<int64_t>(id);
+    if (type == static_cast<int64_t>(GgufTokenType::kControl) || type == static_cast<int64_t>(GgufTokenType::kUnknown) ||
+        type == static_cast<int64_t>(GgufTokenType::kUserDefined)) {
+      added.push_back({{"id", id}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", false}, {"special", type != static_cast<int64_t>(GgufTokenType::kUserDefined)}});
+    }
+  }
+  if (const GgufValue* u = h.find("tokenizer.ggml.unknown_token_id")) {
+    unk = static_cast<int64_t>(u->as_uint(what("tokenizer.ggml.unknown_token_id")));
+    TESSERA_CHECK(unk < static_cast<int64_t>(tokens.size()), source, ": tokenizer.ggml.unknown_token_id ", unk,
+                  " is outside the ", tokens.size(), " tokens");
+  }
+  struct Merge {
+    double score;
+    int64_t id, left, right;
+  };
+  std::vector<Merge> merges;
+  const std::string scores_what = what("tokenizer.ggml.scores");
+  constexpr size_t kMaxMergedBytes = 1024;  // real pieces: < 100 bytes; bounds a hostile file's cost
+  for (const auto& [t, id] : ids) {
+    double score = scores->float_at(static_cast<uint64_t>(id), scores_what);
+    if (std::isnan(score)) score = -std::numeric_limits<double>::infinity();
+    const std::string_view tv = t;
+    for (size_t k = 1; k < tv.size() && tv.size() <= kMaxMergedBytes; ++k) {
+      if ((static_cast<uint8_t>(tv[k]) & 0xC0) == 0x80) continue;  // split between characters only
+      const auto l = ids.find(tv.substr(0, k)), r = ids.find(tv.substr(k));
+      if (l != ids.end() && r != ids.end()) merges.push_back({score, id, l->second, r->second});
+    }
+  }
+  std::sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.id != b.id) return a.id < b.id;
+    return a.left != b.left ? a.left < b.left : a.right < b.right;
+  });
+  json merge_list = json::array();
+  for (const Merge& m : merges) merge_list.push_back({tokens[m.left], tokens[m.right]});
+
+  bool space_prefix = true;  // llama.cpp's default for SentencePiece vocabularies
+  if (const GgufValue* v = h.find("tokenizer.ggml.add_space_prefix"))
+    space_prefix = v->as_bool(what("tokenizer.ggml.add_space_prefix"));
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}}, {{"type", "Fuse"}}});
+  if (space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  const json j = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", std::move(added)},
+      {"normalizer", space_prefix ? json{{"type", "Sequence"},
+                                         {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}}, replace}}}
+                                  : replace},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "Sequence"}, {"decoders", std::move(decoders)}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk >= 0 ? json(tokens[unk]) : json(nullptr)},
+                 {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
+                 {"fuse_unk", true}, {"byte_fallback", byte_tokens}, {"ignore_merges", false},
+                 {"vocab", std::move(vocab)}, {"merges", std::move(merge_list)}}}};
+  return Tokenizer::from_json(j, source, config);
+}
+
+}  // namespace
+
 Tokenizer tokenizer_from_gguf(const GgufHeader& h, const std::string& source) {
   auto need = [&](const char* key) -> const GgufValue& {
     const GgufValue* v = h.find(key);
@@ -120,13 +223,35 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h, const std::string& source) {
   };
   auto what = [&](const char* key) { return source + ": " + key; };
   const std::string model = need("tokenizer.ggml.model").as_string(what("tokenizer.ggml.model"));
-  TESSERA_CHECK(model == "gpt2", source, ": tokenizer.ggml.model is '", model,
-                "'; Tessera reads byte-level BPE tokenizers (\"gpt2\")",
-                model == "llama" ? ", not SentencePiece (\"llama\")" : "");
+  TESSERA_CHECK(model == "gpt2" || model == "llama", source, ": tokenizer.ggml.model is '", model,
+                "'; Tessera reads byte-level BPE (\"gpt2\") and SentencePiece BPE (\"llama\") tokenizers");
   const std::vector<std::string>& tokens = need("tokenizer.ggml.tokens").as_strings(what("tokenizer.ggml.tokens"));
   const GgufValue* types = h.find("tokenizer.ggml.token_type");
   TESSERA_CHECK(!types || types->size() == tokens.size(), source, ": tokenizer.ggml.token_type has ",
                 types ? types->size() : 0, " entries for ", tokens.size(), " tokens");
+  // tokenizer_config.json's equivalent: the special tokens by name and whether to add them.
+  auto token_key = [&](const char* key) -> json {
+    const GgufValue* v = h.find(key);
+    if (!v) return nullptr;
+    const uint64_t id = v->as_uint(what(key));
+    TESSERA_CHECK(id < tokens.size(), source, ": ", key, " ", id, " is outside the ", tokens.size(), " tokens");
+    return tokens[id];
+  };
+  auto flag = [&](const char* key, bool dflt) {
+    const GgufValue* v = h.find(key);
+    return v ? v->as_bool(what(key)) : dflt;
+  };
+  auto make_config = [&](bool add_bos_default) {
+    json config = {{"bos_token", token_key("tokenizer.ggml.bos_token_id")},
+                   {"eos_token", token_key("tokenizer.ggml.eos_token_id")},
+                   {"add_bos_token", flag("tokenizer.ggml.add_bos_token", add_bos_default)},
+                   {"add_eos_token", flag("tokenizer.ggml.add_eos_token", false)},
+                   {"tokenizer_class", "PreTrainedTokenizerFast"}};
+    if (const GgufValue* t = h.find("tokenizer.chat_template"))
+      config["chat_template"] = t->as_string(what("tokenizer.chat_template"));
+    return config;
+  };
+  if (model == "llama") return spm_tokenizer(h, source, tokens, types, make_config(true));  // llama.cpp adds BOS
   static const std::vector<std::string> kNone;
   const GgufValue* merges_value = h.find("tokenizer.ggml.merges");
   const std::vector<std::string>& merges =
@@ -183,26 +308,7 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h, const std::string& source) {
                  {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", pre->ignore_merges},
                  {"vocab", std::move(vocab)}, {"merges", std::move(merge_list)}}}};
 
-  // tokenizer_config.json's equivalent: the special tokens by name and whether to add them.
-  auto token_key = [&](const char* key) -> json {
-    const GgufValue* v = h.find(key);
-    if (!v) return nullptr;
-    const uint64_t id = v->as_uint(what(key));
-    TESSERA_CHECK(id < tokens.size(), source, ": ", key, " ", id, " is outside the ", tokens.size(), " tokens");
-    return tokens[id];
-  };
-  auto flag = [&](const char* key, bool dflt) {
-    const GgufValue* v = h.find(key);
-    return v ? v->as_bool(what(key)) : dflt;
-  };
-  json config = {{"bos_token", token_key("tokenizer.ggml.bos_token_id")},
-                 {"eos_token", token_key("tokenizer.ggml.eos_token_id")},
-                 {"add_bos_token", flag("tokenizer.ggml.add_bos_token", pre->add_bos)},
-                 {"add_eos_token", flag("tokenizer.ggml.add_eos_token", false)},
-                 {"tokenizer_class", "PreTrainedTokenizerFast"}};
-  if (const GgufValue* t = h.find("tokenizer.chat_template"))
-    config["chat_template"] = t->as_string(what("tokenizer.chat_template"));
-  return Tokenizer::from_json(j, source, config);
+  return Tokenizer::from_json(j, source, make_config(pre->add_bos));
 }
 
 std::optional<Tokenizer> load_model_tokenizer(const std::string& model_path) {

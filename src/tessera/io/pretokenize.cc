@@ -5,6 +5,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -233,7 +234,8 @@ SplitRegex::SplitRegex(const std::string& pattern, bool literal, const std::stri
   const std::string rewritten = literal ? pattern : rewrite_whitespace(pattern);
   int err = 0;
   PCRE2_SIZE offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL refuses PCRE2_UCP (which only changes what classes match).
+  uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
                                    options, &err, &offset, nullptr);
   if (code == nullptr) {
@@ -246,13 +248,14 @@ SplitRegex::SplitRegex(const std::string& pattern, bool literal, const std::stri
   code_ = std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
 }
 
-void SplitRegex::split(std::string_view s, bool keep_matches, std::vector<std::string_view>* out) const {
+template <typename F>
+void SplitRegex::for_each_match(std::string_view s, F&& f) const {
   thread_local MatchState state;
   auto* code = static_cast<const pcre2_code*>(code_.get());
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   const PCRE2_SIZE n = s.size();
-  PCRE2_SIZE pos = 0, last = 0;  // search start; end of what is already emitted
-  uint32_t retry = 0;            // set after an empty match: no empty match at the same place
+  PCRE2_SIZE pos = 0;
+  uint32_t retry = 0;  // set after an empty match: no empty match at the same place
   while (pos <= n) {
     const int rc = pcre2_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK | retry, state.data, state.context);
     if (rc == PCRE2_ERROR_NOMATCH) {
@@ -270,13 +273,115 @@ void SplitRegex::split(std::string_view s, bool keep_matches, std::vector<std::s
       pos = end;
       continue;
     }
-    if (start > last) out->push_back(s.substr(last, start - last));
-    if (keep_matches) out->push_back(s.substr(start, end - start));
-    last = pos = end;
+    f(static_cast<size_t>(start), static_cast<size_t>(end));
+    pos = end;
     retry = 0;
   }
-  if (last < n) out->push_back(s.substr(last));
 }
+
+void SplitRegex::split(std::string_view s, bool keep_matches, std::vector<std::string_view>* out) const {
+  size_t last = 0;  // end of what is already emitted
+  for_each_match(s, [&](size_t start, size_t end) {
+    if (start > last) out->push_back(s.substr(last, start - last));
+    if (keep_matches) out->push_back(s.substr(start, end - start));
+    last = end;
+  });
+  if (last < s.size()) out->push_back(s.substr(last));
+}
+
+void SplitRegex::split(std::string_view s, SplitBehavior behavior, bool invert,
+                       std::vector<std::string_view>* out) const {
+  if (behavior == SplitBehavior::kIsolated || (behavior == SplitBehavior::kRemoved && !invert)) {
+    split(s, behavior == SplitBehavior::kIsolated, out);
+    return;
+  }
+  // Hugging Face's NormalizedString::split: the text as (span, is_match) runs, then folded.
+  struct Run {
+    size_t start, end;
+    bool match;
+  };
+  thread_local std::vector<Run> runs, kept;
+  runs.clear();
+  kept.clear();
+  size_t last = 0;
+  for_each_match(s, [&](size_t start, size_t end) {
+    if (start > last) runs.push_back({last, start, invert});
+    runs.push_back({start, end, !invert});
+    last = end;
+  });
+  if (last < s.size()) runs.push_back({last, s.size(), invert});
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kRemoved:
+      for (const Run& r : runs)
+        if (!r.match) kept.push_back(r);
+      break;
+    case SplitBehavior::kContiguous:
+      for (const Run& r : runs) {
+        if (!kept.empty() && r.match == previous_match) {
+          kept.back().end = r.end;
+        } else {
+          kept.push_back(r);
+        }
+        previous_match = r.match;
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const Run& r : runs) {
+        if (!kept.empty() && r.match && !previous_match) {
+          kept.back().end = r.end;
+        } else {
+          kept.push_back(r);
+        }
+        previous_match = r.match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:
+      for (size_t i = runs.size(); i-- > 0;) {
+        const Run& r = runs[i];
+        if (!kept.empty() && r.match && !previous_match) {
+          kept.back().start = r.start;
+        } else {
+          kept.push_back(r);
+        }
+        previous_match = r.match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case SplitBehavior::kIsolated:
+      break;
+  }
+  for (const Run& r : kept)
+    if (r.end > r.start) out->push_back(s.substr(r.start, r.end - r.start));
+}
+
+namespace {
+
+// The text of a {"String": "..."} pattern (Replace); a Regex pattern is refused.
+std::string string_pattern(const nlohmann::json& j, const std::string& where) {
+  const auto* p = j.contains("pattern") && j["pattern"].is_object() && j["pattern"].size() == 1 ? &j["pattern"]
+                                                                                                : nullptr;
+  TESSERA_CHECK(p && p->begin().value().is_string() && (p->contains("String") || p->contains("Regex")), where,
+                ".pattern: expected {\"String\": \"...\"}");
+  TESSERA_CHECK(p->contains("String"), where, ".pattern: a Regex pattern (", json_brief(p->begin().value()),
+                ") is not supported; only {\"String\": ...}");
+  return p->begin().value().get<std::string>();
+}
+
+void replace_all(std::string* s, std::string_view from, std::string_view to) {
+  if (from.empty() || s->find(from) == std::string::npos) return;
+  std::string out;
+  out.reserve(s->size() + s->size() / 4);
+  size_t i = 0;
+  for (size_t k; (k = s->find(from, i)) != std::string::npos; i = k + from.size()) {
+    out.append(*s, i, k - i);
+    out += to;
+  }
+  out.append(*s, i);
+  s->swap(out);
+}
+
+}  // namespace
 
 Normalizer Normalizer::from_json(const nlohmann::json& j, const std::string& where) {
   Normalizer out;
@@ -289,35 +394,55 @@ Normalizer Normalizer::from_json(const nlohmann::json& j, const std::string& whe
                   ".normalizers: expected an array");
     for (size_t i = 0; i < j["normalizers"].size(); ++i) {
       const auto inner = from_json(j["normalizers"][i], where + ".normalizers[" + std::to_string(i) + "]");
-      out.forms_.insert(out.forms_.end(), inner.forms_.begin(), inner.forms_.end());
+      out.steps_.insert(out.steps_.end(), inner.steps_.begin(), inner.steps_.end());
     }
     return out;
   }
   const int stable = UTF8PROC_STABLE;
+  Step st;
   if (type == "NFC") {
-    out.forms_.push_back(stable | UTF8PROC_COMPOSE);
+    st.form = stable | UTF8PROC_COMPOSE;
   } else if (type == "NFD") {
-    out.forms_.push_back(stable | UTF8PROC_DECOMPOSE);
+    st.form = stable | UTF8PROC_DECOMPOSE;
   } else if (type == "NFKC") {
-    out.forms_.push_back(stable | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    st.form = stable | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
   } else if (type == "NFKD") {
-    out.forms_.push_back(stable | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    st.form = stable | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+  } else if (type == "Prepend") {
+    st.kind = 'p';
+    TESSERA_CHECK(j.contains("prepend") && j["prepend"].is_string(), where, ".prepend: expected a string");
+    st.text = j["prepend"];
+  } else if (type == "Replace") {
+    st.kind = 'r';
+    st.text = string_pattern(j, where);
+    TESSERA_CHECK(j.contains("content") && j["content"].is_string(), where, ".content: expected a string");
+    st.to = j["content"];
   } else {
-    fail(where, ".type: unsupported normalizer '", type, "' (supported: NFC, NFD, NFKC, NFKD, Sequence, null)");
+    fail(where, ".type: unsupported normalizer '", type,
+         "' (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence, null)");
   }
+  out.steps_.push_back(std::move(st));
   return out;
 }
 
 std::string Normalizer::apply(std::string_view s) const {
-  bool ascii = true;  // every normal form leaves ASCII unchanged
-  for (unsigned char c : s) ascii &= c < 0x80;
-  if (ascii || forms_.empty()) return std::string(s);
   std::string cur(s);
-  for (int form : forms_) {
+  for (const Step& st : steps_) {
+    if (st.kind == 'p') {
+      if (!cur.empty()) cur.insert(0, st.text);
+      continue;
+    }
+    if (st.kind == 'r') {
+      replace_all(&cur, st.text, st.to);
+      continue;
+    }
+    bool ascii = true;  // every normal form leaves ASCII unchanged
+    for (unsigned char c : cur) ascii &= c < 0x80;
+    if (ascii) continue;
     utf8proc_uint8_t* dst = nullptr;
     const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(cur.data()),
                                             static_cast<utf8proc_ssize_t>(cur.size()), &dst,
-                                            static_cast<utf8proc_option_t>(form));
+                                            static_cast<utf8proc_option_t>(st.form));
     if (n < 0) fail("normalizer: ", utf8proc_errmsg(n));
     cur.assign(reinterpret_cast<const char*>(dst), static_cast<size_t>(n));
     std::free(dst);
@@ -325,9 +450,10 @@ std::string Normalizer::apply(std::string_view s) const {
   return cur;
 }
 
-PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string& where) {
+PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string& where, bool byte_level) {
   PreTokenizer out;
-  bool byte_level = false;
+  bool seen_byte_level = false;
+  const char* supported = byte_level ? "ByteLevel, Split, Sequence" : "Metaspace, Split, Sequence, null";
   // Steps run on raw bytes here and the byte-level mapping is applied last, so a step
   // after ByteLevel (which would see mapped chars such as 'Ġ') cannot be honoured.
   auto add = [&](const nlohmann::json& s, const std::string& at, auto&& self) -> void {
@@ -341,10 +467,10 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
         self(s["pretokenizers"][i], at + ".pretokenizers[" + std::to_string(i) + "]", self);
       return;
     }
-    TESSERA_CHECK(!byte_level, at, ": a '", type, "' step after the ByteLevel step is not supported");
+    TESSERA_CHECK(!seen_byte_level, at, ": a '", type, "' step after the ByteLevel step is not supported");
     Step st;
-    if (type == "ByteLevel") {
-      byte_level = true;
+    if (type == "ByteLevel" && byte_level) {
+      seen_byte_level = true;
       st.add_prefix_space = json_bool(s, "add_prefix_space", false, at);
       if (json_bool(s, "use_regex", true, at))
         st.regex = std::make_shared<SplitRegex>(kGpt2SplitPattern, false, at);
@@ -355,21 +481,57 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
       TESSERA_CHECK(p && (literal || p->contains("Regex")) && p->begin().value().is_string(), at,
                     ".pattern: expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
       const std::string behavior = json_string(s, "behavior", "Isolated", at);
-      TESSERA_CHECK(behavior == "Isolated" || behavior == "Removed", at, ".behavior: '", behavior,
-                    "' is not supported (supported: Isolated, Removed)");
-      TESSERA_CHECK(!json_bool(s, "invert", false, at), at, ".invert: true is not supported");
+      static constexpr std::pair<const char*, SplitBehavior> kBehaviors[] = {
+          {"Removed", SplitBehavior::kRemoved},
+          {"Isolated", SplitBehavior::kIsolated},
+          {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+          {"MergedWithNext", SplitBehavior::kMergedWithNext},
+          {"Contiguous", SplitBehavior::kContiguous}};
+      const auto* b = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
+                                   [&](const auto& k) { return behavior == k.first; });
+      TESSERA_CHECK(b != std::end(kBehaviors), at, ".behavior: '", behavior,
+                    "' is not supported (supported: Removed, Isolated, MergedWithPrevious, MergedWithNext, "
+                    "Contiguous)");
+      st.behavior = b->second;
+      st.invert = json_bool(s, "invert", false, at);
       st.regex = std::make_shared<SplitRegex>(p->begin().value().get<std::string>(), literal,
                                               at + ".pattern");
-      st.keep_matches = behavior == "Isolated";
+    } else if (type == "Metaspace" && !byte_level) {
+      TESSERA_CHECK(s.contains("replacement") && s["replacement"].is_string(), at,
+                    ".replacement: expected a one-character string");
+      st.metaspace = s["replacement"];
+      int subpart = 0;
+      TESSERA_CHECK(!st.metaspace.empty() &&
+                        utf8_sequence(reinterpret_cast<const uint8_t*>(st.metaspace.data()), st.metaspace.size(),
+                                      &subpart) == static_cast<int>(st.metaspace.size()),
+                    at, ".replacement: expected one character, got ", json_brief(s["replacement"]));
+      const std::string scheme = json_string(s, "prepend_scheme", "always", at);
+      TESSERA_CHECK(scheme == "always" || scheme == "first" || scheme == "never", at, ".prepend_scheme: '", scheme,
+                    "' is not one of always, first, never");
+      st.prepend = scheme[0];
+      if (s.contains("add_prefix_space") && !s["add_prefix_space"].is_null() &&
+          !json_bool(s, "add_prefix_space", true, at)) {
+        TESSERA_CHECK(!s.contains("prepend_scheme") || scheme == "never", at,
+                      ".add_prefix_space: false does not match prepend_scheme '", scheme, "'");
+        st.prepend = 'n';
+      }
+      st.metaspace_split = s.contains("split") && s["split"].is_null() ? true : json_bool(s, "split", true, at);
+      out.track_start_ |= st.prepend == 'f';
     } else {
-      fail(at, ".type: unsupported pre-tokenizer '", type, "' (supported: ByteLevel, Split, Sequence)");
+      fail(at, ".type: unsupported pre-tokenizer '", type, "' (supported: ", supported, ")",
+           type == "ByteLevel" ? " (ByteLevel needs a ByteLevel decoder)" : "",
+           type == "Metaspace" ? " (Metaspace needs a SentencePiece-style decoder)" : "");
     }
     out.steps_.push_back(std::move(st));
   };
+  if (!byte_level) {
+    if (!j.is_null()) add(j, where, add);
+    return out;
+  }
   TESSERA_CHECK(!j.is_null(), where,
                 ": is null; a byte-level BPE tokenizer needs a ByteLevel pre-tokenizer");
   add(j, where, add);
-  TESSERA_CHECK(byte_level, where, ": has no ByteLevel step; only byte-level BPE tokenizers are supported");
+  TESSERA_CHECK(seen_byte_level, where, ": has no ByteLevel step; only byte-level BPE tokenizers are supported");
   return out;
 }
 
@@ -392,25 +554,79 @@ nlohmann::json PreTokenizer::byte_level_json(const std::string& pattern) {
   return {{"type", "Sequence"}, {"pretokenizers", nlohmann::json::array({split, bl})}};
 }
 
+void PreTokenizer::metaspace_step(const Step& st, std::string_view piece, bool at_start,
+                                  std::vector<std::string_view>* out, std::vector<uint8_t>* out_start,
+                                  std::deque<std::string>* arena) const {
+  // Hugging Face's order: spaces become the replacement, then it is prepended (always, or
+  // only to the piece at the start of the input), then the piece is cut before each one.
+  const std::string_view rep = st.metaspace;
+  const bool prepend = (st.prepend == 'a' || (st.prepend == 'f' && at_start));
+  std::string_view s = piece;
+  const bool has_space = piece.find(' ') != std::string_view::npos;
+  const bool add_rep = prepend && !piece.starts_with(rep) && piece[0] != ' ';  // ' ' becomes rep
+  if (has_space || add_rep) {
+    std::string t;
+    t.reserve(piece.size() + rep.size() * 4);
+    for (char c : piece) {
+      if (c == ' ') {
+        t += rep;
+      } else {
+        t += c;
+      }
+    }
+    if (add_rep) t.insert(0, rep);
+    arena->push_back(std::move(t));
+    s = arena->back();
+  }
+  size_t begin = 0;
+  if (st.metaspace_split) {
+    for (size_t k = s.find(rep, 1); k != std::string_view::npos; k = s.find(rep, k + rep.size())) {
+      if (k > begin) {
+        out->push_back(s.substr(begin, k - begin));
+        if (out_start) out_start->push_back(at_start && begin == 0);
+      }
+      begin = k;
+    }
+  }
+  out->push_back(s.substr(begin));
+  if (out_start) out_start->push_back(at_start && begin == 0);
+}
+
 void PreTokenizer::split(std::string_view text, std::vector<std::string_view>* pieces,
-                         std::deque<std::string>* arena) const {
-  // Each step maps every piece to zero or more pieces; empty pieces never survive.
+                         std::deque<std::string>* arena, bool at_start) const {
+  // Each step maps every piece to zero or more pieces; empty pieces never survive. With a
+  // Metaspace "first" step, `starts` says which pieces begin the input.
   std::vector<std::string_view> cur, next;
-  if (!text.empty()) cur.push_back(text);
+  std::vector<uint8_t> starts, next_starts;
+  if (!text.empty()) {
+    cur.push_back(text);
+    starts.push_back(at_start);
+  }
   for (const Step& st : steps_) {
     next.clear();
-    for (std::string_view piece : cur) {
+    next_starts.clear();
+    for (size_t k = 0; k < cur.size(); ++k) {
+      std::string_view piece = cur[k];
+      if (!st.metaspace.empty()) {
+        metaspace_step(st, piece, track_start_ && starts[k], &next, track_start_ ? &next_starts : nullptr, arena);
+        continue;
+      }
       if (st.add_prefix_space && piece.front() != ' ') {
         arena->push_back(" " + std::string(piece));
         piece = arena->back();
       }
+      const size_t before = next.size();
       if (st.regex) {
-        st.regex->split(piece, st.keep_matches, &next);
+        st.regex->split(piece, st.behavior, st.invert, &next);
       } else {
         next.push_back(piece);
       }
+      if (track_start_)
+        for (size_t i = before; i < next.size(); ++i)
+          next_starts.push_back(starts[k] && i == before && next[i].data() == piece.data());
     }
     cur.swap(next);
+    starts.swap(next_starts);
   }
   pieces->insert(pieces->end(), cur.begin(), cur.end());
 }

@@ -1,4 +1,5 @@
-// Loading a Hugging Face byte-level BPE tokenizer.json and encoding / decoding with it.
+// Encoding and decoding with a Hugging Face BPE tokenizer.json (byte-level or
+// SentencePiece-style; the latter's own steps are in tokenizer_spm.cc).
 #include "tessera/io/tokenizer.h"
 
 #include <algorithm>
@@ -103,15 +104,23 @@ PieceCache& cache_for(uint64_t serial) {
 void Tokenizer::Impl::merge_word(std::string_view piece, std::vector<int32_t>* out) const {
   thread_local std::vector<int32_t> ids;
   ids.clear();
-  for (unsigned char b : piece) {
-    int32_t id = byte_ids[b];
-    if (id < 0) {
-      if (unk_id < 0) continue;  // Hugging Face drops a char missing from the vocabulary
-      if (fuse_unk && !ids.empty() && ids.back() == unk_id) continue;
-      id = unk_id;
+  if (sentencepiece) {
+    spm_symbols(piece, &ids);
+  } else {
+    for (unsigned char b : piece) {
+      int32_t id = byte_ids[b];
+      if (id < 0) {
+        if (unk_id < 0) continue;  // Hugging Face drops a char missing from the vocabulary
+        if (fuse_unk && !ids.empty() && ids.back() == unk_id) continue;
+        id = unk_id;
+      }
+      ids.push_back(id);
     }
-    ids.push_back(id);
   }
+  merge_ids(ids, out);
+}
+
+void Tokenizer::Impl::merge_ids(std::vector<int32_t>& ids, std::vector<int32_t>* out) const {
   if (ids.size() > 48) {
     merge_word_heap(ids, out);
     return;
@@ -215,7 +224,8 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>*
   cache.insert(piece, hash, out->data() + before, static_cast<uint32_t>(out->size() - before));
 }
 
-void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>* out) const {
+// `at_start`: text begins the input (for Metaspace's prepend_scheme "first").
+void Tokenizer::Impl::encode_text(std::string_view text, bool at_start, std::vector<int32_t>* out) const {
   std::string normalized;
   if (!normalizer.empty()) {
     normalized = normalizer.apply(text);
@@ -235,7 +245,7 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>* o
       continue;
     }
     pieces.clear();
-    pre_tokenizer.split(seg.text, &pieces, &arena);
+    pre_tokenizer.split(seg.text, &pieces, &arena, at_start && seg.text.data() == text.data());
     for (std::string_view p : pieces) encode_piece(p, out);
   }
 }
@@ -257,7 +267,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     if (seg.id >= 0) {
       out.push_back(seg.id);
     } else {
-      m.encode_text(seg.text, &out);
+      m.encode_text(seg.text, seg.text.data() == text.data(), &out);
     }
   }
   if (add_special_tokens) out.insert(out.end(), m.suffix.begin(), m.suffix.end());
@@ -266,11 +276,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   std::string bytes;
+  std::vector<std::string> tokens;  // sentencepiece: the token strings, for the decoder
   for (int32_t id : ids) {
     TESSERA_CHECK(id >= 0 && id < vocab_size() && impl_->id_used[id], "tokenizer decode: token id ", id,
                   " is not in the vocabulary of ", impl_->source, " (size ", vocab_size(), ")");
-    if (!skip_special_tokens || !impl_->id_special[id]) bytes += impl_->id_bytes[id];
+    if (skip_special_tokens && impl_->id_special[id]) continue;
+    if (impl_->sentencepiece) {
+      tokens.push_back(impl_->id_token[id]);
+    } else {
+      bytes += impl_->id_bytes[id];
+    }
   }
+  if (impl_->sentencepiece) return detail::run_decoder(impl_->decoder, std::move(tokens));
   return utf8_lossy(bytes);
 }
 

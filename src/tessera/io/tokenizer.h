@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizer (GPT-2, Llama 3, Qwen2 families) read from and written to
-// Hugging Face's tokenizer.json, and a trainer that produces one. See docs/tokenizer.md.
+// BPE tokenizer read from and written to Hugging Face's tokenizer.json: byte-level (GPT-2,
+// Llama 3, Qwen2, GPT-4o) or SentencePiece-style with byte fallback (Llama 2, Mistral,
+// Gemma); and a trainer that produces a byte-level one. See docs/tokenizer.md.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,9 +26,12 @@ class Tokenizer {
   // the rest is normalized, pre-tokenized and merged. With add_special_tokens the
   // post-processor's template (or add_bos_token) adds BOS / EOS. Text must be valid UTF-8.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
-  // Invalid ids are an error naming the id; invalid UTF-8 in the joined bytes becomes U+FFFD.
+  // Invalid ids are an error naming the id; invalid UTF-8 in the joined bytes becomes U+FFFD
+  // (SentencePiece-style: the decoder's rules, e.g. Llama 2's leading space stripped).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
-  // The bytes of one token (for streaming; may be a partial UTF-8 sequence).
+  // The bytes one token adds in the middle of a sequence, for streaming generated tokens
+  // (which always follow a prompt): may be a partial UTF-8 sequence (complete_utf8_prefix);
+  // "▁" is a space and nothing is stripped.
   std::string decode_token(int32_t id) const;
 
   int64_t vocab_size() const;  // max id + 1 over the vocabulary and the added tokens

@@ -1,5 +1,5 @@
-// Builds a Tokenizer from Hugging Face's tokenizer.json (+ tokenizer_config.json), checking
-// every field it relies on and naming the key at fault.
+// Builds a Tokenizer from Hugging Face's tokenizer.json (+ tokenizer_config.json), byte-level
+// or SentencePiece-style BPE, checking every field it relies on and naming the key at fault.
 #include <algorithm>
 #include <filesystem>
 
@@ -119,14 +119,23 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
   TESSERA_CHECK(j.contains("model") && j["model"].is_object(), source, ": missing \"model\"");
   const auto& model = j["model"];
   const std::string mtype = json_string(model, "type", "BPE", source + ": model");
-  TESSERA_CHECK(mtype == "BPE", source, ": model.type is '", mtype, "'; only BPE is supported");
+  TESSERA_CHECK(mtype == "BPE", source, ": model.type is '", mtype, "'; only BPE is supported",
+                mtype == "Unigram" ? " (SentencePiece Unigram models, as T5's, are not)" : "");
   TESSERA_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model.vocab: expected an object");
   TESSERA_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model.merges: expected an array");
-  TESSERA_CHECK(!json_bool(model, "byte_fallback", false, source + ": model"), source,
-                ": model.byte_fallback is true; that is SentencePiece-style BPE, not byte-level BPE");
+  // The decoder tells the two kinds apart: ByteLevel (or none) for byte-level BPE, whose
+  // tokens are GPT-2's byte alphabet; Replace / ByteFallback / Fuse / Strip / Metaspace for
+  // SentencePiece-style BPE, whose tokens are text with "▁" for a space.
+  const nlohmann::json decoder = j.value("decoder", nlohmann::json());
+  m->sentencepiece = detail::is_sentencepiece_decoder(decoder, source + ": decoder");
+  if (m->sentencepiece) m->decoder = detail::read_decoder(decoder, source + ": decoder");
+  m->byte_fallback = json_bool(model, "byte_fallback", false, source + ": model");
+  TESSERA_CHECK(!m->byte_fallback || m->sentencepiece, source,
+                ": model.byte_fallback is true; that is SentencePiece-style BPE, which needs its decoder "
+                "(Replace, ByteFallback, Fuse, Strip or Metaspace), not a ByteLevel one");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     TESSERA_CHECK(!model.contains(key) || model[key].is_null() || model[key] == "", source, ": model.", key,
-                  " is not supported by byte-level BPE");
+                  " is not supported (only null or \"\")");
   }
   TESSERA_CHECK(!model.contains("dropout") || model["dropout"].is_null() ||
                     (model["dropout"].is_number() && model["dropout"].get<double>() == 0.0),
@@ -164,6 +173,7 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
   m->id_used.assign(n, 0);
   m->id_special.assign(n, 0);
   m->byte_ids.fill(-1);
+  m->byte_fallback_ids.fill(-1);
   std::string bytes;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int32_t id = it.value().get<int32_t>();
@@ -172,6 +182,12 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
     m->id_used[id] = 1;
     m->id_token[id] = it.key();
     m->token_ids[it.key()] = id;
+    if (m->sentencepiece) {  // BPE sees the text itself
+      m->bytes_ids[it.key()] = id;
+      if (it.key().size() == 1) m->byte_ids[static_cast<uint8_t>(it.key()[0])] = id;
+      m->id_bytes[id] = detail::stream_bytes(m->decoder, it.key());
+      continue;
+    }
     // A token outside the byte-level alphabet cannot come out of BPE; the decoder writes
     // its text as is (Hugging Face's ByteLevel decoder does the same).
     if (byte_level_to_bytes(it.key(), &bytes)) {
@@ -187,6 +203,13 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
     TESSERA_CHECK(it != m->token_ids.end(), source, ": model.unk_token '", model["unk_token"].get<std::string>(),
                   "' is not in model.vocab");
     m->unk_id = it->second;
+  }
+  if (m->byte_fallback) {  // the tokens Hugging Face looks up: "<0x0A>", hex digits upper case
+    for (int b = 0; b < 256; ++b) {
+      static const char kHex[] = "0123456789ABCDEF";
+      const std::string name = std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
+      if (auto it = m->bytes_ids.find(name); it != m->bytes_ids.end()) m->byte_fallback_ids[b] = it->second;
+    }
   }
 
   // Merges: rank = position; a later duplicate of a pair wins, as in Hugging Face's map.
@@ -244,16 +267,17 @@ Tokenizer Tokenizer::build(const nlohmann::json& j, const std::string& source, c
     m->id_token[id] = content;
     m->id_special[id] = special;
     m->token_ids[content] = id;
-    m->id_bytes[id] = byte_level_to_bytes(content, &bytes) ? bytes : content;
+    if (m->sentencepiece) {
+      m->id_bytes[id] = detail::stream_bytes(m->decoder, content);
+    } else {
+      m->id_bytes[id] = byte_level_to_bytes(content, &bytes) ? bytes : content;
+    }
   }
   m->raw_added.finish();
   m->normalized_added.finish();
 
-  m->pre_tokenizer = PreTokenizer::from_json(j.value("pre_tokenizer", nlohmann::json()), source + ": pre_tokenizer");
-  const nlohmann::json decoder = j.value("decoder", nlohmann::json());
-  TESSERA_CHECK(decoder.is_null() || (decoder.is_object() && decoder.contains("type") && decoder["type"] == "ByteLevel"),
-                source, ": decoder: only ByteLevel (or null) is supported, found ",
-                decoder.is_object() && decoder.contains("type") ? json_brief(decoder["type"]) : json_brief(decoder));
+  m->pre_tokenizer = PreTokenizer::from_json(j.value("pre_tokenizer", nlohmann::json()), source + ": pre_tokenizer",
+                                             !m->sentencepiece);
   read_post_processor(j.value("post_processor", nlohmann::json()), source + ": post_processor", &m->prefix,
                       &m->suffix);
   for (const auto* ids : {&m->prefix, &m->suffix}) {
