@@ -84,6 +84,6 @@ struct BlockState;
 void layer_forward_train(const Model& m, int64_t l, const Activations& acts, BlockState& s,
                          LayerActivations& A, bool keep_attention);
 // A.att and A.lse from A.qkv (the selective recompute of the backward pass).
-void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A);
+void recompute_attention(const Model& m, int64_t layer, const Activations& acts, LayerActivations& A);
 
 }  // namespace tessera::model

@@ -1,6 +1,7 @@
 // The transformer block body (block.h).
 #include "tessera/model/block.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -83,11 +84,12 @@ MlaSpec mla_spec(const Model& m) {
   return s;
 }
 
-kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset) {
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset, int64_t layer) {
   kernels::AttentionParams p;
   p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   p.causal = true;
   p.q_offset = q_offset;
+  p.window = c.layer_window(layer);
   return p;
 }
 
@@ -95,10 +97,37 @@ void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inver
   const auto& c = m.config();
   if (!c.uses_rope()) return;
   const LocalDims& d = m.dims();
-  Tensor q = qkv.slice(1, 0, d.q);
-  Tensor k = qkv.slice(1, d.q, d.q + d.kv);
-  kernels::rope_apply(q, c.head_dim, positions, c.rope_theta, inverse);
-  kernels::rope_apply(k, c.head_dim, positions, c.rope_theta, inverse);
+  auto rotate = [&](int64_t b, int64_t e, const kernels::RopeFreqs& f) {
+    Tensor q = qkv.slice(1, 0, d.q).slice(0, b, e);
+    Tensor k = qkv.slice(1, d.q, d.q + d.kv).slice(0, b, e);
+    const Tensor pos = positions.slice(0, b, e);
+    kernels::rope_apply(q, c.head_dim, pos, f, inverse);
+    kernels::rope_apply(k, c.head_dim, pos, f, inverse);
+  };
+  const int64_t N = positions.size(0);
+  if (!c.rope_scaling || c.rope_scaling->type != "dynamic") {
+    rotate(0, N, rope_freqs(c, 0));
+    return;
+  }
+  // Dynamic NTK: each sequence's frequencies follow its length so far (its last position
+  // here + 1), as transformers recomputes them per forward. Rows are runs of consecutive
+  // positions, one per sequence; runs of the same length share one call.
+  const int32_t* p = positions.data<int32_t>();
+  int64_t b = 0;
+  while (b < N) {
+    int64_t e = b + 1;
+    while (e < N && p[e] == p[e - 1] + 1) ++e;
+    const int64_t len = std::max<int64_t>(p[e - 1] + 1, c.max_position_embeddings);
+    int64_t end = e;  // later runs within max_position_embeddings (or as long) share the frequencies
+    while (end < N) {
+      int64_t f = end + 1;
+      while (f < N && p[f] == p[f - 1] + 1) ++f;
+      if (std::max<int64_t>(p[f - 1] + 1, c.max_position_embeddings) != len) break;
+      end = f;
+    }
+    rotate(b, end, rope_freqs(c, len));
+    b = end;
+  }
 }
 
 Tensor gather_rows(const Model& m, const Tensor& local) {

@@ -116,9 +116,9 @@ struct QkvViews {
 };
 QkvViews qkv_views(const LocalDims& d, const Tensor& qkv, int64_t B, int64_t T);
 
-// Causal attention parameters (softmax scale 1/sqrt(head_dim)); q_offset: the position of
-// the first query row within the keys.
-kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset);
+// Causal attention parameters of layer `layer` (softmax scale 1/sqrt(head_dim), its
+// sliding window); q_offset: the position of the first query row within the keys.
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset, int64_t layer);
 // RoPE on the q and k columns of qkv (or of its gradient, inverse = true).
 void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inverse);
 }  // namespace tessera::model
