@@ -13,6 +13,8 @@ struct LayerActivations {
   Tensor mean1, rstd1;  // (N)
   Tensor h1;            // (N, H) norm1 output
   Tensor qkv;           // (N, Q + 2 KV) after RoPE
+  Tensor qk_raw;        // qwen3: (N, Q + KV) q and k before their norms
+  Tensor qk_rstd;       // qwen3: (heads + kv heads, N) each head's norm statistics
   Tensor att;           // (N, Q) attention output
   Tensor lse;           // (B, heads, T)
   Tensor x_mid;         // (N, H) residual after attention

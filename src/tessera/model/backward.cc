@@ -310,6 +310,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
                                     datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
                                     attention_params(c, 0, l));
       apply_rope(*this, dqkv, acts.positions, true);
+      if (c.qk_norm) qk_norm_backward(*this, W, A, dqkv, G);
       op = matmul_operand(dqkv, mode);
       input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
       if (d.kv_replicas > 1) {

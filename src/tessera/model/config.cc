@@ -116,7 +116,7 @@ void read_sliding_window(const json& j, const std::string& source, ModelConfig& 
     const auto sw = j.find("sliding_window");
     if (sw == j.end() ? t == "mistral" : !sw->is_null())
       c.sliding_window = get_int(j, source, "sliding_window", 1, kMaxPositions, 4096, false);
-  } else if ((t == "qwen2" || t == "qwen2_moe") && get_bool(j, source, "use_sliding_window", false)) {
+  } else if ((t == "qwen2" || t == "qwen2_moe" || t == "qwen3") && get_bool(j, source, "use_sliding_window", false)) {
     c.sliding_window = get_int(j, source, "sliding_window", 1, kMaxPositions, 4096, false);
     c.max_window_layers = get_int(j, source, "max_window_layers", 0, kMaxLayers, 28, false);
     if (c.max_window_layers >= c.num_layers) c.sliding_window = 0, c.max_window_layers = 0;  // no layer windowed
@@ -205,7 +205,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   TESSERA_CHECK(mt != j.end() && mt->is_string(), source, ": missing string key 'model_type'");
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral" ||
-      c.model_type == "mixtral" || c.model_type == "qwen2_moe") {
+      c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3") {
     c.arch = c.model_type == "qwen2" || c.model_type == "qwen2_moe" ? Arch::kQwen2 : Arch::kLlama;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
     c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
@@ -213,12 +213,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
     c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
     c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
-    c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim, c.hidden_size / c.num_heads, false);
+    c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim,
+                         c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_heads, false);  // (Qwen3Config: 128)
     c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 2048, false);
     c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
     c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
     c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
     c.qkv_bias = c.arch == Arch::kQwen2 || get_bool(j, source, "attention_bias", false);
+    c.qk_norm = c.model_type == "qwen3";
     TESSERA_CHECK(!get_bool(j, source, "mlp_bias", false), source,
                   ": 'mlp_bias': true is not supported");
     auto act = j.find("hidden_act");
@@ -290,7 +292,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
+         "' (supported: llama, qwen2, qwen3, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -343,6 +345,8 @@ void ModelConfig::validate(const std::string& source) const {
                   source, ": latent attention's rope_scaling must be yarn with 'factor' and "
                   "'original_max_position_embeddings' (as DeepSeek writes it), got ", rope_scaling->type);
   TESSERA_CHECK(!rope_scaling || uses_rope(), source, ": rope_scaling needs rotary embeddings");
+  TESSERA_CHECK(!qk_norm || (uses_rope() && !uses_mla() && !is_moe()), source,
+                ": q/k norms (qwen3) are supported on dense rotary attention only");
   TESSERA_CHECK(sliding_window >= 0 && max_window_layers >= 0 && (sliding_window == 0 || !uses_mla()), source,
                 ": sliding_window ", sliding_window, " is not supported here");
   TESSERA_CHECK(std::isfinite(partial_rotary_factor) && partial_rotary_factor > 0 && partial_rotary_factor <= 1 &&
@@ -506,9 +510,10 @@ json ModelConfig::to_json() const {
     const bool qwen_moe = is_moe() && shared_expert;
     const bool mistral = model_type == "mistral" && !is_moe();
     j["architectures"] = {qwen_moe ? "Qwen2MoeForCausalLM" : is_moe() ? "MixtralForCausalLM"
-                          : mistral ? "MistralForCausalLM"
+                          : mistral ? "MistralForCausalLM" : qk_norm ? "Qwen3ForCausalLM"
                           : arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = qwen_moe ? "qwen2_moe" : is_moe() ? "mixtral" : mistral ? "mistral" : arch_name(arch);
+    j["model_type"] = qwen_moe ? "qwen2_moe" : is_moe() ? "mixtral" : mistral ? "mistral" : qk_norm ? "qwen3"
+                      : arch_name(arch);
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
     j["intermediate_size"] = intermediate_size;
@@ -539,7 +544,7 @@ json ModelConfig::to_json() const {
         j["mlp_only_layers"] = nlohmann::json::array();
       }
     }
-    if (arch == Arch::kQwen2) {
+    if (arch == Arch::kQwen2 || qk_norm) {
       j["use_sliding_window"] = sliding_window > 0;
       if (sliding_window > 0) j["sliding_window"] = sliding_window, j["max_window_layers"] = max_window_layers;
     } else if (mistral || is_moe()) {

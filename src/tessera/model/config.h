@@ -44,6 +44,7 @@ struct ModelConfig {
   float rope_theta = 10000.f;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
+  bool qk_norm = false;   // qwen3: RMSNorm over each head's q and k (q_norm / k_norm) before RoPE
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   // Mixture of experts (model_type mixtral, qwen2_moe): every layer's MLP is num_experts

@@ -189,10 +189,6 @@ void for_each_run(const PagedSequence& s, int64_t bs, int64_t t0, int64_t n, Fn&
   }
 }
 
-// K^T of keys [t0, t0 + n) of (sequence, kv head) into dst (D, kKeyTile). An f32 cache
-// whose runs all start on a 16-column boundary is transposed straight from the cache (a
-// pack zero-fills only past its own last column); otherwise the keys are gathered (and
-// widened to f32) into `gather` (n, D) first.
 // Keys [t0, t0 + n) of (sequence, kv head) as f32 rows into gather (n, D).
 void gather_key_rows(const Job& job, const PagedSequence& s, int64_t kvh, int64_t t0, int64_t n, float* gather) {
   const int64_t D = job.d.D;
@@ -208,6 +204,10 @@ void gather_key_rows(const Job& job, const PagedSequence& s, int64_t kvh, int64_
   });
 }
 
+// K^T of keys [t0, t0 + n) of (sequence, kv head) into dst (D, kKeyTile). An f32 cache
+// whose runs all start on a 16-column boundary is transposed straight from the cache (a
+// pack zero-fills only past its own last column); otherwise the keys are gathered (and
+// widened to f32) into `gather` (n, D) first.
 void pack_key_tile(const Job& job, const PagedSequence& s, int64_t kvh, int64_t t0, int64_t n,
                    float* dst, float* gather) {
   const int64_t D = job.d.D, bs = job.d.block_size;
@@ -275,7 +275,8 @@ void run_partition(const Job& job, const RowBlock& rb, int64_t part, Buffers& bu
     const int64_t n = std::min(kKeyTile, pend - kt0);
     if (kt0 + n <= rb.kbeg) continue;  // before every row's window
     // Keys [kt0, lead) precede the block's window: their cache blocks may be freed, so they
-    // are packed as zeros (and masked) and their value rows are zeros.
+    // are packed as zeros (and masked) and their value rows are zeros. (Prepacked tiles
+    // start at the sequence's first window, at or before this block's.)
     const int64_t lead = std::max(rb.kbeg, kt0);
     const float* ktile = buf.kt;
     if (sp.packed) {
@@ -397,6 +398,7 @@ std::unique_ptr<Scratch> prepack_keys(Job& job, int64_t qb_max) {
   struct PackTask {
     int64_t seq, kvh, t0, n;
     float* dst;
+    int64_t first;  // keys before it (a sliding window's start) are packed as zeros
   };
   const int64_t D = job.d.D, tile_floats = D * kKeyTile;
   int64_t total = 0;
@@ -417,20 +419,31 @@ std::unique_ptr<Scratch> prepack_keys(Job& job, int64_t qb_max) {
     const PagedSequence& s = (*job.seqs)[i];
     SeqPlan& sp = job.plans[i];
     sp.packed = mem->get() + offset[i];
+    // Under a sliding window no row sees a key before its first row's window: tiles wholly
+    // before it are never used (left unpacked), the tile holding it is packed from it on.
+    const int64_t first = job.window > 0 ? std::max<int64_t>(sp.q_offset - job.window + 1, 0) : 0;
     for (int64_t kvh = 0; kvh < job.d.Hkv; ++kvh)
       for (int64_t p = 0; p * sp.split < s.context_len; ++p) {
         const int64_t pend = std::min((p + 1) * sp.split, s.context_len);
         for (int64_t t0 = p * sp.split, tile = 0; t0 < pend; t0 += kKeyTile, ++tile)
-          tasks.push_back({static_cast<int64_t>(i), kvh, t0, std::min(kKeyTile, pend - t0),
-                           mem->get() + offset[i] + kvh * sp.packed_stride +
-                               (p * sp.tiles_per_part + tile) * tile_floats});
+          if (t0 + std::min(kKeyTile, pend - t0) > first)
+            tasks.push_back({static_cast<int64_t>(i), kvh, t0, std::min(kKeyTile, pend - t0),
+                             mem->get() + offset[i] + kvh * sp.packed_stride +
+                                 (p * sp.tiles_per_part + tile) * tile_floats, first});
       }
   }
   base::parallel_for(static_cast<int64_t>(tasks.size()), 4, [&](int64_t begin, int64_t end) {
     Scratch gather(kKeyTile * D);
     for (int64_t w = begin; w < end; ++w) {
       const PackTask& t = tasks[w];
-      pack_key_tile(job, (*job.seqs)[t.seq], t.kvh, t.t0, t.n, t.dst, gather.get());
+      if (t.first <= t.t0) {
+        pack_key_tile(job, (*job.seqs)[t.seq], t.kvh, t.t0, t.n, t.dst, gather.get());
+        continue;
+      }
+      const int64_t lead = t.first - t.t0;
+      gather_key_rows(job, (*job.seqs)[t.seq], t.kvh, t.first, t.n - lead, gather.get() + lead * D);
+      std::fill_n(gather.get(), lead * D, 0.f);
+      job.ops->pack_transposed(gather.get(), D, t.n, D, t.dst, kKeyTile);
     }
   });
   return mem;
