@@ -330,3 +330,47 @@ TEST(BlockManager, PrefixCachingOffCachesNothing) {
 
 }  // namespace
 }  // namespace tessera::infer
+
+namespace tessera::infer {
+namespace {
+
+// Sliding-window release: the leading blocks go back (cached ones stay hits for others),
+// the table keeps their ids, a fork shares only the live ones, and free() releases the rest
+// once; the invariants hold throughout, also when a released block is taken again.
+TEST(BlockManager, ReleaseLeadingFreesBlocksOutOfTheWindowOnce) {
+  BlockManager bm(BlockManagerConfig{6, 4, true});
+  std::vector<int32_t> toks(16);
+  std::iota(toks.begin(), toks.end(), 100);
+  ASSERT_TRUE(bm.allocate_slots(1, 16));
+  bm.commit(1, toks, 16);
+  const std::vector<BlockId> table = bm.block_table(1);
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  bm.release_leading(1, 2);
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_released(1), 2);
+  EXPECT_EQ(bm.block_table(1), table);  // ids kept
+  EXPECT_EQ(bm.ref_count(table[0]), 0);
+  EXPECT_EQ(bm.ref_count(table[2]), 1);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  bm.release_leading(1, 1);  // fewer than before: no-op
+  EXPECT_EQ(bm.num_released(1), 2);
+  // Another request with the same 8-token prefix hits the released (cached) blocks.
+  EXPECT_EQ(bm.allocate_cached_prefix(2, std::vector<int32_t>(toks.begin(), toks.begin() + 9)), 8);
+  EXPECT_EQ(bm.ref_count(table[0]), 1);
+  bm.fork(1, 3);
+  EXPECT_EQ(bm.ref_count(table[3]), 2);
+  EXPECT_EQ(bm.ref_count(table[0]), 1);  // the fork took no reference on released blocks
+  bm.check_invariants();
+  // Request 1 grows into blocks that may be the ones it released.
+  ASSERT_TRUE(bm.allocate_slots(1, 24));
+  bm.check_invariants();
+  bm.free(1);
+  bm.free(3);
+  bm.free(2);
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_free_blocks(), 6);
+  EXPECT_THROW(bm.release_leading(7, 1), Error);
+}
+
+}  // namespace
+}  // namespace tessera::infer

@@ -40,7 +40,7 @@ Tensor prefill_logits(const model::Model& m, const std::vector<int32_t>& prompt,
     s.q_begin = 0, s.q_len = n, s.context_len = t0 + n, s.block_table = table.data();
     kernels::PagedAttentionParams p;
     p.scale = 1.f / std::sqrt(static_cast<float>(m.config().head_dim));
-    PagedKvAttention kv(pool, {s}, p);
+    PagedKvAttention kv(pool, {s}, p, m.config());
     const Tensor logits = m.forward_tokens(ids, pos, kv, rows);
     std::copy(logits.data<float>(), logits.data<float>() + n * V, all.data<float>() + t0 * V);
   }

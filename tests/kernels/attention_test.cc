@@ -24,10 +24,11 @@ struct Config {
   int64_t B, Tq, Tk, Hq, Hkv, D;
   bool causal;
   int64_t q_offset;
+  int64_t window = 0;
   std::string str() const {
     std::ostringstream os;
     os << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
-       << (causal ? " causal" : " full") << " q_offset=" << q_offset;
+       << (causal ? " causal" : " full") << " q_offset=" << q_offset << " window=" << window;
     return os.str();
   }
 };
@@ -121,6 +122,7 @@ AttentionParams params_for(const Config& c) {
   p.scale = 1.f / std::sqrt(static_cast<float>(c.D));
   p.causal = c.causal;
   p.q_offset = c.q_offset;
+  p.window = c.window;
   return p;
 }
 
@@ -190,6 +192,19 @@ TEST(Attention, SelfAttentionMatchesReference) {
           const int64_t B = T <= 64 ? 2 : 1;
           check_config({B, T, T, h[0], h[1], D, causal, 0}, seed++);
         }
+}
+
+// Sliding windows (Mistral's): narrower and wider than a 64-key tile, over whole sequences
+// and over queries at an offset (a prefill chunk, a decode), both kernel families.
+TEST(Attention, SlidingWindowMatchesReference) {
+  uint32_t seed = 500;
+  for (int64_t window : {1, 5, 64, 100})
+    for (bool scalar : {false, true}) {
+      check_config({1, 200, 200, 4, 2, 16, true, 0, window}, seed++, scalar);
+      check_config({2, 33, 33, 6, 1, 64, true, 0, window}, seed++, scalar);
+      check_config({1, 40, 300, 4, 2, 16, true, 260, window}, seed++, scalar);
+      check_config({2, 1, 257, 12, 4, 16, true, 256, window}, seed++, scalar);
+    }
 }
 
 TEST(Attention, OffsetQueriesMatchReference) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -157,18 +158,21 @@ void run_portable(Batch& b, const PagedAttentionParams& p) {
 }
 
 // Runs the kernel on the batch and compares every covered row with the reference.
+// `poison` (optional) may spoil cache blocks after the reference has read them.
 void check_batch(const std::vector<SeqSpec>& specs, const Dims& d, const PagedAttentionParams& p,
-                 uint32_t layout_seed, bool portable = false, KvCacheDtype kv = KvCacheDtype::kF32) {
+                 uint32_t layout_seed, bool portable = false, KvCacheDtype kv = KvCacheDtype::kF32,
+                 const std::function<void(Batch&)>& poison = nullptr) {
   SCOPED_TRACE(d.str() + " invariant=" + std::to_string(p.batch_invariant) +
                " split=" + std::to_string(p.decode_split) + (portable ? " [scalar]" : "") +
-               " kv=" + kv_cache_dtype_name(kv));
+               " kv=" + kv_cache_dtype_name(kv) + " window=" + std::to_string(p.window));
   Batch b = make_batch(specs, d, layout_seed, kv);
+  Tensor ref = Tensor::zeros(b.q.shape(), DType::kF32);
+  reference::paged_attention(b.q, b.k_cache, b.v_cache, b.seqs, ref, p);
+  if (poison) poison(b);
   if (portable)
     run_portable(b, p);
   else
     paged_attention(b.q, b.k_cache, b.v_cache, b.seqs, b.out, p);
-  Tensor ref = Tensor::zeros(b.q.shape(), DType::kF32);
-  reference::paged_attention(b.q, b.k_cache, b.v_cache, b.seqs, ref, p);
   const int64_t rowlen = d.Hq * d.D;
   for (size_t i = 0; i < specs.size(); ++i) {
     const PagedSequence& s = b.seqs[i];
@@ -215,6 +219,32 @@ TEST(PagedAttention, MixedBatchMatchesReference) {
         check_batch(mixed_specs(seed * 100), d, params_for(d, invariant, split), seed);
         ++seed;
       }
+}
+
+// Sliding windows narrower and wider than a tile and a partition. The blocks wholly before
+// each sequence's window (as the engine frees them) are filled with NaN after the reference
+// has read them: the kernel must never read them.
+TEST(PagedAttention, SlidingWindowNeverReadsBlocksBeforeTheWindow) {
+  uint32_t seed = 70;
+  const Dims dims[] = {{4, 2, 64, 16}, {8, 2, 40, 7}};
+  for (int64_t window : {1, 7, 50, 300})
+    for (const Dims& d : dims)
+      for (bool portable : {false, true})
+        for (KvCacheDtype kv : {KvCacheDtype::kF32, KvCacheDtype::kInt8}) {
+          PagedAttentionParams p = params_for(d, seed % 2 == 0, seed % 3 == 0 ? 100 : 0);
+          p.window = window;
+          check_batch(mixed_specs(seed * 100), d, p, seed, portable, kv, [&](Batch& b) {
+            for (const PagedSequence& s : b.seqs) {
+              const int64_t first_visible = std::max<int64_t>(s.context_len - s.q_len - window + 1, 0);
+              for (int64_t blk = 0; blk < first_visible / d.bs; ++blk)
+                for (Tensor* c : {&b.k_cache, &b.v_cache}) {
+                  const int64_t bytes = c->nbytes() / c->size(0);
+                  std::memset(static_cast<uint8_t*>(c->raw_data()) + s.block_table[blk] * bytes, 0xFF, bytes);
+                }
+            }
+          });
+          ++seed;
+        }
 }
 
 TEST(PagedAttention, LargeQueryGroupsMatchReference) {

@@ -54,6 +54,39 @@ TEST(RopeTest, MatchesReference) {
   }
 }
 
+// Scaled frequencies, an attention factor and a partial rotary (the first rotary_dim
+// features of each head rotate, the rest stay as they were).
+TEST(RopeTest, PartialRotaryAndAttentionFactorMatchReference) {
+  std::mt19937 rng(12);
+  for (cpu::Isa isa : isas_to_test()) {
+    ScopedIsa scoped(isa);
+    for (int64_t n : test_rows())
+      for (auto [head_dim, rotary] : {std::pair<int64_t, int64_t>{64, 16}, {80, 40}, {128, 128}, {96, 34}}) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + " N=" + std::to_string(n) + " head_dim=" +
+                     std::to_string(head_dim) + " rotary=" + std::to_string(rotary));
+        RopeFreqs f = rope_default_freqs(rotary, 1e6f);
+        for (size_t i = 0; i < f.inv_freq.size(); ++i) f.inv_freq[i] /= 1.0f + static_cast<float>(i % 3);
+        f.attention_factor = 1.1386f;
+        Mat m = random_mat(n, 3 * head_dim, rng, false);
+        Tensor x = m.view, want = x.clone();
+        const Tensor before = x.clone();
+        Tensor pos = random_positions(n, rng, 40000);
+        for (bool inverse : {false, true}) {
+          rope_apply(x, head_dim, pos, f, inverse);
+          reference::rope_apply(want, head_dim, pos, f, inverse);
+          EXPECT_TRUE(all_close(x, want, 1e-5, 1e-5));
+        }
+        for (int64_t h = 0; h < 3; ++h)  // the features past rotary_dim untouched
+          EXPECT_TRUE(bitwise_equal(x.slice(1, h * head_dim + rotary, (h + 1) * head_dim),
+                                    before.slice(1, h * head_dim + rotary, (h + 1) * head_dim)));
+      }
+  }
+  Tensor x = Tensor::zeros({2, 8}, DType::kF32);
+  Tensor pos = Tensor::from_vector(std::vector<int32_t>{0, 1}, {2});
+  EXPECT_TRUE(throws_error([&] { rope_apply(x, 4, pos, rope_default_freqs(8, 1e4f)); }, {"rotate 8", "head_dim 4"}));
+  EXPECT_TRUE(throws_error([&] { rope_default_freqs(3, 1e4f); }, {"rotary dimension", "3"}));
+}
+
 // HF: inv_freq = [1, 1/100] for head_dim 4, theta 1e4; rotate_half pairs i with i + 2.
 TEST(RopeTest, HandComputedExample) {
   Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}, {2, 4});

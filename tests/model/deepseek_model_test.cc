@@ -259,9 +259,9 @@ TEST_P(DeepseekModel, WhatIsNotSupportedYetIsAOneLineError) {
                "tp = 3 does not divide num_attention_heads = 4");
   nlohmann::json cfg = io::read_json_file(dir_ + "/config.json");
   cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 4}};
-  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "is not supported yet (yarn)");
+  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "latent attention's rope_scaling must be yarn");
   cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}};
-  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "yarn needs 'original_max_position_embeddings'");
+  expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'original_max_position_embeddings' (as DeepSeek");
   cfg = io::read_json_file(dir_ + "/config.json");
   cfg["scoring_func"] = "tanh";
   expect_error([&] { model::ModelConfig::from_json(cfg, "c.json"); }, "'scoring_func' tanh is not supported");

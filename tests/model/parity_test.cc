@@ -28,6 +28,12 @@ class Parity : public ::testing::TestWithParam<std::string> {
     ref_ = io::SafetensorsFile::open(dir_ + "/reference.safetensors");
   }
   Tensor ref(const std::string& name) const { return ref_->get(name); }
+  // How far bf16 compute may land from f32 compute over bf16-rounded weights: 2e-2, or
+  // 1.25x PyTorch's own distance between the two on this model (some random models' logits
+  // are more sensitive to activation rounding: 0.014-0.021 across the fixtures).
+  double bf16_tolerance() const {
+    return std::max(2e-2, 1.25 * relative_error(ref("logits_bf16"), ref("logits_bf16weights_f32compute")));
+  }
   std::string dir_;
   std::shared_ptr<io::SafetensorsFile> ref_;
 };
@@ -49,6 +55,9 @@ TEST_P(Parity, LogitsF32WithKvCacheMatchPyTorch) {
 }
 
 TEST_P(Parity, DecodeWithKvCacheEqualsFullForward) {
+  // Dynamic NTK rotates each step's keys with the frequencies of the length so far, as
+  // transformers does with a cache: decoding differs from one forward by design.
+  if (GetParam() == "llama_rope_dynamic") GTEST_SKIP() << "dynamic NTK: decode keys differ from one forward by design";
   const auto m = model::Model::load(dir_, DType::kF32);
   const Tensor ids = ref("input_ids"), want = ref("logits");
   const auto tokens = row(ids, 1);
@@ -73,7 +82,7 @@ TEST_P(Parity, LogitsBf16WithinBf16Tolerance) {
   EXPECT_LT(relative_error(logits, ref("logits_bf16")), std::max(4e-2, torch_gap + 2e-2));
   // ... and against f32 compute over bf16-rounded weights (we round activations to
   // bf16 at matmul inputs only, so we sit between the two).
-  EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), 2e-2);
+  EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), bf16_tolerance());
 }
 
 TEST_P(Parity, LossAndEveryGradientMatchPyTorch) {
@@ -129,7 +138,7 @@ TEST_P(Parity, Bf16MixedPrecisionTrainingStaysClose) {
     EXPECT_EQ(m.bf16_mode(), request == model::Bf16Request::kNative ? model::Bf16Mode::kNative
                                                                     : model::Bf16Mode::kEmulated);
     const Tensor logits = m.forward_batch(ref("input_ids").contiguous());
-    EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), 2e-2);
+    EXPECT_LT(relative_error(logits, ref("logits_bf16weights_f32compute")), bf16_tolerance());
     EXPECT_GT(relative_error(logits, ref("logits")), 1e-5);  // bf16 rounding did happen
     auto grads = model::Params::allocate(m.config(), DType::kF32);
     const auto r = m.forward_backward(ref("input_ids").contiguous(), ref("targets").contiguous(), grads);
@@ -238,7 +247,11 @@ TEST_P(Parity, PerplexityMatchesPyTorchTo4Digits) {
   EXPECT_NEAR(r.perplexity, std::exp(want), 5e-4 * std::exp(want));
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, Parity, ::testing::Values("llama", "qwen2", "gpt2"));
+// (the rope-scaling variants: tests/parity/make_reference.py's VARIANTS)
+INSTANTIATE_TEST_SUITE_P(Archs, Parity,
+                         ::testing::Values("llama", "qwen2", "qwen3", "gpt2", "llama_rope_llama3", "llama_rope_linear",
+                                           "llama_rope_dynamic", "llama_partial_rotary", "qwen2_rope_yarn",
+                                           "llama_mistral_window", "qwen2_sliding_window"));
 
 }  // namespace
 }  // namespace tessera

@@ -1,4 +1,4 @@
-"""Plain-PyTorch copies of Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel,
+"""Plain-PyTorch copies of Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel,
 MixtralForCausalLM, Qwen2MoeForCausalLM and DeepSeek-V2 / V3 (DeepseekV2ForCausalLM).
 
 This is Tessera's independent reference for model parity tests. Each module follows the
@@ -9,7 +9,9 @@ float64 or bfloat16 gives what `transformers` would give with attn_implementatio
 Parameter names are exactly the keys HF writes to model.safetensors.
 
 Only what a causal-LM forward/backward needs is here: no KV cache, no padding mask, no
-dropout (Tessera trains without it; HF dropout is inactive in eval), no rope scaling except
+dropout (Tessera trains without it; HF dropout is inactive in eval). Rope scaling:
+transformers' modeling_rope_utils.py types linear, dynamic, yarn and llama3
+(ScaledRotaryEmbedding), partial_rotary_factor as modeling_phi.py applies it, and
 DeepSeek's YaRN (DeepseekV2YarnRotaryEmbedding).
 """
 import math
@@ -33,6 +35,30 @@ def _causal_additive_mask(t, dtype, device):
     mask = torch.full((t, t), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask = torch.triu(mask, diagonal=1)
     return mask[None, None, :, :]
+
+
+def _sliding_additive_mask(t, window, dtype, device):
+    """The causal mask that also hides keys j <= i - window (transformers' sliding_window_overlay:
+    query i sees keys (i - window, i])."""
+    i = torch.arange(t, device=device)[:, None]
+    j = torch.arange(t, device=device)[None, :]
+    hidden = (j > i) | (j <= i - window)
+    mask = torch.zeros((t, t), dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)
+    return mask[None, None, :, :]
+
+
+def layer_windows(cfg):
+    """Per layer: its sliding window or 0, as transformers' layer_types say (mistral / mixtral
+    sliding_window; qwen2 use_sliding_window from layer max_window_layers on)."""
+    n = cfg["num_hidden_layers"]
+    kind = cfg.get("model_type")
+    if kind in ("mistral", "mixtral"):
+        w = cfg.get("sliding_window") or 0
+        return [w] * n
+    if kind in ("qwen2", "qwen2_moe", "qwen3") and cfg.get("use_sliding_window", False):
+        w, first = cfg.get("sliding_window") or 0, cfg.get("max_window_layers", 28)
+        return [w if i >= first else 0 for i in range(n)]
+    return [0] * n
 
 
 def _upcast_dtype(dtype):
@@ -109,8 +135,9 @@ class LlamaRotaryEmbedding(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos = emb.cos()
-            sin = emb.sin()
+            scale = getattr(self, "attention_scaling", 1.0)  # yarn's factor, in f32 as transformers
+            cos = emb.cos() * scale
+            sin = emb.sin() * scale
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
@@ -172,6 +199,97 @@ class DeepseekV2YarnRotaryEmbedding(LlamaRotaryEmbedding):
                                                self.original_max_position_embeddings)
         inv_freq_mask = 1.0 - yarn_linear_ramp_mask(low, high, dim // 2, dtype).to(device=device, dtype=dtype)
         return freq_inter * (1 - inv_freq_mask) + freq_extra * inv_freq_mask
+
+
+class ScaledRotaryEmbedding(LlamaRotaryEmbedding):
+    """transformers' rotary embedding with rope_scaling (modeling_rope_utils.py's
+    _compute_{linear_scaling,dynamic_ntk,yarn,llama3}_parameters), inv_freq in f32 as there:
+    cos and sin are multiplied by the attention factor (yarn). Dynamic NTK recomputes the
+    frequencies for each forward from its longest position (dynamic_rope_update's seq_len =
+    max(position_ids) + 1), unchanged up to max_position_embeddings. Yarn keeps the config's
+    factor and takes the correction range over original_max_position_embeddings when given
+    (else max_position_embeddings), as transformers does since its fix of issue 38224."""
+
+    def __init__(self, dim, base, scaling, max_position_embeddings):
+        super().__init__(dim, base)
+        self.scaling = dict(scaling)
+        self.kind = scaling.get("rope_type", scaling.get("type"))
+        self.max_pos = max_position_embeddings
+        self.seq_len = None
+        self.attention_scaling = 1.0
+        if self.kind == "yarn":
+            factor = scaling.get("factor")
+            original = scaling.get("original_max_position_embeddings") or max_position_embeddings
+            if factor is None:
+                factor = max_position_embeddings / original
+            self.factor, self.original = factor, original
+            af = scaling.get("attention_factor")
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            if af is None:
+                if mscale and mscale_all_dim:
+                    af = float(yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim))
+                else:
+                    af = yarn_get_mscale(factor)
+            self.attention_scaling = af
+        elif self.kind not in ("linear", "dynamic", "llama3"):
+            raise ValueError(f"rope_scaling type '{self.kind}' is not supported by the parity reference")
+
+    def default_inv_freq(self, base, device, dtype):
+        return 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.int64).to(device, dtype) / self.dim))
+
+    def inv_freq(self, device, dtype=torch.float32):
+        rs, dim = self.scaling, self.dim
+        if self.kind == "linear":
+            return self.default_inv_freq(self.base, device, dtype) / rs["factor"]
+        if self.kind == "dynamic":
+            factor = rs["factor"]
+            seq_len = self.seq_len if self.seq_len is not None and self.seq_len > self.max_pos else self.max_pos
+            base = self.base * ((factor * seq_len / self.max_pos) - (factor - 1)) ** (dim / (dim - 2))
+            return self.default_inv_freq(base, device, dtype)
+        if self.kind == "llama3":
+            inv_freq = self.default_inv_freq(self.base, device, dtype)
+            factor, low_ff, high_ff = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old_context_len = rs["original_max_position_embeddings"]
+            low_freq_wavelen = old_context_len / low_ff
+            high_freq_wavelen = old_context_len / high_ff
+            wavelen = 2 * math.pi / inv_freq
+            inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+            smooth_factor = (old_context_len / wavelen - low_ff) / (high_ff - low_ff)
+            smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+            is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+            return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+        # yarn
+        beta_fast = rs.get("beta_fast") or 32
+        beta_slow = rs.get("beta_slow") or 1
+        truncate = rs.get("truncate", True)
+
+        def find_correction_dim(num_rotations):
+            return (dim * math.log(self.original / (num_rotations * 2 * math.pi))) / (2 * math.log(self.base))
+
+        low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+        if truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        pos_freqs = self.base ** (torch.arange(0, dim, 2).to(device, dtype) / dim)
+        inv_freq_extrapolation = 1.0 / pos_freqs
+        inv_freq_interpolation = 1.0 / (self.factor * pos_freqs)
+        extrapolation_factor = 1 - yarn_linear_ramp_mask(low, high, dim // 2, dtype).to(device)
+        return inv_freq_interpolation * (1 - extrapolation_factor) + inv_freq_extrapolation * extrapolation_factor
+
+    def forward(self, x, position_ids):
+        self.seq_len = int(position_ids.max()) + 1
+        return super().forward(x, position_ids)
+
+
+def rotary_embedding(cfg, head_dim):
+    """LlamaRotaryEmbedding over int(head_dim x partial_rotary_factor) features, scaled as
+    config.json's rope_scaling says."""
+    dim = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+    base = cfg.get("rope_theta", 10000.0)
+    rs = cfg.get("rope_scaling")
+    if not rs or rs.get("rope_type", rs.get("type")) == "default":
+        return LlamaRotaryEmbedding(dim, base=base)
+    return ScaledRotaryEmbedding(dim, base, rs, cfg["max_position_embeddings"])
 
 
 def _deepseek_rope_scaling(cfg):
@@ -241,9 +359,13 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, self.hidden_size, bias=o_bias)
-        if cfg.get("rope_scaling"):
-            raise ValueError("rope_scaling is not supported by the parity reference")
-        self.rotary_emb = LlamaRotaryEmbedding(self.head_dim, base=cfg.get("rope_theta", 10000.0))
+        # Qwen3Attention: RMSNorm over each head's q and k (head_dim weights), before RoPE.
+        self.qk_norm = cfg.get("model_type") == "qwen3"
+        if self.qk_norm:
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=cfg["rms_norm_eps"])
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=cfg["rms_norm_eps"])
+        self.rotary_emb = rotary_embedding(cfg, self.head_dim)
+        self.rotary_dim = self.rotary_emb.dim
 
     def forward(self, hidden_states, position_ids, attention_mask):
         bsz, q_len, _ = hidden_states.size()
@@ -251,12 +373,22 @@ class LlamaAttention(nn.Module):
         key_states = self.k_proj(hidden_states)
         value_states = self.v_proj(hidden_states)
 
-        query_states = query_states.view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        key_states = key_states.view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        query_states = query_states.view(bsz, q_len, self.num_heads, self.head_dim)
+        key_states = key_states.view(bsz, q_len, self.num_key_value_heads, self.head_dim)
+        if self.qk_norm:
+            query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
+        query_states = query_states.transpose(1, 2)
+        key_states = key_states.transpose(1, 2)
         value_states = value_states.view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
 
         cos, sin = self.rotary_emb(value_states, position_ids)
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if self.rotary_dim < self.head_dim:  # partial rotary, as modeling_phi.py
+            r = self.rotary_dim
+            q_rot, k_rot = apply_rotary_pos_emb(query_states[..., :r], key_states[..., :r], cos, sin)
+            query_states = torch.cat((q_rot, query_states[..., r:]), dim=-1)
+            key_states = torch.cat((k_rot, key_states[..., r:]), dim=-1)
+        else:
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         key_states = repeat_kv(key_states, self.num_key_value_groups)
         value_states = repeat_kv(value_states, self.num_key_value_groups)
@@ -422,14 +554,16 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(cfg, qkv_bias, o_bias) for _ in range(cfg["num_hidden_layers"])])
         self.norm = LlamaRMSNorm(cfg["hidden_size"], eps=cfg["rms_norm_eps"])
+        self.windows = layer_windows(cfg)
 
     def forward(self, input_ids):
         bsz, t = input_ids.shape
         hidden_states = self.embed_tokens(input_ids)
         position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(bsz, t)
         mask = _causal_additive_mask(t, hidden_states.dtype, hidden_states.device)
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, position_ids, mask)
+        for layer, window in zip(self.layers, self.windows):
+            m = mask if window == 0 else _sliding_additive_mask(t, window, hidden_states.dtype, hidden_states.device)
+            hidden_states = layer(hidden_states, position_ids, m)
         return self.norm(hidden_states)
 
 
@@ -461,8 +595,6 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         return True, False
 
     def __init__(self, cfg):
-        if cfg.get("use_sliding_window", False):
-            raise ValueError("use_sliding_window is not supported by the parity reference")
         super().__init__(cfg)
 
 
@@ -904,6 +1036,8 @@ class DeepseekV2ForCausalLM(nn.Module):
 # ----------------------------------------------------------------------------- building / loading
 
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel,
+                 "mistral": LlamaForCausalLM,  # (Llama with sliding-window attention)
+                 "qwen3": LlamaForCausalLM,  # (q/k RMSNorm per head, bias as attention_bias)
                  "mixtral": LlamaForCausalLM,  # (Mixtral: Llama attention, sparse MoE MLP)
                  "qwen2_moe": Qwen2ForCausalLM,  # (Qwen2 attention, experts + shared expert)
                  "deepseek_v2": DeepseekV2ForCausalLM,  # (MLA attention, DeepSeek MoE)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes a tiny random Hugging Face model directory plus PyTorch reference outputs.
 
-  make_reference.py --arch {llama,qwen2,gpt2,mixtral,qwen2_moe,deepseek_v2,deepseek_v3} --out DIR
+  make_reference.py --arch {llama,qwen2,qwen3,gpt2,mixtral,qwen2_moe,deepseek_v2,deepseek_v3} --out DIR
                     [--seed N] [--variant NAME]
 
 DIR gets config.json, generation_config.json, model.safetensors (f32, HF tensor names),
@@ -51,6 +51,18 @@ def _qwen2_config():
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
         "tie_word_embeddings": True, "hidden_act": "silu", "attention_dropout": 0.0,
         "use_sliding_window": False, "sliding_window": 128, "max_window_layers": 2,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 95, "eos_token_id": 96,
+    }
+
+
+def _qwen3_config():
+    # head_dim 24 apart from hidden / heads (16), as Qwen3's 128 is apart from its hidden size.
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **_TINY, "head_dim": 24,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+        "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
         "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
         "bos_token_id": 95, "eos_token_id": 96,
     }
@@ -120,7 +132,8 @@ def _deepseek_v3_config():
     }
 
 
-BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "gpt2": _gpt2_config, "mixtral": _mixtral_config,
+BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config, "gpt2": _gpt2_config,
+                "mixtral": _mixtral_config,
                 "qwen2_moe": _qwen2_moe_config, "deepseek_v2": _deepseek_v2_config,
                 "deepseek_v3": _deepseek_v3_config}
 # DeepSeek's YaRN (mscale values as DeepSeek-V2/V3 ship them). original_max_position_embeddings
@@ -131,9 +144,30 @@ _DEEPSEEK_YARN = {"type": "yarn", "factor": 40, "original_max_position_embedding
                   "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
 # Variants override keys of the base config, to cover the other branch of each option.
 VARIANTS = {
+    # Rope scaling as transformers computes it (hf_models.ScaledRotaryEmbedding). head_dim 16,
+    # theta 1e4: wavelengths 6.3 .. 19869 positions, so llama3 (original 64: high-frequency
+    # wavelength 16, low 64) keeps the first frequency, smooths the next two and divides the
+    # rest by 8; dynamic NTK rescales past max_position_embeddings 12 (the batch's 17 tokens,
+    # the 128-token eval windows).
     "llama": {"default": {}, "tied": {"tie_word_embeddings": True},
-              "mha": {"num_key_value_heads": 4}},
-    "qwen2": {"default": {}, "untied": {"tie_word_embeddings": False}},
+              "mha": {"num_key_value_heads": 4},
+              "rope_llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+              "rope_linear": {"rope_scaling": {"type": "linear", "factor": 4.0}},
+              "rope_dynamic": {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 12},
+              "partial_rotary": {"partial_rotary_factor": 0.5},
+              # Mistral: every layer sees the last 5 positions (the batch's 17, the 128-token
+              # eval windows).
+              "mistral_window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                                 "sliding_window": 5}},
+    # YaRN over an original 4096 positions at theta 1e6: frequencies 0-1 kept, 2-3 ramped,
+    # 4-7 divided by 4; cos and sin times 0.1 ln 4 + 1.
+    "qwen2": {"default": {}, "untied": {"tie_word_embeddings": False},
+              "rope_yarn": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 4096}},
+              # Layer 1 of 2 windowed (6 positions), layer 0 full, as max_window_layers 1 says.
+              "sliding_window": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}},
+    "qwen3": {"default": {}},
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
     "qwen2_moe": {"default": {}},
@@ -155,7 +189,7 @@ def init_weights(model, gen):
         for name, p in model.named_parameters():
             # (layernorm also covers DeepSeek's q_a_layernorm / kv_a_layernorm)
             is_norm = any(k in name for k in ("layernorm", "model.norm", "ln_1", "ln_2", "ln_f",
-                                              ".enorm.", ".hnorm.", ".shared_head.norm."))
+                                              ".enorm.", ".hnorm.", ".shared_head.norm.", ".q_norm.", ".k_norm."))
             if is_norm and name.endswith(".weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".e_score_correction_bias"):

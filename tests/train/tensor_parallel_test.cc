@@ -58,6 +58,15 @@ ModelConfig tiny(Arch arch, int64_t heads, int64_t kv_heads, bool tied) {
   return c;
 }
 
+// Qwen3: q/k norms over head_dim 12 (apart from hidden / heads = 8).
+ModelConfig tiny_qwen3(int64_t kv_heads) {
+  ModelConfig c = tiny(Arch::kLlama, 4, kv_heads, true);
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  c.head_dim = 12;
+  return c;
+}
+
 Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed, bool ignore_some) {
   Tensor t = Tensor::empty({B, T}, DType::kI32);
   uint64_t s = seed;
@@ -136,9 +145,11 @@ TEST_P(TensorParallel, ShardsGiveTheSingleProcessLossGradientsLogitsAndTraffic) 
     // Backward: the head's input gradient + 2 per layer, each (N, H); with replicated kv
     // heads also the kv gradient (N, 2 head_dim) per layer over the ranks sharing it.
     const int64_t nh = N * H * 4;
+    // Qwen3: per layer also the q/k norms' weight gradients (2 head_dim), partial per rank.
     const int64_t kv_bytes = kv_rep ? L * N * 2 * c.head_dim * 4 : 0;
-    EXPECT_EQ(traffic.all_reduces, 1 + 2 * L + 2 + 1 + 2 * L + (kv_rep ? L : 0));
-    EXPECT_EQ(traffic.all_reduce_bytes, (2 + 4 * L) * nh + 3 * N * 4 + kv_bytes);
+    const int64_t qk = c.qk_norm ? L : 0;
+    EXPECT_EQ(traffic.all_reduces, 1 + 2 * L + 2 + 1 + 2 * L + (kv_rep ? L : 0) + qk);
+    EXPECT_EQ(traffic.all_reduce_bytes, (2 + 4 * L) * nh + 3 * N * 4 + kv_bytes + qk * 2 * c.head_dim * 4);
     EXPECT_EQ(traffic.all_gathers, 0);
   });
   // Logits (gathered across the group) and KV-cache inference.
@@ -240,9 +251,10 @@ TEST_P(TensorParallel, SequenceParallelGivesTheSameGradientsWithLessActivationMe
       EXPECT_EQ(traffic.reduce_scatter_bytes, (4 * L + 2) * nh);
       // All-reduces left: the cross-entropy's (N + 2N), the norms' weight gradients, and
       // replicated kv heads' gradients.
-      EXPECT_EQ(traffic.all_reduces, 2 + (2 * L + 1) + (kv_rep ? L : 0));
+      const int64_t qk = c.qk_norm ? L : 0;
+      EXPECT_EQ(traffic.all_reduces, 2 + (2 * L + 1) + (kv_rep ? L : 0) + qk);
       EXPECT_EQ(traffic.all_reduce_bytes, 3 * N * 4 + (2 * L + 1) * stats * H * 4 +
-                                              (kv_rep ? L * N * 2 * c.head_dim * 4 : 0));
+                                              (kv_rep ? L * N * 2 * c.head_dim * 4 : 0) + qk * 2 * c.head_dim * 4);
     }
     m.set_recompute(model::Recompute::kNone);
     const Tensor logits = m.forward_batch(ids);
@@ -258,6 +270,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // tp above the kv heads: each kv head replicated on 2 ranks
                       Case{"llama_kv_replicated_tp4", tiny(Arch::kLlama, 4, 2, false), 4},
                       Case{"qwen2_bias_tp2", tiny(Arch::kQwen2, 4, 2, true), 2},
+                      Case{"qwen3_qk_norm_tp2", tiny_qwen3(2), 2},
+                      Case{"qwen3_kv_replicated_tp4", tiny_qwen3(2), 4},
                       Case{"gpt2_tp2", tiny(Arch::kGpt2, 4, 4, true), 2}),
     [](const auto& info) { return std::string(info.param.name); });
 

@@ -334,8 +334,7 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
   res.model = name.empty() ? (o.model_dir.empty() ? o.shape : o.model_dir) : name;
   res.num_parameters = model.config().num_parameters();
   res.block_size = o.engine.block_size;
-  res.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len
-                                                 : model.config().max_position_embeddings;
+  res.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len : model::max_context(model.config());
   BenchRequest warmup;
   const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
 

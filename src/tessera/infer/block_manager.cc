@@ -154,7 +154,7 @@ void BlockManager::fork(RequestId parent, RequestId child) {
   TESSERA_CHECK(!reqs_.count(child), "BlockManager::fork: child request ", child,
                 " already has a block table");
   RequestBlocks copy = get(parent, "fork");
-  for (BlockId b : copy.table) ++blocks_[b].ref;
+  for (size_t i = static_cast<size_t>(copy.released); i < copy.table.size(); ++i) ++blocks_[copy.table[i]].ref;
   reqs_.emplace(child, std::move(copy));
 }
 
@@ -181,9 +181,18 @@ void BlockManager::free(RequestId id) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return;
   const std::vector<BlockId>& table = it->second.table;
-  for (auto b = table.rbegin(); b != table.rend(); ++b) release_block(*b);
+  for (auto b = table.rbegin(); b != table.rend() - it->second.released; ++b) release_block(*b);
   reqs_.erase(it);
 }
+
+void BlockManager::release_leading(RequestId id, int64_t num_blocks) {
+  RequestBlocks& r = get(id, "release_leading");
+  TESSERA_CHECK(num_blocks <= static_cast<int64_t>(r.table.size()), "BlockManager::release_leading: request ", id,
+                " has ", r.table.size(), " blocks, not ", num_blocks);
+  for (; r.released < num_blocks; ++r.released) release_block(r.table[static_cast<size_t>(r.released)]);
+}
+
+int64_t BlockManager::num_released(RequestId id) const { return get(id, "num_released").released; }
 
 const std::vector<BlockId>& BlockManager::block_table(RequestId id) const {
   return get(id, "block_table").table;
@@ -237,7 +246,7 @@ void BlockManager::check_invariants() const {
     TESSERA_CHECK(cfg_.prefix_caching || r.hashes.empty(), where, "request ", id,
                   " has block hashes with prefix caching off");
     std::unordered_set<BlockId> in_table;
-    for (size_t i = 0; i < r.table.size(); ++i) {
+    for (size_t i = static_cast<size_t>(r.released); i < r.table.size(); ++i) {  // (stale ids before)
       const BlockId b = r.table[i];
       TESSERA_CHECK(b >= 0 && b < n, where, "request ", id, " holds bad block id ", b);
       TESSERA_CHECK(in_table.insert(b).second, where, "request ", id, " holds block ", b,

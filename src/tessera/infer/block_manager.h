@@ -72,6 +72,13 @@ class BlockManager {
   // never rewritten).
   CowResult copy_on_write(RequestId id, int64_t pos);
 
+  // Sliding-window attention: the request's first `num_blocks` logical blocks will never be
+  // read again. Those not released yet are released (in order, as free() releases them)
+  // while the table keeps their ids, now stale (the attention never reads them; they may be
+  // handed to other requests). Fewer than released before is a no-op.
+  void release_leading(RequestId id, int64_t num_blocks);
+  int64_t num_released(RequestId id) const;  // leading blocks released so far
+
   // Releases the request's blocks, last block first: ref-1; a block reaching 0 that has a hash
   // stays cached (evictable, appended at the most-recently-used end, so a request's tail blocks
   // are evicted before its head), otherwise it goes back to the free list. Unknown id: no-op.
@@ -120,6 +127,7 @@ class BlockManager {
   struct RequestBlocks {
     std::vector<BlockId> table;     // logical block i -> physical block
     std::vector<uint64_t> hashes;   // chain hashes of the committed full blocks (prefix of table)
+    int64_t released = 0;           // table[0, released) are stale (release_leading)
   };
 
   BlockId take_block();            // caller checked num_free_blocks() > 0

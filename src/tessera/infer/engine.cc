@@ -91,11 +91,19 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   TESSERA_CHECK(!draft_ || draft_->config().vocab_size == c.vocab_size, "the draft model's vocabulary (",
                 draft_ ? draft_->config().vocab_size : 0, ") differs from the model's (", c.vocab_size,
                 "); they must share a tokenizer");
-  max_len_ = config_.max_model_len > 0 ? config_.max_model_len : c.max_position_embeddings;
-  TESSERA_CHECK(max_len_ <= c.max_position_embeddings || c.uses_rope(), "max_model_len ", max_len_,
-                " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
+  const int64_t context = model::max_context(c);
+  max_len_ = config_.max_model_len > 0 ? config_.max_model_len : context;
+  TESSERA_CHECK(max_len_ <= context, "max_model_len ", max_len_, " exceeds the model's ",
+                context == c.max_position_embeddings ? "max_position_embeddings " : "context (rope_scaling) ",
+                context);
   const int64_t bs = config_.block_size;
-  const int64_t blocks_per_seq = (max_len_ + bs - 1) / bs;
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = config_.max_num_batched_tokens;
+  sc.max_num_seqs = config_.max_num_seqs;
+  sc.max_model_len = max_len_;
+  sc.chunked_prefill = config_.chunked_prefill;
+  sc.sliding_window = c.all_layers_windowed() ? c.sliding_window : 0;
+  const int64_t blocks_per_seq = Scheduler::blocks_per_request(sc, bs);
   int64_t num_blocks = 0;
   const int64_t kv_heads = model_.dims().kv_heads;  // this rank's (tensor parallelism: 1/tp)
   if (config_.kv_cache_memory > 0) {
@@ -111,11 +119,6 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   pool_ = KvPool::create(c, num_blocks, bs, kv_heads, config_.kv_cache_dtype);
   if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);
   blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
-  SchedulerConfig sc;
-  sc.max_num_batched_tokens = config_.max_num_batched_tokens;
-  sc.max_num_seqs = config_.max_num_seqs;
-  sc.max_model_len = max_len_;
-  sc.chunked_prefill = config_.chunked_prefill;
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
   if (c.eos_token_id >= 0) eos_.push_back(static_cast<int32_t>(c.eos_token_id));
   stats_.kv_blocks_total = num_blocks;

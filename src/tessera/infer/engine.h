@@ -32,7 +32,7 @@ struct EngineConfig {
   kernels::KvCacheDtype kv_cache_dtype = kernels::KvCacheDtype::kBF16;
   int64_t max_num_batched_tokens = 2048; // token budget per step
   int64_t max_num_seqs = 64;             // running sequences at most
-  int64_t max_model_len = 0;             // context length; 0 = the model's max_position_embeddings
+  int64_t max_model_len = 0;             // context length; 0 = the model's (model::max_context)
   bool prefix_caching = true;
   bool chunked_prefill = true;
   bool batch_invariant = false;          // logits independent of the rest of the batch (slower)

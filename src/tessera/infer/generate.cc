@@ -14,9 +14,9 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   TESSERA_CHECK(options.max_tokens >= 0, "generate: max tokens must be >= 0, got ",
                 options.max_tokens);
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
-  TESSERA_CHECK(total <= c.max_position_embeddings, "generate: prompt (", prompt.size(),
+  TESSERA_CHECK(total <= model::max_context(c), "generate: prompt (", prompt.size(),
                 ") + max tokens (", options.max_tokens, ") exceeds the model's context of ",
-                c.max_position_embeddings, " tokens");
+                model::max_context(c), " tokens");
   GenerateResult r;
   r.finish_reason = "length";
   if (options.max_tokens == 0) return r;

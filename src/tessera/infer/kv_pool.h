@@ -42,13 +42,16 @@ int64_t available_memory_bytes();
 // tokens belong to which sequence and where its blocks are.
 class PagedKvAttention final : public model::KvAttention {
  public:
+  // `config` gives each layer's sliding window.
   PagedKvAttention(KvPool& pool, std::vector<kernels::PagedSequence> seqs,
-                   kernels::PagedAttentionParams params)
-      : pool_(pool), seqs_(std::move(seqs)), params_(params) {}
+                   kernels::PagedAttentionParams params, const model::ModelConfig& config)
+      : pool_(pool), seqs_(std::move(seqs)), params_(params), config_(config) {}
   void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
               Tensor& out) override {
     kernels::write_kv_cache(k, v, seqs_, pool_.k[layer], pool_.v[layer]);
-    kernels::paged_attention(q, pool_.k[layer], pool_.v[layer], seqs_, out, params_);
+    kernels::PagedAttentionParams p = params_;
+    p.window = config_.layer_window(layer);
+    kernels::paged_attention(q, pool_.k[layer], pool_.v[layer], seqs_, out, p);
   }
   void attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn) override;
 
@@ -56,6 +59,7 @@ class PagedKvAttention final : public model::KvAttention {
   KvPool& pool_;
   std::vector<kernels::PagedSequence> seqs_;
   kernels::PagedAttentionParams params_;
+  const model::ModelConfig& config_;
 };
 
 }  // namespace tessera::infer

@@ -15,11 +15,11 @@ Scheduler::Scheduler(SchedulerConfig c, BlockManager& blocks) : cfg_(c), blocks_
   TESSERA_CHECK(c.max_num_seqs > 0, "Scheduler: max_num_seqs must be > 0, got ", c.max_num_seqs);
   TESSERA_CHECK(c.max_model_len > 0, "Scheduler: max_model_len must be > 0, got ",
                 c.max_model_len);
-  const int64_t bs = blocks.block_size();
-  TESSERA_CHECK((c.max_model_len + bs - 1) / bs <= blocks.num_blocks(),
-                "Scheduler: max_model_len ", c.max_model_len, " needs ",
-                (c.max_model_len + bs - 1) / bs, " KV blocks but the pool has only ",
-                blocks.num_blocks(), " (raise the KV cache memory or lower max_model_len)");
+  const int64_t need = blocks_per_request(c, blocks.block_size());
+  TESSERA_CHECK(need <= blocks.num_blocks(), "Scheduler: max_model_len ", c.max_model_len,
+                c.sliding_window > 0 ? " (sliding window " + std::to_string(c.sliding_window) + ")" : std::string(),
+                " needs ", need, " KV blocks but the pool has only ", blocks.num_blocks(),
+                " (raise the KV cache memory or lower max_model_len)");
   TESSERA_CHECK(c.chunked_prefill || c.max_num_batched_tokens >= c.max_model_len,
                 "Scheduler: without chunked prefill max_num_batched_tokens (",
                 c.max_num_batched_tokens, ") must be >= max_model_len (", c.max_model_len, ")");
@@ -243,6 +243,7 @@ void Scheduler::update(const SchedulerOutput& out,
     } else {
       r.num_computed_tokens += s.num_tokens;
       blocks_.commit(r.id, r.tokens, r.num_computed_tokens);
+      release_out_of_window(r);
     }
     if (s.samples) may_sample[s.id] = 1 + s.num_spec;
   }
@@ -264,7 +265,23 @@ void Scheduler::update(const SchedulerOutput& out,
     r.num_computed_tokens += std::max<int64_t>(1, taken[id]);
     blocks_.commit(r.id, r.tokens, std::min<int64_t>(r.num_computed_tokens,
                                                      static_cast<int64_t>(r.tokens.size())));
+    release_out_of_window(r);
   }
+}
+
+int64_t Scheduler::blocks_per_request(const SchedulerConfig& c, int64_t block_size) {
+  const int64_t whole = (c.max_model_len + block_size - 1) / block_size;
+  if (c.sliding_window <= 0) return whole;
+  // Held at once: from the window start of a step's first token to the end of its chunk.
+  return std::min(whole, (c.sliding_window + c.max_num_batched_tokens) / block_size + 2);
+}
+
+// Later steps compute positions from num_computed_tokens on (a rejected proposal is never
+// below it), whose windows start at num_computed_tokens - window + 1 or later.
+void Scheduler::release_out_of_window(const SchedRequest& r) {
+  const int64_t w = cfg_.sliding_window;
+  if (w <= 0 || r.num_computed_tokens - w + 1 <= 0) return;
+  blocks_.release_leading(r.id, (r.num_computed_tokens - w + 1) / blocks_.block_size());
 }
 
 void Scheduler::check_invariants() const {

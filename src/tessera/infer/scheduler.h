@@ -19,6 +19,9 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 256;             // running requests at most (admission limit)
   int64_t max_model_len = 2048;           // context length
   bool chunked_prefill = true;
+  // Every layer attends to a sliding window of this many positions (0: none): blocks wholly
+  // before the window of a request's next token are released after each step.
+  int64_t sliding_window = 0;
 };
 
 enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
@@ -116,6 +119,10 @@ class Scheduler {
   // running ones hold blocks covering their computed tokens; then the block manager's check.
   void check_invariants() const;
 
+  // The most KV blocks one request holds at once: its whole max_model_len, or under a
+  // sliding window its window plus one step's tokens.
+  static int64_t blocks_per_request(const SchedulerConfig& c, int64_t block_size);
+
  private:
   using WaitKey = std::tuple<int, int64_t, RequestId>;  // (priority, arrival, id)
   static WaitKey wait_key(const SchedRequest& r) { return {r.priority, r.arrival, r.id}; }
@@ -126,6 +133,7 @@ class Scheduler {
   void check_length(const SchedRequest& r) const;
   void preempt(RequestId id, SchedulerOutput& out, int64_t& budget);
   void remove(RequestId id);
+  void release_out_of_window(const SchedRequest& r);
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;

@@ -26,7 +26,7 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tenso
   kernels::PagedAttentionParams ap;
   ap.scale = 1.f / std::sqrt(static_cast<float>(m.config().head_dim));
   ap.batch_invariant = plan.batch_invariant;
-  PagedKvAttention kv(pool, plan.seqs, ap);
+  PagedKvAttention kv(pool, plan.seqs, ap, m.config());
   base::TraceScope fwd("forward_tokens");
   return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant, hidden);
 }

@@ -56,6 +56,8 @@ AttnDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v,
                 1.0 / std::sqrt(static_cast<double>(d.D)), "), got ", params.scale);
   TESSERA_CHECK(d.Tq == 0 || d.Tk > 0, "attention: k ", shape_str(k.shape()), " has no keys for ",
                 d.Tq, " queries");
+  TESSERA_CHECK(params.window >= 0 && (params.window == 0 || params.causal),
+                "attention: a sliding window (", params.window, ") must be positive and causal");
   if (params.causal) {
     TESSERA_CHECK(params.q_offset >= 0 && params.q_offset + d.Tq <= d.Tk,
                   "attention: causal q_offset ", params.q_offset, " with Tq ", d.Tq, " (q ",

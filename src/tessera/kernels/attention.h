@@ -13,6 +13,10 @@ struct AttentionParams {
   // Absolute position of query row 0 among the keys: query i sees keys j <= q_offset + i.
   // For a forward over a whole sequence it is 0; for decode with a KV cache it is Tk - Tq.
   int64_t q_offset = 0;
+  // Sliding window (causal only; 0 = none): query at position p = q_offset + i sees keys
+  // (p - window, p], the last `window` positions including its own (Mistral's
+  // sliding_window as transformers masks it).
+  int64_t window = 0;
 };
 
 // q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq % Hkv == 0 (query head h reads kv head

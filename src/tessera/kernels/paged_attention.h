@@ -58,6 +58,10 @@ struct PagedAttentionParams {
   // batch_invariant, else context_len / 16 rounded up to 64, within [256, 1024] (so the two
   // modes agree up to 4096 keys).
   int64_t decode_split = 0;
+  // Sliding window (0 = none): a query at position p sees keys (p - window, p]. Keys before
+  // the first row of a query block's window are never read, so their cache blocks may have
+  // been freed (the engine frees blocks that leave every layer's window).
+  int64_t window = 0;
 };
 
 // q (Ntok, Hq, D) f32, head dim contiguous and head stride D; the token stride may be

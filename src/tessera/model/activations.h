@@ -13,6 +13,8 @@ struct LayerActivations {
   Tensor mean1, rstd1;  // (N)
   Tensor h1;            // (N, H) norm1 output
   Tensor qkv;           // (N, Q + 2 KV) after RoPE
+  Tensor qk_raw;        // qwen3: (N, Q + KV) q and k before their norms
+  Tensor qk_rstd;       // qwen3: (heads + kv heads, N) each head's norm statistics
   Tensor att;           // (N, Q) attention output
   Tensor lse;           // (B, heads, T)
   Tensor x_mid;         // (N, H) residual after attention
@@ -84,6 +86,6 @@ struct BlockState;
 void layer_forward_train(const Model& m, int64_t l, const Activations& acts, BlockState& s,
                          LayerActivations& A, bool keep_attention);
 // A.att and A.lse from A.qkv (the selective recompute of the backward pass).
-void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A);
+void recompute_attention(const Model& m, int64_t layer, const Activations& acts, LayerActivations& A);
 
 }  // namespace tessera::model

@@ -220,7 +220,6 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
   // Block l's backward from dres, the gradient w.r.t. its output residual stream, which
   // becomes the gradient w.r.t. its input (A: what its forward kept).
-  const auto params = attention_params(c, 0);
   Tensor tmp = Tensor::empty({Nl, H}, DType::kF32);
   Tensor da, du;  // (N, F), (N, 2F | F): sized per layer (deepseek's dense and shared-expert MLPs differ)
   const bool mla = c.uses_mla();
@@ -304,12 +303,14 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       QkvViews dv = qkv_views(d, dqkv, B, T);
       if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
         cp_attention_backward(*cp_comm_, cp_method_, v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
-                              A.cp, datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v, params.scale);
+                              A.cp, datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
+                              attention_params(c, 0, l).scale);
       else
         kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
                                     datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
-                                    params);
+                                    attention_params(c, 0, l));
       apply_rope(*this, dqkv, acts.positions, true);
+      if (c.qk_norm) qk_norm_backward(*this, W, A, dqkv, G);
       op = matmul_operand(dqkv, mode);
       input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
       if (d.kv_replicas > 1) {
@@ -436,7 +437,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       s.x = recomputed.x_in.clone();
       layer_forward_train(*this, l, acts, s, recomputed, true);
     } else if (recompute_ == Recompute::kSelective) {
-      recompute_attention(*this, acts, acts.layers[l]);
+      recompute_attention(*this, l, acts, acts.layers[l]);
     }
     block_backward(l, recompute_ == Recompute::kFull ? recomputed : acts.layers[l], dres);
     acts.layers[l] = LayerActivations{};  // done with this layer: release its memory now

@@ -1,6 +1,7 @@
 // The transformer block body (block.h).
 #include "tessera/model/block.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "tessera/kernels/elementwise.h"
 #include "tessera/kernels/embedding.h"
 #include "tessera/kernels/matmul.h"
+#include "tessera/kernels/norm.h"
 #include "tessera/kernels/rope.h"
 #include "tessera/model/layer_ops.h"
 
@@ -83,11 +85,12 @@ MlaSpec mla_spec(const Model& m) {
   return s;
 }
 
-kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset) {
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset, int64_t layer) {
   kernels::AttentionParams p;
   p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   p.causal = true;
   p.q_offset = q_offset;
+  p.window = c.layer_window(layer);
   return p;
 }
 
@@ -95,10 +98,71 @@ void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inver
   const auto& c = m.config();
   if (!c.uses_rope()) return;
   const LocalDims& d = m.dims();
-  Tensor q = qkv.slice(1, 0, d.q);
-  Tensor k = qkv.slice(1, d.q, d.q + d.kv);
-  kernels::rope_apply(q, c.head_dim, positions, c.rope_theta, inverse);
-  kernels::rope_apply(k, c.head_dim, positions, c.rope_theta, inverse);
+  auto rotate = [&](int64_t b, int64_t e, const kernels::RopeFreqs& f) {
+    Tensor q = qkv.slice(1, 0, d.q).slice(0, b, e);
+    Tensor k = qkv.slice(1, d.q, d.q + d.kv).slice(0, b, e);
+    const Tensor pos = positions.slice(0, b, e);
+    kernels::rope_apply(q, c.head_dim, pos, f, inverse);
+    kernels::rope_apply(k, c.head_dim, pos, f, inverse);
+  };
+  const int64_t N = positions.size(0);
+  if (!c.rope_scaling || c.rope_scaling->type != "dynamic") {
+    rotate(0, N, rope_freqs(c, 0));
+    return;
+  }
+  // Dynamic NTK: each sequence's frequencies follow its length so far (its last position
+  // here + 1), as transformers recomputes them per forward. Rows are runs of consecutive
+  // positions, one per sequence; runs of the same length share one call.
+  const int32_t* p = positions.data<int32_t>();
+  int64_t b = 0;
+  while (b < N) {
+    int64_t e = b + 1;
+    while (e < N && p[e] == p[e - 1] + 1) ++e;
+    const int64_t len = std::max<int64_t>(p[e - 1] + 1, c.max_position_embeddings);
+    int64_t end = e;  // later runs within max_position_embeddings (or as long) share the frequencies
+    while (end < N) {
+      int64_t f = end + 1;
+      while (f < N && p[f] == p[f - 1] + 1) ++f;
+      if (std::max<int64_t>(p[f - 1] + 1, c.max_position_embeddings) != len) break;
+      end = f;
+    }
+    rotate(b, end, rope_freqs(c, len));
+    b = end;
+  }
+}
+
+void qk_norm_forward(const Model& m, const LayerParams& W, Tensor& qkv, LayerActivations* A) {
+  const ModelConfig& c = m.config();
+  const LocalDims& d = m.dims();
+  const int64_t N = qkv.size(0), hd = c.head_dim, nq = d.q / hd, nk = d.kv / hd;
+  Tensor raw = qkv.slice(1, 0, d.q + d.kv).clone();
+  Tensor rstd = Tensor::empty({nq + nk, N}, DType::kF32);
+  for (int64_t h = 0; h < nq + nk; ++h) {
+    Tensor out = qkv.slice(1, h * hd, (h + 1) * hd), r = rstd.select(0, h);
+    kernels::rmsnorm_forward(raw.slice(1, h * hd, (h + 1) * hd), h < nq ? W.q_norm : W.k_norm, c.norm_eps, out, &r);
+  }
+  if (A) A->qk_raw = std::move(raw), A->qk_rstd = std::move(rstd);
+}
+
+void qk_norm_backward(const Model& m, const LayerParams& W, const LayerActivations& A, Tensor& dqkv,
+                      LayerParams& G) {
+  const ModelConfig& c = m.config();
+  const LocalDims& d = m.dims();
+  const int64_t N = dqkv.size(0), hd = c.head_dim, nq = d.q / hd, nk = d.kv / hd;
+  Tensor g = Tensor::zeros({2 * hd}, DType::kF32);  // q_norm's, then k_norm's
+  Tensor gq = g.slice(0, 0, hd), gk = g.slice(0, hd, 2 * hd);
+  Tensor dx = Tensor::empty({N, hd}, DType::kF32);
+  for (int64_t h = 0; h < nq + nk; ++h) {
+    Tensor dout = dqkv.slice(1, h * hd, (h + 1) * hd);
+    Tensor& gw = h < nq ? gq : gk;
+    kernels::rmsnorm_backward(dout, A.qk_raw.slice(1, h * hd, (h + 1) * hd), h < nq ? W.q_norm : W.k_norm,
+                              A.qk_rstd.select(0, h), dx, gw);
+    dout.copy_from(dx);
+  }
+  // Each rank saw only its heads: the weights' gradients are partial sums over the tp group.
+  if (m.tp_comm()) tp_reduce(m, g);
+  kernels::add_inplace(G.q_norm, gq);
+  kernels::add_inplace(G.k_norm, gk);
 }
 
 Tensor gather_rows(const Model& m, const Tensor& local) {
@@ -306,6 +370,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     if (A) round_matmul_input_in_place(h1, mode);
     Tensor& qkv = fresh(A ? A->qkv : s.qkv, s.qkv, Nf, d.qkv);
     column_parallel(kBlockLinears[0], h1, qkv);
+    if (c.qk_norm) qk_norm_forward(m, W, qkv, A);
     apply_rope(m, qkv, *opt.positions, false);
     Tensor& att = fresh(A ? A->att : s.att, s.att, Nf, d.q);
     attend(l, qkv, att);

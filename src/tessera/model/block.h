@@ -116,9 +116,16 @@ struct QkvViews {
 };
 QkvViews qkv_views(const LocalDims& d, const Tensor& qkv, int64_t B, int64_t T);
 
-// Causal attention parameters (softmax scale 1/sqrt(head_dim)); q_offset: the position of
-// the first query row within the keys.
-kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset);
+// Causal attention parameters of layer `layer` (softmax scale 1/sqrt(head_dim), its
+// sliding window); q_offset: the position of the first query row within the keys.
+kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset, int64_t layer);
+// Qwen3's per-head RMSNorm of the q and k columns of qkv, in place (before RoPE); with A,
+// what backward needs (the columns before it, each head's rstd). Backward: the gradient
+// w.r.t. the normed columns (after the inverse RoPE) becomes the one w.r.t. their inputs,
+// and G.q_norm / G.k_norm gain the weights' gradients (summed over the tp group).
+void qk_norm_forward(const Model& m, const LayerParams& W, Tensor& qkv, LayerActivations* A);
+void qk_norm_backward(const Model& m, const LayerParams& W, const LayerActivations& A, Tensor& dqkv,
+                      LayerParams& G);
 // RoPE on the q and k columns of qkv (or of its gradient, inverse = true).
 void apply_rope(const Model& m, Tensor& qkv, const Tensor& positions, bool inverse);
 }  // namespace tessera::model

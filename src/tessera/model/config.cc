@@ -106,6 +106,34 @@ double get_nonnegative(const json& j, const std::string& source, const char* key
 }
 
 
+// Sliding windows as transformers reads them: mistral's sliding_window (4096 when the key
+// is absent, as MistralConfig's default; null: none), mixtral's (default none), and qwen2's
+// use_sliding_window (default false) with sliding_window (4096) from layer
+// max_window_layers (28) on. A layer_types list must agree with that.
+void read_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
+  const std::string& t = c.model_type;
+  if (t == "mistral" || t == "mixtral") {
+    const auto sw = j.find("sliding_window");
+    if (sw == j.end() ? t == "mistral" : !sw->is_null())
+      c.sliding_window = get_int(j, source, "sliding_window", 1, kMaxPositions, 4096, false);
+  } else if ((t == "qwen2" || t == "qwen2_moe" || t == "qwen3") && get_bool(j, source, "use_sliding_window", false)) {
+    c.sliding_window = get_int(j, source, "sliding_window", 1, kMaxPositions, 4096, false);
+    c.max_window_layers = get_int(j, source, "max_window_layers", 0, kMaxLayers, 28, false);
+    if (c.max_window_layers >= c.num_layers) c.sliding_window = 0, c.max_window_layers = 0;  // no layer windowed
+  }
+  const auto lt = j.find("layer_types");
+  if (lt == j.end() || lt->is_null()) return;
+  TESSERA_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == c.num_layers, source,
+                ": 'layer_types' must list the ", c.num_layers, " layers, got ", io::json_brief(*lt));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const auto& v = (*lt)[l];
+    const std::string want = c.layer_window(l) > 0 ? "sliding_attention" : "full_attention";
+    TESSERA_CHECK(v.is_string() && v.get<std::string>() == want, source, ": 'layer_types' says ", io::json_brief(v),
+                  " for layer ", l, " where sliding_window / use_sliding_window / max_window_layers give \"", want,
+                  "\" (other layer patterns are not supported)");
+  }
+}
+
 // DeepSeek-V2 / V3 (modeling_deepseek.py's DeepseekV2Config / DeepseekV3Config).
 void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
   c.arch = Arch::kLlama;
@@ -177,7 +205,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   TESSERA_CHECK(mt != j.end() && mt->is_string(), source, ": missing string key 'model_type'");
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral" ||
-      c.model_type == "mixtral" || c.model_type == "qwen2_moe") {
+      c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3") {
     c.arch = c.model_type == "qwen2" || c.model_type == "qwen2_moe" ? Arch::kQwen2 : Arch::kLlama;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
     c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
@@ -185,20 +213,23 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
     c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
     c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
-    c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim, c.hidden_size / c.num_heads, false);
+    c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim,
+                         c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_heads, false);  // (Qwen3Config: 128)
     c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 2048, false);
     c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
     c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
     c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
     c.qkv_bias = c.arch == Arch::kQwen2 || get_bool(j, source, "attention_bias", false);
+    c.qk_norm = c.model_type == "qwen3";
     TESSERA_CHECK(!get_bool(j, source, "mlp_bias", false), source,
                   ": 'mlp_bias': true is not supported");
     auto act = j.find("hidden_act");
     TESSERA_CHECK(act == j.end() || (act->is_string() && act->get<std::string>() == "silu"),
                   source, ": 'hidden_act' ", act == j.end() ? "" : io::json_brief(*act),
                   " is not supported (only \"silu\")");
-    auto rs = j.find("rope_scaling");
-    TESSERA_CHECK(rs == j.end() || rs->is_null(), source, ": 'rope_scaling' is not supported yet");
+    if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
+      c.rope_scaling = parse_rope_scaling(*rs, source);
+    c.partial_rotary_factor = get_positive(j, source, "partial_rotary_factor", 1.0, 1.0);
     if (c.model_type == "qwen2_moe") {
       // Qwen1.5-MoE / Qwen2-MoE: routed experts plus a gated shared expert in every layer.
       c.num_experts = get_int(j, source, "num_experts", 1, kMaxExperts);
@@ -217,9 +248,6 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       TESSERA_CHECK(dense == j.end() || dense->is_null() || (dense->is_array() && dense->empty()), source,
                     ": 'mlp_only_layers' ", dense == j.end() ? "" : io::json_brief(*dense),
                     " is not supported (every layer sparse)");
-      auto sw = j.find("use_sliding_window");
-      TESSERA_CHECK(sw == j.end() || sw->is_null() || (sw->is_boolean() && !sw->get<bool>()), source,
-                    ": 'use_sliding_window' is not supported");
     }
     if (c.model_type == "mixtral") {
       c.num_experts = get_int(j, source, "num_local_experts", 1, kMaxExperts);
@@ -232,11 +260,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       TESSERA_CHECK(jitter == 0.0, source, ": 'router_jitter_noise' ", jitter,
                     " is not supported (0: the router sees its input unperturbed)");
     }
-    if (c.model_type == "mistral" || c.model_type == "mixtral") {
-      auto sw = j.find("sliding_window");
-      TESSERA_CHECK(sw == j.end() || sw->is_null(), source,
-                    ": 'sliding_window' attention is not supported");
-    }
+    read_sliding_window(j, source, c);
   } else if (c.model_type == "deepseek_v2" || c.model_type == "deepseek_v3") {
     parse_deepseek(j, source, c);
   } else if (c.model_type == "gpt2") {
@@ -268,7 +292,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
+         "' (supported: llama, qwen2, qwen3, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -315,7 +339,24 @@ void ModelConfig::validate(const std::string& source) const {
                   "qk_rope_head_dim, v_head_dim > 0, one kv head per head and head_dim = qk_nope + qk_rope");
     TESSERA_CHECK(!quantization, source, ": quantized deepseek checkpoints are not supported yet");
   }
-  TESSERA_CHECK(!rope_scaling || uses_mla(), source, ": rope_scaling is supported for deepseek's latent attention only");
+  if (rope_scaling && uses_mla())
+    TESSERA_CHECK(rope_scaling->type == "yarn" && rope_scaling->factor > 0 &&
+                      rope_scaling->original_max_position_embeddings > 0,
+                  source, ": latent attention's rope_scaling must be yarn with 'factor' and "
+                  "'original_max_position_embeddings' (as DeepSeek writes it), got ", rope_scaling->type);
+  TESSERA_CHECK(!rope_scaling || uses_rope(), source, ": rope_scaling needs rotary embeddings");
+  TESSERA_CHECK(!qk_norm || (uses_rope() && !uses_mla() && !is_moe()), source,
+                ": q/k norms (qwen3) are supported on dense rotary attention only");
+  TESSERA_CHECK(sliding_window >= 0 && max_window_layers >= 0 && (sliding_window == 0 || !uses_mla()), source,
+                ": sliding_window ", sliding_window, " is not supported here");
+  TESSERA_CHECK(std::isfinite(partial_rotary_factor) && partial_rotary_factor > 0 && partial_rotary_factor <= 1 &&
+                    (partial_rotary_factor == 1 || !uses_mla()),
+                source, ": partial_rotary_factor ", partial_rotary_factor, " must be in (0, 1] (1 for latent attention)");
+  if (uses_rope()) {
+    const int64_t rd = rotary_dim(*this);
+    TESSERA_CHECK(rd >= 2 && rd % 2 == 0, source, ": partial_rotary_factor ", partial_rotary_factor, " rotates ", rd,
+                  " of head_dim ", head_dim, " features; that must be even and at least 2");
+  }
   TESSERA_CHECK(mtp_layers == 0 || (is_deepseek() && mtp_layers == 1), source,
                 ": multi-token prediction (num_nextn_predict_layers ", mtp_layers, ") is supported with one "
                 "module in deepseek models");
@@ -467,9 +508,12 @@ json ModelConfig::to_json() const {
     j["num_nextn_predict_layers"] = mtp_layers;
   } else {
     const bool qwen_moe = is_moe() && shared_expert;
+    const bool mistral = model_type == "mistral" && !is_moe();
     j["architectures"] = {qwen_moe ? "Qwen2MoeForCausalLM" : is_moe() ? "MixtralForCausalLM"
+                          : mistral ? "MistralForCausalLM" : qk_norm ? "Qwen3ForCausalLM"
                           : arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = qwen_moe ? "qwen2_moe" : is_moe() ? "mixtral" : arch_name(arch);
+    j["model_type"] = qwen_moe ? "qwen2_moe" : is_moe() ? "mixtral" : mistral ? "mistral" : qk_norm ? "qwen3"
+                      : arch_name(arch);
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
     j["intermediate_size"] = intermediate_size;
@@ -480,6 +524,8 @@ json ModelConfig::to_json() const {
     j["max_position_embeddings"] = max_position_embeddings;
     j["rms_norm_eps"] = shortest(norm_eps);
     j["rope_theta"] = shortest(rope_theta);
+    j["rope_scaling"] = rope_scaling ? rope_scaling_json(*rope_scaling) : json(nullptr);
+    if (partial_rotary_factor != 1) j["partial_rotary_factor"] = partial_rotary_factor;
     j["tie_word_embeddings"] = tie_word_embeddings;
     j["hidden_act"] = "silu";
     if (arch == Arch::kLlama && !is_moe()) j["attention_bias"] = qkv_bias;
@@ -496,10 +542,13 @@ json ModelConfig::to_json() const {
         j["norm_topk_prob"] = norm_topk_prob;
         j["decoder_sparse_step"] = 1;
         j["mlp_only_layers"] = nlohmann::json::array();
-        j["use_sliding_window"] = false;
-      } else {
-        j["sliding_window"] = nullptr;
       }
+    }
+    if (arch == Arch::kQwen2 || qk_norm) {
+      j["use_sliding_window"] = sliding_window > 0;
+      if (sliding_window > 0) j["sliding_window"] = sliding_window, j["max_window_layers"] = max_window_layers;
+    } else if (mistral || is_moe()) {
+      j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
     }
   }
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;

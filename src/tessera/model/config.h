@@ -44,6 +44,7 @@ struct ModelConfig {
   float rope_theta = 10000.f;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // qwen2 (and llama with attention_bias)
+  bool qk_norm = false;   // qwen3: RMSNorm over each head's q and k (q_norm / k_norm) before RoPE
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   // Mixture of experts (model_type mixtral, qwen2_moe): every layer's MLP is num_experts
@@ -83,8 +84,20 @@ struct ModelConfig {
   // as layer num_layers (model.layers.{L}.*), run by training (its loss weighted by
   // [training] mtp_loss_weight) and by --speculative mtp.
   int64_t mtp_layers = 0;
-  // config.json's rope_scaling (deepseek's latent attention: yarn); unset: plain RoPE.
+  // config.json's rope_scaling (rope_scaling.h: linear, dynamic, yarn, llama3; latent
+  // attention: DeepSeek's yarn); unset: plain RoPE. partial_rotary_factor: the share of each
+  // head's features that rotate (rotary_dim(config) = int(head_dim x factor)).
   std::optional<RopeScaling> rope_scaling;
+  double partial_rotary_factor = 1.0;
+  // Sliding-window attention (mistral / mixtral sliding_window; qwen2 / qwen2_moe
+  // use_sliding_window, from layer max_window_layers on, as transformers' layer_types):
+  // a windowed layer's query at position p sees keys (p - sliding_window, p].
+  int64_t sliding_window = 0;                // 0: no layer is windowed
+  int64_t max_window_layers = 0;             // the layers before it attend to everything
+  int64_t layer_window(int64_t layer) const {  // 0: full attention
+    return sliding_window > 0 && layer >= max_window_layers && layer < num_layers ? sliding_window : 0;
+  }
+  bool all_layers_windowed() const { return sliding_window > 0 && max_window_layers == 0; }
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
   // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
   std::optional<io::QuantCheckpointFormat> quantization;

@@ -58,7 +58,6 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   const LocalDims& d = dims_;
   const Tensor ids = Tensor::from_vector(tokens, {T});
   const Tensor positions = make_positions(1, T, L);
-  const auto params = attention_params(c, L);
   // Attention over the cache: this step's k, v appended, then every cached position read.
   const AttendFn attend = [&](int64_t l, const Tensor& qkv, Tensor& att) {
     const int64_t KV = d.kv;
@@ -71,7 +70,7 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
     const Tensor v = vc.as_strided({1, L + T, d.kv_heads, d.head_dim},
                                    {cache.capacity * KV, KV, d.head_dim, 1});
     Tensor att4 = att.view({1, T, d.heads, d.head_dim});
-    kernels::attention_forward(views.q, k, v, att4, nullptr, params);
+    kernels::attention_forward(views.q, k, v, att4, nullptr, attention_params(c, L, l));
   };
   BlockState s;
   s.x = embed_tokens(*this, ids, positions);
@@ -173,7 +172,7 @@ Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAtten
 namespace {
 
 // The training attention: every position of each sequence, log-sum-exp kept for backward.
-void train_attention(const Model& m, const Activations& acts, const Tensor& qkv, Tensor& att,
+void train_attention(const Model& m, int64_t l, const Activations& acts, const Tensor& qkv, Tensor& att,
                      Tensor& lse, CpSaved& cp) {
   const LocalDims& d = m.dims();
   const int64_t B = acts.B, T = acts.T;
@@ -181,11 +180,11 @@ void train_attention(const Model& m, const Activations& acts, const Tensor& qkv,
   Tensor att4 = att.view({B, T, d.heads, d.head_dim});
   if (m.cp_comm()) {  // context parallelism: the attention crosses the cp group's tokens
     cp_attention_forward(*m.cp_comm(), m.cp_method(), v.q, v.k, v.v, att4, lse, cp,
-                         attention_params(m.config(), 0).scale);
+                         attention_params(m.config(), 0, l).scale);
     return;
   }
   lse = Tensor::empty({B, d.heads, T}, DType::kF32);
-  kernels::attention_forward(v.q, v.k, v.v, att4, &lse, attention_params(m.config(), 0));
+  kernels::attention_forward(v.q, v.k, v.v, att4, &lse, attention_params(m.config(), 0, l));
 }
 
 }  // namespace
@@ -199,7 +198,7 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
     mla_forward(mla_spec(m), m.weights().layers[l].mla, h1, acts.positions, acts.B, acts.T, out, &A.mla);
   };
   block_forward(m, l, s, opt, [&](int64_t, const Tensor& qkv, Tensor& att) {
-    train_attention(m, acts, qkv, att, A.lse, A.cp);
+    train_attention(m, l, acts, qkv, att, A.lse, A.cp);
   });
   if (!keep_attention && !m.config().uses_mla()) {  // selective checkpointing: recomputed in the backward pass
     A.att = Tensor();
@@ -208,10 +207,10 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
   }
 }
 
-void recompute_attention(const Model& m, const Activations& acts, LayerActivations& A) {
+void recompute_attention(const Model& m, int64_t l, const Activations& acts, LayerActivations& A) {
   if (m.config().uses_mla()) return;  // latent attention keeps what it saved
   A.att = Tensor::empty({acts.B * acts.T, m.dims().q}, DType::kF32);
-  train_attention(m, acts, A.qkv, A.att, A.lse, A.cp);
+  train_attention(m, l, acts, A.qkv, A.att, A.lse, A.cp);
 }
 
 Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
@@ -248,6 +247,10 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   if (c.is_moe()) acts.moe_balance.emplace(c.num_experts);
   TESSERA_CHECK(!c.uses_mla() || !m.cp_comm(), "context parallelism over ", c.model_type,
                 "'s latent attention is not supported yet");
+  TESSERA_CHECK(c.sliding_window == 0 || !m.cp_comm(), "context parallelism with sliding-window attention "
+                "(sliding_window ", c.sliding_window, ") is not supported yet");
+  TESSERA_CHECK(!c.rope_scaling || c.rope_scaling->type != "dynamic" || !m.cp_comm(), "context parallelism "
+                "with dynamic NTK rope scaling is not supported (each rank sees only its share of a sequence)");
   const bool ln = c.uses_layernorm();
   const Recompute rc = m.recompute();
   const bool sp = m.sequence_parallel();

@@ -120,6 +120,10 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
       L.qkv.weight = make({d.qkv, H});
       L.o.weight = make({H, d.q});
       if (c.qkv_bias) L.qkv.bias = make({d.qkv});
+      if (c.qk_norm) {
+        L.q_norm = make({c.head_dim});
+        L.k_norm = make({c.head_dim});
+      }
     }
     if (c.layer_is_moe(l)) {
       const int64_t Fe = c.moe_intermediate_size;
@@ -249,6 +253,8 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
           kvr);
     }
     add(l + "self_attn.o_proj.weight", L.o.weight, {H, Q}, {0, r * d.q});
+    whole(l + "self_attn.q_norm.weight", L.q_norm);  // (qwen3; replicated over tp)
+    whole(l + "self_attn.k_norm.weight", L.k_norm);
     if (c.uses_mla()) {  // deepseek's latent attention: heads split over tp, the latents replicated
       const std::string a = l + "self_attn.";
       const int64_t qk = c.head_dim, nv = c.qk_nope_head_dim + c.v_head_dim, hl = d.heads, Hq = c.num_heads;
@@ -327,6 +333,8 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     }
     add(pre + "norm2.weight", P.norm2_w);
     add(pre + "norm2.bias", P.norm2_b);
+    add(pre + "q_norm", P.q_norm);
+    add(pre + "k_norm", P.k_norm);
     add(pre + "moe.router", P.moe.router);
     add(pre + "moe.gate_up", P.moe.gate_up);
     add(pre + "moe.down", P.moe.down);
@@ -373,7 +381,7 @@ void Params::zero() {
   z(embed);
   z(pos_embed);
   for (auto& L : layers) {
-    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.moe.router, &L.moe.gate_up, &L.moe.down,
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.q_norm, &L.k_norm, &L.moe.router, &L.moe.gate_up, &L.moe.down,
                       &L.moe.shared_gate, &L.moe.bias, &L.mla.q_proj, &L.mla.q_a, &L.mla.q_a_norm, &L.mla.q_b,
                       &L.mla.kv_a, &L.mla.kv_a_norm, &L.mla.kv_b, &L.mla.o})
       z(*t);

@@ -19,14 +19,14 @@ namespace tessera::train {
 
 namespace {
 
-// Sequences may not be longer than the model's max_position_embeddings: learned position
-// embeddings end there, and generate / serve refuse positions past it in the model this
-// run saves, RoPE or not.
+// Sequences may not be longer than the model's context (max_position_embeddings, times the
+// rope_scaling factor where it extends it): learned position embeddings end there, and
+// generate / serve refuse positions past it in the model this run saves, RoPE or not.
 void check_seq_len(const TrainConfig& c, const model::ModelConfig& cfg, const char* fix) {
-  TESSERA_CHECK(c.data.seq_len <= cfg.max_position_embeddings,
-                c.source_name(), ": data.seq_len ",
-                c.data.seq_len, " exceeds the model's max_position_embeddings ",
-                cfg.max_position_embeddings, " (", fix, ")");
+  const int64_t ctx = model::max_context(cfg);
+  TESSERA_CHECK(c.data.seq_len <= ctx, c.source_name(), ": data.seq_len ", c.data.seq_len,
+                " exceeds the model's ", ctx == cfg.max_position_embeddings ? "max_position_embeddings " : "context ",
+                ctx, " (", fix, ")");
 }
 
 // The mixture-of-experts training options against the model: a selection bias to move

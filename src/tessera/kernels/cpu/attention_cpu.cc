@@ -53,13 +53,31 @@ int64_t visible_key_end(const AttnDims& d, const AttentionParams& p, int64_t i0,
   return p.causal ? std::min(d.Tk, p.q_offset + i0 + n) : d.Tk;
 }
 
-// Sets scores of keys after each row's last visible key to -inf. s (R, n) with stride lds
-// holds keys [kt0, kt0 + n); row r is query i0 + r / G.
+// The first key tile (aligned to kKeyTile) any query in [i0, ...) may see: 0, or under a
+// sliding window the tile holding the first row's first visible key.
+int64_t visible_key_begin(const AttentionParams& p, int64_t i0) {
+  if (p.window == 0) return 0;
+  return std::max<int64_t>(p.q_offset + i0 - p.window + 1, 0) / kKeyTile * kKeyTile;
+}
+
+// Whether the tile of keys [kt0, kt0 + n) needs masking for queries [i0, i0 + qn).
+bool tile_needs_mask(const AttentionParams& p, int64_t i0, int64_t qn, int64_t kt0, int64_t n) {
+  if (!p.causal) return false;
+  return kt0 + n - 1 > p.q_offset + i0 || (p.window > 0 && kt0 <= p.q_offset + i0 + qn - 1 - p.window);
+}
+
+// Sets scores of keys after each row's last visible key (and, under a sliding window,
+// before its first) to -inf. s (R, n) with stride lds holds keys [kt0, kt0 + n); row r is
+// query i0 + r / G.
 void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t i0, int64_t kt0,
-               int64_t q_offset) {
+               int64_t q_offset, int64_t window) {
   for (int64_t r = 0; r < R; ++r) {
     const int64_t first_hidden = q_offset + i0 + r / G + 1 - kt0;
     for (int64_t j = std::max<int64_t>(first_hidden, 0); j < n; ++j) s[r * lds + j] = kNegInf;
+    if (window > 0) {
+      const int64_t first_visible = std::min(first_hidden - window, n);
+      for (int64_t j = 0; j < first_visible; ++j) s[r * lds + j] = kNegInf;
+    }
   }
 }
 
@@ -128,8 +146,7 @@ void forward_range(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, in
     if (!packed)
       ops.pack_transposed(kbase + kt0 * job.k.token_stride, job.k.token_stride, n, D, kt, kKeyTile);
     ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
-    if (job.p.causal && kt0 + n - 1 > job.p.q_offset + i0)
-      mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset);
+    if (tile_needs_mask(job.p, i0, qn, kt0, n)) mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
     ops.softmax_update(s, kKeyTile, R, n, m, l, o, D, D);
     ops.gemm(R, D, n, s, kKeyTile, 1, vbase + kt0 * job.v.token_stride, job.v.token_stride, o, D,
              true);  // O += P V
@@ -185,16 +202,17 @@ void run_forward(const ForwardJob& job) {
       const int64_t i0 = it.block * job.bl.qb;
       const int64_t qn = std::min(job.bl.qb, d.Tq - i0);
       const int64_t kend = visible_key_end(d, job.p, i0, qn);
+      const int64_t kbeg = visible_key_begin(job.p, i0);
       if (job.nsplit == 1) {
-        forward_range(job, it.b, it.kvh, i0, qn, 0, kend, qs, kt, s, o, m, l);
+        forward_range(job, it.b, it.kvh, i0, qn, kbeg, kend, qs, kt, s, o, m, l);
         store_rows(job, it.b, it.kvh, i0, qn, o, m, l);
         continue;
       }
       // Split-K: tile-aligned key ranges; an empty range leaves l = 0 (weight 0 in the merge).
-      const int64_t ntiles = (kend + kKeyTile - 1) / kKeyTile;
+      const int64_t ntiles = (kend - kbeg + kKeyTile - 1) / kKeyTile;
       const int64_t t0 = ntiles * it.split / job.nsplit, t1 = ntiles * (it.split + 1) / job.nsplit;
       float* part = job.partial + w * job.partial_stride();
-      forward_range(job, it.b, it.kvh, i0, qn, t0 * kKeyTile, std::min(kend, t1 * kKeyTile), qs, kt,
+      forward_range(job, it.b, it.kvh, i0, qn, kbeg + t0 * kKeyTile, std::min(kend, kbeg + t1 * kKeyTile), qs, kt,
                     s, part, part + R * D, part + R * D + R);
     }
   });
@@ -273,13 +291,13 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
     }
     std::fill_n(dqa, R * D, 0.f);
     const int64_t kend = visible_key_end(d, job.p, i0, qn);
-    for (int64_t kt0 = 0; kt0 < kend; kt0 += kKeyTile) {
+    for (int64_t kt0 = visible_key_begin(job.p, i0); kt0 < kend; kt0 += kKeyTile) {
       const int64_t n = std::min(kKeyTile, kend - kt0);
       const float* ktile = kt + kt0 * D;  // tile kt0 / kKeyTile of the packed K^T and V^T
       const float* vtile = vt + kt0 * D;
       ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
-      if (job.p.causal && kt0 + n - 1 > job.p.q_offset + i0)
-        mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset);
+      if (tile_needs_mask(job.p, i0, qn, kt0, n))
+        mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
       ops.probs_from_scores(s, kKeyTile, R, n, lse_r);                     // P
       ops.gemm(R, n, D, dos, D, 1, vtile, kKeyTile, dp, kKeyTile, false);  // dP = dO V^T
       ops.dscores_from_dprobs(s, dp, kKeyTile, R, n, delta);               // dS = P (dP - delta)

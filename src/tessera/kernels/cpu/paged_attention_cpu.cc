@@ -50,7 +50,8 @@ struct SeqPlan {
 // Query rows [i0, i0 + qn) of sequence `seq` for the G query heads of kv head `kvh`.
 struct RowBlock {
   int64_t seq = 0, kvh = 0, i0 = 0, qn = 0;
-  int64_t kend = 0;            // keys [0, kend) are visible to some row of the block
+  int64_t kend = 0;            // keys [kbeg, kend) are visible to some row of the block
+  int64_t kbeg = 0;            // (sliding window: keys before it are never read)
   int64_t nparts = 0;
   float* partials = nullptr;   // when split: nparts x (o (R, D), m (R), l (R))
 };
@@ -166,6 +167,7 @@ struct Job {
   bool avx512 = false;
   const std::vector<PagedSequence>* seqs = nullptr;
   float scale = 1.f;
+  int64_t window = 0;  // sliding window (0: none)
   const AttnTileOps* ops = nullptr;
   ScaleAddFn scale_add = nullptr;
   AccumulatePvFn accumulate_pv = nullptr;
@@ -187,6 +189,21 @@ void for_each_run(const PagedSequence& s, int64_t bs, int64_t t0, int64_t n, Fn&
   }
 }
 
+// Keys [t0, t0 + n) of (sequence, kv head) as f32 rows into gather (n, D).
+void gather_key_rows(const Job& job, const PagedSequence& s, int64_t kvh, int64_t t0, int64_t n, float* gather) {
+  const int64_t D = job.d.D;
+  const bool f32 = job.k.dtype == KvCacheDtype::kF32;
+  for_each_run(s, job.d.block_size, t0, n, [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
+    for (int64_t j = 0; j < len; ++j) {
+      const uint8_t* src = job.k.row(blk, slot + j, kvh);
+      if (f32)
+        std::memcpy(gather + (col + j) * D, src, sizeof(float) * D);
+      else
+        kv_row_to_f32(job.k.dtype, src, D, gather + (col + j) * D, job.avx512);
+    }
+  });
+}
+
 // K^T of keys [t0, t0 + n) of (sequence, kv head) into dst (D, kKeyTile). An f32 cache
 // whose runs all start on a 16-column boundary is transposed straight from the cache (a
 // pack zero-fills only past its own last column); otherwise the keys are gathered (and
@@ -203,31 +220,26 @@ void pack_key_tile(const Job& job, const PagedSequence& s, int64_t kvh, int64_t 
     });
     return;
   }
-  for_each_run(s, bs, t0, n, [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
-    for (int64_t j = 0; j < len; ++j) {
-      const uint8_t* src = job.k.row(blk, slot + j, kvh);
-      if (f32)
-        std::memcpy(gather + (col + j) * D, src, sizeof(float) * D);
-      else
-        kv_row_to_f32(job.k.dtype, src, D, gather + (col + j) * D, job.avx512);
-    }
-  });
+  gather_key_rows(job, s, kvh, t0, n, gather);
   ops.pack_transposed(gather, D, n, D, dst, kKeyTile);
 }
 
-// Sets scores of keys after each row's position to -inf. s (R, n) holds keys
-// [kt0, kt0 + n); row r is at position pos0 + r / G.
-void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t pos0, int64_t kt0) {
+// Sets scores of keys after each row's position (and, under a sliding window, before its
+// window) to -inf. s (R, n) holds keys [kt0, kt0 + n); row r is at position pos0 + r / G.
+void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t pos0, int64_t kt0,
+               int64_t window) {
   for (int64_t r = 0; r < R; ++r) {
     const int64_t first_hidden = pos0 + r / G + 1 - kt0;
     for (int64_t j = std::max<int64_t>(first_hidden, 0); j < n; ++j) s[r * lds + j] = kNegInf;
+    if (window > 0)
+      for (int64_t j = 0; j < std::min(first_hidden - window, n); ++j) s[r * lds + j] = kNegInf;
   }
 }
 
 // Per-thread buffers, sized for the largest row block.
 struct Buffers {
   explicit Buffers(int64_t R, int64_t D)
-      : mem(3 * R * D + 4 * R + D * kKeyTile + R * kKeyTile + 2 * kKeyTile * D) {
+      : mem(3 * R * D + 4 * R + D * kKeyTile + R * kKeyTile + 2 * kKeyTile * D + D) {
     qs = mem.get();
     o = qs + R * D;
     ao = o + R * D;
@@ -239,9 +251,11 @@ struct Buffers {
     l = m + R;
     am = l + R;
     al = am + R;
+    zero = al + R;  // a value row of zeros for keys outside a sliding window
+    std::fill_n(zero, D, 0.f);
   }
   Scratch mem;
-  float *qs, *o, *ao, *kt, *s, *gather, *vt, *m, *l, *am, *al;
+  float *qs, *o, *ao, *kt, *s, *gather, *vt, *m, *l, *am, *al, *zero;
 };
 
 // Online softmax of the block's rows over the keys of partition `part`; leaves o (R, D)
@@ -259,20 +273,33 @@ void run_partition(const Job& job, const RowBlock& rb, int64_t part, Buffers& bu
   const int64_t pos0 = sp.q_offset + rb.i0;  // position of the block's first row
   for (int64_t kt0 = pbeg, tile = 0; kt0 < pend; kt0 += kKeyTile, ++tile) {
     const int64_t n = std::min(kKeyTile, pend - kt0);
+    if (kt0 + n <= rb.kbeg) continue;  // before every row's window
+    // Keys [kt0, lead) precede the block's window: their cache blocks may be freed, so they
+    // are packed as zeros (and masked) and their value rows are zeros. (Prepacked tiles
+    // start at the sequence's first window, at or before this block's.)
+    const int64_t lead = std::max(rb.kbeg, kt0);
     const float* ktile = buf.kt;
-    if (sp.packed)
+    if (sp.packed) {
       ktile = sp.packed + rb.kvh * sp.packed_stride +
               (part * sp.tiles_per_part + tile) * D * kKeyTile;
-    else
+    } else if (lead > kt0) {
+      gather_key_rows(job, s, rb.kvh, lead, kt0 + n - lead, buf.gather + (lead - kt0) * D);
+      std::fill_n(buf.gather, (lead - kt0) * D, 0.f);
+      ops.pack_transposed(buf.gather, D, n, D, buf.kt, kKeyTile);
+    } else {
       pack_key_tile(job, s, rb.kvh, kt0, n, buf.kt, buf.gather);
+    }
     ops.gemm(R, n, D, buf.qs, D, 1, ktile, kKeyTile, buf.s, kKeyTile, false);  // S = (scale Q) K^T
-    if (kt0 + n - 1 > pos0) mask_tile(buf.s, kKeyTile, R, n, G, pos0, kt0);
+    if (kt0 + n - 1 > pos0 || (job.window > 0 && kt0 <= pos0 + rb.qn - 1 - job.window))
+      mask_tile(buf.s, kKeyTile, R, n, G, pos0, kt0, job.window);
     ops.softmax_update(buf.s, kKeyTile, R, n, m, l, o, D, D);
     // Value rows are read in place from an f32 cache, else widened into vt first.
     const float* v_rows[kKeyTile];
+    for (int64_t j = 0; j < lead - kt0; ++j) v_rows[j] = buf.zero;
     const bool f32 = job.v.dtype == KvCacheDtype::kF32;
-    for_each_run(s, job.d.block_size, kt0, n,
-                 [&](int64_t blk, int64_t slot, int64_t col, int64_t len) {
+    for_each_run(s, job.d.block_size, lead, kt0 + n - lead,
+                 [&](int64_t blk, int64_t slot, int64_t col0, int64_t len) {
+                   const int64_t col = col0 + (lead - kt0);
                    for (int64_t j = 0; j < len; ++j) {
                      const uint8_t* src = job.v.row(blk, slot + j, rb.kvh);
                      if (f32) {
@@ -371,6 +398,7 @@ std::unique_ptr<Scratch> prepack_keys(Job& job, int64_t qb_max) {
   struct PackTask {
     int64_t seq, kvh, t0, n;
     float* dst;
+    int64_t first;  // keys before it (a sliding window's start) are packed as zeros
   };
   const int64_t D = job.d.D, tile_floats = D * kKeyTile;
   int64_t total = 0;
@@ -391,20 +419,31 @@ std::unique_ptr<Scratch> prepack_keys(Job& job, int64_t qb_max) {
     const PagedSequence& s = (*job.seqs)[i];
     SeqPlan& sp = job.plans[i];
     sp.packed = mem->get() + offset[i];
+    // Under a sliding window no row sees a key before its first row's window: tiles wholly
+    // before it are never used (left unpacked), the tile holding it is packed from it on.
+    const int64_t first = job.window > 0 ? std::max<int64_t>(sp.q_offset - job.window + 1, 0) : 0;
     for (int64_t kvh = 0; kvh < job.d.Hkv; ++kvh)
       for (int64_t p = 0; p * sp.split < s.context_len; ++p) {
         const int64_t pend = std::min((p + 1) * sp.split, s.context_len);
         for (int64_t t0 = p * sp.split, tile = 0; t0 < pend; t0 += kKeyTile, ++tile)
-          tasks.push_back({static_cast<int64_t>(i), kvh, t0, std::min(kKeyTile, pend - t0),
-                           mem->get() + offset[i] + kvh * sp.packed_stride +
-                               (p * sp.tiles_per_part + tile) * tile_floats});
+          if (t0 + std::min(kKeyTile, pend - t0) > first)
+            tasks.push_back({static_cast<int64_t>(i), kvh, t0, std::min(kKeyTile, pend - t0),
+                             mem->get() + offset[i] + kvh * sp.packed_stride +
+                                 (p * sp.tiles_per_part + tile) * tile_floats, first});
       }
   }
   base::parallel_for(static_cast<int64_t>(tasks.size()), 4, [&](int64_t begin, int64_t end) {
     Scratch gather(kKeyTile * D);
     for (int64_t w = begin; w < end; ++w) {
       const PackTask& t = tasks[w];
-      pack_key_tile(job, (*job.seqs)[t.seq], t.kvh, t.t0, t.n, t.dst, gather.get());
+      if (t.first <= t.t0) {
+        pack_key_tile(job, (*job.seqs)[t.seq], t.kvh, t.t0, t.n, t.dst, gather.get());
+        continue;
+      }
+      const int64_t lead = t.first - t.t0;
+      gather_key_rows(job, (*job.seqs)[t.seq], t.kvh, t.first, t.n - lead, gather.get() + lead * D);
+      std::fill_n(gather.get(), lead * D, 0.f);
+      job.ops->pack_transposed(gather.get(), D, t.n, D, t.dst, kKeyTile);
     }
   });
   return mem;
@@ -433,6 +472,7 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
   job.avx512 = isa == AttnIsa::kAvx512;
   job.seqs = &seqs;
   job.scale = p.scale;
+  job.window = p.window;
   job.ops = isa == AttnIsa::kAvx512 ? &avx512_tile_ops() : &scalar_tile_ops();
   job.scale_add = isa == AttnIsa::kAvx512 ? scale_add_avx512 : scale_add_scalar;
   job.accumulate_pv = isa == AttnIsa::kAvx512 ? accumulate_pv_avx512 : accumulate_pv_scalar;
@@ -455,8 +495,9 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
         rb.seq = static_cast<int64_t>(i), rb.kvh = kvh, rb.i0 = i0;
         rb.qn = std::min(qb, s.q_len - i0);
         rb.kend = std::min(s.context_len, sp.q_offset + i0 + rb.qn);
+        rb.kbeg = p.window > 0 ? std::max<int64_t>(sp.q_offset + i0 - p.window + 1, 0) : 0;
         rb.nparts = ceil_div(rb.kend, sp.split);
-        total_cost += rb.qn * G * rb.kend;
+        total_cost += rb.qn * G * (rb.kend - rb.kbeg);
         job.blocks.push_back(rb);
       }
   }

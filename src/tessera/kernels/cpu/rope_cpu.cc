@@ -36,15 +36,12 @@ TESSERA_AVX512 void rotate_avx512(float* x, const float* c, const float* s, int6
 
 }  // namespace
 
-void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, float theta,
+void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, const RopeFreqs& freqs,
                 bool inverse) {
   const auto X = rows_of<float>(x);
-  const int64_t half = head_dim / 2, heads = X.cols / head_dim;
-  // torch: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in f32.
-  std::vector<float> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  const int64_t half = freqs.rotary_dim() / 2, heads = X.cols / head_dim;
+  const float* inv_freq = freqs.inv_freq.data();
+  const float af = freqs.attention_factor;
   const int32_t* pos = positions.data<int32_t>();
   const bool vec = use_avx512();
   base::parallel_for(X.rows, grain_rows(X.cols), [&](int64_t b, int64_t e) {
@@ -54,9 +51,11 @@ void rope_apply(Tensor& x, int64_t head_dim, const Tensor& positions, float thet
     for (int64_t n = b; n < e; ++n) {
       const float p = static_cast<float>(pos[n]);
       for (int64_t i = 0; i < half; ++i) {
-        // f32 angle as HF's (inv_freq @ position_ids).float(); the transpose rotation
+        // f32 angle as HF's (inv_freq @ position_ids).float(); cos and sin then times the
+        // attention factor (f32, as HF's cos * attention_scaling); the transpose rotation
         // (inverse) only flips the sign of sin.
         ::sincosf(p * inv_freq[i], &s[i], &c[i]);
+        if (af != 1.f) c[i] *= af, s[i] *= af;
         if (inverse) s[i] = -s[i];
       }
       float* row = X.row(n);

@@ -14,7 +14,8 @@ int64_t idx(int64_t b, int64_t t, int64_t h, int64_t e, int64_t T, int64_t H, in
 }
 
 bool visible(const AttentionParams& p, int64_t i, int64_t j) {
-  return !p.causal || j <= p.q_offset + i;
+  if (!p.causal) return true;
+  return j <= p.q_offset + i && (p.window == 0 || j > p.q_offset + i - p.window);
 }
 
 // Softmax probabilities of query (b, i, h) over all keys (0 for hidden ones).
