@@ -57,3 +57,11 @@ inline std::string error_of(const std::function<void()>& fn) {
 }
 
 }  // namespace tessera::io::testing
+
+// `stmt` throws a one-line tessera::Error containing `fragment`.
+#define EXPECT_ERROR(stmt, fragment)                                                                \
+  do {                                                                                              \
+    const std::string msg_ = ::tessera::io::testing::error_of([&] { stmt; });                      \
+    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: " << msg_;                   \
+    EXPECT_EQ(msg_.find('\n'), std::string::npos) << "not one line: " << msg_;                     \
+  } while (0)

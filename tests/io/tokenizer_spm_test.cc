@@ -19,13 +19,6 @@ using nlohmann::json;
 using testing::error_of;
 using testing::TempDir;
 
-#define EXPECT_ERROR(stmt, fragment)                                              \
-  do {                                                                            \
-    const std::string msg_ = error_of([&] { stmt; });                            \
-    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: " << msg_; \
-    EXPECT_EQ(msg_.find('\n'), std::string::npos) << "not one line: " << msg_;   \
-  } while (0)
-
 constexpr int32_t kByte0 = 3;  // "<0x00>"; "<0xNN>" is 3 + NN
 // ids of the vocabulary below
 constexpr int32_t kSpace = 259, kH = 260, kE = 261, kL = 262, kO = 263, kW = 264, kR = 265, kD = 266, kI = 267,

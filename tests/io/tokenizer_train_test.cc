@@ -19,13 +19,6 @@ using testing::write_bytes;
 
 using testing::error_of;
 
-#define EXPECT_ERROR(stmt, fragment)                                                     \
-  do {                                                                                   \
-    const std::string msg_ = error_of([&] { stmt; });                                   \
-    EXPECT_NE(msg_.find(fragment), std::string::npos) << "error was: " << msg_;        \
-    EXPECT_EQ(msg_.find('\n'), std::string::npos) << "not one line: " << msg_;          \
-  } while (0)
-
 BpeTrainOptions quiet(int64_t vocab_size) {
   BpeTrainOptions o;
   o.vocab_size = vocab_size;

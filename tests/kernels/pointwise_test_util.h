@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util/throws.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
 #include "tessera/tensor/tensor.h"
@@ -110,21 +111,6 @@ inline const std::vector<int64_t>& test_cols() {
   return v;
 }
 
-// Runs `fn` and checks it throws tessera::Error whose message contains every `needle`.
-template <typename Fn>
-::testing::AssertionResult throws_error(Fn&& fn, std::initializer_list<const char*> needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const char* n : needles)
-      if (msg.find(n) == std::string::npos)
-        return ::testing::AssertionFailure() << "message '" << msg << "' lacks '" << n << "'";
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw a non-tessera exception: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
+using tessera::testing::throws_error;  // (test_util/throws.h)
 
 }  // namespace tessera::kernels::test_util

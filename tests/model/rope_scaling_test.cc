@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/model/config.h"
-#include "tessera/base/error.h"
+#include "test_util/throws.h"
 
 namespace tessera {
 namespace {
@@ -29,16 +29,7 @@ json llama(json extra) {
 // The call throws a tessera::Error whose one-line message holds every needle.
 template <typename Fn>
 ::testing::AssertionResult throws_error(Fn&& fn, std::initializer_list<const char*> needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    if (msg.find('\n') != std::string::npos) return ::testing::AssertionFailure() << "not one line: " << msg;
-    for (const char* n : needles)
-      if (msg.find(n) == std::string::npos) return ::testing::AssertionFailure() << "'" << msg << "' lacks '" << n << "'";
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
+  return testing::throws_error(std::forward<Fn>(fn), needles, true);
 }
 
 model::ModelConfig parse(json extra) { return model::ModelConfig::from_json(llama(std::move(extra)), "config.json"); }

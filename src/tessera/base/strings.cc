@@ -45,4 +45,17 @@ void appendf(std::string& out, const char* fmt, ...) {
   va_end(ap);
 }
 
+void replace_all(std::string* s, std::string_view from, std::string_view to) {
+  if (from.empty() || s->find(from) == std::string::npos) return;
+  std::string out;
+  out.reserve(s->size() + s->size() / 4);
+  size_t i = 0;
+  for (size_t k; (k = s->find(from, i)) != std::string::npos; i = k + from.size()) {
+    out.append(*s, i, k - i);
+    out += to;
+  }
+  out.append(*s, i);
+  s->swap(out);
+}
+
 }  // namespace tessera::base

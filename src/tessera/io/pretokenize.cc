@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/io/json_file.h"
 
 namespace tessera::io {
@@ -368,19 +369,6 @@ std::string string_pattern(const nlohmann::json& j, const std::string& where) {
   return p->begin().value().get<std::string>();
 }
 
-void replace_all(std::string* s, std::string_view from, std::string_view to) {
-  if (from.empty() || s->find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s->size() + s->size() / 4);
-  size_t i = 0;
-  for (size_t k; (k = s->find(from, i)) != std::string::npos; i = k + from.size()) {
-    out.append(*s, i, k - i);
-    out += to;
-  }
-  out.append(*s, i);
-  s->swap(out);
-}
-
 }  // namespace
 
 Normalizer Normalizer::from_json(const nlohmann::json& j, const std::string& where) {
@@ -433,7 +421,7 @@ std::string Normalizer::apply(std::string_view s) const {
       continue;
     }
     if (st.kind == 'r') {
-      replace_all(&cur, st.text, st.to);
+      base::replace_all(&cur, st.text, st.to);
       continue;
     }
     bool ascii = true;  // every normal form leaves ASCII unchanged

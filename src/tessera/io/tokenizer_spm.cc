@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "tessera/base/error.h"
+#include "tessera/base/strings.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer_impl.h"
 
@@ -16,19 +17,6 @@ namespace {
 constexpr const char* kDecoders = "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence, null";
 
 int utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
-
-void replace_all(std::string* s, std::string_view from, std::string_view to) {
-  if (from.empty() || s->find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s->size());
-  size_t i = 0;
-  for (size_t k; (k = s->find(from, i)) != std::string::npos; i = k + from.size()) {
-    out.append(*s, i, k - i);
-    out += to;
-  }
-  out.append(*s, i);
-  s->swap(out);
-}
 
 // One char of a JSON string field (Strip's content, Metaspace's replacement).
 std::string one_char(const nlohmann::json& j, const char* key, const std::string& where) {
@@ -137,7 +125,7 @@ std::string run_decoder(const std::vector<DecodeStep>& steps, std::vector<std::s
   for (const DecodeStep& st : steps) {
     switch (st.kind) {
       case 'r':
-        for (std::string& t : tokens) replace_all(&t, st.from, st.to);
+        for (std::string& t : tokens) base::replace_all(&t, st.from, st.to);
         break;
       case 's':
         for (std::string& t : tokens) strip(&t, st);
@@ -150,7 +138,7 @@ std::string run_decoder(const std::vector<DecodeStep>& steps, std::vector<std::s
       }
       case 'm':
         for (size_t i = 0; i < tokens.size(); ++i)
-          replace_all(&tokens[i], st.from, i == 0 && st.prepend ? "" : " ");
+          base::replace_all(&tokens[i], st.from, i == 0 && st.prepend ? "" : " ");
         break;
       case 'b': {
         // Runs of "<0xNN>" tokens become their bytes when those are UTF-8, else one U+FFFD each.
@@ -192,8 +180,8 @@ std::string stream_bytes(const std::vector<DecodeStep>& steps, std::string_view 
   std::string t(token);
   bool fused = false;  // after a Fuse, Strip and Metaspace's first-token rule touch only the ends
   for (const DecodeStep& st : steps) {
-    if (st.kind == 'r') replace_all(&t, st.from, st.to);
-    if (st.kind == 'm') replace_all(&t, st.from, " ");
+    if (st.kind == 'r') base::replace_all(&t, st.from, st.to);
+    if (st.kind == 'm') base::replace_all(&t, st.from, " ");
     if (st.kind == 'f') fused = true;
     if (st.kind == 's' && !fused) strip(&t, st);
     if (st.kind == 'b') {
