@@ -39,8 +39,12 @@ void for_each_case(Fn&& fn) {
         }
 }
 
-TEST(ActivationTest, SwigluMatchesReference) {
-  std::mt19937 rng(21);
+// A gated activation (kernel forward / backward and their references) on every case.
+using GatedFwd = void (*)(const Tensor&, const Tensor&, Tensor&);
+using GatedBwd = void (*)(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&);
+
+void check_gated(uint32_t seed, GatedFwd fwd, GatedBwd bwd, GatedFwd ref_fwd, GatedBwd ref_bwd) {
+  std::mt19937 rng(seed);
   for_each_case([&](int64_t n, int64_t f, bool strided) {
     Mat gate = random_mat(n, f, rng, strided, -6.f, 6.f);
     add_extremes(gate.view);
@@ -49,14 +53,22 @@ TEST(ActivationTest, SwigluMatchesReference) {
     Mat dup = random_mat(n, f, rng, strided);
     Tensor want = Tensor::empty({n, f}, DType::kF32), want_dg = want.clone(),
            want_du = want.clone();
-    swiglu_forward(gate.view, up.view, out.view);
-    ref::swiglu_forward(gate.view, up.view, want);
+    fwd(gate.view, up.view, out.view);
+    ref_fwd(gate.view, up.view, want);
     EXPECT_TRUE(all_close(out.view, want, 1e-5, 1e-6));
-    swiglu_backward(dout.view, gate.view, up.view, dgate.view, dup.view);
-    ref::swiglu_backward(dout.view, gate.view, up.view, want_dg, want_du);
+    bwd(dout.view, gate.view, up.view, dgate.view, dup.view);
+    ref_bwd(dout.view, gate.view, up.view, want_dg, want_du);
     EXPECT_TRUE(all_close(dgate.view, want_dg, 1e-5, 1e-6));
     EXPECT_TRUE(all_close(dup.view, want_du, 1e-5, 1e-6));
   });
+}
+
+TEST(ActivationTest, SwigluMatchesReference) {
+  check_gated(21, swiglu_forward, swiglu_backward, ref::swiglu_forward, ref::swiglu_backward);
+}
+
+TEST(ActivationTest, GegluMatchesReference) {
+  check_gated(23, geglu_forward, geglu_backward, ref::geglu_forward, ref::geglu_backward);
 }
 
 TEST(ActivationTest, GeluMatchesReference) {
@@ -150,6 +162,12 @@ TEST(ActivationTest, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < g.size(); ++i) L += dd[i] * g[i] / (1 + std::exp(-g[i])) * u[i];
     return L;
   };
+  auto geglu_loss = [&](const std::vector<double>& g, const std::vector<double>& u) {
+    double L = 0;
+    for (size_t i = 0; i < g.size(); ++i)
+      L += dd[i] * 0.5 * g[i] * (1 + std::tanh(k * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i];
+    return L;
+  };
   auto softmax_loss = [&](const std::vector<double>& v) {
     double L = 0;
     for (int64_t n = 0; n < N; ++n) {
@@ -168,6 +186,10 @@ TEST(ActivationTest, BackwardMatchesFiniteDifferences) {
       as_tensor(fd_grad([&](const std::vector<double>& u) { return swiglu_loss(xd, u); }, ud),
                 {N, F});
   const Tensor fd_softmax = as_tensor(fd_grad(softmax_loss, xd), {N, F});
+  const Tensor fd_geglu_gate =
+      as_tensor(fd_grad([&](const std::vector<double>& g) { return geglu_loss(g, ud); }, xd), {N, F});
+  const Tensor fd_geglu_up =
+      as_tensor(fd_grad([&](const std::vector<double>& u) { return geglu_loss(xd, u); }, ud), {N, F});
 
   for (int impl = 0; impl < 2; ++impl) {  // 0: reference, 1: kernel
     SCOPED_TRACE(impl ? "kernel" : "reference");
@@ -177,6 +199,9 @@ TEST(ActivationTest, BackwardMatchesFiniteDifferences) {
     impl ? swiglu_backward(dout, x, up, a, b) : ref::swiglu_backward(dout, x, up, a, b);
     EXPECT_TRUE(all_close(a, fd_gate, 1e-4, 1e-5));
     EXPECT_TRUE(all_close(b, fd_up, 1e-4, 1e-5));
+    impl ? geglu_backward(dout, x, up, a, b) : ref::geglu_backward(dout, x, up, a, b);
+    EXPECT_TRUE(all_close(a, fd_geglu_gate, 1e-4, 1e-5));
+    EXPECT_TRUE(all_close(b, fd_geglu_up, 1e-4, 1e-5));
     ref::softmax_forward(x, y);
     impl ? softmax_backward(dout, y, a) : ref::softmax_backward(dout, y, a);
     EXPECT_TRUE(all_close(a, fd_softmax, 1e-4, 1e-5));

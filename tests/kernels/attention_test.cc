@@ -25,10 +25,11 @@ struct Config {
   bool causal;
   int64_t q_offset;
   int64_t window = 0;
+  float softcap = 0.f;
   std::string str() const {
     std::ostringstream os;
     os << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
-       << (causal ? " causal" : " full") << " q_offset=" << q_offset << " window=" << window;
+       << (causal ? " causal" : " full") << " q_offset=" << q_offset << " window=" << window << " softcap=" << softcap;
     return os.str();
   }
 };
@@ -123,6 +124,7 @@ AttentionParams params_for(const Config& c) {
   p.causal = c.causal;
   p.q_offset = c.q_offset;
   p.window = c.window;
+  p.softcap = c.softcap;
   return p;
 }
 
@@ -204,6 +206,19 @@ TEST(Attention, SlidingWindowMatchesReference) {
       check_config({2, 33, 33, 6, 1, 64, true, 0, window}, seed++, scalar);
       check_config({1, 40, 300, 4, 2, 16, true, 260, window}, seed++, scalar);
       check_config({2, 1, 257, 12, 4, 16, true, 256, window}, seed++, scalar);
+    }
+}
+
+// Gemma 2's logit soft-capping (cap 0.5: most scores past it; 50: nearly linear), alone and
+// with a sliding window, forward and backward on both kernel families.
+TEST(Attention, SoftcapMatchesReference) {
+  uint32_t seed = 600;
+  for (float cap : {0.5f, 5.f, 50.f})
+    for (bool scalar : {false, true}) {
+      check_config({2, 33, 33, 4, 2, 16, true, 0, 0, cap}, seed++, scalar);
+      check_config({1, 130, 130, 6, 1, 64, true, 0, 20, cap}, seed++, scalar);
+      check_config({2, 1, 257, 8, 4, 16, true, 256, 0, cap}, seed++, scalar);
+      check_config({1, 9, 40, 2, 2, 8, false, 0, 0, cap}, seed++, scalar);
     }
 }
 

@@ -247,6 +247,21 @@ TEST(PagedAttention, SlidingWindowNeverReadsBlocksBeforeTheWindow) {
         }
 }
 
+// Gemma 2's logit soft-capping, alone and with a sliding window.
+TEST(PagedAttention, SoftcapMatchesReference) {
+  uint32_t seed = 90;
+  for (float cap : {1.f, 30.f})
+    for (int64_t window : {0, 50})
+      for (bool portable : {false, true}) {
+        const Dims d{8, 2, 40, 7};
+        PagedAttentionParams p = params_for(d, seed % 2 == 0, 0);
+        p.softcap = cap;
+        p.window = window;
+        check_batch(mixed_specs(seed * 100), d, p, seed, portable);
+        ++seed;
+      }
+}
+
 TEST(PagedAttention, LargeQueryGroupsMatchReference) {
   // G = 12 puts 2 positions in a row block; G = 40 exceeds the 32-row target (1 position).
   const Dims dims[] = {{12, 1, 16, 16}, {40, 1, 16, 7}};

@@ -1035,9 +1035,138 @@ class DeepseekV2ForCausalLM(nn.Module):
 
 # ----------------------------------------------------------------------------- building / loading
 
+# ----------------------------------------------------------------------------- Gemma 2
+
+class Gemma2RMSNorm(nn.Module):
+    """modeling_gemma2.py Gemma2RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), in f32,
+    cast back (the weight is stored as an offset from 1, zero-initialised)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        ct = _upcast_dtype(x.dtype)
+        xf = x.to(ct)
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.to(ct))).to(x.dtype)
+
+
+class Gemma2Attention(nn.Module):
+    """Gemma2Attention (eager): scores scaled by query_pre_attn_scalar^-0.5, soft-capped by
+    attn_logit_softcapping (s -> cap tanh(s / cap)) before the mask; even layers attend to a
+    sliding window."""
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.hidden_size = cfg["hidden_size"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.head_dim = cfg.get("head_dim") or self.hidden_size // self.num_heads
+        self.num_key_value_heads = cfg.get("num_key_value_heads") or self.num_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        bias = bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(self.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(self.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, self.hidden_size, bias=bias)
+        self.scaling = cfg["query_pre_attn_scalar"] ** -0.5
+        self.softcap = cfg.get("attn_logit_softcapping")
+        self.rotary_emb = rotary_embedding(cfg, self.head_dim)
+
+    def forward(self, hidden_states, position_ids, attention_mask):
+        bsz, q_len, _ = hidden_states.size()
+        q = self.q_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary_emb(v, position_ids)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = repeat_kv(k, self.num_key_value_groups)
+        v = repeat_kv(v, self.num_key_value_groups)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        if self.softcap is not None:
+            w = torch.tanh(w / self.softcap) * self.softcap
+        w = w + attention_mask
+        w = F.softmax(w, dim=-1, dtype=_upcast_dtype(w.dtype)).to(q.dtype)
+        out = torch.matmul(w, v).transpose(1, 2).reshape(bsz, q_len, self.num_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class Gemma2MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, f = cfg["hidden_size"], cfg["intermediate_size"]
+        self.gate_proj = nn.Linear(h, f, bias=False)
+        self.up_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+        self.act_fn = _activation(cfg.get("hidden_activation") or "gelu_pytorch_tanh")
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma2DecoderLayer(nn.Module):
+    """Pre- and post-norms around both halves: h + post_attn(attn(input(h))), then
+    h + post_ffw(mlp(pre_ffw(h)))."""
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        eps = cfg["rms_norm_eps"]
+        self.self_attn = Gemma2Attention(cfg, layer_idx)
+        self.mlp = Gemma2MLP(cfg)
+        self.input_layernorm = Gemma2RMSNorm(cfg["hidden_size"], eps)
+        self.post_attention_layernorm = Gemma2RMSNorm(cfg["hidden_size"], eps)
+        self.pre_feedforward_layernorm = Gemma2RMSNorm(cfg["hidden_size"], eps)
+        self.post_feedforward_layernorm = Gemma2RMSNorm(cfg["hidden_size"], eps)
+
+    def forward(self, h, position_ids, mask):
+        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), position_ids, mask))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Gemma2Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.layers = nn.ModuleList([Gemma2DecoderLayer(cfg, i) for i in range(cfg["num_hidden_layers"])])
+        self.norm = Gemma2RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.windows = [cfg.get("sliding_window") or 0 if i % 2 == 0 else 0 for i in range(cfg["num_hidden_layers"])]
+
+    def forward(self, input_ids):
+        bsz, t = input_ids.shape
+        h = self.embed_tokens(input_ids)
+        # sqrt(hidden) as a tensor of the hidden states' dtype (rounded in bf16), as transformers
+        h = h * torch.tensor(self.cfg["hidden_size"] ** 0.5, dtype=h.dtype)
+        position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(bsz, t)
+        full = _causal_additive_mask(t, h.dtype, h.device)
+        for layer, window in zip(self.layers, self.windows):
+            m = full if window == 0 else _sliding_additive_mask(t, window, h.dtype, h.device)
+            h = layer(h, position_ids, m)
+        return self.norm(h)
+
+
+class Gemma2ForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = dict(cfg)
+        self.model = Gemma2Model(cfg)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+        if cfg.get("tie_word_embeddings", True):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        logits = self.lm_head(self.model(input_ids))
+        cap = self.config.get("final_logit_softcapping")
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel,
                  "mistral": LlamaForCausalLM,  # (Llama with sliding-window attention)
                  "qwen3": LlamaForCausalLM,  # (q/k RMSNorm per head, bias as attention_bias)
+                 "gemma2": Gemma2ForCausalLM,
                  "mixtral": LlamaForCausalLM,  # (Mixtral: Llama attention, sparse MoE MLP)
                  "qwen2_moe": Qwen2ForCausalLM,  # (Qwen2 attention, experts + shared expert)
                  "deepseek_v2": DeepseekV2ForCausalLM,  # (MLA attention, DeepSeek MoE)

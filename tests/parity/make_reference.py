@@ -68,6 +68,21 @@ def _qwen3_config():
     }
 
 
+def _gemma2_config():
+    # Gemma 2 in small: head_dim 24 apart from hidden / heads, query_pre_attn_scalar 20 apart
+    # from head_dim, caps low enough to bend the tiny model's scores (2.0) and logits (3.0),
+    # a window of 5 on the even layers. (The reference for the gemma2 family; Tessera does
+    # not load it yet, so make_all.sh does not generate it.)
+    return {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **_TINY, "head_dim": 24,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 20, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+        "sliding_window": 5, "attention_bias": False, "tie_word_embeddings": True,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 2, "eos_token_id": 1,
+    }
+
+
 def _gpt2_config():
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 97,
@@ -132,7 +147,8 @@ def _deepseek_v3_config():
     }
 
 
-BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config, "gpt2": _gpt2_config,
+BASE_CONFIGS = {"llama": _llama_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config, "gemma2": _gemma2_config,
+                "gpt2": _gpt2_config,
                 "mixtral": _mixtral_config,
                 "qwen2_moe": _qwen2_moe_config, "deepseek_v2": _deepseek_v2_config,
                 "deepseek_v3": _deepseek_v3_config}
@@ -168,6 +184,7 @@ VARIANTS = {
               # Layer 1 of 2 windowed (6 positions), layer 0 full, as max_window_layers 1 says.
               "sliding_window": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}},
     "qwen3": {"default": {}},
+    "gemma2": {"default": {}},
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
     "qwen2_moe": {"default": {}},
@@ -188,9 +205,13 @@ def init_weights(model, gen):
     with torch.no_grad():
         for name, p in model.named_parameters():
             # (layernorm also covers DeepSeek's q_a_layernorm / kv_a_layernorm)
+            # (Gemma's norms store their weight as an offset from 1.)
+            gemma_norm = "gemma" in getattr(model, "config", {}).get("model_type", "") and name.endswith("norm.weight")
             is_norm = any(k in name for k in ("layernorm", "model.norm", "ln_1", "ln_2", "ln_f",
                                               ".enorm.", ".hnorm.", ".shared_head.norm.", ".q_norm.", ".k_norm."))
-            if is_norm and name.endswith(".weight"):
+            if gemma_norm:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif is_norm and name.endswith(".weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".e_score_correction_bias"):
                 # DeepSeek-V3's selection bias: non-zero so that it changes the routing.

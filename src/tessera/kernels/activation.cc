@@ -3,6 +3,7 @@
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/dispatch.h"
 
+#include <initializer_list>
 #include <utility>
 
 #include "tessera/kernels/cpu/activation_cpu.h"
@@ -19,25 +20,34 @@ std::pair<int64_t, int64_t> check_first(const Tensor& first, const char* op, con
   return {first.size(0), first.size(1)};
 }
 
+// A gated activation's operands: gate, up, out (and dout, dgate, dup) one (N, F) shape.
+void check_gated(const char* op, const Tensor& gate, std::initializer_list<std::pair<const char*, const Tensor*>> rest) {
+  const auto [N, F] = check_first(gate, op, "gate");
+  for (const auto& [name, t] : rest) check_rows(*t, op, name, DType::kF32, N, F);
+}
+
 }  // namespace
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
-  const char* op = "swiglu_forward";
-  const auto [N, F] = check_first(gate, op, "gate");
-  check_rows(up, op, "up", DType::kF32, N, F);
-  check_rows(out, op, "out", DType::kF32, N, F);
-  TESSERA_KERNEL(op, cpu::swiglu_forward(gate, up, out), gate, up, out);
+  check_gated("swiglu_forward", gate, {{"up", &up}, {"out", &out}});
+  TESSERA_KERNEL("swiglu_forward", cpu::swiglu_forward(gate, up, out), gate, up, out);
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
-  const char* op = "swiglu_backward";
-  const auto [N, F] = check_first(gate, op, "gate");
-  check_rows(dout, op, "dout", DType::kF32, N, F);
-  check_rows(up, op, "up", DType::kF32, N, F);
-  check_rows(dgate, op, "dgate", DType::kF32, N, F);
-  check_rows(dup, op, "dup", DType::kF32, N, F);
-  TESSERA_KERNEL(op, cpu::swiglu_backward(dout, gate, up, dgate, dup), dout, gate, up, dgate, dup);
+  check_gated("swiglu_backward", gate, {{"dout", &dout}, {"up", &up}, {"dgate", &dgate}, {"dup", &dup}});
+  TESSERA_KERNEL("swiglu_backward", cpu::swiglu_backward(dout, gate, up, dgate, dup), dout, gate, up, dgate, dup);
+}
+
+void geglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_gated("geglu_forward", gate, {{"up", &up}, {"out", &out}});
+  TESSERA_KERNEL("geglu_forward", cpu::geglu_forward(gate, up, out), gate, up, out);
+}
+
+void geglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                    Tensor& dup) {
+  check_gated("geglu_backward", gate, {{"dout", &dout}, {"up", &up}, {"dgate", &dgate}, {"dup", &dup}});
+  TESSERA_KERNEL("geglu_backward", cpu::geglu_backward(dout, gate, up, dgate, dup), dout, gate, up, dgate, dup);
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {

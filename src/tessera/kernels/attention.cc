@@ -56,6 +56,8 @@ AttnDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v,
                 1.0 / std::sqrt(static_cast<double>(d.D)), "), got ", params.scale);
   TESSERA_CHECK(d.Tq == 0 || d.Tk > 0, "attention: k ", shape_str(k.shape()), " has no keys for ",
                 d.Tq, " queries");
+  TESSERA_CHECK(std::isfinite(params.softcap) && params.softcap >= 0.f, "attention: params.softcap must be >= 0 "
+                "(0 = none), got ", params.softcap);
   TESSERA_CHECK(params.window >= 0 && (params.window == 0 || params.causal),
                 "attention: a sliding window (", params.window, ") must be positive and causal");
   if (params.causal) {

@@ -17,6 +17,9 @@ struct AttentionParams {
   // (p - window, p], the last `window` positions including its own (Mistral's
   // sliding_window as transformers masks it).
   int64_t window = 0;
+  // Logit soft-capping (Gemma 2's attn_logit_softcapping; 0 = none): each scaled score s
+  // becomes softcap * tanh(s / softcap) before the mask and softmax.
+  float softcap = 0.f;
 };
 
 // q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq % Hkv == 0 (query head h reads kv head

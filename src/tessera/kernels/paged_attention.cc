@@ -162,6 +162,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TESSERA_CHECK(std::isfinite(p.scale) && p.scale != 0.f, op,
                 ": params.scale must be finite and non-zero (usually 1/sqrt(D) = ",
                 1.0 / std::sqrt(static_cast<double>(d.D)), "), got ", p.scale);
+  TESSERA_CHECK(std::isfinite(p.softcap) && p.softcap >= 0.f, op, ": params.softcap must be >= 0 (0 = none), got ",
+                p.softcap);
   TESSERA_CHECK(p.window >= 0, op, ": params.window must be >= 0 (0 = no sliding window), got ", p.window);
   TESSERA_CHECK(p.decode_split >= 0, op, ": params.decode_split must be >= 0 (0 = auto), got ",
                 p.decode_split);

@@ -62,6 +62,7 @@ struct PagedAttentionParams {
   // the first row of a query block's window are never read, so their cache blocks may have
   // been freed (the engine frees blocks that leave every layer's window).
   int64_t window = 0;
+  float softcap = 0.f;  // logit soft-capping (Gemma 2; AttentionParams::softcap)
 };
 
 // q (Ntok, Hq, D) f32, head dim contiguous and head stride D; the token stride may be

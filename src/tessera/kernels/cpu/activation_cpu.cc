@@ -125,6 +125,45 @@ TESSERA_AVX512 void gelu_bwd_row_avx512(const float* d, const float* x, float* d
   }
 }
 
+// ---- GeGLU: o = gelu(g) u; do/dg = u gelu'(g), do/du = gelu(g) (the GELU rows above).
+
+void geglu_row_scalar(const float* g, const float* u, float* o, int64_t F) {
+  gelu_row_scalar(g, o, F);
+  for (int64_t i = 0; i < F; ++i) o[i] *= u[i];
+}
+
+void geglu_bwd_row_scalar(const float* d, const float* g, const float* u, float* dg, float* du, int64_t F) {
+  gelu_row_scalar(g, du, F);  // gelu(g), then times d
+  for (int64_t i = 0; i < F; ++i) {
+    const float v = g[i];
+    const float uu = kGeluK * (v + kGeluC * v * v * v);
+    const float dd = kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+    const float e = std::exp(std::min(-2.0f * uu, kExpArgMax));
+    const float s = 1.0f / (1.0f + e);
+    dg[i] = d[i] * u[i] * (s + 2.0f * v * (e * s * s) * dd);
+    du[i] *= d[i];
+  }
+}
+
+TESSERA_AVX512 void geglu_row_avx512(const float* g, const float* u, float* o, int64_t F) {
+  gelu_row_avx512(g, o, F);
+  for (int64_t i = 0; i < F; i += 16) {
+    const __mmask16 m = av::tail_mask(F - i);
+    av::store(o + i, _mm512_mul_ps(av::load(o + i, m), av::load(u + i, m)), m);
+  }
+}
+
+TESSERA_AVX512 void geglu_bwd_row_avx512(const float* d, const float* g, const float* u, float* dg, float* du,
+                                         int64_t F) {
+  gelu_bwd_row_avx512(d, g, dg, F);  // d gelu'(g), then times u
+  gelu_row_avx512(g, du, F);         // gelu(g), then times d
+  for (int64_t i = 0; i < F; i += 16) {
+    const __mmask16 m = av::tail_mask(F - i);
+    av::store(dg + i, _mm512_mul_ps(av::load(dg + i, m), av::load(u + i, m)), m);
+    av::store(du + i, _mm512_mul_ps(av::load(du + i, m), av::load(d + i, m)), m);
+  }
+}
+
 // ---- Softmax over a row, max-subtracted.
 
 void softmax_row_scalar(const float* x, float* o, int64_t F) {
@@ -192,32 +231,45 @@ TESSERA_AVX512 void softmax_bwd_row_avx512(const float* dy, const float* y, floa
   }
 }
 
+// A gated activation's rows: out = act(gate) * up, and its backward, by row function.
+using GatedRow = void (*)(const float*, const float*, float*, int64_t);
+using GatedBwdRow = void (*)(const float*, const float*, const float*, float*, float*, int64_t);
+
+void gated_forward(const Tensor& gate, const Tensor& up, Tensor& out, GatedRow vec_row, GatedRow scalar_row) {
+  const auto G = rows_of<const float>(gate), U = rows_of<const float>(up);
+  const auto O = rows_of<float>(out);
+  const GatedRow row = use_avx512() ? vec_row : scalar_row;
+  for_rows(G.rows, G.cols, kExpWork, [&](int64_t n) { row(G.row(n), U.row(n), O.row(n), G.cols); });
+}
+
+void gated_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup,
+                    GatedBwdRow vec_row, GatedBwdRow scalar_row) {
+  const auto D = rows_of<const float>(dout), G = rows_of<const float>(gate);
+  const auto U = rows_of<const float>(up);
+  const auto DG = rows_of<float>(dgate), DU = rows_of<float>(dup);
+  const GatedBwdRow row = use_avx512() ? vec_row : scalar_row;
+  for_rows(G.rows, G.cols, kExpWork,
+           [&](int64_t n) { row(D.row(n), G.row(n), U.row(n), DG.row(n), DU.row(n), G.cols); });
+}
+
 }  // namespace
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
-  const auto G = rows_of<const float>(gate), U = rows_of<const float>(up);
-  const auto O = rows_of<float>(out);
-  const bool vec = use_avx512();
-  for_rows(G.rows, G.cols, kExpWork, [&](int64_t n) {
-    if (vec)
-      swiglu_row_avx512(G.row(n), U.row(n), O.row(n), G.cols);
-    else
-      swiglu_row_scalar(G.row(n), U.row(n), O.row(n), G.cols);
-  });
+  gated_forward(gate, up, out, swiglu_row_avx512, swiglu_row_scalar);
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
-  const auto D = rows_of<const float>(dout), G = rows_of<const float>(gate);
-  const auto U = rows_of<const float>(up);
-  const auto DG = rows_of<float>(dgate), DU = rows_of<float>(dup);
-  const bool vec = use_avx512();
-  for_rows(G.rows, G.cols, kExpWork, [&](int64_t n) {
-    if (vec)
-      swiglu_bwd_row_avx512(D.row(n), G.row(n), U.row(n), DG.row(n), DU.row(n), G.cols);
-    else
-      swiglu_bwd_row_scalar(D.row(n), G.row(n), U.row(n), DG.row(n), DU.row(n), G.cols);
-  });
+  gated_backward(dout, gate, up, dgate, dup, swiglu_bwd_row_avx512, swiglu_bwd_row_scalar);
+}
+
+void geglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  gated_forward(gate, up, out, geglu_row_avx512, geglu_row_scalar);
+}
+
+void geglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                    Tensor& dup) {
+  gated_backward(dout, gate, up, dgate, dup, geglu_bwd_row_avx512, geglu_bwd_row_scalar);
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {

@@ -60,6 +60,18 @@ int64_t visible_key_begin(const AttentionParams& p, int64_t i0) {
   return std::max<int64_t>(p.q_offset + i0 - p.window + 1, 0) / kKeyTile * kKeyTile;
 }
 
+// Soft-capping of a score tile (R, n) with stride lds: s = cap tanh(s / cap); with t, the
+// tanh values are kept (stride lds) for the backward's derivative 1 - t^2.
+void softcap_tile(float* s, int64_t lds, int64_t R, int64_t n, float cap, float* t = nullptr) {
+  const float inv = 1.f / cap;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float th = std::tanh(s[r * lds + j] * inv);
+      s[r * lds + j] = cap * th;
+      if (t) t[r * lds + j] = th;
+    }
+}
+
 // Whether the tile of keys [kt0, kt0 + n) needs masking for queries [i0, i0 + qn).
 bool tile_needs_mask(const AttentionParams& p, int64_t i0, int64_t qn, int64_t kt0, int64_t n) {
   if (!p.causal) return false;
@@ -146,6 +158,7 @@ void forward_range(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, in
     if (!packed)
       ops.pack_transposed(kbase + kt0 * job.k.token_stride, job.k.token_stride, n, D, kt, kKeyTile);
     ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
+    if (job.p.softcap > 0.f) softcap_tile(s, kKeyTile, R, n, job.p.softcap);
     if (tile_needs_mask(job.p, i0, qn, kt0, n)) mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
     ops.softmax_update(s, kKeyTile, R, n, m, l, o, D, D);
     ops.gemm(R, D, n, s, kKeyTile, 1, vbase + kt0 * job.v.token_stride, job.v.token_stride, o, D,
@@ -261,7 +274,7 @@ struct BackwardJob {
 };
 
 void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, float* vt, float* qs,
-                   float* dos, float* dqa, float* s, float* dp, float* lse_r, float* delta) {
+                   float* dos, float* dqa, float* s, float* dp, float* lse_r, float* delta, float* th) {
   const AttnDims& d = job.d;
   const AttnTileOps& ops = *job.ops;
   const int64_t G = job.bl.G, D = d.D;
@@ -296,11 +309,15 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
       const float* ktile = kt + kt0 * D;  // tile kt0 / kKeyTile of the packed K^T and V^T
       const float* vtile = vt + kt0 * D;
       ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
+      if (job.p.softcap > 0.f) softcap_tile(s, kKeyTile, R, n, job.p.softcap, th);
       if (tile_needs_mask(job.p, i0, qn, kt0, n))
         mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
       ops.probs_from_scores(s, kKeyTile, R, n, lse_r);                     // P
       ops.gemm(R, n, D, dos, D, 1, vtile, kKeyTile, dp, kKeyTile, false);  // dP = dO V^T
       ops.dscores_from_dprobs(s, dp, kKeyTile, R, n, delta);               // dS = P (dP - delta)
+      if (job.p.softcap > 0.f)  // through the cap: dS (1 - tanh^2)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t j = 0; j < n; ++j) dp[r * kKeyTile + j] *= 1.f - th[r * kKeyTile + j] * th[r * kKeyTile + j];
       // dV += P^T dO
       ops.gemm(n, D, R, s, 1, kKeyTile, dos, D, dvbase + kt0 * job.dv.token_stride,
                job.dv.token_stride, true);
@@ -393,7 +410,7 @@ void attention_backward_cpu(const AttnDims& dims, const AttnView& q, const AttnV
   // every row block.
   const int64_t packed = (dims.Tk + kKeyTile - 1) / kKeyTile * kKeyTile * D;
   base::parallel_for(dims.B * dims.Hkv, 1, [&](int64_t begin, int64_t end) {
-    Scratch buf(2 * packed + 3 * R * D + 2 * R * kKeyTile + 2 * R);
+    Scratch buf(2 * packed + 3 * R * D + 3 * R * kKeyTile + 2 * R);
     float* kt = buf.get();
     float* vt = kt + packed;
     float* qs = vt + packed;
@@ -403,8 +420,9 @@ void attention_backward_cpu(const AttnDims& dims, const AttnView& q, const AttnV
     float* dp = s + R * kKeyTile;
     float* lse_r = dp + R * kKeyTile;
     float* delta = lse_r + R;
+    float* th = delta + R;  // soft-capping: the tile's tanh values
     for (int64_t w = begin; w < end; ++w)
-      backward_item(job, w / dims.Hkv, w % dims.Hkv, kt, vt, qs, dos, dqa, s, dp, lse_r, delta);
+      backward_item(job, w / dims.Hkv, w % dims.Hkv, kt, vt, qs, dos, dqa, s, dp, lse_r, delta, th);
   });
 }
 

@@ -168,6 +168,7 @@ struct Job {
   const std::vector<PagedSequence>* seqs = nullptr;
   float scale = 1.f;
   int64_t window = 0;  // sliding window (0: none)
+  float softcap = 0.f;  // logit soft-capping (0: none)
   const AttnTileOps* ops = nullptr;
   ScaleAddFn scale_add = nullptr;
   AccumulatePvFn accumulate_pv = nullptr;
@@ -290,6 +291,11 @@ void run_partition(const Job& job, const RowBlock& rb, int64_t part, Buffers& bu
       pack_key_tile(job, s, rb.kvh, kt0, n, buf.kt, buf.gather);
     }
     ops.gemm(R, n, D, buf.qs, D, 1, ktile, kKeyTile, buf.s, kKeyTile, false);  // S = (scale Q) K^T
+    if (job.softcap > 0.f) {  // cap tanh(s / cap), per element: a row's bits stay its own
+      const float inv = 1.f / job.softcap;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < n; ++j) buf.s[r * kKeyTile + j] = job.softcap * std::tanh(buf.s[r * kKeyTile + j] * inv);
+    }
     if (kt0 + n - 1 > pos0 || (job.window > 0 && kt0 <= pos0 + rb.qn - 1 - job.window))
       mask_tile(buf.s, kKeyTile, R, n, G, pos0, kt0, job.window);
     ops.softmax_update(buf.s, kKeyTile, R, n, m, l, o, D, D);
@@ -473,6 +479,7 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
   job.seqs = &seqs;
   job.scale = p.scale;
   job.window = p.window;
+  job.softcap = p.softcap;
   job.ops = isa == AttnIsa::kAvx512 ? &avx512_tile_ops() : &scalar_tile_ops();
   job.scale_add = isa == AttnIsa::kAvx512 ? scale_add_avx512 : scale_add_scalar;
   job.accumulate_pv = isa == AttnIsa::kAvx512 ? accumulate_pv_avx512 : accumulate_pv_scalar;

@@ -42,6 +42,25 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, T
   });
 }
 
+void geglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  each(gate, [&](int64_t n, int64_t i) {
+    const double g = ref_row<float>(gate, n)[i], u = ref_row<float>(up, n)[i];
+    ref_row<float>(out, n)[i] = static_cast<float>(0.5 * g * (1 + std::tanh(kK * (g + kC * g * g * g))) * u);
+  });
+}
+
+void geglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                    Tensor& dup) {
+  each(gate, [&](int64_t n, int64_t i) {
+    const double d = ref_row<float>(dout, n)[i];
+    const double g = ref_row<float>(gate, n)[i], u = ref_row<float>(up, n)[i];
+    const double t = std::tanh(kK * (g + kC * g * g * g));
+    const double grad = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * kK * (1 + 3 * kC * g * g);
+    ref_row<float>(dgate, n)[i] = static_cast<float>(d * u * grad);
+    ref_row<float>(dup, n)[i] = static_cast<float>(d * 0.5 * g * (1 + t));
+  });
+}
+
 void gelu_forward(const Tensor& x, Tensor& out) {
   each(x, [&](int64_t n, int64_t i) {
     const double v = ref_row<float>(x, n)[i];

@@ -18,9 +18,12 @@ bool visible(const AttentionParams& p, int64_t i, int64_t j) {
   return j <= p.q_offset + i && (p.window == 0 || j > p.q_offset + i - p.window);
 }
 
-// Softmax probabilities of query (b, i, h) over all keys (0 for hidden ones).
+// Softmax probabilities of query (b, i, h) over all keys (0 for hidden ones). cap_grad
+// (optional): d capped score / d scaled score per key (1 without soft-capping).
 std::vector<double> probs(const AttnShape& s, const double* q, const double* k, int64_t b,
-                          int64_t i, int64_t h, const AttentionParams& p, double* lse_out) {
+                          int64_t i, int64_t h, const AttentionParams& p, double* lse_out,
+                          std::vector<double>* cap_grad = nullptr) {
+  if (cap_grad) cap_grad->assign(s.Tk, 1.0);
   const int64_t kvh = h / (s.Hq / s.Hkv);
   std::vector<double> sc(s.Tk, -std::numeric_limits<double>::infinity());
   double mx = -std::numeric_limits<double>::infinity();
@@ -30,6 +33,11 @@ std::vector<double> probs(const AttnShape& s, const double* q, const double* k, 
     for (int64_t e = 0; e < s.D; ++e)
       dot += q[idx(b, i, h, e, s.Tq, s.Hq, s.D)] * k[idx(b, j, kvh, e, s.Tk, s.Hkv, s.D)];
     sc[j] = dot * p.scale;
+    if (p.softcap > 0) {
+      const double t = std::tanh(sc[j] / p.softcap);
+      sc[j] = p.softcap * t;
+      if (cap_grad) (*cap_grad)[j] = 1.0 - t * t;
+    }
     mx = std::max(mx, sc[j]);
   }
   double sum = 0;
@@ -94,12 +102,12 @@ void attention_backward_f64(const AttnShape& s, const double* q, const double* k
   std::fill_n(dq, s.B * s.Tq * s.Hq * s.D, 0.0);
   std::fill_n(dk, s.B * s.Tk * s.Hkv * s.D, 0.0);
   std::fill_n(dv, s.B * s.Tk * s.Hkv * s.D, 0.0);
-  std::vector<double> dP(s.Tk);
+  std::vector<double> dP(s.Tk), cap_grad;
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < s.Tq; ++i)
       for (int64_t h = 0; h < s.Hq; ++h) {
         const int64_t kvh = h / G;
-        const std::vector<double> P = probs(s, q, k, b, i, h, params, nullptr);
+        const std::vector<double> P = probs(s, q, k, b, i, h, params, nullptr, &cap_grad);
         // out = sum_j P_j v_j: dP_j = dout . v_j; dS_j = P_j (dP_j - sum_j' P_j' dP_j').
         double weighted = 0;
         for (int64_t j = 0; j < s.Tk; ++j) {
@@ -111,7 +119,7 @@ void attention_backward_f64(const AttnShape& s, const double* q, const double* k
         }
         for (int64_t j = 0; j < s.Tk; ++j) {
           if (P[j] == 0.0) continue;
-          const double dS = P[j] * (dP[j] - weighted) * params.scale;
+          const double dS = P[j] * (dP[j] - weighted) * cap_grad[j] * params.scale;
           for (int64_t e = 0; e < s.D; ++e) {
             const int64_t qi = idx(b, i, h, e, s.Tq, s.Hq, s.D);
             const int64_t kj = idx(b, j, kvh, e, s.Tk, s.Hkv, s.D);

@@ -54,6 +54,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     ap.causal = true;
     ap.q_offset = s.context_len - s.q_len;
     ap.window = p.window;
+    ap.softcap = p.softcap;
     const AttnShape shape{1, s.q_len, s.context_len, Hq, Hkv, D};
     attention_forward_f64(shape, qd.data(), k.data(), v.data(), od.data(), nullptr, ap);
     for (int64_t i = 0; i < s.q_len; ++i)
