@@ -76,6 +76,7 @@ std::vector<int32_t> dense_greedy(const model::Model& m, const std::vector<int32
   for (int64_t i = 0; i < max_tokens; ++i) {
     const float* x = logits.data<float>();
     const int32_t t = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);
+
     out.push_back(t);
     if (i + 1 < max_tokens) logits = m.forward({t}, cache);
   }
@@ -208,6 +209,40 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneGpt2) {
 // preemption and prefix hits, and each output is the dense window-masked path's.
 TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneSlidingWindow) {
   check_against_alone(model::Arch::kLlama, false, false, 13);
+}
+
+// Gemma 2 in the paged engine: soft-capped scores scaled by query_pre_attn_scalar, windows on
+// the even layers only (no block is released: the odd layers see everything), sandwich
+// norms, GeGLU, the embedding scale and soft-capped logits give the dense path's outputs.
+TEST(Engine, Gemma2PagedEqualsDense) {
+  model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+  c.max_position_embeddings = 512;
+  c.model_type = "gemma2";
+  c.gelu_mlp = c.norm_offset = c.sandwich_norms = c.embed_scale = true;
+  c.query_pre_attn_scalar = 24;
+  c.attn_softcap = 20.f;
+  c.final_softcap = 30.f;
+  c.sliding_window = 11;
+  c.window_alternate = true;
+  model::Model m = model::Model::random(c, DType::kF32, 12);
+  auto& w = m.weights();  // widened head: no greedy choice within rounding of a tie
+  Tensor& head = c.tie_word_embeddings ? w.embed : w.lm_head;
+  for (int64_t i = 0; i < head.numel(); ++i) head.data<float>()[i] *= 8.f;
+  w.tie(c);
+  std::mt19937 rng(8);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(rng, 3 + rng() % 40));
+
+  EngineConfig ec;
+  ec.block_size = 8;
+  ec.max_num_batched_tokens = 32;
+  ec.max_model_len = 256;
+  // An f32 pool: the soft-capped logits of this random model leave near-ties (a 0.0016 gap)
+  // that the default bf16 cache's rounding can flip; the paths themselves agree to ~1e-6.
+  ec.kv_cache_dtype = kernels::KvCacheDtype::kF32;
+  const auto [outs, st] = run_prompts(m, ec, prompts, 30, false);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(outs[i], dense_greedy(m, prompts[i], 30)) << "request " << i;
+  EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
 // A pool of 8 blocks of 8 tokens holds no 200-token context, but under a 13-position window

@@ -249,7 +249,7 @@ TEST_P(Parity, PerplexityMatchesPyTorchTo4Digits) {
 
 // (the rope-scaling variants: tests/parity/make_reference.py's VARIANTS)
 INSTANTIATE_TEST_SUITE_P(Archs, Parity,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gpt2", "llama_rope_llama3", "llama_rope_linear",
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma2", "gpt2", "llama_rope_llama3", "llama_rope_linear",
                                            "llama_rope_dynamic", "llama_partial_rotary", "qwen2_rope_yarn",
                                            "llama_mistral_window", "qwen2_sliding_window"));
 

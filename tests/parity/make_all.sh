@@ -8,7 +8,7 @@ PY=$1
 OUT=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
-for arch in llama qwen2 qwen3 gpt2 mixtral qwen2_moe deepseek_v2 deepseek_v3; do
+for arch in llama qwen2 qwen3 gemma2 gpt2 mixtral qwen2_moe deepseek_v2 deepseek_v3; do
   rm -rf "$OUT/$arch.tmp"
   "$PY" "$HERE/make_reference.py" --arch "$arch" --out "$OUT/$arch.tmp"
   rm -rf "$OUT/$arch"

@@ -71,8 +71,7 @@ def _qwen3_config():
 def _gemma2_config():
     # Gemma 2 in small: head_dim 24 apart from hidden / heads, query_pre_attn_scalar 20 apart
     # from head_dim, caps low enough to bend the tiny model's scores (2.0) and logits (3.0),
-    # a window of 5 on the even layers. (The reference for the gemma2 family; Tessera does
-    # not load it yet, so make_all.sh does not generate it.)
+    # a window of 5 on the even layers.
     return {
         "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **_TINY, "head_dim": 24,
         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh",

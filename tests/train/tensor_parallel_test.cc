@@ -58,6 +58,20 @@ ModelConfig tiny(Arch arch, int64_t heads, int64_t kv_heads, bool tied) {
   return c;
 }
 
+// Gemma 2: sandwich norms (offset weights), GeGLU, the embedding scale, scores scaled by
+// query_pre_attn_scalar and soft-capped, logits soft-capped, windows on even layers.
+ModelConfig tiny_gemma2() {
+  ModelConfig c = tiny(Arch::kLlama, 4, 2, true);
+  c.model_type = "gemma2";
+  c.gelu_mlp = c.norm_offset = c.sandwich_norms = c.embed_scale = true;
+  c.query_pre_attn_scalar = 6;
+  c.attn_softcap = 1.5f;
+  c.final_softcap = 2.f;
+  c.sliding_window = 4;
+  c.window_alternate = true;
+  return c;
+}
+
 // Qwen3: q/k norms over head_dim 12 (apart from hidden / heads = 8).
 ModelConfig tiny_qwen3(int64_t kv_heads) {
   ModelConfig c = tiny(Arch::kLlama, 4, kv_heads, true);
@@ -238,7 +252,9 @@ TEST_P(TensorParallel, SequenceParallelGivesTheSameGradientsWithLessActivationMe
       // Saved for backward: x_in, h1, x_mid, h2 and the norms' statistics per layer, and
       // x_final, hf and the final norm's statistics, all at N / tp rows.
       const int64_t stats = ln ? 2 : 1;
-      const int64_t row_bytes = (L * (4 * H + 2 * stats) + 2 * H + stats) * 4;
+      // (Gemma 2 also keeps both post-norms' inputs and statistics.)
+      const int64_t post = c.sandwich_norms ? 2 * H + 2 : 0;
+      const int64_t row_bytes = (L * (4 * H + 2 * stats + post) + 2 * H + stats) * 4;
       EXPECT_EQ(plain.activation_bytes - got.activation_bytes, row_bytes * (N - N / tp));
       const int64_t nh = N * H * 4;
       const bool kv_rep = m.dims().kv_replicas > 1;
@@ -251,9 +267,10 @@ TEST_P(TensorParallel, SequenceParallelGivesTheSameGradientsWithLessActivationMe
       EXPECT_EQ(traffic.reduce_scatter_bytes, (4 * L + 2) * nh);
       // All-reduces left: the cross-entropy's (N + 2N), the norms' weight gradients, and
       // replicated kv heads' gradients.
-      const int64_t qk = c.qk_norm ? L : 0;
-      EXPECT_EQ(traffic.all_reduces, 2 + (2 * L + 1) + (kv_rep ? L : 0) + qk);
-      EXPECT_EQ(traffic.all_reduce_bytes, 3 * N * 4 + (2 * L + 1) * stats * H * 4 +
+      // (Gemma 2: two more norms per layer, whose weight gradients are summed the same way.)
+      const int64_t qk = c.qk_norm ? L : 0, norms = 2 * L + 1 + (c.sandwich_norms ? 2 * L : 0);
+      EXPECT_EQ(traffic.all_reduces, 2 + norms + (kv_rep ? L : 0) + qk);
+      EXPECT_EQ(traffic.all_reduce_bytes, 3 * N * 4 + norms * stats * H * 4 +
                                               (kv_rep ? L * N * 2 * c.head_dim * 4 : 0) + qk * 2 * c.head_dim * 4);
     }
     m.set_recompute(model::Recompute::kNone);
@@ -271,6 +288,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_kv_replicated_tp4", tiny(Arch::kLlama, 4, 2, false), 4},
                       Case{"qwen2_bias_tp2", tiny(Arch::kQwen2, 4, 2, true), 2},
                       Case{"qwen3_qk_norm_tp2", tiny_qwen3(2), 2},
+                      Case{"gemma2_tp2", tiny_gemma2(), 2},
                       Case{"qwen3_kv_replicated_tp4", tiny_qwen3(2), 4},
                       Case{"gpt2_tp2", tiny(Arch::kGpt2, 4, 4, true), 2}),
     [](const auto& info) { return std::string(info.param.name); });

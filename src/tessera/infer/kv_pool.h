@@ -51,6 +51,7 @@ class PagedKvAttention final : public model::KvAttention {
     kernels::write_kv_cache(k, v, seqs_, pool_.k[layer], pool_.v[layer]);
     kernels::PagedAttentionParams p = params_;
     p.window = config_.layer_window(layer);
+    p.softcap = config_.attn_softcap;
     kernels::paged_attention(q, pool_.k[layer], pool_.v[layer], seqs_, out, p);
   }
   void attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn) override;

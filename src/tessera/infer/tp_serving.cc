@@ -24,7 +24,7 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tenso
     for (int64_t l = 0; l < static_cast<int64_t>(pool.k.size()); ++l)
       kernels::copy_kv_blocks(pool.k[l], pool.v[l], plan.copies);
   kernels::PagedAttentionParams ap;
-  ap.scale = 1.f / std::sqrt(static_cast<float>(m.config().head_dim));
+  ap.scale = m.config().attention_scale();
   ap.batch_invariant = plan.batch_invariant;
   PagedKvAttention kv(pool, plan.seqs, ap, m.config());
   base::TraceScope fwd("forward_tokens");

@@ -15,6 +15,8 @@ struct LayerActivations {
   Tensor qkv;           // (N, Q + 2 KV) after RoPE
   Tensor qk_raw;        // qwen3: (N, Q + KV) q and k before their norms
   Tensor qk_rstd;       // qwen3: (heads + kv heads, N) each head's norm statistics
+  Tensor attn_y, attn_rstd;  // gemma2: (N, H) the attention's output before its post-norm, (N)
+  Tensor mlp_y, mlp_rstd;    // gemma2: the MLP's output before its post-norm
   Tensor att;           // (N, Q) attention output
   Tensor lse;           // (B, heads, T)
   Tensor x_mid;         // (N, H) residual after attention

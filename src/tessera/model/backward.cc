@@ -38,7 +38,7 @@ int64_t activation_bytes(const Activations& a) {
                             &L.mean2, &L.rstd2, &L.h2, &L.u, &L.a, &L.moe.x, &L.moe.u, &L.moe.a, &L.moe.y,
                             &L.moe.routing.scores, &L.shared_y, &L.shared_z, &L.mla.qa, &L.mla.qa_n, &L.mla.ckv,
                             &L.mla.c_n, &L.mla.kv, &L.mla.qp, &L.mla.kp, &L.mla.vp, &L.mla.outp, &L.mla.lse,
-                            &L.mla.att})
+                            &L.mla.att, &L.qk_raw, &L.qk_rstd, &L.attn_y, &L.attn_rstd, &L.mlp_y, &L.mlp_rstd})
       add(*t);
   for (const auto& L : a.layers) n += L.cp.bytes();
   for (const Tensor* t : {&a.ids, &a.positions, &a.x_final, &a.meanf, &a.rstdf, &a.hf}) add(*t);
@@ -232,7 +232,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
                       &Ldown = kBlockLinears[3];
     // The dense MLP's backward from its output gradient dy (all rows): x_out = x_mid +
     // down(act(up(norm2(x_mid)))); dh gets its input gradient. (qwen2_moe: the shared expert.)
-    Tensor dres_all = all_rows(*this, dres), op;
+    Tensor dres_all = c.sandwich_norms ? Tensor() : all_rows(*this, dres), op;  // (gemma2: after the post-norm)
     const int64_t F = layer_ffn(*this, l);
     if (F > 0 && (!da.defined() || da.size(1) != F)) {
       da = Tensor::empty({N, F}, DType::kF32);
@@ -244,7 +244,10 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
       if (c.gated_mlp()) {
         Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
-        kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+        if (c.gelu_mlp)
+          kernels::geglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
+        else
+          kernels::swiglu_backward(da, A.u.slice(1, 0, F), A.u.slice(1, F, 2 * F), dgate, dup);
       } else {
         kernels::gelu_backward(da, A.u, du);
       }
@@ -252,7 +255,15 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       input_grad(*this, Lup, l, op, dh_full, dh, pm);
       linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
     };
-    if (!c.layer_is_moe(l)) {
+    // Gemma 2: the gradient reaching a half's output passes back through its post-norm.
+    auto post_norm_grad = [&](const Tensor& dout, const Tensor& y, const Tensor& w, const Tensor& rstd, Tensor& gw) {
+      Tensor dy = Tensor::empty({dout.size(0), H}, DType::kF32), none;
+      norm_grad(*this, dout, y, w, none, rstd, dy, gw, none);
+      return dy;
+    };
+    if (c.sandwich_norms) {
+      dense_mlp_backward(all_rows(*this, post_norm_grad(dres, A.mlp_y, W.post_mlp_norm, A.mlp_rstd, G.post_mlp_norm)));
+    } else if (!c.layer_is_moe(l)) {
       dense_mlp_backward(dres_all);
     } else {
       // x_out = x_mid + moe(norm2(x_mid)) (tp = 1: every row here). The expert and router
@@ -294,7 +305,9 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     kernels::add_inplace(dres, tmp);
     // Attention: x_mid = x_in + o(attention(qkv(norm1(x_in)))); dh gets d loss / d norm1's output.
     auto attention_backward = [&] {
-      dres_all = all_rows(*this, dres);
+      dres_all = all_rows(*this, c.sandwich_norms ? post_norm_grad(dres, A.attn_y, W.post_attn_norm, A.attn_rstd,
+                                                                   G.post_attn_norm)
+                                                  : dres);
       op = matmul_operand(dres_all, mode);
       input_grad(*this, Lo, l, op, datt, datt, pm);
       linear_backward_weight(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which), pm,
@@ -390,7 +403,18 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     // Loss and d(loss)/d(logits), written over the logits.
     Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
     kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
+    Tensor capped;  // gemma2: the soft-capped logits, for the cap's derivative below
+    if (c.final_softcap > 0) {
+      softcap_logits(c, logits);
+      capped = logits.clone();
+    }
     const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
+    if (capped.defined()) {  // d/dz cap tanh(z / cap) = 1 - (capped / cap)^2
+      const float inv = 1.f / c.final_softcap;
+      float* g = logits.data<float>();
+      const float* y = capped.data<float>();
+      for (int64_t i = 0; i < logits.numel(); ++i) g[i] *= 1.f - (y[i] * inv) * (y[i] * inv);
+    }
     result.loss = ce.loss_sum / static_cast<double>(ce.count);
     result.count = ce.count;
     // Mixture of experts: transformers adds router_aux_loss_coef x the balancing loss over

@@ -52,7 +52,9 @@ void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Te
 // MLP activation: a (N, F) from u (N, 2F | F).
 void mlp_activation(const Model& m, const Tensor& u, Tensor& a) {
   const int64_t F = a.size(1);
-  if (m.config().gated_mlp())
+  if (m.config().gated_mlp() && m.config().gelu_mlp)
+    kernels::geglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
+  else if (m.config().gated_mlp())
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
   else
     kernels::gelu_forward(u, a);
@@ -87,7 +89,8 @@ MlaSpec mla_spec(const Model& m) {
 
 kernels::AttentionParams attention_params(const ModelConfig& c, int64_t q_offset, int64_t layer) {
   kernels::AttentionParams p;
-  p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  p.scale = c.attention_scale();
+  p.softcap = c.attn_softcap;
   p.causal = true;
   p.q_offset = q_offset;
   p.window = c.layer_window(layer);
@@ -175,7 +178,26 @@ void scatter_rows(const Model& m, const Tensor& full, Tensor& local) {
   m.tp_comm()->reduce_scatter_rows(full, local);
 }
 
+namespace {
+
+// Gemma: the embedding times sqrt(hidden) (in f32, transformers' normalizer in the
+// activations' dtype), in place.
+void scale_embedding(const ModelConfig& c, Tensor& x) {
+  if (!c.embed_scale) return;
+  const float s = std::sqrt(static_cast<float>(c.hidden_size));
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= s;
+}
+
+}  // namespace
+
 Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions, bool sp) {
+  Tensor x = embed_tokens_unscaled(m, ids, positions, sp);
+  scale_embedding(m.config(), x);
+  return x;
+}
+
+Tensor embed_tokens_unscaled(const Model& m, const Tensor& ids, const Tensor& positions, bool sp) {
   const auto& c = m.config();
   const LocalDims& d = m.dims();
   Tensor x = Tensor::empty({ids.numel(), c.hidden_size}, DType::kF32);
@@ -214,9 +236,14 @@ Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions, 
   return x;
 }
 
-void embed_backward(const Model& m, const Tensor& dres, const Tensor& ids, const Tensor& positions,
+void embed_backward(const Model& m, const Tensor& dres_in, const Tensor& ids, const Tensor& positions,
                     Params& grads) {
   const LocalDims& d = m.dims();
+  Tensor dres = dres_in;
+  if (m.config().embed_scale) {  // (gemma) through the sqrt(hidden) factor
+    dres = dres_in.contiguous().clone();
+    scale_embedding(m.config(), dres);
+  }
   if (!m.tp_comm()) {
     kernels::embedding_backward(dres, ids, grads.embed);
   } else {  // only the rows of the ids this rank holds
@@ -246,10 +273,21 @@ Tensor head_logits(const Model& m, const Tensor& h, bool rowwise) {
     kernels::matmul(hi, m.compute_lm_head(), li, false, true);
   });
   TpComm* tp = m.tp_comm();
-  if (!tp) return local;
+  if (!tp) {
+    softcap_logits(m.config(), local);
+    return local;
+  }
   Tensor full = Tensor::empty({R, m.config().vocab_size}, DType::kF32);
   tp->all_gather_columns(local, full);
+  softcap_logits(m.config(), full);
   return full;
+}
+
+void softcap_logits(const ModelConfig& c, Tensor& logits) {
+  if (c.final_softcap <= 0) return;
+  const float cap = c.final_softcap, inv = 1.f / cap;
+  float* p = logits.data<float>();
+  for (int64_t i = 0; i < logits.numel(); ++i) p[i] = cap * std::tanh(p[i] * inv);
 }
 
 kernels::CrossEntropyResult head_cross_entropy(const Model& m, Tensor& logits,
@@ -376,6 +414,14 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     attend(l, qkv, att);
     attn_out = &row_parallel(kBlockLinears[1], att, mode);  // att stays exact for backward
   }
+  // Gemma 2: the attention's output (and below the MLP's) is normalised before it joins the
+  // residual stream; its input and statistics are kept for backward.
+  auto post_norm = [&](const Tensor& w, Tensor& y, Tensor* keep_y, Tensor* keep_rstd) {
+    Tensor in = y.clone(), r = Tensor::empty({y.size(0)}, DType::kF32);
+    kernels::rmsnorm_forward(in, w, c.norm_eps, y, &r);
+    if (keep_y) *keep_y = std::move(in), *keep_rstd = std::move(r);
+  };
+  if (c.sandwich_norms) post_norm(W.post_attn_norm, *attn_out, A ? &A->attn_y : nullptr, A ? &A->attn_rstd : nullptr);
   const Tensor& o = *attn_out;
 
   // MLP half.
@@ -444,7 +490,8 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   Tensor& a = fresh(A ? A->a : s.a, s.a, Nf, F);
   mlp_activation(m, u, a);
   if (A) round_matmul_input_in_place(a, mode);
-  row_parallel(kBlockLinears[3], a, pm);
+  Tensor& y = row_parallel(kBlockLinears[3], a, pm);
+  if (c.sandwich_norms) post_norm(W.post_mlp_norm, y, A ? &A->mlp_y : nullptr, A ? &A->mlp_rstd : nullptr);
 }
 
 void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean, Tensor* rstd) {

@@ -87,7 +87,11 @@ void final_norm_forward(const Model& m, BlockState& s, Tensor& out, Tensor* mean
 // Token embedding (+ GPT-2's learned positions): x (N, H). Vocab-parallel under tp: this
 // rank looks up the ids in its rows, the others read 0, and the group sums.
 // Under sequence parallelism (sp) x is this rank's rows of the sum (reduce-scattered).
+// Gemma's embeddings are then scaled by sqrt(hidden) (embed_backward scales back).
 Tensor embed_tokens(const Model& m, const Tensor& ids, const Tensor& positions, bool sp = false);
+Tensor embed_tokens_unscaled(const Model& m, const Tensor& ids, const Tensor& positions, bool sp);
+// Gemma 2's final logit soft-capping, in place: cap tanh(logits / cap) (none when 0).
+void softcap_logits(const ModelConfig& c, Tensor& logits);
 // Sequence parallelism: this rank's rows -> every rank's rows (all-gather, any dtype), and
 // partial sums over all rows -> this rank's rows of their tp sum (reduce-scatter, f32).
 Tensor gather_rows(const Model& m, const Tensor& local);

@@ -134,6 +134,56 @@ void read_sliding_window(const json& j, const std::string& source, ModelConfig& 
   }
 }
 
+// A float key that may be null (none: 0), in [0, hi].
+double get_optional_nonnegative(const json& j, const std::string& source, const char* key, double dflt, double hi) {
+  const auto it = j.find(key);
+  if (it != j.end() && it->is_null()) return 0;
+  return get_nonnegative(j, source, key, dflt, hi);
+}
+
+// Gemma 2 (modeling_gemma2.py's Gemma2Config, its defaults where a key is absent).
+void parse_gemma2(const json& j, const std::string& source, ModelConfig& c) {
+  c.arch = Arch::kLlama;
+  c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
+  c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
+  c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
+  c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
+  c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+  c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
+  c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim, 256, false);
+  c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 8192, false);
+  c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
+  c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
+  c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", true);
+  TESSERA_CHECK(!get_bool(j, source, "attention_bias", false), source, ": 'attention_bias': true is not supported");
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    const auto act = j.find(key);
+    if (act == j.end() || act->is_null()) continue;
+    TESSERA_CHECK(act->is_string() && (act->get<std::string>() == "gelu_pytorch_tanh" || act->get<std::string>() == "gelu_new"),
+                  source, ": '", key, "' ", io::json_brief(*act), " is not supported (gelu_pytorch_tanh)");
+  }
+  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) c.rope_scaling = parse_rope_scaling(*rs, source);
+  c.gelu_mlp = c.norm_offset = c.sandwich_norms = c.embed_scale = true;
+  c.query_pre_attn_scalar = get_positive(j, source, "query_pre_attn_scalar", 256.0, 1e9);
+  c.attn_softcap = static_cast<float>(get_optional_nonnegative(j, source, "attn_logit_softcapping", 50.0, 1e9));
+  c.final_softcap = static_cast<float>(get_optional_nonnegative(j, source, "final_logit_softcapping", 30.0, 1e9));
+  const auto sw = j.find("sliding_window");
+  if (sw == j.end() || !sw->is_null()) {
+    c.sliding_window = get_int(j, source, "sliding_window", 1, kMaxPositions, 4096, false);
+    c.window_alternate = true;
+  }
+  if (const auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    TESSERA_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == c.num_layers, source,
+                  ": 'layer_types' must list the ", c.num_layers, " layers, got ", io::json_brief(*lt));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string want = c.layer_window(l) > 0 ? "sliding_attention" : "full_attention";
+      TESSERA_CHECK((*lt)[l].is_string() && (*lt)[l].get<std::string>() == want, source, ": 'layer_types' says ",
+                    io::json_brief((*lt)[l]), " for layer ", l, " where gemma2 alternates (\"", want,
+                    "\"; other patterns are not supported)");
+    }
+  }
+}
+
 // DeepSeek-V2 / V3 (modeling_deepseek.py's DeepseekV2Config / DeepseekV3Config).
 void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
   c.arch = Arch::kLlama;
@@ -263,6 +313,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     read_sliding_window(j, source, c);
   } else if (c.model_type == "deepseek_v2" || c.model_type == "deepseek_v3") {
     parse_deepseek(j, source, c);
+  } else if (c.model_type == "gemma2") {
+    parse_gemma2(j, source, c);
   } else if (c.model_type == "gpt2") {
     c.arch = Arch::kGpt2;
     c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
@@ -292,7 +344,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                   ": 'scale_attn_by_inverse_layer_idx' is not supported");
   } else {
     fail(source, ": unknown model_type '", c.model_type,
-         "' (supported: llama, qwen2, qwen3, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
+         "' (supported: llama, qwen2, qwen3, gemma2, mistral, mixtral, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)");
   }
   c.bos_token_id = get_token_id(j, source, "bos_token_id", c.vocab_size);
   c.eos_token_id = get_token_id(j, source, "eos_token_id", c.vocab_size);
@@ -345,6 +397,10 @@ void ModelConfig::validate(const std::string& source) const {
                   source, ": latent attention's rope_scaling must be yarn with 'factor' and "
                   "'original_max_position_embeddings' (as DeepSeek writes it), got ", rope_scaling->type);
   TESSERA_CHECK(!rope_scaling || uses_rope(), source, ": rope_scaling needs rotary embeddings");
+  TESSERA_CHECK(!(gelu_mlp || norm_offset || sandwich_norms || embed_scale) || (uses_rope() && !uses_mla() && !is_moe()),
+                source, ": gemma2's layers are supported on dense rotary attention only");
+  TESSERA_CHECK(std::isfinite(attn_softcap) && attn_softcap >= 0 && std::isfinite(final_softcap) && final_softcap >= 0,
+                source, ": soft-capping values must be finite and >= 0");
   TESSERA_CHECK(!qk_norm || (uses_rope() && !uses_mla() && !is_moe()), source,
                 ": q/k norms (qwen3) are supported on dense rotary attention only");
   TESSERA_CHECK(sliding_window >= 0 && max_window_layers >= 0 && (sliding_window == 0 || !uses_mla()), source,
@@ -470,6 +526,25 @@ json ModelConfig::to_json() const {
     j["layer_norm_epsilon"] = shortest(norm_eps);
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
+  } else if (model_type == "gemma2") {
+    j["architectures"] = {"Gemma2ForCausalLM"};
+    j["model_type"] = "gemma2";
+    for (auto [key, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+             {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size},
+             {"num_hidden_layers", num_layers}, {"num_attention_heads", num_heads},
+             {"num_key_value_heads", num_kv_heads}, {"head_dim", head_dim},
+             {"max_position_embeddings", max_position_embeddings}})
+      j[key] = v;
+    j["rms_norm_eps"] = shortest(norm_eps);
+    j["rope_theta"] = shortest(rope_theta);
+    j["rope_scaling"] = rope_scaling ? rope_scaling_json(*rope_scaling) : json(nullptr);
+    j["tie_word_embeddings"] = tie_word_embeddings;
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["attention_bias"] = false;
+    j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+    j["attn_logit_softcapping"] = attn_softcap > 0 ? json(shortest(attn_softcap)) : json(nullptr);
+    j["final_logit_softcapping"] = final_softcap > 0 ? json(shortest(final_softcap)) : json(nullptr);
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   } else if (is_deepseek()) {
     const bool v3 = model_type == "deepseek_v3";
     j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};

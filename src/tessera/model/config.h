@@ -1,6 +1,7 @@
 // Model configuration read from a Hugging Face config.json (llama, qwen2, gpt2),
 // normalised into one struct the model code uses.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -94,10 +95,27 @@ struct ModelConfig {
   // a windowed layer's query at position p sees keys (p - sliding_window, p].
   int64_t sliding_window = 0;                // 0: no layer is windowed
   int64_t max_window_layers = 0;             // the layers before it attend to everything
+  bool window_alternate = false;             // gemma2: only the even layers are windowed
   int64_t layer_window(int64_t layer) const {  // 0: full attention
-    return sliding_window > 0 && layer >= max_window_layers && layer < num_layers ? sliding_window : 0;
+    return sliding_window > 0 && layer >= max_window_layers && layer < num_layers &&
+                   (!window_alternate || layer % 2 == 0)
+               ? sliding_window : 0;
   }
-  bool all_layers_windowed() const { return sliding_window > 0 && max_window_layers == 0; }
+  bool all_layers_windowed() const { return sliding_window > 0 && max_window_layers == 0 && !window_alternate; }
+  // Gemma 2 (model_type gemma2): a GeGLU MLP (gelu_tanh gate), RMSNorm weights stored as
+  // offsets from 1 (held here as 1 + w, converted on load and save), a norm after attention
+  // and after the MLP as well as before each, the embedding scaled by sqrt(hidden), scores
+  // scaled by query_pre_attn_scalar^-1/2 and soft-capped, the logits soft-capped.
+  bool gelu_mlp = false;
+  bool norm_offset = false;
+  bool sandwich_norms = false;
+  bool embed_scale = false;
+  double query_pre_attn_scalar = 0;          // 0: head_dim
+  float attn_softcap = 0.f, final_softcap = 0.f;
+  float attention_scale() const {
+    return 1.f / std::sqrt(static_cast<float>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                                                          : static_cast<double>(head_dim)));
+  }
   // config.json's quantization_config: the block linears are stored quantized (AutoGPTQ /
   // AutoAWQ tensors) and run quantized. Unset for a float checkpoint.
   std::optional<io::QuantCheckpointFormat> quantization;

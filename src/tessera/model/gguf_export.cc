@@ -59,7 +59,7 @@ GgufExportReport export_gguf(const Model& m, const io::Tokenizer* tok, const std
   TESSERA_CHECK(m.tp_shard().size == 1 && m.pp_stage().whole(),
                 "GGUF export needs the whole model, not a tensor-parallel shard or pipeline stage");
   TESSERA_CHECK(!c.is_moe(), "GGUF export of mixture-of-experts models is not supported yet");
-  TESSERA_CHECK(!c.qk_norm, "GGUF export of ", c.model_type, " (q/k norms) is not supported yet");
+  TESSERA_CHECK(!c.qk_norm && !c.sandwich_norms, "GGUF export of ", c.model_type, " is not supported yet");
   TESSERA_CHECK(c.sliding_window == 0 && !c.rope_scaling && c.partial_rotary_factor == 1, "GGUF export of ",
                 c.model_type, " with ", c.sliding_window ? "sliding-window attention" : "rope scaling or a partial rotary",
                 " is not supported yet (llama.cpp's llama / qwen2 metadata would drop it)");

@@ -65,6 +65,19 @@ bool is_ignorable_buffer(const std::string& name) {
          ends_with("rotary_emb.inv_freq");
 }
 
+// Gemma's RMSNorm multiplies by 1 + weight: its norm weights are held as 1 + w (so the
+// norm kernels run unchanged) and written back as w. Adds `delta` to every norm weight.
+bool is_norm_weight(const std::string& name) {
+  return name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+}
+
+void shift_by(Tensor& t, float delta) {
+  Tensor f = t.to(DType::kF32).contiguous();
+  if (f.data<float>() == t.raw_data()) f = f.clone();
+  for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] += delta;
+  t.copy_from(f);
+}
+
 }  // namespace
 
 Model Model::load(const std::string& dir, DType dtype) { return load(dir, dtype, TpShard{}); }
@@ -120,6 +133,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpSt
                   dir, ": tensor '", stored, "' has dtype ", dtype_name(src.dtype()),
                   ", expected a float type");
     piece.view.copy_from(piece.block_of(src));
+    if (m.config_.norm_offset && is_norm_weight(name)) shift_by(piece.view, 1.f);
     used.insert(stored);
   }
   int unused = 0;
@@ -331,6 +345,14 @@ void save_hf_model(const std::string& dir, const ModelConfig& config,
                    const std::vector<std::pair<std::string, std::string>>& json_files,
                    std::vector<std::pair<std::string, Tensor>> tensors, uint64_t max_shard_bytes) {
   add_mtp_shared_copies(config, tensors);
+  if (config.norm_offset)
+    for (auto& [name, t] : tensors)
+      if (is_norm_weight(name)) {
+        Tensor w = Tensor::empty(t.shape(), t.dtype());
+        w.copy_from(t);
+        shift_by(w, -1.f);
+        t = w;
+      }
   save_hf_directory(dir, json_files, tensors, max_shard_bytes);
 }
 

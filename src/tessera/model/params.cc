@@ -86,6 +86,10 @@ Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool
     if (l < c.num_layers ? !stage.holds_layer(l) : !stage.holds_head()) continue;
     L.norm1_w = make({H});
     L.norm2_w = make({H});
+    if (c.sandwich_norms) {
+      L.post_attn_norm = make({H});
+      L.post_mlp_norm = make({H});
+    }
     if (ln) {
       L.norm1_b = make({H});
       L.norm2_b = make({H});
@@ -268,7 +272,13 @@ std::vector<Piece> Params::pieces(const ModelConfig& c, TpShard shard) const {
       add(a + "kv_b_proj.weight", L.mla.kv_b, {Hq * nv, c.kv_lora_rank}, {r * hl * nv, 0});
       add(a + "o_proj.weight", L.mla.o, {H, Hq * c.v_head_dim}, {0, r * hl * c.v_head_dim});
     }
-    whole(l + "post_attention_layernorm.weight", L.norm2_w);
+    if (c.sandwich_norms) {  // gemma2: post_attention_layernorm follows the attention
+      whole(l + "post_attention_layernorm.weight", L.post_attn_norm);
+      whole(l + "pre_feedforward_layernorm.weight", L.norm2_w);
+      whole(l + "post_feedforward_layernorm.weight", L.post_mlp_norm);
+    } else {
+      whole(l + "post_attention_layernorm.weight", L.norm2_w);
+    }
     // The dense MLP (qwen2_moe: the shared expert, under mlp.shared_expert; deepseek: the
     // shared experts, under mlp.shared_experts).
     const bool sparse = c.layer_is_moe(static_cast<int64_t>(i));
@@ -333,6 +343,8 @@ std::vector<std::pair<std::string, Tensor*>> Params::unit_tensors(const ModelCon
     }
     add(pre + "norm2.weight", P.norm2_w);
     add(pre + "norm2.bias", P.norm2_b);
+    add(pre + "post_attn_norm", P.post_attn_norm);
+    add(pre + "post_mlp_norm", P.post_mlp_norm);
     add(pre + "q_norm", P.q_norm);
     add(pre + "k_norm", P.k_norm);
     add(pre + "moe.router", P.moe.router);
@@ -381,7 +393,8 @@ void Params::zero() {
   z(embed);
   z(pos_embed);
   for (auto& L : layers) {
-    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.q_norm, &L.k_norm, &L.moe.router, &L.moe.gate_up, &L.moe.down,
+    for (Tensor* t : {&L.norm1_w, &L.norm1_b, &L.norm2_w, &L.norm2_b, &L.q_norm, &L.k_norm, &L.post_attn_norm,
+                      &L.post_mlp_norm, &L.moe.router, &L.moe.gate_up, &L.moe.down,
                       &L.moe.shared_gate, &L.moe.bias, &L.mla.q_proj, &L.mla.q_a, &L.mla.q_a_norm, &L.mla.q_b,
                       &L.mla.kv_a, &L.mla.kv_a_norm, &L.mla.kv_b, &L.mla.o})
       z(*t);

@@ -40,6 +40,7 @@ struct LayerParams {
   MoeWeights moe;           // a mixture-of-experts layer's router and experts (up, down unset)
   MlaWeights mla;           // deepseek: latent attention (qkv, o unset)
   Tensor q_norm, k_norm;    // (head_dim) qwen3: RMSNorm weights over each head's q and k
+  Tensor post_attn_norm, post_mlp_norm;  // (H) gemma2: norms of the attention's and the MLP's outputs
 
   // By BlockLinear::which: 0 qkv, 1 o, 2 up, 3 down.
   Linear& linear(int which) { return which == 0 ? qkv : which == 1 ? o : which == 2 ? up : down; }
