@@ -14,6 +14,7 @@
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generate.h"
 #include "test_util/deepseek_config.h"
+#include "test_util/gemma2_config.h"
 
 namespace tessera::infer {
 namespace {
@@ -217,13 +218,7 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAloneSlidingWindow) {
 TEST(Engine, Gemma2PagedEqualsDense) {
   model::ModelConfig c = model::ModelConfig::named_shape("tiny");
   c.max_position_embeddings = 512;
-  c.model_type = "gemma2";
-  c.gelu_mlp = c.norm_offset = c.sandwich_norms = c.embed_scale = true;
-  c.query_pre_attn_scalar = 24;
-  c.attn_softcap = 20.f;
-  c.final_softcap = 30.f;
-  c.sliding_window = 11;
-  c.window_alternate = true;
+  testing::make_gemma2(c, 24, 20.f, 30.f, 11);
   model::Model m = model::Model::random(c, DType::kF32, 12);
   auto& w = m.weights();  // widened head: no greedy choice within rounding of a tie
   Tensor& head = c.tie_word_embeddings ? w.embed : w.lm_head;

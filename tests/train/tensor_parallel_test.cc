@@ -14,6 +14,7 @@
 #include "tessera/model/model.h"
 #include "tessera/parallel/tensor_parallel.h"
 #include "model/parity_fixture.h"
+#include "test_util/gemma2_config.h"
 #include "tessera/io/safetensors.h"
 
 namespace tessera {
@@ -62,13 +63,7 @@ ModelConfig tiny(Arch arch, int64_t heads, int64_t kv_heads, bool tied) {
 // query_pre_attn_scalar and soft-capped, logits soft-capped, windows on even layers.
 ModelConfig tiny_gemma2() {
   ModelConfig c = tiny(Arch::kLlama, 4, 2, true);
-  c.model_type = "gemma2";
-  c.gelu_mlp = c.norm_offset = c.sandwich_norms = c.embed_scale = true;
-  c.query_pre_attn_scalar = 6;
-  c.attn_softcap = 1.5f;
-  c.final_softcap = 2.f;
-  c.sliding_window = 4;
-  c.window_alternate = true;
+  testing::make_gemma2(c, 6, 1.5f, 2.f, 4);
   return c;
 }
 

@@ -134,6 +134,15 @@ void read_sliding_window(const json& j, const std::string& source, ModelConfig& 
   }
 }
 
+// The sizes every transformers decoder config names alike.
+void read_sizes(const json& j, const std::string& source, ModelConfig& c) {
+  c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
+  c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
+  c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
+  c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
+  c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+}
+
 // A float key that may be null (none: 0), in [0, hi].
 double get_optional_nonnegative(const json& j, const std::string& source, const char* key, double dflt, double hi) {
   const auto it = j.find(key);
@@ -144,11 +153,7 @@ double get_optional_nonnegative(const json& j, const std::string& source, const 
 // Gemma 2 (modeling_gemma2.py's Gemma2Config, its defaults where a key is absent).
 void parse_gemma2(const json& j, const std::string& source, ModelConfig& c) {
   c.arch = Arch::kLlama;
-  c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
-  c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
-  c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
-  c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
-  c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+  read_sizes(j, source, c);
   c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
   c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim, 256, false);
   c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 8192, false);
@@ -187,11 +192,7 @@ void parse_gemma2(const json& j, const std::string& source, ModelConfig& c) {
 // DeepSeek-V2 / V3 (modeling_deepseek.py's DeepseekV2Config / DeepseekV3Config).
 void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
   c.arch = Arch::kLlama;
-  c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
-  c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
-  c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
-  c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
-  c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+  read_sizes(j, source, c);
   c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 1, kMaxPositions, 2048, false);
   c.norm_eps = static_cast<float>(get_positive(j, source, "rms_norm_eps", 1e-6, 0.1));
   c.rope_theta = static_cast<float>(get_positive(j, source, "rope_theta", 10000.0, 1e12));
@@ -257,11 +258,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "mistral" ||
       c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3") {
     c.arch = c.model_type == "qwen2" || c.model_type == "qwen2_moe" ? Arch::kQwen2 : Arch::kLlama;
-    c.vocab_size = get_int(j, source, "vocab_size", 1, kMaxVocab);
-    c.hidden_size = get_int(j, source, "hidden_size", 1, kMaxHidden);
-    c.intermediate_size = get_int(j, source, "intermediate_size", 1, kMaxIntermediate);
-    c.num_layers = get_int(j, source, "num_hidden_layers", 1, kMaxLayers);
-    c.num_heads = get_int(j, source, "num_attention_heads", 1, kMaxHeads);
+    read_sizes(j, source, c);
     c.num_kv_heads = get_int(j, source, "num_key_value_heads", 1, kMaxHeads, c.num_heads, false);
     c.head_dim = get_int(j, source, "head_dim", 1, kMaxHeadDim,
                          c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_heads, false);  // (Qwen3Config: 128)

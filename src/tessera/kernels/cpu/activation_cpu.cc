@@ -133,14 +133,10 @@ void geglu_row_scalar(const float* g, const float* u, float* o, int64_t F) {
 }
 
 void geglu_bwd_row_scalar(const float* d, const float* g, const float* u, float* dg, float* du, int64_t F) {
-  gelu_row_scalar(g, du, F);  // gelu(g), then times d
+  gelu_bwd_row_scalar(d, g, dg, F);  // d gelu'(g), then times u
+  gelu_row_scalar(g, du, F);         // gelu(g), then times d
   for (int64_t i = 0; i < F; ++i) {
-    const float v = g[i];
-    const float uu = kGeluK * (v + kGeluC * v * v * v);
-    const float dd = kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-    const float e = std::exp(std::min(-2.0f * uu, kExpArgMax));
-    const float s = 1.0f / (1.0f + e);
-    dg[i] = d[i] * u[i] * (s + 2.0f * v * (e * s * s) * dd);
+    dg[i] *= u[i];
     du[i] *= d[i];
   }
 }
