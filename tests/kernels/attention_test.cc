@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "tessera/base/thread_pool.h"
@@ -59,11 +60,11 @@ std::vector<float> read4(const Tensor& t) {
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want,
-                  const std::string& what) {
+                  const std::string& what, float atol = kAtol) {
   ASSERT_EQ(got.size(), want.size()) << what;
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= kAtol + kRtol * std::fabs(want[i]))) {
+    if (!(std::fabs(got[i] - want[i]) <= atol + kRtol * std::fabs(want[i]))) {
       if (first < 0) first = static_cast<int64_t>(i);
       ++bad;
     }
@@ -352,6 +353,276 @@ TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
     check(k, dk, "dk");
     check(v, dv, "dv");
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Packed documents (params.doc_positions).
+
+// Positions (B, stride) of rows packed with documents of the given lengths (each row's
+// lengths sum to T); the `stride - T` spare entries hold junk the kernel must not read.
+std::vector<int32_t> doc_positions_for(const std::vector<std::vector<int64_t>>& rows, int64_t T,
+                                       int64_t stride) {
+  std::vector<int32_t> pos(rows.size() * stride, -77);
+  for (size_t b = 0; b < rows.size(); ++b) {
+    int64_t t = 0;
+    for (int64_t len : rows[b])
+      for (int64_t k = 0; k < len; ++k) pos[b * stride + t++] = static_cast<int32_t>(k);
+    EXPECT_EQ(t, T) << "document lengths of row " << b;
+  }
+  return pos;
+}
+
+// Naive masked attention in double: builds the explicit (B, T, T) visibility mask (causal,
+// window, same document) and takes the full softmax of every row. Inputs and outputs are
+// contiguous (B, T, H, D) as read4 gives them; lse (B, Hq, T).
+struct MaskedReference {
+  int64_t B, T, Hq, Hkv, D;
+  AttentionParams p;
+  std::vector<char> mask;  // (B, T, T): query i sees key j
+
+  MaskedReference(const Config& c, const AttentionParams& params)
+      : B(c.B), T(c.Tq), Hq(c.Hq), Hkv(c.Hkv), D(c.D), p(params), mask(c.B * c.Tq * c.Tq, 0) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t start = i - p.doc_positions[b * p.doc_positions_stride + i];
+        for (int64_t j = 0; j < T; ++j)
+          mask[(b * T + i) * T + j] = j <= i && j >= start && (p.window == 0 || j > i - p.window);
+      }
+  }
+  int64_t at(int64_t b, int64_t t, int64_t h, int64_t H) const { return ((b * T + t) * H + h) * D; }
+
+  // Probabilities of query (b, i, h) over all keys; cap_grad: d capped / d scaled score.
+  std::vector<double> probs(const std::vector<float>& q, const std::vector<float>& k, int64_t b,
+                            int64_t i, int64_t h, double* lse, std::vector<double>* cap_grad) const {
+    std::vector<double> s(T, 0.0);
+    cap_grad->assign(T, 1.0);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < T; ++j) {
+      if (!mask[(b * T + i) * T + j]) continue;
+      double dot = 0;
+      for (int64_t e = 0; e < D; ++e) dot += double(q[at(b, i, h, Hq) + e]) * k[at(b, j, h / (Hq / Hkv), Hkv) + e];
+      s[j] = dot * p.scale;
+      if (p.softcap > 0) {
+        const double th = std::tanh(s[j] / p.softcap);
+        s[j] = p.softcap * th;
+        (*cap_grad)[j] = 1 - th * th;
+      }
+      mx = std::max(mx, s[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < T; ++j) sum += mask[(b * T + i) * T + j] ? std::exp(s[j] - mx) : 0.0;
+    for (int64_t j = 0; j < T; ++j) s[j] = mask[(b * T + i) * T + j] ? std::exp(s[j] - mx) / sum : 0.0;
+    *lse = mx + std::log(sum);
+    return s;
+  }
+
+  void run(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+           const std::vector<float>& dout, std::vector<float>& out, std::vector<float>& lse,
+           std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
+    out.assign(q.size(), 0.f), dq.assign(q.size(), 0.f), lse.assign(B * Hq * T, 0.f);
+    std::vector<double> dqd(q.size(), 0.0), dkd(k.size(), 0.0), dvd(v.size(), 0.0), cap_grad;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t h = 0; h < Hq; ++h) {
+          const int64_t kvh = h / (Hq / Hkv), qi = at(b, i, h, Hq);
+          double l = 0;
+          const std::vector<double> P = probs(q, k, b, i, h, &l, &cap_grad);
+          lse[(b * Hq + h) * T + i] = static_cast<float>(l);
+          std::vector<double> dP(T, 0.0);
+          double weighted = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < D; ++e) dot += double(dout[qi + e]) * v[at(b, j, kvh, Hkv) + e];
+            dP[j] = dot;
+            weighted += P[j] * dot;
+          }
+          for (int64_t e = 0; e < D; ++e) {
+            double acc = 0;
+            for (int64_t j = 0; j < T; ++j) acc += P[j] * v[at(b, j, kvh, Hkv) + e];
+            out[qi + e] = static_cast<float>(acc);
+          }
+          for (int64_t j = 0; j < T; ++j) {
+            if (!mask[(b * T + i) * T + j]) continue;
+            const double dS = P[j] * (dP[j] - weighted) * cap_grad[j] * p.scale;
+            const int64_t kj = at(b, j, kvh, Hkv);
+            for (int64_t e = 0; e < D; ++e) {
+              dqd[qi + e] += dS * k[kj + e];
+              dkd[kj + e] += dS * q[qi + e];
+              dvd[kj + e] += P[j] * dout[qi + e];
+            }
+          }
+        }
+    auto to_f32 = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+    dq = to_f32(dqd), dk = to_f32(dkd), dv = to_f32(dvd);
+  }
+};
+
+// Forward + backward through the public API or the portable kernels.
+struct AttnRun {
+  Tensor out_buf, dq_buf, dk_buf, dv_buf;
+  Tensor out, lse, dq, dk, dv;
+};
+
+AttnRun run_attention(const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& dout, const AttentionParams& p, bool scalar_isa) {
+  AttnRun r;
+  r.out = padded_output(r.out_buf, c.B, c.Tq, c.Hq, c.D);
+  r.lse = filled({c.B, c.Hq, c.Tq}, kSentinel);
+  r.dq = padded_output(r.dq_buf, c.B, c.Tq, c.Hq, c.D);
+  r.dk = padded_output(r.dk_buf, c.B, c.Tk, c.Hkv, c.D);
+  r.dv = padded_output(r.dv_buf, c.B, c.Tk, c.Hkv, c.D);
+  if (!scalar_isa) {
+    attention_forward(q, k, v, r.out, &r.lse, p);
+    attention_backward(q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv, p);
+    return r;
+  }
+  auto view = [](const Tensor& t) { return cpu::AttnView{t.data<float>(), t.stride(0), t.stride(1)}; };
+  const cpu::AttnDims d{c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D};
+  const cpu::LseView lv{r.lse.data<float>(), r.lse.stride(0), r.lse.stride(1), r.lse.stride(2)};
+  cpu::attention_forward_cpu(d, view(q), view(k), view(v), view(r.out), lv, p, cpu::AttnIsa::kScalar);
+  cpu::attention_backward_cpu(d, view(q), view(k), view(v), view(r.out), lv, view(dout), view(r.dq),
+                              view(r.dk), view(r.dv), p, cpu::AttnIsa::kScalar);
+  return r;
+}
+
+// Rows packed with documents of the given lengths against the explicitly masked reference.
+void check_packed(const Config& c, const std::vector<std::vector<int64_t>>& docs, uint32_t seed,
+                  bool scalar_isa) {
+  SCOPED_TRACE(c.str() + (scalar_isa ? " [scalar]" : ""));
+  std::mt19937 rng(seed);
+  Views in = make_inputs(c, rng);
+  const int64_t stride = c.Tq + 3;
+  const std::vector<int32_t> pos = doc_positions_for(docs, c.Tq, stride);
+  AttentionParams p = params_for(c);
+  p.doc_positions = pos.data();
+  p.doc_positions_stride = stride;
+  Tensor dout = Tensor::empty({c.B, c.Tq, c.Hq, c.D}, DType::kF32);
+  fill_random(dout, rng);
+
+  const AttnRun r = run_attention(c, in.q, in.k, in.v, dout, p, scalar_isa);
+  std::vector<float> out, lse, dq, dk, dv;
+  MaskedReference(c, p).run(read4(in.q), read4(in.k), read4(in.v), read4(dout), out, lse, dq, dk, dv);
+  expect_close(read4(r.out), out, "out");
+  expect_close(r.lse.to_f32_vector(), lse, "lse");
+  expect_close(read4(r.dq), dq, "dq");
+  expect_close(read4(r.dk), dk, "dk");
+  expect_close(read4(r.dv), dv, "dv");
+  EXPECT_EQ(count_sentinels(r.out_buf), r.out_buf.numel() - r.out.numel());
+  EXPECT_EQ(count_sentinels(r.dq_buf), r.dq_buf.numel() - r.dq.numel());
+  EXPECT_EQ(count_sentinels(r.dk_buf), r.dk_buf.numel() - r.dk.numel());
+  EXPECT_EQ(count_sentinels(r.dv_buf), r.dv_buf.numel() - r.dv.numel());
+}
+
+// Uneven documents, a 1-token one among them, boundaries off the 64-key tiles and off the
+// row blocks; GQA groups of 2 and 6; with and without a window, with soft-capping.
+TEST(Attention, PackedDocumentsMatchMaskedReference) {
+  const std::vector<std::vector<int64_t>> docs77 = {{30, 1, 46}, {77}};
+  const std::vector<std::vector<int64_t>> docs300 = {{5, 1, 70, 130, 1, 93}};
+  uint32_t seed = 4000;
+  for (bool scalar : {false, true})
+    for (int64_t window : {0, 20, 100})
+      for (float cap : {0.f, 5.f}) {
+        check_packed({2, 77, 77, 4, 2, 16, true, 0, window, cap}, docs77, seed++, scalar);
+        check_packed({1, 300, 300, 6, 1, 64, true, 0, window, cap}, docs300, seed++, scalar);
+      }
+  // Every token its own document: each query sees only itself.
+  check_packed({1, 70, 70, 4, 2, 8, true, 0}, {std::vector<int64_t>(70, 1)}, seed++, false);
+}
+
+// Running the packed row gives, for each document, what attention over that document alone
+// gives (out, lse and every gradient): nothing crosses a document boundary.
+TEST(Attention, PackedDocumentsEqualSeparateRuns) {
+  const Config c{2, 300, 300, 8, 2, 32, true, 0};
+  const std::vector<std::vector<int64_t>> docs = {{1, 63, 64, 100, 1, 71}, {200, 17, 83}};
+  uint32_t seed = 4100;
+  for (bool scalar : {false, true})
+    for (int64_t window : {0, 40})
+      for (float cap : {0.f, 20.f}) {
+        Config cw = c;
+        cw.window = window, cw.softcap = cap;
+        SCOPED_TRACE(cw.str() + (scalar ? " [scalar]" : ""));
+        std::mt19937 rng(seed++);
+        Views in = make_inputs(cw, rng);
+        const std::vector<int32_t> pos = doc_positions_for(docs, c.Tq, c.Tq);
+        AttentionParams p = params_for(cw);
+        Tensor dout = Tensor::empty({c.B, c.Tq, c.Hq, c.D}, DType::kF32);
+        fill_random(dout, rng);
+        AttentionParams packed = p;
+        packed.doc_positions = pos.data();
+        packed.doc_positions_stride = c.Tq;
+        const AttnRun all = run_attention(cw, in.q, in.k, in.v, dout, packed, scalar);
+        for (int64_t b = 0; b < c.B; ++b) {
+          int64_t t0 = 0;
+          for (int64_t len : docs[b]) {
+            SCOPED_TRACE("row " + std::to_string(b) + " document at " + std::to_string(t0));
+            auto doc = [&](const Tensor& t) { return t.slice(0, b, b + 1).slice(1, t0, t0 + len); };
+            Config one = cw;
+            one.B = 1, one.Tq = one.Tk = len;
+            const AttnRun sep = run_attention(one, doc(in.q), doc(in.k), doc(in.v), doc(dout), p, scalar);
+            // Only the summation order differs (tiles start elsewhere): 1e-5.
+            constexpr float kTight = 1e-5f;
+            expect_close(read4(doc(all.out)), read4(sep.out), "out", kTight);
+            expect_close(all.lse.slice(0, b, b + 1).slice(2, t0, t0 + len).contiguous().to_f32_vector(),
+                         sep.lse.to_f32_vector(), "lse", kTight);
+            expect_close(read4(doc(all.dq)), read4(sep.dq), "dq", kTight);
+            expect_close(read4(doc(all.dk)), read4(sep.dk), "dk", kTight);
+            expect_close(read4(doc(all.dv)), read4(sep.dv), "dv", kTight);
+            t0 += len;
+          }
+        }
+      }
+}
+
+TEST(Attention, RejectsBadDocPositions) {
+  const Config c{2, 6, 6, 4, 2, 8, true, 0};
+  std::mt19937 rng(9);
+  Views in = make_inputs(c, rng);
+  Tensor out = Tensor::empty({2, 6, 4, 8}, DType::kF32);
+  Tensor lse = Tensor::empty({2, 4, 6}, DType::kF32);
+  Tensor dout = Tensor::zeros({2, 6, 4, 8}, DType::kF32);
+  Tensor dq = Tensor::empty({2, 6, 4, 8}, DType::kF32);
+  Tensor dk = Tensor::empty({2, 6, 2, 8}, DType::kF32);
+  Tensor dv = Tensor::empty({2, 6, 2, 8}, DType::kF32);
+  std::vector<int32_t> pos = {0, 1, 2, 0, 1, 0, /* row 1 */ 0, 0, 1, 2, 3, 4};
+  AttentionParams p = params_for(c);
+  p.doc_positions = pos.data();
+  p.doc_positions_stride = 6;
+  EXPECT_NO_THROW(attention_forward(in.q, in.k, in.v, out, &lse, p));
+  EXPECT_NO_THROW(attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, p));
+
+  auto expect_rejected = [&](const AttentionParams& bad, const std::string& needle) {
+    try {
+      attention_forward(in.q, in.k, in.v, out, &lse, bad);
+      ADD_FAILURE() << "forward accepted " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, bad), Error);
+  };
+  pos[6 + 3] = 4;  // row 1, token 3: a document starting before the row
+  expect_rejected(p, "batch row 1, token 3");
+  pos[6 + 3] = 2;
+  pos[4] = -1;  // row 0, token 4
+  expect_rejected(p, "batch row 0, token 4");
+  pos[4] = 1;
+  pos[0] = 1;  // token 0 must be a document's first token
+  expect_rejected(p, "batch row 0, token 0");
+  pos[0] = 0;
+  AttentionParams full = p;
+  full.causal = false;
+  expect_rejected(full, "causal");
+  AttentionParams short_stride = p;
+  short_stride.doc_positions_stride = 5;
+  expect_rejected(short_stride, "doc_positions_stride");
+
+  // Decode-like shapes (q_offset != 0, Tq != Tk) have no packed documents.
+  const Config dec{1, 2, 6, 4, 2, 8, true, 4};
+  Views din = make_inputs(dec, rng);
+  Tensor dout2 = Tensor::empty({1, 2, 4, 8}, DType::kF32);
+  AttentionParams dp = params_for(dec);
+  dp.doc_positions = pos.data();
+  dp.doc_positions_stride = 6;
+  EXPECT_THROW(attention_forward(din.q, din.k, din.v, dout2, nullptr, dp), Error);
 }
 
 TEST(Attention, RejectsBadInputs) {

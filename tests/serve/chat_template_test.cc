@@ -10,12 +10,15 @@
 #include <string>
 
 #include "tessera/base/error.h"
+#include "test_util/chat_templates.h"
 #include "test_util/run_command.h"
 
 namespace tessera::serve {
 namespace {
 
 using nlohmann::json;
+using tessera::testing::kLlama3;
+using tessera::testing::kQwen2;
 
 // The same environment as transformers' _compile_jinja_template: sandboxed, trim_blocks,
 // lstrip_blocks, loopcontrols, raise_exception / strftime_now globals, HF's tojson.
@@ -149,16 +152,6 @@ int check_against_jinja2(const std::string& source, const json& cases) {
   }
   return ok;
 }
-
-// Meta-Llama-3-8B-Instruct tokenizer_config.json "chat_template" (as quoted verbatim in
-// public code, e.g. Together's model list for meta-llama/Meta-Llama-3-*-Instruct and many
-// fine-tuning scripts that hard-code "llama3-instruct").
-const char* kLlama3 =
-    R"TPL({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})TPL";
-
-// Qwen/Qwen2-7B-Instruct tokenizer_config.json: ChatML with a default system prompt.
-const char* kQwen2 =
-    R"TPL({% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})TPL";
 
 // mistralai/Mistral-7B-Instruct-v0.1 tokenizer_config.json (quoted with its source URL in
 // llama-cpp-python's llama_chat_format.py): no system role, strict alternation.

@@ -446,7 +446,8 @@ TEST(EvalBatches, ValSplitInOrderWithAShortLastBatch) {
   const int64_t rows[] = {5, 5, 2};
   int64_t w = 0;
   for (int i = 0; i < 3; ++i) {
-    const auto& [ids, targets] = batches[i];
+    const auto& [ids, targets, positions] = batches[i];
+    EXPECT_FALSE(positions.defined());
     ASSERT_EQ(ids.shape(), (Shape{rows[i], 8}));
     ASSERT_EQ(targets.shape(), (Shape{rows[i], 8}));
     for (int64_t r = 0; r < rows[i]; ++r, ++w)

@@ -1,7 +1,9 @@
-// `tessera data prepare`: text files -> token shards (see docs/data.md).
+// `tessera data prepare`: text files -> token shards, or conversations -> chat data (see
+// docs/data.md and docs/fine-tuning.md).
 #include <cstdio>
 #include <memory>
 
+#include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
 #include "tessera/train/data_prepare.h"
 
@@ -29,6 +31,7 @@ void add_data(CLI::App& app, Action& action) {
   cmd->require_subcommand(1);
   auto o = std::make_shared<train::PrepareOptions>();
   auto quiet = std::make_shared<bool>(false);
+  auto format = std::make_shared<std::string>("tokens");
 
   auto* prepare = cmd->add_subcommand(
       "prepare", "Encode text files with a tokenizer and write DIR/{train,val}_NNNNN.bin + meta.json");
@@ -44,9 +47,25 @@ void add_data(CLI::App& app, Action& action) {
       ->capture_default_str();
   prepare->add_option("--shard-tokens", o->shard_tokens, "Tokens per shard file")
       ->capture_default_str();
+  prepare->add_option("--format", *format,
+                      "tokens: text files -> token shards; chat: one JSONL of {\"messages\": [...]} "
+                      "conversations rendered with the tokenizer's chat template (docs/fine-tuning.md)")
+      ->check(CLI::IsMember({"tokens", "chat"}))
+      ->capture_default_str();
   prepare->add_flag("--quiet", *quiet, "No progress bar");
-  prepare->callback([&action, o, quiet] {
-    action = [o, quiet] { return run_prepare(*o, *quiet); };
+  prepare->callback([&action, o, quiet, format] {
+    action = [o, quiet, format] {
+      if (*format == "tokens") return run_prepare(*o, *quiet);
+      TESSERA_CHECK(o->inputs.size() == 1, "--format chat takes one --input (a JSONL file), got ", o->inputs.size());
+      ChatPrepareOptions c;
+      c.jsonl = o->inputs[0];
+      c.tokenizer_dir = o->tokenizer_dir;
+      c.out_dir = o->out_dir;
+      c.val_fraction = o->val_fraction;
+      c.reuse = false;
+      std::printf("%s\n", describe_chat_data(prepare_chat_data(c)).c_str());
+      return 0;
+    };
   });
 }
 

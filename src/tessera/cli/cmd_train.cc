@@ -135,6 +135,16 @@ void add_train(CLI::App& app, Action& action) {
         std::fputs(train::pipeline_schedule_text(config).c_str(), stdout);
         return 0;
       }
+      if (config.data.format == "chat" && !config.data.path.empty()) {
+        // The conversations are rendered here (the chat template is the serve layer's).
+        ChatPrepareOptions c;
+        c.jsonl = config.data.path;
+        c.tokenizer_dir = config.data.tokenizer.empty() ? config.model.init_from : config.data.tokenizer;
+        c.out_dir = config.data.dir;
+        c.val_fraction = config.data.val_fraction;
+        const auto r = prepare_chat_data(c);
+        if (!r.reused || !f->resume) std::fprintf(stderr, "train: %s\n", describe_chat_data(r).c_str());
+      }
       if (f->nproc > 0 || !f->hosts.empty() || f->max_restarts > 0) {
         TESSERA_CHECK(f->stop_after < 0, "--stop-after cannot be combined with --nproc");
         return run_supervised(*f, config);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/infer/engine.h"
+#include "tessera/train/chat_data.h"
 
 namespace tessera::cli {
 
@@ -28,6 +29,25 @@ void add_export(CLI::App& app, Action& action);     // cmd_export.cc
 void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
 // --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching);
+
+// Chat data (chat_data.cc): a JSONL of {"messages": [...]} rendered with the chat template of
+// tokenizer_dir (ChatML when it has none) into a chat data directory (train/chat_data.h),
+// the last floor(n x val_fraction) conversations for validation. With reuse, a directory
+// already rendered from the same JSONL, template and tokenizer is kept (and under mpirun only
+// rank 0 renders; the others wait for it). The directory is replaced only when complete.
+struct ChatPrepareOptions {
+  std::string jsonl, tokenizer_dir, out_dir;
+  double val_fraction = 0.05;
+  bool reuse = true;
+};
+struct ChatPrepareResult {
+  std::string out_dir;
+  train::ChatDataMeta meta;
+  bool reused = false;
+  double seconds = 0;
+};
+ChatPrepareResult prepare_chat_data(const ChatPrepareOptions& o);
+std::string describe_chat_data(const ChatPrepareResult& r);  // one line for the terminal
 
 // "1,2,3" -> {1,2,3}; errors name the flag and the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);

@@ -33,6 +33,24 @@ void check_same_shape(const Tensor& a, const char* a_name, const Tensor& b, cons
                 " must have the shape of ", b_name, " ", shape_str(b.shape()));
 }
 
+// Packed documents: only for a causal self-attention over whole rows, and each position
+// must lie in [0, i] so every query sees itself and no key before its row.
+void check_doc_positions(const AttentionParams& p, const AttnDims& d) {
+  TESSERA_CHECK(p.causal && p.q_offset == 0 && d.Tq == d.Tk,
+                "attention: doc_positions need causal self-attention with q_offset 0 and Tq == Tk, "
+                "got ", p.causal ? "causal" : "non-causal", " q_offset ", p.q_offset, " Tq ", d.Tq,
+                " Tk ", d.Tk);
+  TESSERA_CHECK(d.B <= 1 || p.doc_positions_stride >= d.Tq,
+                "attention: doc_positions_stride (", p.doc_positions_stride,
+                ") must be at least Tq (", d.Tq, ")");
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int32_t* pos = p.doc_positions + b * p.doc_positions_stride;
+    for (int64_t i = 0; i < d.Tq; ++i)
+      TESSERA_CHECK(pos[i] >= 0 && pos[i] <= i, "attention: doc_positions[", b, ", ", i, "] = ",
+                    pos[i], " (batch row ", b, ", token ", i, ") must be in [0, ", i, "]");
+  }
+}
+
 AttnDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionParams& params) {
   check_bthd(q, "q");
@@ -66,6 +84,7 @@ AttnDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v,
                   shape_str(q.shape()), ") needs 0 <= q_offset and q_offset + Tq <= Tk (", d.Tk,
                   ", k ", shape_str(k.shape()), ")");
   }
+  if (params.doc_positions) check_doc_positions(params, d);
   return d;
 }
 

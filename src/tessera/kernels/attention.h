@@ -20,6 +20,13 @@ struct AttentionParams {
   // Logit soft-capping (Gemma 2's attn_logit_softcapping; 0 = none): each scaled score s
   // becomes softcap * tanh(s / softcap) before the mask and softmax.
   float softcap = 0.f;
+  // Packed documents (causal, q_offset 0, Tq == Tk only; nullptr = none): positions (B, Tq) i32
+  // with row stride `doc_positions_stride` (>= Tq when B > 1), each token's position inside
+  // its own document (0 at the document's first token; 0 <= pos[b, i] <= i). Query i of batch
+  // b sees only keys j >= i - pos[b, i]: no attention across documents. Key tiles before a
+  // query block's earliest document start are skipped, so short documents are cheap.
+  const int32_t* doc_positions = nullptr;
+  int64_t doc_positions_stride = 0;
 };
 
 // q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq % Hkv == 0 (query head h reads kv head

@@ -50,6 +50,8 @@ struct Activations {
   int chunk = 0;     // the pipeline chunk the forward ran (0: the whole model)
   Tensor ids;        // (N) i32
   Tensor positions;  // (N) i32
+  bool packed = false;  // rows of several documents: positions restart at each (Model::forward_backward)
+  bool train = true;    // a pass that trains (LoRA dropout on), not an evaluation (forward_batch)
   std::vector<LayerActivations> layers;
   Tensor x_final;           // (N, H)
   Tensor meanf, rstdf;      // (N)
@@ -73,12 +75,20 @@ Tensor make_positions(int64_t B, int64_t T, int64_t start);
 // (acts.hf too); the returned hf is every row.
 // What each layer keeps follows m.recompute(): everything (kNone), everything but the
 // attention output and log-sum-exp (kSelective), or only x_in (kFull).
-Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts);
+// positions: packed rows (Model::forward_backward), or undefined.
+Tensor forward_train(const Model& m, const Tensor& ids, Activations& acts,
+                     const Tensor& positions = Tensor());
 // The same for one chunk of a pipeline stage (Model::forward_chunk): starts from `input`
 // past virtual stage 0, and returns the chunk's output residual stream unless it is the
 // last virtual stage (then hf, as above).
 Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids, const Tensor& input,
-                           Activations& acts);
+                           Activations& acts, const Tensor& positions = Tensor());
+// The attention of layer l in a training pass: attention_params, plus the document masks
+// of packed rows.
+kernels::AttentionParams train_attention_params(const Model& m, int64_t l, const Activations& acts);
+// Checks packed-row positions (B, T) i32: each row starts a document at 0 and every token
+// is 0 (a new document) or its predecessor's position + 1. Errors name the row and token.
+void check_packed_positions(const Tensor& positions, int64_t B, int64_t T);
 
 struct BlockState;
 // One layer of the training forward (block_forward with `save`): runs the block over s

@@ -14,16 +14,18 @@
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
 #include "tessera/model/layer_ops.h"
+#include "tessera/model/lora_ops.h"
 
 namespace tessera::model {
 namespace {
 
 void check_grads(const ModelConfig& c, const PpStage& stage, const Params& g) {
   const bool sized = static_cast<int64_t>(g.layers.size()) == c.num_layers + c.mtp_layers;
-  const Tensor& probe = stage.holds_embed() ? g.embed
-                        : stage.holds_head() || !sized
-                            ? g.final_norm_w
-                            : g.layers[stage.layers(0, c.num_layers).first].norm1_w;
+  // (The final norm: present whatever is frozen, Params::allocate_frozen.)
+  const Tensor& probe = stage.holds_head() || !sized ? g.final_norm_w
+                        : stage.holds_layer(stage.layers(0, c.num_layers).first)
+                            ? g.layers[stage.layers(0, c.num_layers).first].norm1_w
+                            : g.embed;
   TESSERA_CHECK(sized && probe.defined() && probe.dtype() == DType::kF32,
                 "forward_backward: gradients must be Params::allocate(config, f32) for this stage");
 }
@@ -100,7 +102,7 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 }  // namespace
 
 Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
-                            ChunkPass& pass) const {
+                            ChunkPass& pass, const Tensor& positions) const {
   // (Each stage routes its own layers; only the balancing loss, taken over every layer's
   // routing at once, would need the other stages'.)
   TESSERA_CHECK(!config_.is_moe() || stage_.whole() || !(config_.output_router_logits && config_.router_aux_loss_coef > 0),
@@ -109,7 +111,7 @@ Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
   pass.chunk = chunk;
   pass.acts = std::make_shared<Activations>();
   pass.head_input = Tensor();
-  Tensor out = forward_train_chunk(*this, chunk, ids, input, *pass.acts);
+  Tensor out = forward_train_chunk(*this, chunk, ids, input, *pass.acts, positions);
   pass.activation_bytes = activation_bytes(*pass.acts);
   if (!stage_.last_chunk(chunk)) return out;
   pass.head_input = std::move(out);  // hf, every row: the head runs in backward_chunk
@@ -117,7 +119,8 @@ Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
 }
 
 Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
-                                          float grad_scale, GradWrite write) const {
+                                          float grad_scale, GradWrite write,
+                                          const Tensor& positions) const {
   TESSERA_CHECK(stage_.whole(), "forward_backward runs the whole model; pipeline stage ",
                 stage_.rank, " runs forward_chunk and backward_chunk");
   TESSERA_CHECK(targets.dtype() == DType::kI32 && targets.shape() == ids.shape(),
@@ -125,7 +128,7 @@ Model::LossResult Model::forward_backward(const Tensor& ids, const Tensor& targe
                 ids.describe());
   if (!hooks_) check_grads(config_, stage_, grads);
   ChunkPass pass;
-  forward_chunk(0, ids, Tensor(), pass);  // leaves the head unit acquired
+  forward_chunk(0, ids, Tensor(), pass, positions);  // leaves the head unit acquired
   LossResult result;
   backward_chunk(pass, targets, Tensor(), grads, grad_scale, write, &result);
   return result;
@@ -228,6 +231,10 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   auto block_backward = [&](int64_t l, const LayerActivations& A, Tensor& dres) {
     const LayerParams& W = weights_.layers[l];
     LayerParams& G = grads.layers[l];
+    // A linear's weight (and bias) gradient, unless the caller froze it (left it undefined).
+    auto weight_grad = [&](const Tensor& x, const Tensor& dy, const Tensor& dy_op, Linear& g) {
+      if (g.weight.defined()) linear_backward_weight(x, dy, dy_op, g, pm, !assign);
+    };
     const BlockLinear &Lqkv = kBlockLinears[0], &Lo = kBlockLinears[1], &Lup = kBlockLinears[2],
                       &Ldown = kBlockLinears[3];
     // The dense MLP's backward from its output gradient dy (all rows): x_out = x_mid +
@@ -241,7 +248,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     auto dense_mlp_backward = [&](const Tensor& dy) {
       op = matmul_operand(dy, mode);
       input_grad(*this, Ldown, l, op, da, da, pm);
-      linear_backward_weight(A.a, dy, op, G.linear(Ldown.which), pm, !assign);
+      lora_backward(*this, l, Ldown.which, A.a, dy, da);
+      weight_grad(A.a, dy, op, G.linear(Ldown.which));
       if (c.gated_mlp()) {
         Tensor dgate = du.slice(1, 0, F), dup = du.slice(1, F, 2 * F);
         if (c.gelu_mlp)
@@ -253,7 +261,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       }
       op = matmul_operand(du, mode);
       input_grad(*this, Lup, l, op, dh_full, dh, pm);
-      linear_backward_weight(all_rows(*this, A.h2), du, op, G.linear(Lup.which), pm, !assign);
+      lora_backward(*this, l, Lup.which, A.h2, du, dh);  // (LoRA: tp 1, dh is dh_full)
+      weight_grad(all_rows(*this, A.h2), du, op, G.linear(Lup.which));
     };
     // Gemma 2: the gradient reaching a half's output passes back through its post-norm.
     auto post_norm_grad = [&](const Tensor& dout, const Tensor& y, const Tensor& w, const Tensor& rstd, Tensor& gw) {
@@ -310,8 +319,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
                                                   : dres);
       op = matmul_operand(dres_all, mode);
       input_grad(*this, Lo, l, op, datt, datt, pm);
-      linear_backward_weight(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which), pm,
-                             !assign);
+      lora_backward(*this, l, Lo.which, A.att, dres_all, datt);
+      if (G.linear(Lo.which).weight.defined()) weight_grad(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which));
       const QkvViews v = qkv_views(d, A.qkv, B, T);
       QkvViews dv = qkv_views(d, dqkv, B, T);
       if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
@@ -321,11 +330,12 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       else
         kernels::attention_backward(v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,
                                     datt.view({B, T, d.heads, d.head_dim}), dv.q, dv.k, dv.v,
-                                    attention_params(c, 0, l));
+                                    train_attention_params(*this, l, acts));
       apply_rope(*this, dqkv, acts.positions, true);
       if (c.qk_norm) qk_norm_backward(*this, W, A, dqkv, G);
       op = matmul_operand(dqkv, mode);
       input_grad(*this, Lqkv, l, op, dh_full, dh, pm);
+      lora_backward(*this, l, Lqkv.which, A.h1, dqkv, dh);
       if (d.kv_replicas > 1) {
         // A replicated kv head is read by the query heads of kv_replicas ranks: its weight
         // gradient sums theirs (the input gradient above took only this rank's part).
@@ -334,7 +344,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
         dqkv.slice(1, d.q, d.qkv).copy_from(dkv);
         op = matmul_operand(dqkv, mode);
       }
-      linear_backward_weight(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which), pm, !assign);
+      weight_grad(all_rows(*this, A.h1), dqkv, op, G.linear(Lqkv.which));
     };
     if (mla)  // latent attention: x_mid = x_in + mla(norm1(x_in)) (tp = 1)
       mla_backward(mla_spec(*this), W.mla, A.mla, dres, dh, G.mla,
@@ -436,7 +446,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     else
       tp_reduce(*this, dh);
     if (d_hf_mtp.defined()) kernels::add_inplace(dh, d_hf_mtp);
-    matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign || mtp_wrote_head);  // before embed's scatter-add
+    if (grads.lm_head.defined())  // (undefined: a frozen base)
+      matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign || mtp_wrote_head);  // before embed's scatter-add
     norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
               grads.final_norm_w, grads.final_norm_b);
     pass.head_input = Tensor();
@@ -476,7 +487,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     return dres;  // to the previous virtual stage
   }
   prepare(0);  // (tied: prepared before the head; clearing again is a no-op then)
-  embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
+  if (grads.embed.defined()) embed_backward(*this, all_rows(*this, dres), acts.ids, acts.positions, grads);
   if (d_mtp_emb.defined()) embed_backward(*this, d_mtp_emb, acts.mtp->ids, acts.positions, grads);
   if (hooks) hooks->grads_ready(0);
   pass.acts.reset();

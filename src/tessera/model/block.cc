@@ -12,6 +12,7 @@
 #include "tessera/kernels/norm.h"
 #include "tessera/kernels/rope.h"
 #include "tessera/model/layer_ops.h"
+#include "tessera/model/lora_ops.h"
 
 namespace tessera::model {
 namespace {
@@ -354,6 +355,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     Tensor& out = scratch(s.delta, N, H);
     if (!sp) {
       run_linear(m, spec, l, x, out, md, opt.rowwise);
+      lora_forward(m, l, spec.which, x, out, opt.dropout);  // (LoRA: tp 1 only)
     } else {
       Tensor partial = Tensor::empty({Nf, H}, DType::kF32);
       run_linear(m, spec, l, x, partial, md, opt.rowwise, &out);
@@ -365,6 +367,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   auto column_parallel = [&](const BlockLinear& spec, const Tensor& h, Tensor& y) {
     if (!sp) {
       run_linear(m, spec, l, h, y, pm, opt.rowwise);
+      lora_forward(m, l, spec.which, h, y, opt.dropout);
       return;
     }
     if (!m.sp_overlap()) {

@@ -39,6 +39,7 @@ struct BlockOptions {
   // statistics, h1, qkv, att, x_mid, h2, u, a; lse is the AttendFn's to fill). An x_in
   // already defined is kept (a recompute from the saved input).
   LayerActivations* save = nullptr;
+  bool dropout = false;  // LoRA's adapter dropout (the passes that train, not evaluation)
   // Latent-attention layers (ModelConfig::uses_mla): the attention half, out (N, H) = the
   // o_proj output for h1 (N, H), the normalised input (how: training, cache or pages).
   std::function<void(int64_t layer, const Tensor& h1, Tensor& out)> mla;

@@ -184,16 +184,40 @@ void train_attention(const Model& m, int64_t l, const Activations& acts, const T
     return;
   }
   lse = Tensor::empty({B, d.heads, T}, DType::kF32);
-  kernels::attention_forward(v.q, v.k, v.v, att4, &lse, attention_params(m.config(), 0, l));
+  kernels::attention_forward(v.q, v.k, v.v, att4, &lse, train_attention_params(m, l, acts));
 }
 
 }  // namespace
+
+kernels::AttentionParams train_attention_params(const Model& m, int64_t l, const Activations& acts) {
+  kernels::AttentionParams p = attention_params(m.config(), 0, l);
+  if (acts.packed) {
+    p.doc_positions = acts.positions.data<int32_t>();
+    p.doc_positions_stride = acts.T;
+  }
+  return p;
+}
+
+void check_packed_positions(const Tensor& positions, int64_t B, int64_t T) {
+  TESSERA_CHECK(positions.dtype() == DType::kI32 && positions.shape() == (Shape{B, T}),
+                "forward: packed positions must be i32 (", B, ", ", T, ") like the ids, got ",
+                positions.describe());
+  const Tensor p = positions.contiguous();
+  const int32_t* v = p.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t x = v[b * T + t];
+      TESSERA_CHECK(x == 0 || (t > 0 && x == v[b * T + t - 1] + 1), "forward: packed positions of row ", b,
+                    ", token ", t, " is ", x, "; each document's tokens must be numbered 0, 1, 2, ...");
+    }
+}
 
 void layer_forward_train(const Model& m, int64_t l, const Activations& acts, BlockState& s,
                          LayerActivations& A, bool keep_attention) {
   BlockOptions opt;
   opt.positions = &acts.positions;
   opt.save = &A;
+  opt.dropout = acts.train;
   opt.mla = [&](int64_t, const Tensor& h1, Tensor& out) {
     mla_forward(mla_spec(m), m.weights().layers[l].mla, h1, acts.positions, acts.B, acts.T, out, &A.mla);
   };
@@ -213,12 +237,12 @@ void recompute_attention(const Model& m, int64_t l, const Activations& acts, Lay
   train_attention(m, l, acts, A.qkv, A.att, A.lse, A.cp);
 }
 
-Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts) {
-  return forward_train_chunk(m, 0, ids2d, Tensor(), acts);
+Tensor forward_train(const Model& m, const Tensor& ids2d, Activations& acts, const Tensor& positions) {
+  return forward_train_chunk(m, 0, ids2d, Tensor(), acts, positions);
 }
 
 Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const Tensor& input,
-                           Activations& acts) {
+                           Activations& acts, const Tensor& positions) {
   const auto& c = m.config();
   TESSERA_CHECK(ids2d.dim() == 2 && ids2d.dtype() == DType::kI32,
                 "forward: token ids must be an i32 (batch, seq) tensor, got ", ids2d.describe());
@@ -235,7 +259,19 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
   acts.T = T;
   acts.chunk = chunk;
   acts.ids = ids2d.contiguous().view({N});
-  acts.positions = make_positions(B, T, 0);
+  acts.packed = positions.defined();
+  if (acts.packed) {  // rows of several documents: their own positions, no attention across them
+    TESSERA_CHECK(!m.cp_comm(), "packed sequences (one row of several documents) with context parallelism "
+                  "are not supported yet");
+    TESSERA_CHECK(!c.uses_mla(), "packed sequences (one row of several documents) over ", c.model_type,
+                  "'s latent attention are not supported yet");
+    TESSERA_CHECK(m.mtp_loss_weight() <= 0, "packed sequences (one row of several documents) with the "
+                  "multi-token prediction module are not supported yet (set training.mtp_loss_weight = 0)");
+    check_packed_positions(positions, B, T);
+    acts.positions = positions.contiguous().clone().view({N});
+  } else {
+    acts.positions = make_positions(B, T, 0);
+  }
   if (m.cp_comm()) {  // this rank's tokens sit at their places in the whole sequences
     const auto pos = cp_positions(m.cp_method(), m.cp_comm()->rank(), m.cp_comm()->size(), T);
     int32_t* p = acts.positions.data<int32_t>();
@@ -330,11 +366,12 @@ Model::LossResult Model::loss_chunk(ChunkPass& pass, const Tensor& targets) cons
   return r;
 }
 
-Tensor Model::forward_batch(const Tensor& ids) const {
+Tensor Model::forward_batch(const Tensor& ids, const Tensor& positions) const {
   TESSERA_CHECK(stage_.whole(), "forward_batch runs the whole model, not pipeline stage ",
                 stage_.rank, " (", stage_.describe(), ")");
   Activations acts;
-  const Tensor hf = forward_train(*this, ids, acts);
+  acts.train = false;  // evaluation: no dropout
+  const Tensor hf = forward_train(*this, ids, acts, positions);
   const bool tied = hooks_ && config_.tie_word_embeddings;
   if (tied) hooks_->acquire(0);
   Tensor logits = head_logits(*this, hf, false);

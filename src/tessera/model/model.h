@@ -92,6 +92,14 @@ void save_hf_model(const std::string& dir, const ModelConfig& config,
                    uint64_t max_shard_bytes = 5'000'000'000ull);
 
 struct Activations;  // activations.h: what a training forward saves for backward
+struct LoraWeights;  // lora.h
+
+// One training micro-batch: ids and targets (B, T) i32 (targets -100 are not counted);
+// positions (B, T) i32 for rows packed with several documents (Model::forward_backward),
+// undefined for plain rows.
+struct TokenBatch {
+  Tensor ids, targets, positions;
+};
 
 // One micro-batch's pass through one chunk of a pipeline stage, held between its forward
 // (Model::forward_chunk) and its backward (Model::backward_chunk): pipeline schedules run
@@ -248,7 +256,8 @@ class Model {
                         Tensor* hidden = nullptr) const;
 
   // Training-path forward over a batch without a cache: ids (B, T) i32 -> logits (B, T, V).
-  Tensor forward_batch(const Tensor& ids) const;
+  // positions: as forward_backward's.
+  Tensor forward_batch(const Tensor& ids, const Tensor& positions = Tensor()) const;
 
   // Forward + backward: mean cross-entropy over targets != -100 (ids, targets (B, T) i32).
   // Gradients are accumulated (+=) into `grads` (f32, Params::allocate layout), scaled
@@ -273,19 +282,28 @@ class Model {
     double mtp_loss = 0.0;
     int64_t mtp_count = 0;
   };
+  //
+  // positions (optional, (B, T) i32): rows packed with several documents (supervised
+  // fine-tuning), each token numbered inside its own document (0 at its first token, then
+  // +1 per token). RoPE (or GPT-2's position embedding) uses these positions and attention
+  // never crosses a document, so each document is computed as if it ran alone. Undefined:
+  // 0 .. T-1 in every row. Not with context parallelism or latent attention (deepseek).
   enum class GradWrite { kAccumulate, kAssign };
   LossResult forward_backward(const Tensor& ids, const Tensor& targets, Params& grads,
                               float grad_scale = 1.f,
-                              GradWrite write = GradWrite::kAccumulate) const;
+                              GradWrite write = GradWrite::kAccumulate,
+                              const Tensor& positions = Tensor()) const;
 
   // Pipeline parallelism: forward_backward cut at the stage's chunk boundaries. The forward
   // of chunk `chunk` starts from the token ids (B, T) at virtual stage 0 (embedding), else
   // from `input`, the residual stream the previous virtual stage returned ((B T, H) f32;
   // this rank's B T / tp rows under sequence parallelism); every stage needs ids for B, T
-  // and the positions. It returns the residual stream for the next virtual stage, or, at
-  // the last one, an undefined tensor (its forward ends with the final norm: the head and
-  // the loss run in its backward, so no logits are kept between the two).
-  Tensor forward_chunk(int chunk, const Tensor& ids, const Tensor& input, ChunkPass& pass) const;
+  // and the positions (packed rows: `positions` as forward_backward's). It returns the
+  // residual stream for the next virtual stage, or, at the last one, an undefined tensor
+  // (its forward ends with the final norm: the head and the loss run in its backward, so
+  // no logits are kept between the two).
+  Tensor forward_chunk(int chunk, const Tensor& ids, const Tensor& input, ChunkPass& pass,
+                       const Tensor& positions = Tensor()) const;
   // The backward of `pass`: at the last virtual stage from the loss over `targets` (the
   // LossResult is the micro-batch's), elsewhere from `grad_output` = d loss / d output of
   // the forward. Gradients as forward_backward; returns d loss / d input (shaped like the
@@ -304,6 +322,19 @@ class Model {
   void set_train_hooks(TrainHooks* hooks) { hooks_ = hooks; }
   TrainHooks* train_hooks() const { return hooks_; }
   int num_units() const { return static_cast<int>(config_.num_layers) + 2; }
+
+  // LoRA (model/lora.h): the adapters `weights` join the block linears in every forward
+  // (nullptr: none). Training passes add the adapters' gradients into `grads` (scaled as the
+  // base's are) and compute no base gradient whose tensor the caller left undefined: with
+  // Params::allocate_frozen's gradients the base is frozen (no weight-gradient GEMMs).
+  // Whole llama-family models at tp 1 (not gpt2, latent attention, mixtures of experts or
+  // quantized weights): anything else is a one-line error. The adapters' dropout masks are
+  // drawn from lora_seed (set it per pass).
+  void set_lora(const LoraWeights* weights, LoraWeights* grads = nullptr);
+  const LoraWeights* lora() const { return lora_; }
+  LoraWeights* lora_grads() const { return lora_grads_; }
+  void set_lora_seed(uint64_t seed) { lora_seed_ = seed; }
+  uint64_t lora_seed() const { return lora_seed_; }
 
   void set_recompute(Recompute r) { recompute_ = r; }
   // Mixture-of-experts training passes (forward_batch, forward_backward): each expert takes
@@ -360,6 +391,9 @@ class Model {
   double moe_capacity_factor_ = 0.0;
   double mtp_loss_weight_ = 0.0;
   TrainHooks* hooks_ = nullptr;
+  const LoraWeights* lora_ = nullptr;
+  LoraWeights* lora_grads_ = nullptr;
+  uint64_t lora_seed_ = 0;
 };
 
 }  // namespace tessera::model

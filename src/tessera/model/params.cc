@@ -66,6 +66,15 @@ Params Params::allocate(const ModelConfig& c, DType dt) {
   return allocate(c, dt, local_dims(c, TpShard{}));
 }
 
+Params Params::allocate_frozen(const ModelConfig& c) {
+  Params p = allocate(c, DType::kF32, local_dims(c, TpShard{}), /*zeroed=*/false);
+  p.embed = p.pos_embed = p.lm_head = Tensor();
+  for (auto& L : p.layers)
+    for (Linear* lin : {&L.qkv, &L.o, &L.up, &L.down}) lin->weight = lin->bias = Tensor();
+  p.zero();
+  return p;
+}
+
 Params Params::allocate(const ModelConfig& c, DType dt, const LocalDims& d, bool zeroed,
                         const PpStage& stage) {
   const auto make = [&](const Shape& shape) {

@@ -83,6 +83,9 @@ struct Params {
 
   // Zero-filled tensors of `dtype` shaped for `config`.
   static Params allocate(const ModelConfig& config, DType dtype);
+  // Gradients of a frozen base (LoRA, Model::set_lora): only the norms' (small; their
+  // gradients are computed and dropped), no embedding, linear or head tensors.
+  static Params allocate_frozen(const ModelConfig& config);
   // The same for one tensor-parallel shard (local_dims sizes). zeroed false: the memory is
   // left untouched (for reading the layout of pieces() without paying for the tensors).
   // A pipeline stage allocates only its tensors (its layers; the embeddings on the first

@@ -179,7 +179,7 @@ PipelineStep Pipeline::run(const std::vector<MicroBatch>& batches, model::Params
       t0 = now_seconds();
       base::TraceScope scope("pp_forward");
       model::ChunkPass& pass = passes[{a.micro, a.chunk}];
-      const Tensor y = model_.forward_chunk(a.chunk, b.ids, input, pass);
+      const Tensor y = model_.forward_chunk(a.chunk, b.ids, input, pass, b.positions);
       held += pass.activation_bytes;
       out.activation_bytes = std::max(out.activation_bytes, held);
       out.max_in_flight = std::max(out.max_in_flight, static_cast<int>(passes.size()));
@@ -235,7 +235,7 @@ std::pair<double, int64_t> Pipeline::evaluate(const std::vector<MicroBatch>& bat
         pp_.recv(input.raw_data(), static_cast<int64_t>(input.nbytes()), (vs - 1) % P, tag + (1 << 19));
       }
       model::ChunkPass pass;
-      Tensor y = model_.forward_chunk(chunk, b.ids, input, pass);
+      Tensor y = model_.forward_chunk(chunk, b.ids, input, pass, b.positions);
       if (vs + 1 < VS) {
         y = y.contiguous();
         const int next_tag = message_tag(true, i % (1 << 10), vs + 1, VS, 1 << 10);

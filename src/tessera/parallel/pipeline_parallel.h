@@ -17,9 +17,8 @@
 
 namespace tessera::parallel {
 
-struct MicroBatch {
-  Tensor ids, targets;  // (B, T) i32; every stage needs ids (shapes, positions), the last targets
-};
+// Every stage needs ids (shapes) and positions (packed rows), the last stage targets.
+using MicroBatch = model::TokenBatch;
 
 // What one step did on this rank.
 struct PipelineStep {

@@ -37,7 +37,7 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
   }
   CheckpointManager* pending = nullptr;  // a save whose copy must finish before the update
   auto step = [&] {
-    accumulate_gradients(model, dp, accum, 1.f, [&](int64_t) { return std::pair{ids, targets}; });
+    accumulate_gradients(model, dp, accum, 1.f, [&](int64_t) { return model::TokenBatch{ids, targets, Tensor()}; });
     if (!o.optimizer) return;
     if (pending) pending->wait_snapshot();
     clip_grad_norm(refs, config.training.max_grad_norm);

@@ -1,5 +1,6 @@
 // TOML -> TrainConfig with every key checked: unknown tables and keys, wrong types and
 // out-of-range values are errors naming "table.key".
+#include "tessera/model/lora.h"
 #include "tessera/train/config.h"
 
 #include <algorithm>
@@ -85,6 +86,19 @@ class Section {
     }
   }
 
+  // An array of strings.
+  void get(const char* key, std::vector<std::string>& out) {
+    if (const toml::node* node = find(key)) {
+      const toml::array* a = node->as_array();
+      TESSERA_CHECK(a, where(key), " must be an array of strings");
+      out.clear();
+      for (const toml::node& e : *a) {
+        TESSERA_CHECK(e.is_string(), where(key), " must be an array of strings");
+        out.push_back(*e.value<std::string>());
+      }
+    }
+  }
+
   // An array of integers, each in [lo, hi].
   void get(const char* key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
     if (const toml::node* node = find(key)) {
@@ -163,7 +177,7 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   c.source = source;
   const std::set<std::string> tables = {"run",      "model",      "data",        "optimizer",
                                         "schedule", "training",   "checkpoint",  "spike_guard",
-                                        "logging",  "parallel"};
+                                        "logging",  "parallel", "lora"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     TESSERA_CHECK(tables.count(key), source, ": unknown table or key '", key, "'");
@@ -203,6 +217,9 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   // seq_len against the model's max_position_embeddings: build_model (trainer_setup.cc).
   Section d = table("data");
   auto& da = c.data;
+  d.get("format", da.format);
+  d.get("path", da.path);
+  d.get("val_fraction", da.val_fraction, {0, 1, false, true});
   d.get("dir", da.dir);
   d.get("tokenizer", da.tokenizer);
   d.get("seq_len", da.seq_len, 1, int64_t{1} << 20);
@@ -210,7 +227,16 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   d.get("grad_accum", da.grad_accum, 1, kMaxCount);
   d.get("seed", da.seed, 0, kMaxInt);
   d.check_unknown();
-  TESSERA_CHECK(!da.dir.empty(), d.where("dir"), " is required (a directory from `tessera data prepare`)");
+  if (!da.format.empty()) check_one_of(da.format, {"tokens", "chat"}, d, "format");
+  TESSERA_CHECK(da.path.empty() || da.format == "chat", d.where("path"), " (a JSONL of conversations) needs "
+                "data.format = \"chat\"");
+  if (da.format == "chat" && !da.path.empty()) {
+    TESSERA_CHECK(!da.tokenizer.empty() || !c.model.init_from.empty(), d.where("path"), " needs a tokenizer with a "
+                  "chat template: data.tokenizer or model.init_from");
+    if (da.dir.empty()) da.dir = c.out_dir + "/chat_data";
+  }
+  TESSERA_CHECK(!da.dir.empty(), d.where("dir"), " is required (a directory from `tessera data prepare`",
+                da.format == "chat" ? ", or data.path" : "", ")");
 
   Section o = table("optimizer");
   auto& op = c.optimizer;
@@ -292,6 +318,25 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   l.get("plot", c.logging.plot);
   l.get("trace", c.logging.trace);
   l.check_unknown();
+
+  Section lo = table("lora");
+  auto& lr = c.lora;
+  lr.enabled = root["lora"].as_table() != nullptr;
+  lo.get("rank", lr.rank, 1, 1 << 16);
+  lo.get("alpha", lr.alpha, kPositive);
+  lo.get("dropout", lr.dropout, kUnitOpenAbove);
+  lo.get("rslora", lr.rslora);
+  lo.get("target_modules", lr.target_modules);
+  lo.get("init_from", lr.init_from);
+  lo.get("seed", lr.seed, 0, kMaxInt);
+  lo.check_unknown();
+  if (lr.enabled) {
+    TESSERA_CHECK(!lr.target_modules.empty(), lo.where("target_modules"), " is empty");
+    for (const auto& m : lr.target_modules)
+      TESSERA_CHECK(m == "all-linear" || model::parse_lora_module(m), lo.where("target_modules"), ": '", m,
+                    "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, all-linear");
+    TESSERA_CHECK(!c.model.init_from.empty(), lo.where("rank"), ": LoRA fine-tunes a model: set model.init_from");
+  }
 
   Section p = table("parallel");
   auto& pa = c.parallel;

@@ -26,7 +26,13 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string dir;        // token shards from `tessera data prepare`
+  // "tokens" (token shards) or "chat" (conversations, train/chat_data.h); "" = what dir holds.
+  std::string format;
+  // format = "chat": a JSONL file of {"messages": [...]} rendered with the chat template of
+  // data.tokenizer (else model.init_from) into `dir` (default out_dir/chat_data) by the CLI.
+  std::string path;
+  double val_fraction = 0.05;  // chat: the last conversations of `path` held out for validation
+  std::string dir;        // token shards from `tessera data prepare` (or a chat data directory)
   std::string tokenizer;  // copied next to saved models ("" = the data's meta.json tokenizer)
   int64_t seq_len = 128;
   int64_t batch_size = 8;  // sequences per micro-batch
@@ -108,6 +114,19 @@ struct ParallelSection {
   std::vector<int64_t> pp_layers;
 };
 
+// LoRA fine-tuning ([lora]; docs/fine-tuning.md): adapters on the base model's block
+// linears (Hugging Face module names), the base frozen; only the adapters train.
+struct LoraSection {
+  bool enabled = false;  // the table is present
+  int64_t rank = 8;
+  double alpha = 16;
+  double dropout = 0.0;
+  bool rslora = false;  // scale alpha / sqrt(rank)
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default for llama
+  std::string init_from;  // a PEFT adapter directory to start from ("" = fresh: B = 0)
+  uint64_t seed = 1234;   // adapter initialisation and dropout
+};
+
 struct TrainConfig {
   std::string out_dir = "runs/train";  // [run] out_dir
   ModelSection model;
@@ -119,6 +138,7 @@ struct TrainConfig {
   SpikeGuardSection spike_guard;
   LoggingSection logging;
   ParallelSection parallel;
+  LoraSection lora;
   double fp16_init_scale = 65536.0;  // [training] fp16_init_scale
   int64_t fp16_growth_interval = 2000;
   std::string source_text;  // the TOML as read (saved into checkpoints)

@@ -80,11 +80,23 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) 
 
 DataLoader::DataLoader(const std::string& data_dir, const std::string& split, int64_t seq_len,
                        uint64_t seed)
-    : stream_(data_dir, split),
-      seq_len_(seq_len),
-      seed_(seed),
-      windows_(count_windows(stream_.size(), seq_len, data_dir, split)),
-      window_buf_(static_cast<size_t>(seq_len + 1)) {}
+    : seq_len_(seq_len), seed_(seed), window_buf_(static_cast<size_t>(seq_len + 1)) {
+  if (is_chat_data(data_dir)) {
+    TESSERA_CHECK(seq_len >= 2, "seq_len ", seq_len, " must be at least 2");
+    const ChatDataMeta meta = read_chat_meta(data_dir);
+    packed_ = pack_documents(read_chat_split(data_dir, split), seq_len, meta.pad_id);
+    TESSERA_CHECK(packed_->rows >= 1, "split \"", split, "\" of ", data_dir, ": no conversation with an "
+                  "assistant token to train on");
+    vocab_size_ = meta.vocab_size;
+    num_tokens_ = packed_->slots_used;
+    windows_ = packed_->rows;
+    return;
+  }
+  stream_.emplace(data_dir, split);
+  vocab_size_ = stream_->meta().vocab_size;
+  num_tokens_ = stream_->size();
+  windows_ = count_windows(stream_->size(), seq_len, data_dir, split);
+}
 
 int64_t DataLoader::window_of(uint64_t k) {
   const uint64_t w = static_cast<uint64_t>(windows_);
@@ -96,45 +108,80 @@ int64_t DataLoader::window_of(uint64_t k) {
   return perm_[k % w];
 }
 
-void DataLoader::read_sequence(uint64_t k, int32_t* ids, int32_t* targets) {
+void DataLoader::read_sequence(uint64_t k, int32_t* ids, int32_t* targets, int32_t* positions) {
   const int64_t w = window_of(k);
-  stream_.read(w * seq_len_, seq_len_ + 1, window_buf_.data());
+  if (packed_) {
+    const size_t at = static_cast<size_t>(w * seq_len_);
+    std::copy_n(packed_->ids.begin() + at, seq_len_, ids);
+    std::copy_n(packed_->targets.begin() + at, seq_len_, targets);
+    if (positions) std::copy_n(packed_->positions.begin() + at, seq_len_, positions);
+    return;
+  }
+  stream_->read(w * seq_len_, seq_len_ + 1, window_buf_.data());
   std::copy(window_buf_.begin(), window_buf_.end() - 1, ids);
   std::copy(window_buf_.begin() + 1, window_buf_.end(), targets);
 }
 
 void DataLoader::next_batch(int64_t batch, Tensor& ids, Tensor& targets) {
+  model::TokenBatch b{ids, targets, Tensor()};
+  next_batch(batch, b);
+  ids = b.ids;
+  targets = b.targets;
+}
+
+void DataLoader::next_batch(int64_t batch, model::TokenBatch& out) {
   TESSERA_CHECK(batch >= 1, "next_batch: batch ", batch, " must be at least 1");
-  ensure_i32(ids, batch, seq_len_);
-  ensure_i32(targets, batch, seq_len_);
-  int32_t* pi = ids.data<int32_t>();
-  int32_t* pt = targets.data<int32_t>();
+  ensure_i32(out.ids, batch, seq_len_);
+  ensure_i32(out.targets, batch, seq_len_);
+  if (packed_)
+    ensure_i32(out.positions, batch, seq_len_);
+  else
+    out.positions = Tensor();
+  int32_t* pi = out.ids.data<int32_t>();
+  int32_t* pt = out.targets.data<int32_t>();
+  int32_t* pp = packed_ ? out.positions.data<int32_t>() : nullptr;
   for (int64_t b = 0; b < batch; ++b)
     read_sequence(state_.sequences_drawn + static_cast<uint64_t>(b), pi + b * seq_len_,
-                  pt + b * seq_len_);
+                  pt + b * seq_len_, pp ? pp + b * seq_len_ : nullptr);
   state_.sequences_drawn += static_cast<uint64_t>(batch);
 }
 
-std::vector<std::pair<Tensor, Tensor>> eval_batches(const std::string& data_dir,
-                                                    const std::string& split, int64_t seq_len,
-                                                    int64_t batch, int64_t max_batches) {
+std::vector<model::TokenBatch> eval_batches(const std::string& data_dir, const std::string& split,
+                                            int64_t seq_len, int64_t batch, int64_t max_batches) {
   TESSERA_CHECK(batch >= 1, "eval_batches: batch ", batch, " must be at least 1");
-  const TokenStream stream(data_dir, split);
-  const int64_t windows = count_windows(stream.size(), seq_len, data_dir, split);
+  std::optional<PackedRows> packed;
+  std::optional<TokenStream> stream;
+  int64_t windows;
+  if (is_chat_data(data_dir)) {
+    packed = pack_documents(read_chat_split(data_dir, split), seq_len, read_chat_meta(data_dir).pad_id);
+    windows = packed->rows;
+  } else {
+    stream.emplace(data_dir, split);
+    windows = count_windows(stream->size(), seq_len, data_dir, split);
+  }
   int64_t n = (windows + batch - 1) / batch;
   if (max_batches > 0) n = std::min(n, max_batches);
-  std::vector<std::pair<Tensor, Tensor>> out;
+  std::vector<model::TokenBatch> out;
   std::vector<int32_t> buf(static_cast<size_t>(seq_len + 1));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t rows = std::min(batch, windows - i * batch);
-    Tensor ids = Tensor::empty({rows, seq_len}, DType::kI32);      // (rows, T)
-    Tensor targets = Tensor::empty({rows, seq_len}, DType::kI32);  // (rows, T)
-    for (int64_t r = 0; r < rows; ++r) {
-      stream.read((i * batch + r) * seq_len, seq_len + 1, buf.data());
-      std::copy(buf.begin(), buf.end() - 1, ids.data<int32_t>() + r * seq_len);
-      std::copy(buf.begin() + 1, buf.end(), targets.data<int32_t>() + r * seq_len);
+    model::TokenBatch b;
+    b.ids = Tensor::empty({rows, seq_len}, DType::kI32);      // (rows, T)
+    b.targets = Tensor::empty({rows, seq_len}, DType::kI32);  // (rows, T)
+    if (packed) {
+      b.positions = Tensor::empty({rows, seq_len}, DType::kI32);
+      const size_t at = static_cast<size_t>(i * batch * seq_len), len = static_cast<size_t>(rows * seq_len);
+      std::copy_n(packed->ids.begin() + at, len, b.ids.data<int32_t>());
+      std::copy_n(packed->targets.begin() + at, len, b.targets.data<int32_t>());
+      std::copy_n(packed->positions.begin() + at, len, b.positions.data<int32_t>());
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        stream->read((i * batch + r) * seq_len, seq_len + 1, buf.data());
+        std::copy(buf.begin(), buf.end() - 1, b.ids.data<int32_t>() + r * seq_len);
+        std::copy(buf.begin() + 1, buf.end(), b.targets.data<int32_t>() + r * seq_len);
+      }
     }
-    out.emplace_back(std::move(ids), std::move(targets));
+    out.push_back(std::move(b));
   }
   return out;
 }

@@ -18,6 +18,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/io/json_file.h"
+#include "tessera/train/chat_data.h"
 
 namespace tessera::train {
 namespace {
@@ -242,6 +243,18 @@ DataMeta read_data_meta(const std::string& dir) {
   const nlohmann::json j = io::read_json_file(file);
   TESSERA_CHECK(j.is_object(), file, ": must be a JSON object");
   DataMeta m;
+  if (is_chat_data(dir)) {
+    const ChatDataMeta c = read_chat_meta(dir);
+    m.chat = true;
+    m.vocab_size = c.vocab_size;
+    m.eos_id = c.eos_id;
+    m.token_bytes = token_bytes_for_vocab(c.vocab_size);
+    m.train_tokens = c.train_tokens;
+    m.val_tokens = c.val_tokens;
+    m.tokenizer = c.tokenizer;
+    m.inputs = {c.source};
+    return m;
+  }
   const int64_t version = get_int(j, "version", file, 0);
   TESSERA_CHECK(version == kShardVersion, file, ": version ", version,
                 " is not supported (this build reads version ", kShardVersion, ")");
@@ -269,6 +282,7 @@ DataMeta read_data_meta(const std::string& dir) {
 
 TokenStream::TokenStream(const std::string& data_dir, const std::string& split) {
   meta_ = read_data_meta(data_dir);
+  TESSERA_CHECK(!meta_.chat, data_dir, ": a chat data directory has no token stream (data.format = \"chat\")");
   TESSERA_CHECK(split == "train" || split == "val", data_dir, ": unknown split \"", split,
                 "\" (expected train or val)");
   const auto& names = split == "train" ? meta_.train_shards : meta_.val_shards;

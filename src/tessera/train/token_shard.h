@@ -68,6 +68,9 @@ struct DataMeta {
   std::vector<std::string> train_shards, val_shards;  // file names in stream order
   std::string tokenizer;                              // tokenizer directory, as given
   std::vector<std::string> inputs;                    // corpus files, as given
+  // A chat data directory (train/chat_data.h): read_data_meta fills vocab_size, eos_id,
+  // the split token counts and the tokenizer from its meta.json; it has no shards.
+  bool chat = false;
 };
 void write_data_meta(const std::string& dir, const DataMeta& meta);
 DataMeta read_data_meta(const std::string& dir);  // errors name DIR/meta.json and the key

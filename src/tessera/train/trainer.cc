@@ -39,20 +39,13 @@
 #include "tessera/train/schedule.h"
 #include "tessera/train/sharded_state.h"
 #include "tessera/train/trainer_layout.h"
+#include "tessera/train/lora_trainer.h"
 #include "tessera/train/trainer_setup.h"
 
 namespace tessera::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-// One trace per rank: "run.json" -> "run.rank1.json" when there are several.
-std::string trace_path(const std::string& path, int rank, int world) {
-  if (world == 1) return path;
-  const fs::path p(path);
-  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) +
-                             p.extension().string())).string();
-}
 
 // The data-parallel settings; under expert parallelism the experts are reduced over the
 // dp axis (the ranks that hold the same experts).
@@ -89,7 +82,7 @@ class Run {
       : c_(c), o_(o), comm_(with_timeout(comm, c.parallel.timeout_s)), rank_(comm.rank()),
         world_(comm.size()),
         mesh_shape_(run_mesh_shape(c, world_)),
-        meta_(read_data_meta(c.data.dir)),
+        meta_(read_run_data_meta(c)),
         model_config_(build_model_config(c, meta_.vocab_size, meta_.eos_id)),
         tp_shard_(checked_tp_shard(c, mesh_shape_, model_config_, rank_)),
         pp_stage_(checked_pp_stage(c, mesh_shape_, model_config_, rank_)),
@@ -129,7 +122,7 @@ class Run {
     tokenizer_texts_ = tokenizer_files(tokenizer_dir_);
     const auto& tr = c.training;
     apply_training_options(c, model_);
-    if (meta_.val_tokens > c.data.seq_len && tr.eval_batches > 0) {
+    if (meta_.val_tokens > (meta_.chat ? 0 : c.data.seq_len) && tr.eval_batches > 0) {
       // Each data-parallel replica evaluates every dp-th batch (its tp ranks together);
       // the sums are added over the replicas.
       auto all = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, tr.eval_batches);
@@ -183,12 +176,12 @@ class Run {
                    c_.parallel.zero_stage, c_.parallel.offload ? ", CPU offload" : "",
                    c_.out_dir.c_str());
     if (lead)
-      std::fprintf(stderr, "train: compute %s\n",
-                   model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str());
+      std::fprintf(stderr, "train: compute %s\n%s", model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str(),
+                   describe_packing(loader_).c_str());
     std::optional<base::ProgressBar> bar;
     if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
     const int64_t local_b = B / row_size_;  // the tp (and cp) ranks of a replica share its rows
-    Tensor ids, targets;
+    model::TokenBatch batch;
     if (!c_.logging.trace.empty()) {
       result.trace_path = trace_path(c_.logging.trace, rank_, world_);
       base::start_trace(result.trace_path);
@@ -205,9 +198,8 @@ class Run {
       const LoaderState before = loader_.state();
       const float scale = scaler_.enabled() ? static_cast<float>(scaler_.scale()) : 1.f;
       const auto rows = [&](int64_t) {
-        next_batch(B, ids, targets);  // the global batch; this rank takes its rows
-        return my_tokens({ids.slice(0, row_rank_ * local_b, (row_rank_ + 1) * local_b),
-                          targets.slice(0, row_rank_ * local_b, (row_rank_ + 1) * local_b)});
+        next_batch(B, batch);  // the global batch; this rank takes its rows
+        return my_tokens(batch_rows(batch, row_rank_ * local_b, (row_rank_ + 1) * local_b));
       };
       const GradientPass gp = pipe_ ? pipeline_gradients(accum, scale, rows)
                                     : accumulate_gradients(model_, dp_, accum, scale, rows);
@@ -359,10 +351,10 @@ class Run {
   double validation_loss() {
     dp_.gather_all();
     auto [sum, count] = eval_loss_sums(
-        model_, pipe_.get(), std::vector<std::pair<Tensor, Tensor>>(val_.begin(), val_.begin() + val_counted_));
+        model_, pipe_.get(), std::vector<model::TokenBatch>(val_.begin(), val_.begin() + val_counted_));
     if (val_counted_ < val_.size())  // the padding repeats (expert parallelism), not counted
       eval_loss_sums(model_, pipe_.get(),
-                     std::vector<std::pair<Tensor, Tensor>>(val_.begin() + val_counted_, val_.end()));
+                     std::vector<model::TokenBatch>(val_.begin() + val_counted_, val_.end()));
     dp_.release_all();
     sum = over_pp(sum);
     count = static_cast<int64_t>(over_pp(static_cast<double>(count)));
@@ -372,12 +364,7 @@ class Run {
   }
 
   // Context parallelism: this rank's tokens of (ids, targets) rows; the rows at cp 1.
-  std::pair<Tensor, Tensor> my_tokens(const std::pair<Tensor, Tensor>& b) const {
-    if (!cp_) return b;
-    const auto m = model_.cp_method();
-    const int r = cp_->rank(), n = cp_->size();
-    return {model::cp_local_tokens(b.first, m, r, n), model::cp_local_tokens(b.second, m, r, n)};
-  }
+  model::TokenBatch my_tokens(const model::TokenBatch& b) const { return cp_tokens(b, cp_.get(), model_.cp_method()); }
 
   // The sum over the pipeline stages (exact, the same on every stage); x at pp 1.
   double over_pp(double x) {
@@ -386,7 +373,7 @@ class Run {
 
   // The step's micro-batches through the pipeline (trainer_layout.h).
   GradientPass pipeline_gradients(int64_t accum, float scale,
-                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
+                                  const std::function<model::TokenBatch(int64_t)>& batch) {
     return run_pipeline_step(model_, dp_, *pipe_, embed_group_.get(), accum, scale, batch, last_pipe_);
   }
 
@@ -439,7 +426,7 @@ class Run {
     return kernels::measure_gemm_peak(model::matmul_peak_dtype(model_.bf16_mode()), 0.15).gflops * 1e9;
   }
 
-  void next_batch(int64_t B, Tensor& ids, Tensor& targets) {
+  void next_batch(int64_t B, model::TokenBatch& batch) {
     for (bool moved = true; moved;) {  // jump over data a rollback marked as bad
       moved = false;
       const uint64_t k = loader_.state().sequences_drawn;
@@ -449,7 +436,7 @@ class Run {
           moved = true;
         }
     }
-    loader_.next_batch(B, ids, targets);
+    loader_.next_batch(B, batch);
   }
 
   bool try_rollback(const LoaderState& before, const LoaderState& after, double loss,
@@ -671,7 +658,7 @@ class Run {
   DataLoader loader_;
   SpikeDetector spikes_;
   CheckpointManager ckpt_;
-  std::vector<std::pair<Tensor, Tensor>> val_;  // this rank's share of the val batches
+  std::vector<model::TokenBatch> val_;  // this rank's share of the val batches
   size_t val_counted_ = 0;  // the first ones; the rest repeat one for expert parallelism
   bool has_val_ = false;
   std::string tokenizer_dir_;
@@ -684,6 +671,12 @@ class Run {
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config, const TrainOptions& options) {
+  if (config.lora.enabled) {  // LoRA fine-tuning: the frozen base and its adapters (lora_trainer.h)
+    if (options.comm) return run_lora_training(config, options, *options.comm);
+    if (comm::running_under_mpi()) return run_lora_training(config, options, comm::mpi_world());
+    const auto self = comm::self_communicator();
+    return run_lora_training(config, options, *self);
+  }
   if (options.comm) {
     Run run(config, options, *options.comm);
     return run.run();

@@ -126,12 +126,13 @@ std::unique_ptr<comm::Communicator> make_embed_group(const parallel::MeshShape& 
 GradientPass run_pipeline_step(const model::Model& m, parallel::DataParallel& dp,
                                parallel::Pipeline& pipe, comm::Communicator* embed_group,
                                int64_t accum, float scale,
-                               const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch,
+                               const std::function<model::TokenBatch(int64_t)>& batch,
                                parallel::PipelineStep& last) {
   std::vector<parallel::MicroBatch> mbs;
   for (int64_t i = 0; i < accum; ++i) {
-    const auto [ids, targets] = batch(i);
-    mbs.push_back({ids.contiguous().clone(), targets.contiguous().clone()});
+    const model::TokenBatch b = batch(i);
+    mbs.push_back({b.ids.contiguous().clone(), b.targets.contiguous().clone(),
+                   b.positions.defined() ? b.positions.contiguous().clone() : Tensor()});
   }
   dp.start_step(/*first_micro_batch_assigns=*/true);
   base::TraceScope fb("pipeline");
@@ -231,16 +232,12 @@ void pipeline_metrics(nlohmann::json& rec, const parallel::Pipeline& pipe,
 }
 
 std::pair<double, int64_t> eval_loss_sums(const model::Model& m, parallel::Pipeline* pipe,
-                                          const std::vector<std::pair<Tensor, Tensor>>& batches) {
-  if (pipe) {
-    std::vector<parallel::MicroBatch> mbs;
-    for (const auto& [ids, targets] : batches) mbs.push_back({ids, targets});
-    return pipe->evaluate(mbs);
-  }
+                                          const std::vector<model::TokenBatch>& batches) {
+  if (pipe) return pipe->evaluate(batches);
   double sum = 0;
   int64_t count = 0;
-  for (const auto& [ids, targets] : batches) {
-    const Tensor logits = m.forward_batch(ids);
+  for (const auto& [ids, targets, positions] : batches) {
+    const Tensor logits = m.forward_batch(ids, positions);
     const int64_t n = ids.numel();
     const auto ce = kernels::cross_entropy(logits.view({n, logits.size(2)}),
                                            targets.contiguous().view({n}), nullptr, nullptr, 1.f);

@@ -62,7 +62,7 @@ std::unique_ptr<parallel::CommCp> make_cp(parallel::DeviceMesh& mesh, model::Mod
 GradientPass run_pipeline_step(const model::Model& m, parallel::DataParallel& dp,
                                parallel::Pipeline& pipe, comm::Communicator* embed_group,
                                int64_t accum, float scale,
-                               const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch,
+                               const std::function<model::TokenBatch(int64_t)>& batch,
                                parallel::PipelineStep& last);
 // Every pp rank's pass spans of `last` (collective over the pipeline group).
 std::vector<std::vector<parallel::PipeSpan>> gather_pipeline_spans(const parallel::PipelineStep& last,
@@ -75,7 +75,7 @@ void pipeline_metrics(nlohmann::json& rec, const parallel::Pipeline& pipe,
 // (sum of token losses, tokens counted) over the batches: the whole model's forward, or
 // forward only through the pipeline's stages (at the last stage; 0, 0 elsewhere).
 std::pair<double, int64_t> eval_loss_sums(const model::Model& m, parallel::Pipeline* pipe,
-                                          const std::vector<std::pair<Tensor, Tensor>>& batches);
+                                          const std::vector<model::TokenBatch>& batches);
 
 // The timeline of `spans` as an SVG at `path` (nothing when there are none).
 void write_pipeline_svg(const std::string& path, const parallel::Pipeline& pipe,

@@ -45,6 +45,52 @@ model::ModelConfig base_model_config(const TrainConfig& c, int64_t data_vocab, i
 
 }  // namespace
 
+DataMeta read_run_data_meta(const TrainConfig& c) {
+  DataMeta m = read_data_meta(c.data.dir);
+  const std::string& f = c.data.format;
+  TESSERA_CHECK(f.empty() || (f == "chat") == m.chat, c.source_name(), ": data.format is \"", f, "\" but ",
+                c.data.dir, " holds ", m.chat ? "chat data (data.format = \"chat\")" : "token shards (data.format = \"tokens\")");
+  return m;
+}
+
+std::string trace_path(const std::string& path, int rank, int world) {
+  if (world == 1) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string())).string();
+}
+
+int64_t params_bytes(const model::ModelConfig& c, model::Params& p) {
+  int64_t n = 0;
+  for (int unit = 0; unit < static_cast<int>(c.num_layers) + 2; ++unit)
+    for (const auto& [name, t] : p.unit_tensors(c, unit)) n += static_cast<int64_t>(t->nbytes());
+  return n;
+}
+
+model::TokenBatch batch_rows(const model::TokenBatch& b, int64_t r0, int64_t r1) {
+  const auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(0, r0, r1) : t; };
+  return {rows(b.ids), rows(b.targets), rows(b.positions)};
+}
+
+model::TokenBatch cp_tokens(const model::TokenBatch& b, model::CpComm* cp, model::CpMethod method) {
+  if (!cp) return b;
+  TESSERA_CHECK(!b.positions.defined(), "packed chat rows with context parallelism are not supported yet");
+  const int r = cp->rank(), n = cp->size();
+  return {model::cp_local_tokens(b.ids, method, r, n), model::cp_local_tokens(b.targets, method, r, n), Tensor()};
+}
+
+std::string describe_packing(const DataLoader& loader) {
+  const PackedRows* p = loader.packed_rows();
+  if (!p) return "";
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "train: chat data: %lld conversations packed into %lld rows of %lld tokens (%.1f%% filled), "
+                "%lld assistant tokens trained on per epoch; %lld truncated to seq_len, %lld without a target dropped\n",
+                static_cast<long long>(p->documents), static_cast<long long>(p->rows),
+                static_cast<long long>(p->seq_len), 100 * p->fill(), static_cast<long long>(p->targets_counted),
+                static_cast<long long>(p->truncated), static_cast<long long>(p->dropped));
+  return buf;
+}
+
 model::ModelConfig build_model_config(const TrainConfig& c, int64_t data_vocab, int32_t data_eos) {
   return with_moe_training(c, base_model_config(c, data_vocab, data_eos));
 }
@@ -355,16 +401,17 @@ void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, doub
 
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
                                   float scale,
-                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
+                                  const std::function<model::TokenBatch(int64_t)>& batch) {
   GradientPass r;
   dp.start_step(/*first_micro_batch_assigns=*/true);
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const auto [ids, targets] = batch(micro);
+    const model::TokenBatch b = batch(micro);
     dp.set_sync(micro + 1 == accum);  // no gradient traffic before the last micro-batch
     base::TraceScope fb("forward_backward");
-    const auto fr = model.forward_backward(ids, targets, dp.grads(), scale / static_cast<float>(accum),
+    const auto fr = model.forward_backward(b.ids, b.targets, dp.grads(), scale / static_cast<float>(accum),
                                            micro == 0 ? model::Model::GradWrite::kAssign
-                                                      : model::Model::GradWrite::kAccumulate);
+                                                      : model::Model::GradWrite::kAccumulate,
+                                           b.positions);
     r.loss_sum += fr.loss;
     r.count += fr.count;
     r.activation_bytes = std::max(r.activation_bytes, fr.activation_bytes);

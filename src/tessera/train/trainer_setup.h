@@ -15,9 +15,25 @@
 #include "tessera/model/model.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/train/config.h"
+#include "tessera/train/data_loader.h"
 #include "tessera/train/optimizer.h"
+#include "tessera/train/token_shard.h"
 
 namespace tessera::train {
+
+// data.dir's meta.json, checked against data.format (token shards or a chat directory).
+DataMeta read_run_data_meta(const TrainConfig& c);
+// One trace per rank: "run.json" -> "run.rank1.json" when there are several.
+std::string trace_path(const std::string& path, int rank, int world);
+// Bytes of the tensors a Params holds (undefined ones, as a frozen base's, not counted).
+int64_t params_bytes(const model::ModelConfig& c, model::Params& p);
+// Rows [r0, r1) of a batch (positions too when defined).
+model::TokenBatch batch_rows(const model::TokenBatch& b, int64_t r0, int64_t r1);
+// Context parallelism (cp != nullptr): this rank's tokens of the batch's rows; packed rows
+// are an error (documents would straddle the ranks' shares).
+model::TokenBatch cp_tokens(const model::TokenBatch& b, model::CpComm* cp, model::CpMethod method);
+// "train: chat data ... packed into ... rows\n" for a loader of packed rows, else "".
+std::string describe_packing(const DataLoader& loader);
 
 // The configuration of the model a run starts from: init_from's config.json, an HF
 // config.json, or a named shape with overrides; vocab_size defaults to the data's, and a
@@ -100,7 +116,7 @@ void add_moe_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::Data
                      int64_t micro_batches);
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,
                                   float scale,
-                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch);
+                                  const std::function<model::TokenBatch(int64_t)>& batch);
 
 // ("master." + ref name, master) of every ref whose master is not one of `in_model`'s
 // tensors bit for bit (an unsharded f32 master is the model's weight: model.safetensors

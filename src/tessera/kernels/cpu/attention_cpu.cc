@@ -53,13 +53,6 @@ int64_t visible_key_end(const AttnDims& d, const AttentionParams& p, int64_t i0,
   return p.causal ? std::min(d.Tk, p.q_offset + i0 + n) : d.Tk;
 }
 
-// The first key tile (aligned to kKeyTile) any query in [i0, ...) may see: 0, or under a
-// sliding window the tile holding the first row's first visible key.
-int64_t visible_key_begin(const AttentionParams& p, int64_t i0) {
-  if (p.window == 0) return 0;
-  return std::max<int64_t>(p.q_offset + i0 - p.window + 1, 0) / kKeyTile * kKeyTile;
-}
-
 // Soft-capping of a score tile (R, n) with stride lds: s = cap tanh(s / cap); with t, the
 // tanh values are kept (stride lds) for the backward's derivative 1 - t^2.
 void softcap_tile(float* s, int64_t lds, int64_t R, int64_t n, float cap, float* t = nullptr) {
@@ -72,24 +65,53 @@ void softcap_tile(float* s, int64_t lds, int64_t R, int64_t n, float cap, float*
     }
 }
 
-// Whether the tile of keys [kt0, kt0 + n) needs masking for queries [i0, i0 + qn).
-bool tile_needs_mask(const AttentionParams& p, int64_t i0, int64_t qn, int64_t kt0, int64_t n) {
-  if (!p.causal) return false;
-  return kt0 + n - 1 > p.q_offset + i0 || (p.window > 0 && kt0 <= p.q_offset + i0 + qn - 1 - p.window);
+// The keys each query position of a row block may see: query i0 + ii sees [lo[ii], hi[ii]).
+// hi is the causal limit; lo is the latest of the window's first key and the start of the
+// query's packed document. Never empty: a query always sees itself.
+struct BlockKeys {
+  int64_t lo[kTargetRows], hi[kTargetRows];  // (qn)
+  int64_t lo_min = 0, lo_max = 0, hi_min = 0, hi_max = 0;
+  // Key tiles [begin(), end()) are visited: the tiles before lo_min hold no key any row of
+  // the block sees (the window's or the documents' skipping), so they are never computed.
+  int64_t begin() const { return lo_min / kKeyTile * kKeyTile; }
+  int64_t end() const { return hi_max; }
+  // Whether the tile of keys [kt0, kt0 + n) holds a key hidden from some row.
+  bool needs_mask(int64_t kt0, int64_t n) const { return kt0 < lo_max || kt0 + n > hi_min; }
+};
+
+// qn <= kTargetRows: make_blocking gives qb <= kTargetRows.
+BlockKeys visible_keys(const AttnDims& d, const AttentionParams& p, int64_t b, int64_t i0,
+                       int64_t qn) {
+  BlockKeys bk;
+  const int32_t* doc_pos =
+      p.doc_positions ? p.doc_positions + b * p.doc_positions_stride : nullptr;
+  for (int64_t ii = 0; ii < qn; ++ii) {
+    const int64_t i = i0 + ii, pos = p.q_offset + i;
+    int64_t lo = 0, hi = d.Tk;
+    if (p.causal) {
+      hi = std::min(d.Tk, pos + 1);
+      if (p.window > 0) lo = std::max<int64_t>(pos - p.window + 1, 0);
+      if (doc_pos) lo = std::max<int64_t>(lo, i - doc_pos[i]);  // q_offset is 0 here
+    }
+    bk.lo[ii] = lo, bk.hi[ii] = hi;
+    bk.lo_min = ii == 0 ? lo : std::min(bk.lo_min, lo);
+    bk.lo_max = ii == 0 ? lo : std::max(bk.lo_max, lo);
+    bk.hi_min = ii == 0 ? hi : std::min(bk.hi_min, hi);
+    bk.hi_max = ii == 0 ? hi : std::max(bk.hi_max, hi);
+  }
+  return bk;
 }
 
-// Sets scores of keys after each row's last visible key (and, under a sliding window,
-// before its first) to -inf. s (R, n) with stride lds holds keys [kt0, kt0 + n); row r is
-// query i0 + r / G.
-void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t i0, int64_t kt0,
-               int64_t q_offset, int64_t window) {
+// Sets the scores of keys outside each row's visible range to -inf. s (R, n) with stride
+// lds holds keys [kt0, kt0 + n); row r is the block's query position r / G.
+void mask_tile(float* s, int64_t lds, int64_t R, int64_t n, int64_t G, int64_t kt0,
+               const BlockKeys& bk) {
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t first_hidden = q_offset + i0 + r / G + 1 - kt0;
-    for (int64_t j = std::max<int64_t>(first_hidden, 0); j < n; ++j) s[r * lds + j] = kNegInf;
-    if (window > 0) {
-      const int64_t first_visible = std::min(first_hidden - window, n);
-      for (int64_t j = 0; j < first_visible; ++j) s[r * lds + j] = kNegInf;
-    }
+    float* sr = s + r * lds;
+    const int64_t first = std::clamp<int64_t>(bk.lo[r / G] - kt0, 0, n);
+    const int64_t last = std::clamp<int64_t>(bk.hi[r / G] - kt0, 0, n);
+    std::fill(sr, sr + first, kNegInf);
+    std::fill(sr + last, sr + n, kNegInf);
   }
 }
 
@@ -139,8 +161,8 @@ struct ForwardJob {
 // Online softmax over keys [kbeg, kend) for one row block; leaves o (R, D) unnormalised
 // with its running max m and sum l.
 void forward_range(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, int64_t qn,
-                   int64_t kbeg, int64_t kend, float* qs, float* kt, float* s, float* o, float* m,
-                   float* l) {
+                   const BlockKeys& bk, int64_t kbeg, int64_t kend, float* qs, float* kt, float* s,
+                   float* o, float* m, float* l) {
   const AttnDims& d = job.d;
   const AttnTileOps& ops = *job.ops;
   const int64_t G = job.bl.G, R = qn * G, D = d.D;
@@ -159,7 +181,7 @@ void forward_range(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, in
       ops.pack_transposed(kbase + kt0 * job.k.token_stride, job.k.token_stride, n, D, kt, kKeyTile);
     ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
     if (job.p.softcap > 0.f) softcap_tile(s, kKeyTile, R, n, job.p.softcap);
-    if (tile_needs_mask(job.p, i0, qn, kt0, n)) mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
+    if (bk.needs_mask(kt0, n)) mask_tile(s, kKeyTile, R, n, G, kt0, bk);
     ops.softmax_update(s, kKeyTile, R, n, m, l, o, D, D);
     ops.gemm(R, D, n, s, kKeyTile, 1, vbase + kt0 * job.v.token_stride, job.v.token_stride, o, D,
              true);  // O += P V
@@ -214,10 +236,10 @@ void run_forward(const ForwardJob& job) {
       const Item it = decode_item(w, d.Hkv, job.bl.nblocks, job.nsplit);
       const int64_t i0 = it.block * job.bl.qb;
       const int64_t qn = std::min(job.bl.qb, d.Tq - i0);
-      const int64_t kend = visible_key_end(d, job.p, i0, qn);
-      const int64_t kbeg = visible_key_begin(job.p, i0);
+      const BlockKeys bk = visible_keys(d, job.p, it.b, i0, qn);
+      const int64_t kbeg = bk.begin(), kend = bk.end();
       if (job.nsplit == 1) {
-        forward_range(job, it.b, it.kvh, i0, qn, kbeg, kend, qs, kt, s, o, m, l);
+        forward_range(job, it.b, it.kvh, i0, qn, bk, kbeg, kend, qs, kt, s, o, m, l);
         store_rows(job, it.b, it.kvh, i0, qn, o, m, l);
         continue;
       }
@@ -225,7 +247,7 @@ void run_forward(const ForwardJob& job) {
       const int64_t ntiles = (kend - kbeg + kKeyTile - 1) / kKeyTile;
       const int64_t t0 = ntiles * it.split / job.nsplit, t1 = ntiles * (it.split + 1) / job.nsplit;
       float* part = job.partial + w * job.partial_stride();
-      forward_range(job, it.b, it.kvh, i0, qn, kbeg + t0 * kKeyTile, std::min(kend, kbeg + t1 * kKeyTile), qs, kt,
+      forward_range(job, it.b, it.kvh, i0, qn, bk, kbeg + t0 * kKeyTile, std::min(kend, kbeg + t1 * kKeyTile), qs, kt,
                     s, part, part + R * D, part + R * D + R);
     }
   });
@@ -303,15 +325,15 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
       delta[r] = ops.dot(job.dout.row(b, i, h, D), job.out.row(b, i, h, D), D);
     }
     std::fill_n(dqa, R * D, 0.f);
-    const int64_t kend = visible_key_end(d, job.p, i0, qn);
-    for (int64_t kt0 = visible_key_begin(job.p, i0); kt0 < kend; kt0 += kKeyTile) {
+    const BlockKeys bk = visible_keys(d, job.p, b, i0, qn);
+    const int64_t kend = bk.end();
+    for (int64_t kt0 = bk.begin(); kt0 < kend; kt0 += kKeyTile) {
       const int64_t n = std::min(kKeyTile, kend - kt0);
       const float* ktile = kt + kt0 * D;  // tile kt0 / kKeyTile of the packed K^T and V^T
       const float* vtile = vt + kt0 * D;
       ops.gemm(R, n, D, qs, D, 1, ktile, kKeyTile, s, kKeyTile, false);  // S = (scale Q) K^T
       if (job.p.softcap > 0.f) softcap_tile(s, kKeyTile, R, n, job.p.softcap, th);
-      if (tile_needs_mask(job.p, i0, qn, kt0, n))
-        mask_tile(s, kKeyTile, R, n, G, i0, kt0, job.p.q_offset, job.p.window);
+      if (bk.needs_mask(kt0, n)) mask_tile(s, kKeyTile, R, n, G, kt0, bk);
       ops.probs_from_scores(s, kKeyTile, R, n, lse_r);                     // P
       ops.gemm(R, n, D, dos, D, 1, vtile, kKeyTile, dp, kKeyTile, false);  // dP = dO V^T
       ops.dscores_from_dprobs(s, dp, kKeyTile, R, n, delta);               // dS = P (dP - delta)

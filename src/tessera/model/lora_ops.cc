@@ -1,0 +1,140 @@
+// LoRA forward and backward over the fused block linears.
+#include "tessera/model/lora_ops.h"
+
+#include <algorithm>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/matmul.h"
+#include "tessera/model/lora.h"
+
+namespace tessera::model {
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// x as f32 with the dropout of module `mod` applied (inverted dropout: kept values scaled by
+// 1 / (1 - p)); x itself (any dtype) when there is no dropout.
+Tensor dropped_input(const Model& m, int64_t l, LoraModule mod, const Tensor& x, bool training) {
+  const double p = m.lora()->config.dropout;
+  if (!training || p <= 0) return x;
+  Tensor d = x.dtype() == DType::kF32 ? x.contiguous().clone() : x.to(DType::kF32).contiguous();
+  const uint64_t key = mix64(m.lora_seed() ^ mix64(static_cast<uint64_t>(l) * 8 + static_cast<uint64_t>(mod) + 1));
+  // A value is kept when its 53-bit uniform is >= p.
+  const uint64_t threshold = static_cast<uint64_t>(p * 0x1.0p53);
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+  float* v = d.data<float>();
+  base::parallel_for(d.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      v[i] = (mix64(key + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 11) >= threshold ? v[i] * keep : 0.f;
+  });
+  return d;
+}
+
+}  // namespace
+
+void lora_forward(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y, bool training) {
+  const LoraWeights* w = m.lora();
+  if (!w) return;
+  const float s = static_cast<float>(w->config.scale());
+  const int64_t N = x.size(0);
+  for (int k = 0; k < kLoraModules; ++k) {
+    const LoraPair& p = w->layers[l][k];
+    if (!p.a.defined()) continue;
+    const auto mod = static_cast<LoraModule>(k);
+    const LoraRows g = lora_module_rows(m.config(), l, mod);
+    if (g.which != which) continue;
+    const Tensor xd = dropped_input(m, l, mod, x, training);
+    Tensor xa = Tensor::empty({N, p.a.size(0)}, DType::kF32);
+    kernels::matmul(xd, p.a, xa, false, true);  // (N, r)
+    Tensor out = y.slice(1, g.row0, g.row0 + g.rows);
+    kernels::matmul(xa, p.b, out, false, true, s, 1.f);
+  }
+}
+
+void lora_backward(const Model& m, int64_t l, int which, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const LoraWeights* w = m.lora();
+  if (!w) return;
+  LoraWeights* grads = m.lora_grads();
+  TESSERA_CHECK(grads, "LoRA: a training pass needs the adapters' gradients (Model::set_lora)");
+  const float s = static_cast<float>(w->config.scale());
+  const int64_t N = x.size(0);
+  for (int k = 0; k < kLoraModules; ++k) {
+    const LoraPair& p = w->layers[l][k];
+    if (!p.a.defined()) continue;
+    const auto mod = static_cast<LoraModule>(k);
+    const LoraRows g = lora_module_rows(m.config(), l, mod);
+    if (g.which != which) continue;
+    LoraPair& gp = grads->layers[l][k];
+    const int64_t r = p.a.size(0);
+    const Tensor xd = dropped_input(m, l, mod, x, true);
+    Tensor xa = Tensor::empty({N, r}, DType::kF32);
+    kernels::matmul(xd, p.a, xa, false, true);  // the forward's (N, r), recomputed
+    const Tensor dym = dy.slice(1, g.row0, g.row0 + g.rows);
+    kernels::matmul(dym, xa, gp.b, true, false, s, 1.f);  // dB += s dy^T xa
+    Tensor dxa = Tensor::empty({N, r}, DType::kF32);
+    kernels::matmul(dym, p.b, dxa, false, false, s, 0.f);  // s dy B
+    kernels::matmul(dxa, xd, gp.a, true, false, 1.f, 1.f);  // dA += dxa^T dropout(x)
+    if (m.lora()->config.dropout <= 0) {
+      kernels::matmul(dxa, p.a, dx, false, false, 1.f, 1.f);  // dx += dxa A
+      continue;
+    }
+    // Through the dropout: the same mask (ones where x was kept, scaled), applied to dxa A.
+    Tensor dxd = Tensor::empty({N, g.in}, DType::kF32);
+    kernels::matmul(dxa, p.a, dxd, false, false);
+    Tensor ones = Tensor::empty({N, g.in}, DType::kF32);
+    std::fill_n(ones.data<float>(), ones.numel(), 1.f);
+    ones = dropped_input(m, l, mod, ones, true);
+    const float* o = ones.data<float>();
+    float* gx = dxd.data<float>();
+    for (int64_t i = 0; i < dxd.numel(); ++i) gx[i] *= o[i];
+    Tensor dxv = dx;
+    const float* add = dxd.data<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = dxv.data<float>() + n * dxv.stride(0);
+      for (int64_t j = 0; j < g.in; ++j) row[j] += add[n * g.in + j];
+    }
+  }
+}
+
+}  // namespace tessera::model
+
+namespace tessera::model {
+
+void Model::set_lora(const LoraWeights* weights, LoraWeights* grads) {
+  lora_ = nullptr;
+  lora_grads_ = nullptr;
+  if (!weights) return;
+  const ModelConfig& c = config_;
+  TESSERA_CHECK(shard_.size == 1 && stage_.whole(), "LoRA runs on a whole model at tp 1 (this is ", shard_.size > 1
+                ? "a tensor-parallel shard" : "a pipeline stage", "); tensor and pipeline parallelism with LoRA are not "
+                "supported yet");
+  TESSERA_CHECK(!c.is_moe(), "LoRA on a mixture-of-experts model (", c.model_type, ") is not supported yet");
+  TESSERA_CHECK(!quantized_, "LoRA over quantized weights (QLoRA) is not supported yet");
+  TESSERA_CHECK(static_cast<int64_t>(weights->layers.size()) == c.num_layers, "LoRA adapters for ",
+                weights->layers.size(), " layers, the model has ", c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (int k = 0; k < kLoraModules; ++k) {
+      const LoraPair& p = weights->layers[l][k];
+      if (!p.a.defined()) continue;
+      const auto mod = static_cast<LoraModule>(k);
+      const LoraRows g = lora_module_rows(c, l, mod);  // throws for a model it cannot adapt
+      const int64_t r = weights->config.rank;
+      TESSERA_CHECK(p.a.dtype() == DType::kF32 && p.a.shape() == (Shape{r, g.in}) && p.b.dtype() == DType::kF32 &&
+                        p.b.shape() == (Shape{g.rows, r}),
+                    "LoRA layer ", l, " ", lora_module_name(mod), ": A ", p.a.describe(), " and B ", p.b.describe(),
+                    " must be f32 (", r, ", ", g.in, ") and (", g.rows, ", ", r, ")");
+      if (grads)
+        TESSERA_CHECK(grads->layers.size() == weights->layers.size() && grads->layers[l][k].a.defined() &&
+                          grads->layers[l][k].a.shape() == p.a.shape() && grads->layers[l][k].b.shape() == p.b.shape(),
+                      "LoRA gradients must be LoraWeights::zeros_like the adapters");
+    }
+  lora_ = weights;
+  lora_grads_ = grads;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,162 @@
+// LoRA training passes against PyTorch (tests/parity/lora_grad_reference.py: PEFT's LoraLayer
+// forward transcribed, frozen base): the loss, the logits and the gradient of every A and B,
+// for each llama-family fixture; the frozen base computes no base gradient; dropout's
+// backward against finite differences of its own forward; what LoRA refuses.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "model/parity_fixture.h"
+#include "test_util/run_command.h"
+#include "test_util/throws.h"
+#include "tessera/io/safetensors.h"
+#include "tessera/model/lora.h"
+#include "tessera/model/model.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using model::LoraConfig;
+using model::LoraModule;
+using model::LoraWeights;
+using model::Model;
+using model::Params;
+
+LoraConfig all_modules(int64_t rank, double alpha) {
+  LoraConfig c;
+  c.rank = rank;
+  c.alpha = alpha;
+  c.targets = {LoraModule::kQ, LoraModule::kK, LoraModule::kV, LoraModule::kO,
+               LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  return c;
+}
+
+// Adapters as after some training: A as initialised, B random (B = 0 would give A no gradient).
+LoraWeights trained(const model::ModelConfig& c, const LoraConfig& config, uint32_t seed) {
+  LoraWeights w = LoraWeights::init(c, config, seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, 0.05f);
+  for (auto& layer : w.layers)
+    for (auto& p : layer)
+      if (p.b.defined())
+        for (int64_t i = 0; i < p.b.numel(); ++i) p.b.data<float>()[i] = n(rng);
+  return w;
+}
+
+std::string temp_path(const std::string& name) {
+  return (fs::temp_directory_path() / ("tessera_lora_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+class LoraParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraParity, LossLogitsAndAdapterGradientsEqualPyTorch) {
+  const std::string dir = testing::parity_dir(GetParam());
+  ASSERT_FALSE(dir.empty());
+  Model m = Model::load(dir, DType::kF32);
+  const auto& c = m.config();
+  const LoraConfig config = all_modules(4, 8);
+  LoraWeights w = trained(c, config, 5);
+  const std::string adapter = temp_path(GetParam() + "_adapter.safetensors"), out = temp_path(GetParam() + "_ref.safetensors");
+  io::save_safetensors(adapter, w.named(c));
+  const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                                      "/tests/parity/lora_grad_reference.py --model " + dir + " --adapter " + adapter +
+                                      " --alpha 8 --rank 4 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ref = io::SafetensorsFile::open(out);
+  const auto base = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = base->get("input_ids").to(DType::kI32), targets = base->get("targets").to(DType::kI32);
+
+  LoraWeights g = LoraWeights::zeros_like(w);
+  m.set_lora(&w, &g);
+  Params frozen = Params::allocate_frozen(c);
+  const auto res = m.forward_backward(ids, targets, frozen);
+  EXPECT_NEAR(res.loss, ref->get("loss").to_f32_vector()[0], 2e-5);
+  EXPECT_LT(testing::relative_error(m.forward_batch(ids), ref->get("logits")), 2e-5);
+  for (const auto& [name, t] : g.named(c))
+    EXPECT_LT(testing::relative_error(t, ref->get("grad." + name)), 5e-5) << name;
+  // The frozen base: no embedding, linear or head gradient exists to be written.
+  EXPECT_FALSE(frozen.embed.defined());
+  EXPECT_FALSE(frozen.layers[0].qkv.weight.defined());
+  // Without adapters the model is the base again; with B = 0 (fresh adapters) too.
+  m.set_lora(nullptr);
+  const Tensor plain = m.forward_batch(ids);
+  LoraWeights fresh = LoraWeights::init(c, config, 9);
+  m.set_lora(&fresh);
+  EXPECT_LT(testing::relative_error(m.forward_batch(ids), plain), 1e-6);
+  fs::remove(adapter);
+  fs::remove(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraParity,
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma2", "llama_mistral_window"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Lora, DropoutBackwardMatchesFiniteDifferences) {
+  const std::string dir = testing::parity_dir("llama");
+  ASSERT_FALSE(dir.empty());
+  Model m = Model::load(dir, DType::kF32);
+  const auto& c = m.config();
+  LoraConfig config = all_modules(4, 8);
+  config.dropout = 0.3;
+  LoraWeights w = trained(c, config, 3);
+  LoraWeights g = LoraWeights::zeros_like(w);
+  m.set_lora(&w, &g);
+  m.set_lora_seed(77);
+  const auto base = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = base->get("input_ids").to(DType::kI32), targets = base->get("targets").to(DType::kI32);
+  Params frozen = Params::allocate_frozen(c);
+  m.forward_backward(ids, targets, frozen);
+  // d loss / d x for a few entries of A and B, by central differences of the same masked
+  // forward (the mask depends only on the seed).
+  const auto loss_at = [&] { return m.forward_backward(ids, targets, frozen).loss; };
+  LoraWeights scratch = LoraWeights::zeros_like(w);
+  m.set_lora(&w, &scratch);
+  int checked = 0;
+  for (auto [l, k, is_b, i] : std::vector<std::tuple<int, int, bool, int64_t>>{
+           {0, 0, true, 3}, {0, 2, false, 17}, {1, 6, true, 5}, {1, 3, false, 40}, {0, 5, true, 11}}) {
+    Tensor& t = is_b ? w.layers[l][k].b : w.layers[l][k].a;
+    const Tensor& gt = is_b ? g.layers[l][k].b : g.layers[l][k].a;
+    const float x0 = t.data<float>()[i], eps = 1e-2f;
+    t.data<float>()[i] = x0 + eps;
+    const double up = loss_at();
+    t.data<float>()[i] = x0 - eps;
+    const double down = loss_at();
+    t.data<float>()[i] = x0;
+    const double fd = (up - down) / (2 * eps), an = gt.data<float>()[i];
+    EXPECT_NEAR(an, fd, 2e-3 + 2e-2 * std::abs(fd)) << "layer " << l << " module " << k << (is_b ? " B[" : " A[") << i << "]";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+  // Dropout is on in training passes only: inference equals no-dropout adapters.
+  LoraConfig no = config;
+  no.dropout = 0;
+  LoraWeights w0 = w;
+  w0.config = no;
+  const Tensor with = m.forward_batch(ids);
+  m.set_lora(&w0);
+  EXPECT_LT(testing::relative_error(with, m.forward_batch(ids)), 1e-6);
+}
+
+TEST(Lora, RefusesWhatItCannotAdapt) {
+  const auto load = [](const std::string& arch) { return Model::load(testing::parity_dir(arch), DType::kF32); };
+  const Model gpt2 = load("gpt2");
+  EXPECT_TRUE(testing::throws_error([&] { LoraWeights::init(gpt2.config(), all_modules(4, 8), 1); }, {"gpt2", "c_attn"}, true));
+  Model mixtral = load("mixtral");
+  LoraConfig attn;
+  attn.targets = {LoraModule::kQ};
+  LoraWeights wm = LoraWeights::init(mixtral.config(), attn, 1);
+  EXPECT_TRUE(testing::throws_error([&] { mixtral.set_lora(&wm); }, {"mixture-of-experts"}, true));
+  Model llama = load("llama");
+  LoraWeights wl = LoraWeights::init(llama.config(), attn, 1);
+  wl.layers[0][0].b = Tensor::zeros({3, 3}, DType::kF32);
+  EXPECT_TRUE(testing::throws_error([&] { llama.set_lora(&wl); }, {"layer 0", "q_proj"}, true));
+  EXPECT_TRUE(model::parse_lora_module("q_proj").has_value());
+  EXPECT_FALSE(model::parse_lora_module("qkv_proj").has_value());
+}
+
+}  // namespace
+}  // namespace tessera
