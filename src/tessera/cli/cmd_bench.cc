@@ -142,9 +142,9 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
                       ("tessera_bench_ckpt_" + std::to_string(::getpid()));
   const auto r = train::bench_train_step(m, cfg, so);
   std::printf("compute %s\n", r.compute.c_str());
-  std::printf("train step (%s) %s, batch %lld x %lld x %lld, precision %s, recompute %s: %.3f s, "
+  std::printf("%strain step (%s) %s, batch %lld x %lld x %lld, precision %s, recompute %s: %.3f s, "
               "%.1f tokens/s, %.1f model GFLOP/s\n",
-              so.optimizer ? "forward + backward + clip + optimizer" : "forward + backward",
+              cfg.lora.enabled ? "LoRA " : "", so.optimizer ? "forward + backward + clip + optimizer" : "forward + backward",
               what.c_str(), (long long)cfg.data.grad_accum, (long long)o.batch, (long long)o.seq,
               cfg.training.precision.c_str(), cfg.training.activation_checkpointing.c_str(),
               r.step_seconds, r.tokens_per_second, r.model_gflops);
@@ -169,11 +169,25 @@ int run_train(model::BenchOptions o, const TrainFlags& f) {
                 static_cast<int>(s.step_seconds.size()), 100.0 * s.stall_fraction);
     stall = s.stall_fraction;  // the JSON reports the steady state: the last save
   }
+  double full_step = 0;
+  if (cfg.lora.enabled) {
+    // The peer: full fine-tuning of the same model, batch and precision (the config without [lora]).
+    train::TrainConfig full = cfg;
+    full.lora.enabled = false;
+    const auto data = train::read_data_meta(cfg.data.dir);
+    model::Model fm = train::build_model(full, data.vocab_size, data.eos_id);
+    train::StepBenchOptions fo = so;
+    fo.measure_peak = false;
+    full_step = train::bench_train_step(fm, full, fo).step_seconds;
+    std::printf("full fine-tuning step of the same model and batch: %.3f s; LoRA step / full step = %.2f (bar 0.8)\n",
+                full_step, r.step_seconds / full_step);
+  }
   std::printf("{\"tessera_tokens_per_s\": %.3f, \"mfu\": %.4f, \"nominal_mfu\": %.4f, "
               "\"peak_gflops\": %.1f, \"bf16_mode\": \"%s\", \"peak_rss_mb\": %.1f, "
-              "\"ckpt_stall_fraction\": %.4f}\n",
+              "\"ckpt_stall_fraction\": %.4f%s}\n",
               r.tokens_per_second, r.mfu, r.nominal_mfu, r.peak_gflops,
-              model::bf16_mode_name(m.bf16_mode()), r.peak_rss_mb, stall);
+              model::bf16_mode_name(m.bf16_mode()), r.peak_rss_mb, stall,
+              full_step > 0 ? (", \"lora_over_full_step\": " + std::to_string(r.step_seconds / full_step)).c_str() : "");
   return 0;
 }
 

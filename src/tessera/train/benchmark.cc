@@ -13,7 +13,9 @@
 #include "tessera/model/benchmark.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/train/checkpoint.h"
+#include "tessera/base/error.h"
 #include "tessera/train/grad_utils.h"
+#include "tessera/train/lora_trainer.h"
 #include "tessera/train/optimizer.h"
 #include "tessera/train/trainer_setup.h"
 
@@ -24,10 +26,22 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
   const int64_t accum = config.data.grad_accum;
   model.set_recompute(model::parse_recompute(config.training.activation_checkpointing));
   const auto self = comm::self_communicator();
-  // What `tessera train` wraps every model in (one process too), from the same config.
-  parallel::DataParallel dp(model, *self, dp_config(config));
-  const auto refs = dp_param_refs(dp, param_flags(model), config.optimizer.name);
-  Optimizer opt(config.optimizer, refs);
+  // What `tessera train` wraps every model in (one process too), from the same config: the
+  // DataParallel wrapper and its optimizer, or with [lora] the LoRA trainer's step objects.
+  std::unique_ptr<LoraStep> lora;
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::vector<ParamRef> refs;
+  std::unique_ptr<Optimizer> own_opt;
+  if (config.lora.enabled) {
+    TESSERA_CHECK(!o.checkpoint, "bench train: --checkpoint with [lora] is not supported");
+    lora = std::make_unique<LoraStep>(model, config);
+    refs = lora->refs;
+  } else {
+    dp = std::make_unique<parallel::DataParallel>(model, *self, dp_config(config));
+    refs = dp_param_refs(*dp, param_flags(model), config.optimizer.name);
+    own_opt = std::make_unique<Optimizer>(config.optimizer, refs);
+  }
+  Optimizer& opt = lora ? *lora->opt : *own_opt;
   std::mt19937 rng(11);
   Tensor ids = Tensor::empty({o.batch, o.seq}, DType::kI32);
   Tensor targets = Tensor::empty({o.batch, o.seq}, DType::kI32);
@@ -37,12 +51,18 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
   }
   CheckpointManager* pending = nullptr;  // a save whose copy must finish before the update
   auto step = [&] {
-    accumulate_gradients(model, dp, accum, 1.f, [&](int64_t) { return model::TokenBatch{ids, targets, Tensor()}; });
+    const model::TokenBatch batch{ids, targets, Tensor()};
+    if (lora) {  // as LoraRun's step (one process)
+      lora->zero_grads();
+      for (int64_t i = 0; i < accum; ++i) lora->micro_batch(batch, 1.f / static_cast<float>(accum), 1 + i);
+    } else {
+      accumulate_gradients(model, *dp, accum, 1.f, [&](int64_t) { return batch; });
+    }
     if (!o.optimizer) return;
     if (pending) pending->wait_snapshot();
     clip_grad_norm(refs, config.training.max_grad_norm);
     opt.step(1e-3);  // a tiny lr keeps the weights sane over the repeats
-    dp.publish_params();
+    if (dp) dp->publish_params();
   };
   StepBench r;
   r.compute = model::describe_compute(model.compute_dtype(), model.bf16_mode());

@@ -69,23 +69,11 @@ class LoraRun {
         loader_(c.data.dir, "train", c.data.seq_len, c.data.seed),
         ckpt_(c.out_dir, c.checkpoint.keep) {
     ckpt_.set_ranks(rank_, world_, [this] { comm_.barrier(); }, c.parallel.timeout_s);
-    const auto& mc = model_.config();
-    set_precision();
     apply_training_options(c, model_);
-    const model::LoraConfig lc = lora_config(c.lora);
-    if (c.lora.init_from.empty()) {
-      lora_ = std::make_unique<model::LoraWeights>(model::LoraWeights::init(mc, lc, c.lora.seed));
-    } else {
-      lora_ = std::make_unique<model::LoraWeights>(model::load_peft_adapter(c.lora.init_from, mc));
-      lora_->config.dropout = lc.dropout;  // the run's dropout, whatever the adapter trained with
-    }
-    grads_ = std::make_unique<model::LoraWeights>(model::LoraWeights::zeros_like(*lora_));
-    model_.set_lora(lora_.get(), grads_.get());
-    frozen_ = model::Params::allocate_frozen(mc);
-    for (auto& [name, t] : lora_->named(mc)) (void)t, names_.push_back(name);
-    const auto w = lora_->tensors(), g = grads_->tensors();
-    for (size_t i = 0; i < w.size(); ++i) refs_.push_back({names_[i], *w[i], *g[i], /*decay=*/true});
-    opt_ = std::make_unique<Optimizer>(c.optimizer, refs_);
+    step_state_ = std::make_unique<LoraStep>(model_, c);
+    lora_ = step_state_->weights.get();
+    grads_ = step_state_->grads.get();
+    opt_ = step_state_->opt.get();
     mem_ = lora_memory(model_, *lora_, c);
     if (meta_.val_tokens > (meta_.chat ? 0 : c.data.seq_len) && c.training.eval_batches > 0) {
       auto all = eval_batches(c.data.dir, "val", c.data.seq_len, c.data.batch_size, c.training.eval_batches);
@@ -119,17 +107,16 @@ class LoraRun {
     while (step_ < tr.steps) {
       base::TraceScope step_scope("step");
       base::Timer timer;
-      for (Tensor* t : grads_->tensors()) t->zero();
+      step_state_->zero_grads();
       double loss_sum = 0;
       int64_t count = 0, activation_bytes = 0;
       for (int64_t micro = 0; micro < accum; ++micro) {
         loader_.next_batch(B, batch);
         const model::TokenBatch mine = batch_rows(batch, rank_ * local_b, (rank_ + 1) * local_b);
-        model_.set_lora_seed(mix64(c_.lora.seed ^ mix64(static_cast<uint64_t>(step_ * accum + micro) * 4096 +
-                                                         static_cast<uint64_t>(rank_) + 1)));
         base::TraceScope fb("forward_backward");
-        const auto r = model_.forward_backward(mine.ids, mine.targets, frozen_, 1.f / static_cast<float>(accum),
-                                               model::Model::GradWrite::kAccumulate, mine.positions);
+        const auto r = step_state_->micro_batch(
+            mine, 1.f / static_cast<float>(accum),
+            mix64(c_.lora.seed ^ mix64(static_cast<uint64_t>(step_ * accum + micro) * 4096 + static_cast<uint64_t>(rank_) + 1)));
         loss_sum += r.loss;
         count += r.count;
         activation_bytes = std::max(activation_bytes, r.activation_bytes);
@@ -144,7 +131,7 @@ class LoraRun {
       }
       const double loss = parallel::exact_sum(comm_, loss_sum) / static_cast<double>(accum * world_);
       count = static_cast<int64_t>(parallel::exact_sum(comm_, static_cast<double>(count)));
-      const double grad_norm = clip_grad_norm(refs_, tr.max_grad_norm);
+      const double grad_norm = clip_grad_norm(step_state_->refs, tr.max_grad_norm);
       const double lr_scale = lr_multiplier(c_.schedule, step_);
       const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
       if (finite) {
@@ -166,7 +153,7 @@ class LoraRun {
                             {"step_time_s", secs},    {"tokens_seen", tokens_seen_},
                             {"lora_trainable_params", mem_.adapter_params}};
       rec["mem_params"] = bytes_of(model_.weights().named(model_.config()));
-      rec["mem_grads"] = params_bytes(model_.config(), frozen_) + bytes_of(grads_->named(model_.config()));
+      rec["mem_grads"] = params_bytes(model_.config(), step_state_->frozen) + bytes_of(grads_->named(model_.config()));
       int64_t moments = 0;
       for (const auto& [name, t] : opt_->state_tensors()) moments += static_cast<int64_t>(t.nbytes());
       rec["mem_optimizer"] = moments;
@@ -214,15 +201,6 @@ class LoraRun {
   }
 
  private:
-  void set_precision() {
-    const auto& p = c_.training.precision;
-    if (p != "bf16") return;  // fp32: the weights as loaded
-    // The frozen base holds bf16-rounded values (what the matmuls read; no master copy).
-    for (auto& [name, t] : model_.weights().named(model_.config())) t.copy_from(t.to(DType::kBF16).to(DType::kF32));
-    model_.set_compute_dtype_in_place(DType::kBF16, model::parse_bf16_request(c_.training.bf16_mode, "training.bf16_mode"));
-    model_.refresh_compute_weights();
-  }
-
   void print_start() const {
     const auto& mc = model_.config();
     std::string targets;
@@ -320,11 +298,9 @@ class LoraRun {
   model::Model model_;
   DataLoader loader_;
   CheckpointManager ckpt_;
-  std::unique_ptr<model::LoraWeights> lora_, grads_;
-  model::Params frozen_;  // the frozen base's (norm-only) gradient buffers
-  std::vector<std::string> names_;
-  std::vector<ParamRef> refs_;
-  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<LoraStep> step_state_;
+  model::LoraWeights *lora_ = nullptr, *grads_ = nullptr;  // step_state_'s
+  Optimizer* opt_ = nullptr;
   LoraMemory mem_;
   std::vector<model::TokenBatch> val_;
   bool has_val_ = false;
@@ -334,6 +310,40 @@ class LoraRun {
 };
 
 }  // namespace
+
+LoraStep::LoraStep(model::Model& m, const TrainConfig& c) : model(m) {
+  const auto& mc = m.config();
+  if (c.training.precision == "bf16") {
+    for (auto& [name, t] : m.weights().named(mc)) t.copy_from(t.to(DType::kBF16).to(DType::kF32));
+    m.set_compute_dtype_in_place(DType::kBF16, model::parse_bf16_request(c.training.bf16_mode, "training.bf16_mode"));
+    m.refresh_compute_weights();
+  }
+  const model::LoraConfig lc = lora_config(c.lora);
+  if (c.lora.init_from.empty()) {
+    weights = std::make_unique<model::LoraWeights>(model::LoraWeights::init(mc, lc, c.lora.seed));
+  } else {
+    weights = std::make_unique<model::LoraWeights>(model::load_peft_adapter(c.lora.init_from, mc));
+    weights->config.dropout = lc.dropout;  // the run's dropout, whatever the adapter trained with
+  }
+  grads = std::make_unique<model::LoraWeights>(model::LoraWeights::zeros_like(*weights));
+  m.set_lora(weights.get(), grads.get());
+  frozen = model::Params::allocate_frozen(mc);
+  const auto named = weights->named(mc);
+  const auto w = weights->tensors(), g = grads->tensors();
+  for (size_t i = 0; i < w.size(); ++i) refs.push_back({named[i].first, *w[i], *g[i], /*decay=*/true});
+  opt = std::make_unique<Optimizer>(c.optimizer, refs);
+}
+
+LoraStep::~LoraStep() { model.set_lora(nullptr); }
+
+void LoraStep::zero_grads() {
+  for (Tensor* t : grads->tensors()) t->zero();
+}
+
+model::Model::LossResult LoraStep::micro_batch(const model::TokenBatch& b, float scale, uint64_t dropout_seed) {
+  model.set_lora_seed(dropout_seed);
+  return model.forward_backward(b.ids, b.targets, frozen, scale, model::Model::GradWrite::kAccumulate, b.positions);
+}
 
 model::LoraConfig lora_config(const LoraSection& s) {
   model::LoraConfig c;
