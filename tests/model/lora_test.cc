@@ -14,6 +14,7 @@
 #include "test_util/throws.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/model/lora.h"
+#include "tessera/model/lora_io.h"
 #include "tessera/model/model.h"
 
 namespace tessera {
@@ -139,6 +140,33 @@ TEST(Lora, DropoutBackwardMatchesFiniteDifferences) {
   const Tensor with = m.forward_batch(ids);
   m.set_lora(&w0);
   EXPECT_LT(testing::relative_error(with, m.forward_batch(ids)), 1e-6);
+}
+
+// The merged model (W + s B A, model/lora_io.h) computes what the base with the adapters
+// attached computes: logits, and the KV-cached decode of the serving path.
+TEST(Lora, MergedModelEqualsBasePlusAdapters) {
+  for (const std::string arch : {"llama", "qwen2", "gemma2"}) {
+    const std::string dir = testing::parity_dir(arch);
+    ASSERT_FALSE(dir.empty());
+    Model m = Model::load(dir, DType::kF32);
+    LoraConfig config = all_modules(4, 8);
+    config.rslora = arch == "qwen2";
+    const LoraWeights w = trained(m.config(), config, 13);
+    const auto base = io::SafetensorsFile::open(dir + "/reference.safetensors");
+    const Tensor ids = base->get("input_ids").to(DType::kI32);
+    m.set_lora(&w);
+    const Tensor with = m.forward_batch(ids);
+    model::KVCache cache = model::KVCache::create(m.config(), ids.size(1));
+    const Tensor decoded = m.forward(testing::row(ids, 0), cache, /*all_logits=*/true);
+    m.set_lora(nullptr);
+    const Tensor plain = m.forward_batch(ids);
+    Model merged = Model::load(dir, DType::kF32);
+    model::merge_lora(merged, w);
+    EXPECT_LT(testing::relative_error(merged.forward_batch(ids), with), 1e-5) << arch;
+    EXPECT_GT(testing::relative_error(plain, with), 1e-3) << arch << ": the adapters changed nothing";
+    model::KVCache cache2 = model::KVCache::create(merged.config(), ids.size(1));
+    EXPECT_LT(testing::relative_error(merged.forward(testing::row(ids, 0), cache2, true), decoded), 1e-5) << arch;
+  }
 }
 
 TEST(Lora, RefusesWhatItCannotAdapt) {
