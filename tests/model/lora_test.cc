@@ -15,6 +15,8 @@
 #include "tessera/io/safetensors.h"
 #include "tessera/model/lora.h"
 #include "tessera/model/lora_io.h"
+#include "tessera/model/quantize.h"
+#include "tessera/kernels/quant.h"
 #include "tessera/model/model.h"
 
 namespace tessera {
@@ -184,6 +186,42 @@ TEST(Lora, RefusesWhatItCannotAdapt) {
   EXPECT_TRUE(testing::throws_error([&] { llama.set_lora(&wl); }, {"layer 0", "q_proj"}, true));
   EXPECT_TRUE(model::parse_lora_module("q_proj").has_value());
   EXPECT_FALSE(model::parse_lora_module("qkv_proj").has_value());
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// QLoRA: adapters over an int8 / int4 base train exactly as over the f32 model that holds
+// the base's dequantized weights (an independent model: built from kernels::dequantize).
+TEST(Lora, QuantizedBaseTrainsAsItsDequantizedFloatModel) {
+  const std::string dir = testing::parity_dir("llama");
+  ASSERT_FALSE(dir.empty());
+  const auto base = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = base->get("input_ids").to(DType::kI32), targets = base->get("targets").to(DType::kI32);
+  for (const std::string scheme : {"int8", "int4"}) {
+    Model q = Model::load(dir, DType::kF32);
+    model::quantize_model(q, model::quantize_options("rtn", scheme == "int8" ? 8 : 4, scheme == "int8" ? 0 : 32));
+    ASSERT_TRUE(q.quantized());
+    Model f = Model::load(dir, DType::kF32);  // the float model holding q's dequantized weights
+    for (int64_t l = 0; l < f.config().num_layers; ++l)
+      for (int which = 0; which < 4; ++which)
+        f.weights().layers[l].linear(which).weight.copy_from(
+            kernels::dequantize(*q.weights().layers[l].linear(which).quant));
+    f.refresh_compute_weights();
+    const LoraWeights w = trained(q.config(), all_modules(4, 8), 21);
+    LoraWeights gq = LoraWeights::zeros_like(w), gf = LoraWeights::zeros_like(w);
+    q.set_lora(&w, &gq);
+    f.set_lora(&w, &gf);
+    Params fq = Params::allocate_frozen(q.config()), ff = Params::allocate_frozen(f.config());
+    const auto rq = q.forward_backward(ids, targets, fq), rf = f.forward_backward(ids, targets, ff);
+    EXPECT_NEAR(rq.loss, rf.loss, 1e-4) << scheme;
+    const auto nq = gq.named(q.config()), nf = gf.named(f.config());
+    for (size_t i = 0; i < nq.size(); ++i)
+      EXPECT_LT(testing::relative_error(nq[i].second, nf[i].second), 1e-3) << scheme << " " << nq[i].first;
+  }
 }
 
 }  // namespace

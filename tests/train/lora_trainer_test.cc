@@ -123,6 +123,20 @@ TEST(LoraTraining, TrainsOnPackedChatData) {
   fs::remove_all(root);
 }
 
+TEST(LoraTraining, QuantizedBaseTrains) {
+  const std::string root = temp_dir("lora_qlora");
+  const std::string data = make_data(root), base = make_base(root);
+  const RunOut q = train(lora_config(root + "/q", data, base, 3, kLora + "quantize_base = \"int8\"\n"), 0);
+  const RunOut f = train(lora_config(root + "/f", data, base, 3), 0);
+  ASSERT_EQ(q.losses.size(), 3u);
+  EXPECT_NEAR(q.losses[0], f.losses[0], 0.05);  // int8 weights: nearly the float model's loss
+  EXPECT_LT(q.records.back().at("mem_params").get<int64_t>(), f.records.back().at("mem_params").get<int64_t>());
+  EXPECT_TRUE(testing::throws_error(
+      [&] { TrainConfig::parse(lora_config(root + "/r", data, base, 2, "quantize_base = \"nf4\"\n"), "t.toml"); },
+      {"lora.quantize_base", "nf4"}, true));
+  fs::remove_all(root);
+}
+
 TEST(LoraTraining, BadTablesAreOneLineErrors) {
   const std::string root = temp_dir("lora_bad");
   const std::string data = make_data(root), base = make_base(root);

@@ -48,6 +48,17 @@ void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode
 }
 
 void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode) {
+  if (lin.quant) {  // a frozen quantized base (QLoRA): through its dequantized weight, one linear at a time
+    kernels::matmul(matmul_input(dy, mode), kernels::dequantize(*lin.quant), dx, false, false);
+    if (lin.quant->smooth.defined()) {  // y = (x / smooth) W^T: dx = (dy W) / smooth
+      const float* sm = lin.quant->smooth.data<float>();
+      for (int64_t n = 0; n < dx.size(0); ++n) {
+        float* row = dx.data<float>() + n * dx.stride(0);
+        for (int64_t k = 0; k < dx.size(1); ++k) row[k] /= sm[k];
+      }
+    }
+    return;
+  }
   kernels::matmul(matmul_input(dy, mode), lin.weight, dx, false, lin.in_out);
 }
 

@@ -28,7 +28,8 @@ Bf16Mode prepared_mode(Bf16Mode mode);
 void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // y (N, out) = x (N, in) @ W^T + b  (x @ W + b for in_out weights).
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
-// dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten.
+// dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten. A quantized weight
+// (weight-only schemes) is dequantized for the product (LoRA over a quantized base).
 void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode);
 // grad.weight (+)= the weight gradient of x and dy_op, the matmul operands (rounded for
 // `mode` here unless already prepared); grad.bias += column sums of dy, the unrounded

@@ -10,8 +10,6 @@
 namespace tessera::model {
 namespace {
 
-constexpr const char* kNames[kLoraModules] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-
 uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -19,18 +17,6 @@ uint64_t mix64(uint64_t z) {
 }
 
 }  // namespace
-
-const char* lora_module_name(LoraModule m) { return kNames[static_cast<int>(m)]; }
-
-std::optional<LoraModule> parse_lora_module(const std::string& name) {
-  for (int i = 0; i < kLoraModules; ++i)
-    if (name == kNames[i]) return static_cast<LoraModule>(i);
-  return std::nullopt;
-}
-
-const char* lora_module_parent(LoraModule m) {
-  return static_cast<int>(m) <= static_cast<int>(LoraModule::kO) ? "self_attn" : "mlp";
-}
 
 double LoraConfig::scale() const {
   return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);

@@ -114,7 +114,11 @@ void Model::set_lora(const LoraWeights* weights, LoraWeights* grads) {
                 ? "a tensor-parallel shard" : "a pipeline stage", "); tensor and pipeline parallelism with LoRA are not "
                 "supported yet");
   TESSERA_CHECK(!c.is_moe(), "LoRA on a mixture-of-experts model (", c.model_type, ") is not supported yet");
-  TESSERA_CHECK(!quantized_, "LoRA over quantized weights (QLoRA) is not supported yet");
+  if (quantized_)  // QLoRA: the backward runs through the dequantized weights
+    for (const auto& layer : weights_.layers)
+      for (const Linear* lin : {&layer.qkv, &layer.o, &layer.up, &layer.down})
+        TESSERA_CHECK(!lin->quant || lin->quant->scheme != kernels::QuantScheme::kW8A8, "LoRA over a W8A8 "
+                      "(SmoothQuant) base is not supported: its activations are quantized too; use int8, int4 or fp8");
   TESSERA_CHECK(static_cast<int64_t>(weights->layers.size()) == c.num_layers, "LoRA adapters for ",
                 weights->layers.size(), " layers, the model has ", c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l)

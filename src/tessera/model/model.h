@@ -327,8 +327,9 @@ class Model {
   // (nullptr: none). Training passes add the adapters' gradients into `grads` (scaled as the
   // base's are) and compute no base gradient whose tensor the caller left undefined: with
   // Params::allocate_frozen's gradients the base is frozen (no weight-gradient GEMMs).
-  // Whole llama-family models at tp 1 (not gpt2, latent attention, mixtures of experts or
-  // quantized weights): anything else is a one-line error. The adapters' dropout masks are
+  // Whole llama-family models at tp 1 (not gpt2, latent attention or mixtures of experts):
+  // anything else is a one-line error. A base quantized weight-only (int8, int4, fp8) is
+  // QLoRA: its input gradients run through the dequantized weights. The adapters' dropout masks are
   // drawn from lora_seed (set it per pass).
   void set_lora(const LoraWeights* weights, LoraWeights* grads = nullptr);
   const LoraWeights* lora() const { return lora_; }

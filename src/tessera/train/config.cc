@@ -328,6 +328,8 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
   lo.get("rslora", lr.rslora);
   lo.get("target_modules", lr.target_modules);
   lo.get("init_from", lr.init_from);
+  lo.get("quantize_base", lr.quantize_base);
+  if (!lr.quantize_base.empty()) check_one_of(lr.quantize_base, {"int8", "int4", "fp8"}, lo, "quantize_base");
   lo.get("seed", lr.seed, 0, kMaxInt);
   lo.check_unknown();
   if (lr.enabled) {

@@ -124,6 +124,8 @@ struct LoraSection {
   bool rslora = false;  // scale alpha / sqrt(rank)
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default for llama
   std::string init_from;  // a PEFT adapter directory to start from ("" = fresh: B = 0)
+  // QLoRA: the frozen base quantized on load, round-to-nearest ("" none | int8 | int4 | fp8).
+  std::string quantize_base;
   uint64_t seed = 1234;   // adapter initialisation and dropout
 };
 

@@ -18,6 +18,7 @@
 #include "tessera/io/safetensors.h"
 #include "tessera/model/lora_io.h"
 #include "tessera/model/params.h"
+#include "tessera/model/quantize.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data_loader.h"
@@ -152,7 +153,11 @@ class LoraRun {
                             {"targets", count},       {"tokens_per_s", static_cast<double>(B * T * accum) / secs},
                             {"step_time_s", secs},    {"tokens_seen", tokens_seen_},
                             {"lora_trainable_params", mem_.adapter_params}};
-      rec["mem_params"] = bytes_of(model_.weights().named(model_.config()));
+      int64_t quantized = 0;  // QLoRA: the base's quantized linears (not among named())
+      for (const auto& layer : model_.weights().layers)
+        for (const model::Linear* lin : {&layer.qkv, &layer.o, &layer.up, &layer.down})
+          if (lin->quant) quantized += lin->quant->nbytes();
+      rec["mem_params"] = bytes_of(model_.weights().named(model_.config())) + quantized;
       rec["mem_grads"] = params_bytes(model_.config(), step_state_->frozen) + bytes_of(grads_->named(model_.config()));
       int64_t moments = 0;
       for (const auto& [name, t] : opt_->state_tensors()) moments += static_cast<int64_t>(t.nbytes());
@@ -206,11 +211,11 @@ class LoraRun {
     std::string targets;
     for (auto m : lora_->config.targets) targets += std::string(targets.empty() ? "" : ", ") + model::lora_module_name(m);
     std::fprintf(stderr,
-                 "train: LoRA r %lld alpha %g%s on %s of %s %.1fM params: %.3fM trainable (%.2f%%); gradients + "
+                 "train: LoRA r %lld alpha %g%s on %s of %s (%s) %.1fM params: %.3fM trainable (%.2f%%); gradients + "
                  "optimizer state %.1f MiB instead of %.1f MiB for full fine-tuning\n",
                  static_cast<long long>(lora_->config.rank), lora_->config.alpha,
                  lora_->config.dropout > 0 ? (", dropout " + std::to_string(lora_->config.dropout).substr(0, 4)).c_str() : "",
-                 targets.c_str(), mc.model_type.c_str(), mem_.base_params / 1e6, mem_.adapter_params / 1e6,
+                 targets.c_str(), mc.model_type.c_str(), model_.weights_description().c_str(), mem_.base_params / 1e6, mem_.adapter_params / 1e6,
                  100.0 * static_cast<double>(mem_.adapter_params) / static_cast<double>(mem_.base_params),
                  mem_.lora_bytes / 1048576.0, mem_.full_bytes / 1048576.0);
     std::fprintf(stderr, "train: %lld steps of %lld x %lld x %lld tokens, %s, %d rank%s, out %s\ntrain: compute %s\n%s",
@@ -313,6 +318,18 @@ class LoraRun {
 
 LoraStep::LoraStep(model::Model& m, const TrainConfig& c) : model(m) {
   const auto& mc = m.config();
+  if (!c.lora.quantize_base.empty()) {  // QLoRA, round-to-nearest (a quantized checkpoint is used as stored)
+    TESSERA_CHECK(!m.quantized(), c.source_name(), ": lora.quantize_base = \"", c.lora.quantize_base, "\" but ",
+                  c.model.init_from, " is quantized already (", m.weights_description(), ")");
+    int64_t group = 0;  // int4: the largest of 128, 64, 32 that divides every linear's input features
+    if (c.lora.quantize_base == "int4")
+      for (int64_t g : {128, 64, 32})
+        if (group == 0 && mc.hidden_size % g == 0 && (mc.num_heads * mc.head_dim) % g == 0 && mc.intermediate_size % g == 0)
+          group = g;
+    model::QuantizeOptions qo = model::quantize_options_for_scheme(c.lora.quantize_base);
+    if (group > 0) qo.group_size = group;
+    model::quantize_model(m, qo);
+  }
   if (c.training.precision == "bf16") {
     for (auto& [name, t] : m.weights().named(mc)) t.copy_from(t.to(DType::kBF16).to(DType::kF32));
     m.set_compute_dtype_in_place(DType::kBF16, model::parse_bf16_request(c.training.bf16_mode, "training.bf16_mode"));
@@ -369,6 +386,7 @@ LoraMemory lora_memory(const model::Model& m, const model::LoraWeights& w, const
   const auto& mc = m.config();
   r.base_params = 0;
   for (const auto& [name, t] : m.weights().named(mc)) r.base_params += t.numel();
+  if (m.quantized()) r.base_params = mc.num_parameters();  // (named() lists no quantized linear)
   r.adapter_params = w.num_parameters();
   const int64_t master = c.training.precision == "fp32" ? 0 : 4;  // full fine-tuning's f32 master copy
   r.full_bytes = r.base_params * (4 + 8 + master);
