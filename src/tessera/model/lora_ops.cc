@@ -37,7 +37,75 @@ Tensor dropped_input(const Model& m, int64_t l, LoraModule mod, const Tensor& x,
 
 }  // namespace
 
-void lora_forward(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y, bool training) {
+LoraGroups group_rows_by_adapter(const std::vector<int32_t>& row_adapter, int64_t bank_size) {
+  std::vector<int64_t> index(static_cast<size_t>(bank_size), -1);  // adapter -> its group
+  LoraGroups out;
+  for (size_t i = 0; i < row_adapter.size(); ++i) {
+    const int32_t a = row_adapter[i];
+    TESSERA_CHECK(a >= -1 && a < bank_size, "LoRA: row ", i, " names adapter ", a, "; the bank holds ", bank_size,
+                  " (-1: the base model)");
+    if (a < 0) continue;
+    if (index[a] < 0) {
+      index[a] = static_cast<int64_t>(out.groups.size());
+      out.groups.push_back({a, {}, -1});
+    }
+    out.groups[index[a]].rows.push_back(static_cast<int64_t>(i));
+  }
+  for (auto& g : out.groups) {
+    const int64_t first = g.rows.front(), n = static_cast<int64_t>(g.rows.size());
+    if (g.rows.back() - first + 1 == n) g.begin = first;
+  }
+  return out;
+}
+
+namespace {
+
+// One group's low-rank products: the adapter's modules of linear `which` over the group's rows.
+void lora_forward_group(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y,
+                        const LoraGroups::Group& g) {
+  const LoraWeights& w = *m.lora_bank()[static_cast<size_t>(g.adapter)];
+  const float s = static_cast<float>(w.config.scale());
+  const int64_t n = static_cast<int64_t>(g.rows.size());
+  const bool inplace = g.begin >= 0;
+  Tensor xg;  // (n, in): the group's rows of x
+  for (int k = 0; k < kLoraModules; ++k) {
+    const LoraPair& p = w.layers[l][k];
+    if (!p.a.defined()) continue;
+    const LoraRows r = lora_module_rows(m.config(), l, static_cast<LoraModule>(k));
+    if (r.which != which) continue;
+    if (!xg.defined()) {
+      if (inplace) {
+        xg = x.slice(0, g.begin, g.begin + n);
+      } else {
+        xg = Tensor::empty({n, x.size(1)}, DType::kF32);
+        for (int64_t i = 0; i < n; ++i) xg.slice(0, i, i + 1).copy_from(x.slice(0, g.rows[i], g.rows[i] + 1));
+      }
+    }
+    Tensor xa = Tensor::empty({n, p.a.size(0)}, DType::kF32);
+    kernels::matmul(xg, p.a, xa, false, true);  // (n, rank)
+    if (inplace) {
+      Tensor out = y.slice(0, g.begin, g.begin + n).slice(1, r.row0, r.row0 + r.rows);
+      kernels::matmul(xa, p.b, out, false, true, s, 1.f);
+      continue;
+    }
+    Tensor d = Tensor::empty({n, r.rows}, DType::kF32);
+    kernels::matmul(xa, p.b, d, false, true, s, 0.f);  // (n, module rows)
+    const float* dv = d.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* yr = y.data<float>() + g.rows[i] * y.stride(0) + r.row0 * y.stride(1);
+      for (int64_t j = 0; j < r.rows; ++j) yr[j * y.stride(1)] += dv[i * r.rows + j];
+    }
+  }
+}
+
+}  // namespace
+
+void lora_forward(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y, bool training,
+                  const LoraGroups* groups) {
+  if (groups) {
+    for (const auto& g : groups->groups) lora_forward_group(m, l, which, x, y, g);
+    return;
+  }
   const LoraWeights* w = m.lora();
   if (!w) return;
   const float s = static_cast<float>(w->config.scale());
@@ -105,36 +173,52 @@ void lora_backward(const Model& m, int64_t l, int which, const Tensor& x, const 
 
 namespace tessera::model {
 
-void Model::set_lora(const LoraWeights* weights, LoraWeights* grads) {
-  lora_ = nullptr;
-  lora_grads_ = nullptr;
-  if (!weights) return;
+void Model::check_lora(const LoraWeights& w, const LoraWeights* grads) const {
   const ModelConfig& c = config_;
   TESSERA_CHECK(shard_.size == 1 && stage_.whole(), "LoRA runs on a whole model at tp 1 (this is ", shard_.size > 1
                 ? "a tensor-parallel shard" : "a pipeline stage", "); tensor and pipeline parallelism with LoRA are not "
                 "supported yet");
   TESSERA_CHECK(!c.is_moe(), "LoRA on a mixture-of-experts model (", c.model_type, ") is not supported yet");
   TESSERA_CHECK(!quantized_, "LoRA over quantized weights (QLoRA) is not supported yet");
-  TESSERA_CHECK(static_cast<int64_t>(weights->layers.size()) == c.num_layers, "LoRA adapters for ",
-                weights->layers.size(), " layers, the model has ", c.num_layers);
+  TESSERA_CHECK(static_cast<int64_t>(w.layers.size()) == c.num_layers, "LoRA adapters for ",
+                w.layers.size(), " layers, the model has ", c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l)
     for (int k = 0; k < kLoraModules; ++k) {
-      const LoraPair& p = weights->layers[l][k];
+      const LoraPair& p = w.layers[l][k];
       if (!p.a.defined()) continue;
       const auto mod = static_cast<LoraModule>(k);
       const LoraRows g = lora_module_rows(c, l, mod);  // throws for a model it cannot adapt
-      const int64_t r = weights->config.rank;
+      const int64_t r = w.config.rank;
       TESSERA_CHECK(p.a.dtype() == DType::kF32 && p.a.shape() == (Shape{r, g.in}) && p.b.dtype() == DType::kF32 &&
                         p.b.shape() == (Shape{g.rows, r}),
                     "LoRA layer ", l, " ", lora_module_name(mod), ": A ", p.a.describe(), " and B ", p.b.describe(),
                     " must be f32 (", r, ", ", g.in, ") and (", g.rows, ", ", r, ")");
       if (grads)
-        TESSERA_CHECK(grads->layers.size() == weights->layers.size() && grads->layers[l][k].a.defined() &&
+        TESSERA_CHECK(grads->layers.size() == w.layers.size() && grads->layers[l][k].a.defined() &&
                           grads->layers[l][k].a.shape() == p.a.shape() && grads->layers[l][k].b.shape() == p.b.shape(),
                       "LoRA gradients must be LoraWeights::zeros_like the adapters");
     }
+}
+
+void Model::set_lora(const LoraWeights* weights, LoraWeights* grads) {
+  lora_ = nullptr;
+  lora_grads_ = nullptr;
+  if (!weights) return;
+  check_lora(*weights, grads);
   lora_ = weights;
   lora_grads_ = grads;
+}
+
+void Model::set_lora_bank(std::vector<const LoraWeights*> bank) {
+  for (size_t i = 0; i < bank.size(); ++i) {
+    TESSERA_CHECK(bank[i], "LoRA bank: adapter ", i, " is null");
+    try {
+      check_lora(*bank[i], nullptr);
+    } catch (const Error& e) {
+      throw Error("LoRA bank adapter " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  lora_bank_ = std::move(bank);
 }
 
 }  // namespace tessera::model
