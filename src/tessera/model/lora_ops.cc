@@ -60,42 +60,74 @@ LoraGroups group_rows_by_adapter(const std::vector<int32_t>& row_adapter, int64_
 
 namespace {
 
-// One group's low-rank products: the adapter's modules of linear `which` over the group's rows.
-void lora_forward_group(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y,
-                        const LoraGroups::Group& g) {
-  const LoraWeights& w = *m.lora_bank()[static_cast<size_t>(g.adapter)];
-  const float s = static_cast<float>(w.config.scale());
+// One adapted module of one group: y[group rows, module rows] += s (x_g A^T) B^T.
+struct LoraTask {
+  const LoraGroups::Group* group;
+  const LoraPair* pair;
+  LoraRows rows;
+  float scale;
+  const Tensor* xg;  // (n, in): the group's rows of x
+};
+
+void run_lora_task(const LoraTask& t, Tensor& y) {
+  const LoraGroups::Group& g = *t.group;
+  const LoraPair& p = *t.pair;
+  const LoraRows& r = t.rows;
   const int64_t n = static_cast<int64_t>(g.rows.size());
-  const bool inplace = g.begin >= 0;
-  Tensor xg;  // (n, in): the group's rows of x
-  for (int k = 0; k < kLoraModules; ++k) {
-    const LoraPair& p = w.layers[l][k];
-    if (!p.a.defined()) continue;
-    const LoraRows r = lora_module_rows(m.config(), l, static_cast<LoraModule>(k));
-    if (r.which != which) continue;
-    if (!xg.defined()) {
-      if (inplace) {
-        xg = x.slice(0, g.begin, g.begin + n);
-      } else {
-        xg = Tensor::empty({n, x.size(1)}, DType::kF32);
-        for (int64_t i = 0; i < n; ++i) xg.slice(0, i, i + 1).copy_from(x.slice(0, g.rows[i], g.rows[i] + 1));
+  Tensor xa = Tensor::empty({n, p.a.size(0)}, DType::kF32);
+  kernels::matmul(*t.xg, p.a, xa, false, true);  // (n, rank)
+  if (g.begin >= 0) {
+    Tensor out = y.slice(0, g.begin, g.begin + n).slice(1, r.row0, r.row0 + r.rows);
+    kernels::matmul(xa, p.b, out, false, true, t.scale, 1.f);
+    return;
+  }
+  Tensor d = Tensor::empty({n, r.rows}, DType::kF32);
+  kernels::matmul(xa, p.b, d, false, true, t.scale, 0.f);  // (n, module rows), scattered back
+  const float* dv = d.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    float* yr = y.data<float>() + g.rows[i] * y.stride(0) + r.row0 * y.stride(1);
+    for (int64_t j = 0; j < r.rows; ++j) yr[j * y.stride(1)] += dv[i * r.rows + j];
+  }
+}
+
+// Every group's adapted modules of linear `which`. Decode-sized groups make many tiny
+// products (groups x modules, a few rows each), whose cost is the thread team's wake-up, not
+// the arithmetic: those run as one parallel_for over the (group, module) tasks, each product
+// on one thread (they write disjoint rows or columns of y). Larger groups keep the
+// matmuls' own threading.
+void lora_forward_groups(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y, const LoraGroups& groups) {
+  constexpr int64_t kSmallGroup = 64;  // rows
+  std::vector<Tensor> xg(groups.groups.size());
+  std::vector<LoraTask> tasks;
+  bool small = true;
+  for (size_t gi = 0; gi < groups.groups.size(); ++gi) {
+    const LoraGroups::Group& g = groups.groups[gi];
+    const LoraWeights& w = *m.lora_bank()[static_cast<size_t>(g.adapter)];
+    const int64_t n = static_cast<int64_t>(g.rows.size());
+    for (int k = 0; k < kLoraModules; ++k) {
+      const LoraPair& p = w.layers[l][k];
+      if (!p.a.defined()) continue;
+      const LoraRows r = lora_module_rows(m.config(), l, static_cast<LoraModule>(k));
+      if (r.which != which) continue;
+      if (!xg[gi].defined()) {
+        if (g.begin >= 0) {
+          xg[gi] = x.slice(0, g.begin, g.begin + n);
+        } else {
+          xg[gi] = Tensor::empty({n, x.size(1)}, DType::kF32);
+          for (int64_t i = 0; i < n; ++i) xg[gi].slice(0, i, i + 1).copy_from(x.slice(0, g.rows[i], g.rows[i] + 1));
+        }
       }
-    }
-    Tensor xa = Tensor::empty({n, p.a.size(0)}, DType::kF32);
-    kernels::matmul(xg, p.a, xa, false, true);  // (n, rank)
-    if (inplace) {
-      Tensor out = y.slice(0, g.begin, g.begin + n).slice(1, r.row0, r.row0 + r.rows);
-      kernels::matmul(xa, p.b, out, false, true, s, 1.f);
-      continue;
-    }
-    Tensor d = Tensor::empty({n, r.rows}, DType::kF32);
-    kernels::matmul(xa, p.b, d, false, true, s, 0.f);  // (n, module rows)
-    const float* dv = d.data<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      float* yr = y.data<float>() + g.rows[i] * y.stride(0) + r.row0 * y.stride(1);
-      for (int64_t j = 0; j < r.rows; ++j) yr[j * y.stride(1)] += dv[i * r.rows + j];
+      tasks.push_back({&g, &p, r, static_cast<float>(w.config.scale()), &xg[gi]});
+      small = small && n <= kSmallGroup;
     }
   }
+  if (small && tasks.size() > 1) {
+    base::parallel_for(static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) run_lora_task(tasks[t], y);
+    });
+    return;
+  }
+  for (const LoraTask& t : tasks) run_lora_task(t, y);
 }
 
 }  // namespace
@@ -103,7 +135,7 @@ void lora_forward_group(const Model& m, int64_t l, int which, const Tensor& x, T
 void lora_forward(const Model& m, int64_t l, int which, const Tensor& x, Tensor& y, bool training,
                   const LoraGroups* groups) {
   if (groups) {
-    for (const auto& g : groups->groups) lora_forward_group(m, l, which, x, y, g);
+    lora_forward_groups(m, l, which, x, y, *groups);
     return;
   }
   const LoraWeights* w = m.lora();
