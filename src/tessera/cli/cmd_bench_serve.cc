@@ -171,6 +171,9 @@ void add_bench_serve(CLI::App* bench, Action& action) {
                 "and the report gives the ratio")
       ->capture_default_str();
   c->add_option("--lora-rank", o.lora_rank, "Rank of the --lora-adapters adapters")->capture_default_str();
+  c->add_option("--lora-repeats", o.lora_repeats,
+                "--lora-adapters: both phases alternately this many times; each reports its median run")
+      ->capture_default_str();
   c->add_option("--seed", o.seed, "Seed of prompts and lengths")->capture_default_str();
   c->add_flag("--json", f->json, "Also print every figure as one JSON line");
   auto& h = f->http;

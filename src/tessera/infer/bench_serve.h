@@ -44,6 +44,7 @@ struct ServeBenchOptions {
   // (request i on adapter i % K), and the report gives the ratio of the two.
   int64_t lora_adapters = 0;
   int64_t lora_rank = 16;
+  int64_t lora_repeats = 3;  // both phases alternately this many times; each reports its median run
   uint64_t seed = 0;                 // prompts and lengths
   EngineConfig engine;               // block size, pool, budgets, prefix caching, speculation
 };

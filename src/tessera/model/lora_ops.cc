@@ -113,8 +113,15 @@ void lora_forward_groups(const Model& m, int64_t l, int which, const Tensor& x, 
         if (g.begin >= 0) {
           xg[gi] = x.slice(0, g.begin, g.begin + n);
         } else {
-          xg[gi] = Tensor::empty({n, x.size(1)}, DType::kF32);
-          for (int64_t i = 0; i < n; ++i) xg[gi].slice(0, i, i + 1).copy_from(x.slice(0, g.rows[i], g.rows[i] + 1));
+          const int64_t in = x.size(1);
+          xg[gi] = Tensor::empty({n, in}, DType::kF32);
+          float* dst = xg[gi].data<float>();
+          if (x.dtype() == DType::kF32 && x.stride(1) == 1) {
+            for (int64_t i = 0; i < n; ++i)
+              std::copy_n(x.data<float>() + g.rows[i] * x.stride(0), in, dst + i * in);
+          } else {
+            for (int64_t i = 0; i < n; ++i) xg[gi].slice(0, i, i + 1).copy_from(x.slice(0, g.rows[i], g.rows[i] + 1));
+          }
         }
       }
       tasks.push_back({&g, &p, r, static_cast<float>(w.config.scale()), &xg[gi]});
