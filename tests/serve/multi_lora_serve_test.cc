@@ -133,6 +133,12 @@ TEST_F(MultiLoraServe, EachAdapterGivesItsMergedModelsGreedyTokens) {
                   "application/json");
   ASSERT_TRUE(r && r->status == 200);
   EXPECT_EQ(json::parse(r->body)["model"], "beta");
+  // Requests per adapter in /metrics: beta's two, alpha's one so far in this test.
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m && m->status == 200);
+  EXPECT_NE(m->body.find("tessera_lora_requests_total{lora_name=\"beta\",model_name=\"serve_model\"} 2"),
+            std::string::npos)
+      << m->body;
 }
 
 TEST_F(MultiLoraServe, UnknownModelIsModelNotFound) {

@@ -156,6 +156,7 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
     }
     job->choice_last.assign(job->req.choices(), Clock::time_point{});
     jobs_.push_back(job);
+    if (job->req.adapter >= 0) metrics_.lora_request(job->req.model);
   } catch (const FieldError& e) {  // checked in parse_request already; kept for safety
     abort_job(*job);
     job->fail(400, "invalid_request_error", "", e.what(), e.field());
