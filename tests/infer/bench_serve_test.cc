@@ -105,6 +105,32 @@ TEST(BenchServe, CountsHitsAndFragmentationOnTinyModel) {
   EXPECT_NE(report.find(line), std::string::npos) << report;
 }
 
+// --lora-adapters: both phases run every request to its length (one adapter, then spread over
+// K), the ratio is theirs, and what the mode does not combine with is refused.
+TEST(BenchServe, LoraAdaptersPhasesAndRatio) {
+  ServeBenchOptions o;
+  o.shape = "tiny";
+  o.num_requests = 8;
+  o.prompt_len = {6, 6};
+  o.output_len = {4, 4};
+  o.lora_adapters = 4;
+  o.lora_rank = 4;
+  o.lora_repeats = 1;
+  o.baseline_requests = 0;
+  o.engine.kv_cache_memory = 4 << 20;
+  const ServeBenchResult r = run_serve_bench(o);
+  ASSERT_TRUE(r.lora_spread);
+  EXPECT_EQ(r.main.label, "one adapter");
+  EXPECT_EQ(r.lora_spread->label, "4 adapters");
+  EXPECT_EQ(r.main.output_tokens, 32);
+  EXPECT_EQ(r.lora_spread->output_tokens, 32);
+  EXPECT_DOUBLE_EQ(r.lora_spread_ratio, r.lora_spread->output_tokens_per_s / r.main.output_tokens_per_s);
+  EXPECT_NE(format_serve_bench(r).find("multi-LoRA, 4 adapters of rank 4 / one adapter"), std::string::npos);
+  EXPECT_NE(serve_bench_json(r).find("\"lora_spread_ratio\""), std::string::npos);
+  o.compare_prefix_caching = true;
+  EXPECT_THROW(run_serve_bench(o), Error);
+}
+
 TEST(BenchServe, SpeculativeCountersAndErrors) {
   ServeBenchOptions o;
   o.shape = "tiny";

@@ -202,6 +202,31 @@ TEST(BlockManager, ChainHashesEqualExactlyForEqualPrefixes) {
   bm.check_invariants();
 }
 
+// Cache salts (multi-LoRA: an adapter changes the K/V of the same tokens): a request's chain
+// starts from root_hash(salt), so equal tokens under another salt never hit, the same salt
+// does, and a fork keeps its parent's salt.
+TEST(BlockManager, CacheSaltsKeepChainsApart) {
+  BlockManager bm = make(16, 4);
+  const std::vector<int32_t> t = iota(9, 0);
+  EXPECT_EQ(BlockManager::root_hash(0), BlockManager::kRootHash);
+  EXPECT_EQ(BlockManager::root_hash(2), XXH3_64bits_withSeed(std::vector<int32_t>{2, 0}.data(), 8,
+                                                              BlockManager::kRootHash));
+  EXPECT_EQ(bm.allocate_cached_prefix(1, t, 2), 0);
+  ASSERT_TRUE(bm.allocate_slots(1, 9));
+  bm.commit(1, t, 8);
+  EXPECT_EQ(bm.block_hashes(1)[0], XXH3_64bits_withSeed(t.data(), 16, BlockManager::root_hash(2)));
+  bm.fork(1, 2);
+  bm.commit(2, t, 8);  // the same chain: no error for the shared, already committed blocks
+  EXPECT_EQ(bm.block_hashes(2), bm.block_hashes(1));
+  EXPECT_EQ(bm.allocate_cached_prefix(3, t), 0);      // the base model's chain: no hit
+  EXPECT_EQ(bm.allocate_cached_prefix(4, t, 1), 0);   // another adapter: no hit
+  EXPECT_EQ(bm.allocate_cached_prefix(5, t, 2), 8);   // the same adapter: both blocks
+  EXPECT_EQ(bm.block_table(5), (Ids{0, 1}));
+  EXPECT_EQ(bm.stats().hit_blocks, 2);
+  EXPECT_EQ(bm.stats().miss_blocks, 2 + 2 + 2);
+  bm.check_invariants();
+}
+
 TEST(BlockManager, PrefixHitNeverCoversEveryToken) {
   BlockManager bm = make(8, 4);
   const std::vector<int32_t> t = iota(8, 0);

@@ -166,6 +166,14 @@ void add_bench_serve(CLI::App* bench, Action& action) {
   c->add_option("--baseline-requests", o.baseline_requests,
                 "Requests the one-at-a-time baseline runs; -1: min(N, 4); 0: none")
       ->capture_default_str();
+  c->add_option("--lora-adapters", o.lora_adapters,
+                "Multi-LoRA: K random adapters; the requests run on one adapter, then spread over K, "
+                "and the report gives the ratio")
+      ->capture_default_str();
+  c->add_option("--lora-rank", o.lora_rank, "Rank of the --lora-adapters adapters")->capture_default_str();
+  c->add_option("--lora-repeats", o.lora_repeats,
+                "--lora-adapters: both phases alternately this many times; each reports its median run")
+      ->capture_default_str();
   c->add_option("--seed", o.seed, "Seed of prompts and lengths")->capture_default_str();
   c->add_flag("--json", f->json, "Also print every figure as one JSON line");
   auto& h = f->http;

@@ -9,6 +9,8 @@
 #include "tessera/model/quantize.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/config.h"
+#include "tessera/model/lora.h"
+#include "tessera/model/lora_io.h"
 #include "tessera/serve/jinja.h"
 #include "tessera/serve/server.h"
 
@@ -24,7 +26,23 @@ struct ServeFlags {
   int tp = 1;
   int ep = 1;
   std::string quantization;
+  std::vector<std::string> lora;  // --lora NAME=DIR
 };
+
+// --lora NAME=DIR specs: (name, dir) in order. One-line errors for a bad spec or a name given
+// twice (a name equal to the base model's is caught once that name is known).
+std::vector<std::pair<std::string, std::string>> parse_lora_specs(const std::vector<std::string>& specs) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    TESSERA_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size(), "--lora '", spec,
+                  "': expected NAME=ADAPTER_DIR");
+    out.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+    for (size_t j = 0; j + 1 < out.size(); ++j)
+      TESSERA_CHECK(out[j].first != out.back().first, "--lora ", out.back().first, ": the name is given twice");
+  }
+  return out;
+}
 
 // The model's tokenizer (DIR/tokenizer.json or a GGUF file's tokenizer.ggml.*) and the chat
 // template it carries. Neither when the model has no tokenizer.
@@ -41,6 +59,7 @@ int run_serve(ServeFlags f) {
     if (const char* k = std::getenv("TESSERA_API_KEY"); k && *k) f.server.api_key = k;
   if (const char* d = std::getenv("TESSERA_SERVE_STEP_DELAY_MS"); d && *d)
     f.server.debug_step_delay_s = std::atof(d) / 1000.0;
+  f.server.loras = parse_lora_specs(f.lora);
   f.server.validate();
   f.engine.prefix_caching = !f.no_prefix_caching;
   f.engine.validate();
@@ -58,6 +77,7 @@ int run_serve(ServeFlags f) {
     // Tensor- or expert-parallel: every rank loads its shard; rank 0 serves, the others run
     // its steps.
     TESSERA_CHECK(!f.model.empty(), f.tp > 1 ? "--tp" : "--ep", " needs --model DIR (the shards are read from it)");
+    TESSERA_CHECK(f.lora.empty(), "--lora is not supported with ", f.tp > 1 ? "--tp" : "--ep", " yet");
     load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (!tmpl) tmpl = serve::ChatTemplate::chatml();
@@ -83,6 +103,24 @@ int run_serve(ServeFlags f) {
   }
   if (!tmpl) tmpl = serve::ChatTemplate::chatml();
   tmpl->set_limits(template_limits);
+  // Multi-LoRA: every adapter loaded and checked against the model before serving starts.
+  f.server.validate();  // now that the base model's name is known
+  std::vector<model::LoraWeights> adapters;
+  adapters.reserve(f.server.loras.size());
+  std::vector<const model::LoraWeights*> bank;
+  for (const auto& [name, dir] : f.server.loras) {
+    try {
+      adapters.push_back(model::load_peft_adapter(dir, model->config()));
+    } catch (const Error& e) {
+      fail("--lora ", name, ": ", e.what());
+    }
+    bank.push_back(&adapters.back());
+  }
+  try {
+    model->set_lora_bank(bank);
+  } catch (const Error& e) {
+    fail("--lora: ", e.what());
+  }
   serve::Server server(*model, f.engine, tok ? &*tok : nullptr, *tmpl, f.server);
   return server.run(true);
 }
@@ -121,6 +159,11 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--chat-template-limits", f->chat_template_limits,
                   "Budget of one chat-template render, e.g. depth=512,iterations=1000000,output=16M,"
                   "string=16M,list=1000000,time=2s (defaults: those)");
+  cmd->add_option("--lora", f->lora,
+                  "Serve a LoRA adapter (a PEFT adapter directory) as model NAME beside the base; "
+                  "repeat for more (multi-LoRA: one batch serves them all)")
+      ->type_name("NAME=DIR")
+      ->take_all();
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "

@@ -15,6 +15,7 @@
 #include "tessera/base/error.h"
 #include "tessera/base/strings.h"
 #include "tessera/base/timer.h"
+#include "tessera/model/lora.h"
 
 namespace tessera::infer {
 namespace {
@@ -86,7 +87,8 @@ SamplingParams greedy(int64_t max_tokens) {
 // (each added when the previous one finished). Stats are the measured requests' only.
 PhaseResult run_phase(const model::Model& model, const model::Model* draft, const EngineConfig& cfg,
                       const std::vector<BenchRequest>& reqs, const BenchRequest& warmup,
-                      bool one_at_a_time, const std::string& label, int64_t* kv_blocks_total) {
+                      bool one_at_a_time, const std::string& label, int64_t* kv_blocks_total,
+                      const std::vector<int32_t>* adapters = nullptr) {
   Engine e(model, cfg, nullptr, cfg.speculative_method == "draft" ? draft : nullptr);
   if (kv_blocks_total) *kv_blocks_total = e.stats().kv_blocks_total;
   e.add_request(warmup.prompt, greedy(warmup.max_tokens));
@@ -137,7 +139,7 @@ PhaseResult run_phase(const model::Model& model, const model::Model* draft, cons
   const auto t0 = Clock::now();
   for (size_t i = 0; i < n; ++i) {
     arrival[i] = Clock::now();
-    index[e.add_request(reqs[i].prompt, greedy(reqs[i].max_tokens))] = i;
+    index[e.add_request(reqs[i].prompt, greedy(reqs[i].max_tokens), 0, adapters ? (*adapters)[i] : -1)] = i;
     if (one_at_a_time) drain();
   }
   drain();
@@ -315,6 +317,55 @@ Percentiles percentiles(std::vector<double> v) {
   return p;
 }
 
+// --lora-adapters K: the same requests on one adapter, then spread over K (a copy of the
+// model holds the bank; its weights are shared).
+static ServeBenchResult run_lora_bench(const model::Model& base, const ServeBenchOptions& o, ServeBenchResult& res,
+                                const std::vector<BenchRequest>& reqs, const BenchRequest& warmup) {
+  model::Model m = base;
+  std::vector<model::LoraWeights> adapters;
+  model::LoraConfig lc;
+  lc.rank = o.lora_rank;
+  lc.alpha = 2.0 * static_cast<double>(o.lora_rank);
+  lc.targets = {model::LoraModule::kQ, model::LoraModule::kK, model::LoraModule::kV, model::LoraModule::kO,
+                model::LoraModule::kGate, model::LoraModule::kUp, model::LoraModule::kDown};
+  std::mt19937 rng(static_cast<uint32_t>(o.seed + 77));
+  std::normal_distribution<float> nd(0.f, 0.01f);
+  for (int64_t k = 0; k < o.lora_adapters; ++k) {
+    adapters.push_back(model::LoraWeights::init(m.config(), lc, o.seed + 100 + static_cast<uint64_t>(k)));
+    for (auto& layer : adapters.back().layers)  // B nonzero: the products are not skipped by zeros
+      for (auto& p : layer)
+        for (int64_t i = 0; p.b.defined() && i < p.b.numel(); ++i) p.b.data<float>()[i] = nd(rng);
+  }
+  std::vector<const model::LoraWeights*> bank;
+  for (const auto& a : adapters) bank.push_back(&a);
+  m.set_lora_bank(bank);
+  const size_t n = reqs.size();
+  std::vector<int32_t> one(n, 0), spread(n);
+  for (size_t i = 0; i < n; ++i) spread[i] = static_cast<int32_t>(i % static_cast<size_t>(o.lora_adapters));
+  // Alternating runs (one, K, one, K, ...): load from other processes on a shared machine
+  // then weighs on both alike; each phase reports its median run by output tokens/s.
+  std::vector<PhaseResult> ones, spreads;
+  for (int64_t rep = 0; rep < o.lora_repeats; ++rep) {
+    ones.push_back(run_phase(m, nullptr, o.engine, reqs, warmup, false, "one adapter", &res.kv_blocks_total, &one));
+    spreads.push_back(run_phase(m, nullptr, o.engine, reqs, warmup, false,
+                                base::strprintf("%lld adapters", (long long)o.lora_adapters), nullptr, &spread));
+  }
+  auto median = [](std::vector<PhaseResult> v) {
+    std::sort(v.begin(), v.end(), [](const PhaseResult& a, const PhaseResult& b) {
+      return a.output_tokens_per_s < b.output_tokens_per_s;
+    });
+    return v[v.size() / 2];
+  };
+  res.main = median(ones);
+  res.lora_spread = median(spreads);
+  res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(m.config(), o.engine.block_size,
+                                                                      m.dims().kv_heads, o.engine.kv_cache_dtype);
+  if (res.main.output_tokens_per_s > 0)
+    res.lora_spread_ratio = res.lora_spread->output_tokens_per_s / res.main.output_tokens_per_s;
+  if (res.lora_spread->tpot.p50 > 0) res.lora_tpot_ratio = res.main.tpot.p50 / res.lora_spread->tpot.p50;
+  return res;
+}
+
 ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOptions& o,
                                  const model::Model* draft, const std::string& name) {
   TESSERA_CHECK(o.num_requests >= 1, "--num-requests must be >= 1, got ", o.num_requests);
@@ -338,6 +389,12 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
   BenchRequest warmup;
   const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
 
+  TESSERA_CHECK(o.lora_adapters >= 0 && o.lora_rank >= 1 && o.lora_repeats >= 1,
+                "--lora-adapters must be >= 0, --lora-rank and --lora-repeats >= 1");
+  TESSERA_CHECK(o.lora_adapters == 0 || (!o.compare_prefix_caching && !o.compare_speculative &&
+                                         !o.compare_kv_cache_dtype && o.engine.speculative_method.empty()),
+                "--lora-adapters runs its own two phases; not with --compare-* or --speculative");
+  if (o.lora_adapters > 0) return run_lora_bench(model, o, res, reqs, warmup);
   res.main = run_phase(model, draft, o.engine, reqs, warmup, false, "concurrent", &res.kv_blocks_total);
   res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(model.config(), o.engine.block_size,
                                                                       model.dims().kv_heads,
@@ -427,6 +484,12 @@ std::string format_serve_bench(const ServeBenchResult& r) {
                          kernels::kv_cache_dtype_name(*o.compare_kv_cache_dtype),
                          (long long)r.other_kv_blocks_total, r.kv_dtype_speedup);
   }
+  if (r.lora_spread) {
+    s += phase_lines(*r.lora_spread, false);
+    s += base::strprintf("multi-LoRA, %lld adapters of rank %lld / one adapter: output tokens/s %.2fx, "
+                         "tpot p50 %.2fx (higher is better)\n",
+                         (long long)o.lora_adapters, (long long)o.lora_rank, r.lora_spread_ratio, r.lora_tpot_ratio);
+  }
   if (r.baseline) {
     s += phase_lines(*r.baseline, false);
     s += base::strprintf("total throughput: %.2fx one-at-a-time\n", r.speedup_vs_one_at_a_time);
@@ -454,6 +517,11 @@ std::string serve_bench_json(const ServeBenchResult& r) {
     j["other_kv_dtype"] = phase_json(*r.other_kv_dtype);
     j["other_kv_blocks_total"] = r.other_kv_blocks_total;
     j["kv_dtype_speedup"] = r.kv_dtype_speedup;
+  }
+  if (r.lora_spread) {
+    j["lora_spread"] = phase_json(*r.lora_spread);
+    j["lora_spread_ratio"] = r.lora_spread_ratio;
+    j["lora_tpot_ratio"] = r.lora_tpot_ratio;
   }
   if (r.baseline) {
     j["baseline"] = phase_json(*r.baseline);

@@ -39,6 +39,12 @@ struct ServeBenchOptions {
   // Measured phase again with the KV cache in this dtype (same byte budget), e.g. bf16
   // against --kv-cache-dtype int8.
   std::optional<kernels::KvCacheDtype> compare_kv_cache_dtype;
+  // Multi-LoRA (--lora-adapters K): K random adapters of rank lora_rank on every module; the
+  // measured phase runs every request on adapter 0, then again spread over the K adapters
+  // (request i on adapter i % K), and the report gives the ratio of the two.
+  int64_t lora_adapters = 0;
+  int64_t lora_rank = 16;
+  int64_t lora_repeats = 3;  // both phases alternately this many times; each reports its median run
   uint64_t seed = 0;                 // prompts and lengths
   EngineConfig engine;               // block size, pool, budgets, prefix caching, speculation
 };
@@ -96,6 +102,9 @@ struct ServeBenchResult {
   std::optional<PhaseResult> other_kv_dtype;  // --compare-kv-cache-dtype
   int64_t other_kv_blocks_total = 0;
   double kv_dtype_speedup = 0;                // total tokens/s, main / other_kv_dtype
+  std::optional<PhaseResult> lora_spread;     // --lora-adapters: requests over K adapters
+  double lora_spread_ratio = 0;               // output tokens/s, K adapters / one adapter
+  double lora_tpot_ratio = 0;                 // TPOT p50, one adapter / K adapters
   std::optional<PhaseResult> baseline;        // one at a time
   double speedup_vs_one_at_a_time = 0;        // main / baseline total tokens/s
   double ttft_p50_off_over_on = 0;            // prefix caching off / on

@@ -70,16 +70,23 @@ void BlockManager::release_block(BlockId b) {
   }
 }
 
-int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens) {
+uint64_t BlockManager::root_hash(uint64_t cache_salt) {
+  if (cache_salt == 0) return kRootHash;
+  const int32_t words[2] = {static_cast<int32_t>(cache_salt & 0xffffffffu), static_cast<int32_t>(cache_salt >> 32)};
+  return hash_block(kRootHash, words, 2);
+}
+
+int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens, uint64_t cache_salt) {
   TESSERA_CHECK(!reqs_.count(id), "BlockManager::allocate_cached_prefix: request ", id,
                 " already has a block table");
   RequestBlocks& r = reqs_[id];
+  r.root = root_hash(cache_salt);
   if (!cfg_.prefix_caching) return 0;
   const int64_t bs = cfg_.block_size;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t candidates = n > 0 ? (n - 1) / bs : 0;
   ++stats_.queries;
-  uint64_t parent = kRootHash;
+  uint64_t parent = r.root;
   int64_t hits = 0;
   for (; hits < candidates; ++hits) {
     const int32_t* t = tokens.data() + hits * bs;
@@ -130,7 +137,7 @@ void BlockManager::commit(RequestId id, const std::vector<int32_t>& tokens, int6
   if (!cfg_.prefix_caching) return;
   const int64_t full = num_computed / bs;
   for (int64_t b = static_cast<int64_t>(r.hashes.size()); b < full; ++b) {
-    const uint64_t parent = b == 0 ? kRootHash : r.hashes[b - 1];
+    const uint64_t parent = b == 0 ? r.root : r.hashes[b - 1];
     const int32_t* t = tokens.data() + b * bs;
     const uint64_t h = hash_block(parent, t, bs);
     r.hashes.push_back(h);

@@ -48,7 +48,10 @@ class BlockManager {
   // taking a reference. Returns the number of cached tokens (k*block_size). With prefix caching
   // on it counts one query and, per candidate block ((tokens.size()-1)/block_size of them), a
   // hit or a miss; with it off it only creates the empty table and returns 0.
-  int64_t allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens);
+  // cache_salt: requests whose K/V differs for the same tokens (a LoRA adapter) pass a
+  // different salt; the chain of their blocks starts from root_hash(salt), so they share
+  // cached blocks only with requests of the same salt (0: the base model's chain).
+  int64_t allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens, uint64_t cache_salt = 0);
 
   // Makes the request's table cover `num_tokens` tokens, appending new blocks (taken from the
   // free list first, then by evicting least-recently-used cached blocks). Returns false, with
@@ -112,6 +115,9 @@ class BlockManager {
   // the parent block's hash (kRootHash for the first block).
   static constexpr uint64_t kRootHash = 0x7465737365726121ull;  // "tessera!"
   static uint64_t hash_block(uint64_t parent, const int32_t* tokens, int64_t n);
+  // The parent hash of a request's first block: kRootHash for salt 0, else a hash of it and
+  // the salt.
+  static uint64_t root_hash(uint64_t cache_salt);
 
  private:
   enum class State : uint8_t { kFree, kEvictable, kUsed };
@@ -128,6 +134,7 @@ class BlockManager {
     std::vector<BlockId> table;     // logical block i -> physical block
     std::vector<uint64_t> hashes;   // chain hashes of the committed full blocks (prefix of table)
     int64_t released = 0;           // table[0, released) are stale (release_leading)
+    uint64_t root = kRootHash;      // parent hash of block 0 (root_hash of the cache salt)
   };
 
   BlockId take_block();            // caller checked num_free_blocks() > 0

@@ -21,6 +21,7 @@ struct Engine::Seq {
   RequestId group = 0;  // the request's id (= id of sample 0)
   int64_t index = 0;    // sample index
   int64_t n = 1;        // samples of the request (sample 0 forks the others)
+  int32_t adapter = -1; // index into the model's lora_bank() (-1: the base model)
   std::vector<int32_t> prompt, output;
   SamplingParams params;
   std::unique_ptr<Sampler> sampler;
@@ -129,9 +130,14 @@ Engine::~Engine() {
 }
 
 RequestId Engine::add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                              int priority) {
+                              int priority, int32_t adapter) {
   const auto& c = model_.config();
   params.validate(c.vocab_size);
+  const auto bank = static_cast<int64_t>(model_.lora_bank().size());
+  if (adapter < -1 || adapter >= bank)
+    fail_field("model", "LoRA adapter ", adapter, " does not exist; the model has ", bank,
+               " (-1: the base model)");
+  if (adapter >= 0 && tp_) fail_field("model", "LoRA adapters are not served with tensor parallelism");
   if (prompt.empty()) fail_field("prompt", "the prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
@@ -145,6 +151,7 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   auto s = std::make_unique<Seq>();
   s->id = s->group = id;
   s->n = params.n;
+  s->adapter = adapter;
   s->prompt = prompt;
   s->params = params;
   s->sampler = std::make_unique<Sampler>(params, eos_, 0);
@@ -155,6 +162,7 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   r.num_prompt_tokens = static_cast<int64_t>(prompt.size());
   r.max_tokens = params.max_tokens;
   r.priority = priority;
+  r.cache_salt = static_cast<uint64_t>(adapter + 1);  // the base model's chain is salt 0
   scheduler_->add_request(std::move(r));
   seqs_.emplace(id, std::move(s));
   return id;
@@ -370,6 +378,8 @@ std::vector<RequestOutput> Engine::step() {
     int64_t start, num_tokens, row0;
   };
   std::vector<Span> spans;
+  std::vector<int32_t> adapters;  // per row (multi-LoRA), only when some row has an adapter
+  bool any_adapter = false;
   int64_t row = 0;
   for (const ScheduledRequest& sr : so.requests) {
     const SchedRequest* r = scheduler_->find(sr.id);
@@ -391,6 +401,10 @@ std::vector<RequestOutput> Engine::step() {
     if (sr.start < r->num_prompt_tokens)
       stats_.prompt_tokens += std::min(sr.start + sr.num_tokens, r->num_prompt_tokens) - sr.start;
     spans.push_back({sr.id, sr.start, sr.num_tokens, row});
+    if (!model_.lora_bank().empty()) {
+      adapters.insert(adapters.end(), static_cast<size_t>(sr.num_tokens), s.adapter);
+      any_adapter = any_adapter || s.adapter >= 0;
+    }
     kernels::PagedSequence ps;
     ps.q_begin = row;
     ps.q_len = sr.num_tokens;
@@ -411,6 +425,7 @@ std::vector<RequestOutput> Engine::step() {
   plan.seqs = std::move(seqs);
   plan.rows = std::move(rows);
   plan.batch_invariant = config_.batch_invariant;
+  if (any_adapter) plan.adapters = std::move(adapters);
   if (tp_) tp_->send_step(plan);  // the workers run their shards of the same step
   const bool mtp = config_.speculative_method == "mtp";
   Tensor hidden;
@@ -465,6 +480,7 @@ std::vector<RequestOutput> Engine::step() {
         c->id = s.group + k;
         c->group = s.group;
         c->index = k;
+        c->adapter = s.adapter;
         c->prompt = s.prompt;
         c->params = s.params;
         c->sampler = std::make_unique<Sampler>(s.params, eos_, k);

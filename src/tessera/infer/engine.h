@@ -89,8 +89,11 @@ class Engine {
 
   // Validates everything (params, token ids, length) and queues the request; throws
   // tessera::Error naming what is wrong. Returns its id.
+  // adapter: multi-LoRA serving, the index of the request's adapter in the model's
+  // lora_bank() (-1: the base model). Requests of different adapters share steps; their
+  // prefix-cache blocks are kept apart (the adapter changes K and V).
   RequestId add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                        int priority = 0);
+                        int priority = 0, int32_t adapter = -1);
   // Cancels a request (all its samples): blocks freed at once; the next step() reports it
   // finished with reason "abort". Unknown ids are ignored.
   void abort_request(RequestId id);

@@ -39,6 +39,9 @@ struct SchedRequest {  // what the scheduler tracks (the engine owns sampling et
   // Speculative decoding: tokens proposed to follow `tokens` (set_spec_tokens, cleared by
   // every schedule()). A decode with proposals runs its last token plus them in one step.
   std::vector<int32_t> spec_tokens;
+  // Prefix-cache namespace (BlockManager::allocate_cached_prefix): requests whose K/V differs
+  // for the same tokens (a LoRA adapter) never share cached blocks. 0: the base model's.
+  uint64_t cache_salt = 0;
 };
 
 struct ScheduledRequest {

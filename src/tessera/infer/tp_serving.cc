@@ -28,7 +28,8 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tenso
   ap.batch_invariant = plan.batch_invariant;
   PagedKvAttention kv(pool, plan.seqs, ap, m.config());
   base::TraceScope fwd("forward_tokens");
-  return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant, hidden);
+  return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant, hidden,
+                          plan.adapters.empty() ? nullptr : &plan.adapters);
 }
 
 TpGroup::TpGroup(comm::Communicator& comm) : comm_(comm) { comm_.set_timeout(0); }

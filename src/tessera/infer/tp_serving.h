@@ -29,6 +29,7 @@ struct StepPlan {
   std::vector<std::vector<int32_t>> tables;         // a worker's copy of the block tables
   std::vector<int64_t> rows;                        // rows whose logits are returned
   bool batch_invariant = false;
+  std::vector<int32_t> adapters;  // (N) LoRA bank index per row (-1: base); empty: none (tp 1 only)
 };
 
 // Applies the copies, then the model's forward over the paged cache: logits (rows, V);

@@ -355,7 +355,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
     Tensor& out = scratch(s.delta, N, H);
     if (!sp) {
       run_linear(m, spec, l, x, out, md, opt.rowwise);
-      lora_forward(m, l, spec.which, x, out, opt.dropout);  // (LoRA: tp 1 only)
+      lora_forward(m, l, spec.which, x, out, opt.dropout, opt.lora_groups);  // (LoRA: tp 1 only)
     } else {
       Tensor partial = Tensor::empty({Nf, H}, DType::kF32);
       run_linear(m, spec, l, x, partial, md, opt.rowwise, &out);
@@ -367,7 +367,7 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   auto column_parallel = [&](const BlockLinear& spec, const Tensor& h, Tensor& y) {
     if (!sp) {
       run_linear(m, spec, l, h, y, pm, opt.rowwise);
-      lora_forward(m, l, spec.which, h, y, opt.dropout);
+      lora_forward(m, l, spec.which, h, y, opt.dropout, opt.lora_groups);
       return;
     }
     if (!m.sp_overlap()) {

@@ -21,6 +21,8 @@
 
 namespace tessera::model {
 
+struct LoraGroups;  // lora_ops.h
+
 // The residual stream of a forward over N tokens and the scratch its blocks share.
 struct BlockState {
   Tensor x;      // (N, H) residual stream
@@ -40,6 +42,9 @@ struct BlockOptions {
   // already defined is kept (a recompute from the saved input).
   LayerActivations* save = nullptr;
   bool dropout = false;  // LoRA's adapter dropout (the passes that train, not evaluation)
+  // Multi-LoRA serving (forward_tokens with row adapters): each group's rows get their
+  // adapter of Model::lora_bank() (lora_ops.h); nullptr: Model::lora() for every row.
+  const LoraGroups* lora_groups = nullptr;
   // Latent-attention layers (ModelConfig::uses_mla): the attention half, out (N, H) = the
   // o_proj output for h1 (N, H), the normalised input (how: training, cache or pages).
   std::function<void(int64_t layer, const Tensor& h1, Tensor& out)> mla;

@@ -12,6 +12,7 @@
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
 #include "tessera/model/layer_ops.h"
+#include "tessera/model/lora_ops.h"
 
 namespace tessera::model {
 
@@ -115,7 +116,8 @@ Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden
 }
 
 Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
-                             const std::vector<int64_t>& logit_rows, bool batch_invariant, Tensor* hidden) const {
+                             const std::vector<int64_t>& logit_rows, bool batch_invariant, Tensor* hidden,
+                             const std::vector<int32_t>* row_adapters) const {
   const auto& c = config_;
   TESSERA_CHECK(ids.dtype() == DType::kI32 && ids.dim() == 1 && positions.dtype() == DType::kI32 &&
                     positions.shape() == ids.shape(),
@@ -143,6 +145,14 @@ Tensor Model::forward_tokens(const Tensor& ids, const Tensor& positions, KvAtten
   BlockOptions opt;
   opt.positions = &pos;
   opt.rowwise = rows;
+  LoraGroups lora_groups;
+  if (row_adapters) {
+    TESSERA_CHECK(static_cast<int64_t>(row_adapters->size()) == T, "forward_tokens: ", row_adapters->size(),
+                  " row adapters for ", T, " tokens");
+    TESSERA_CHECK(!lora_, "forward_tokens: row adapters with set_lora's adapter set; use one or the other");
+    lora_groups = group_rows_by_adapter(*row_adapters, static_cast<int64_t>(lora_bank_.size()));
+    opt.lora_groups = &lora_groups;
+  }
   const MlaSpec spec = mla_spec(*this);
   opt.mla = [&](int64_t l, const Tensor& h1, Tensor& out) {  // each sequence over its cached latent rows
     const MlaWeights& W = weights_.layers[l].mla;

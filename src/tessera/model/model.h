@@ -251,9 +251,13 @@ class Model {
   // i32; attention through `kv`. Returns logits (logit_rows.size(), V) for the listed rows.
   // batch_invariant: every matmul runs one row at a time, so a token's logits do not
   // depend on what else is in the batch (bit for bit, given an invariant `kv`).
+  // row_adapters (multi-LoRA serving, set_lora_bank): (N) per token, the index of its
+  // adapter in the bank, -1 for the base model alone; nullptr: every row as set_lora says.
+  // The base GEMMs run once over all rows; each adapter's low-rank products run over its
+  // own rows (batch_invariant does not extend to them).
   Tensor forward_tokens(const Tensor& ids, const Tensor& positions, KvAttention& kv,
                         const std::vector<int64_t>& logit_rows, bool batch_invariant = false,
-                        Tensor* hidden = nullptr) const;
+                        Tensor* hidden = nullptr, const std::vector<int32_t>* row_adapters = nullptr) const;
 
   // Training-path forward over a batch without a cache: ids (B, T) i32 -> logits (B, T, V).
   // positions: as forward_backward's.
@@ -334,6 +338,13 @@ class Model {
   void set_lora(const LoraWeights* weights, LoraWeights* grads = nullptr);
   const LoraWeights* lora() const { return lora_; }
   LoraWeights* lora_grads() const { return lora_grads_; }
+  // Multi-LoRA serving (Punica / S-LoRA): a bank of adapters served at once, each row of a
+  // forward_tokens batch picking one by index (row_adapters). The adapters may differ in rank
+  // and target modules; each is checked as set_lora checks its adapter. The caller keeps them
+  // alive. Inference only: the training passes and forward() use set_lora's adapter. An
+  // empty bank: none.
+  void set_lora_bank(std::vector<const LoraWeights*> bank);
+  const std::vector<const LoraWeights*>& lora_bank() const { return lora_bank_; }
   void set_lora_seed(uint64_t seed) { lora_seed_ = seed; }
   uint64_t lora_seed() const { return lora_seed_; }
 
@@ -394,7 +405,9 @@ class Model {
   TrainHooks* hooks_ = nullptr;
   const LoraWeights* lora_ = nullptr;
   LoraWeights* lora_grads_ = nullptr;
+  std::vector<const LoraWeights*> lora_bank_;
   uint64_t lora_seed_ = 0;
+  void check_lora(const LoraWeights& weights, const LoraWeights* grads) const;
 };
 
 }  // namespace tessera::model

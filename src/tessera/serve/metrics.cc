@@ -55,6 +55,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
                .Name("tessera_http_responses_total")
                .Help("HTTP responses by status code.")
                .Register(*registry_);
+  lora_ = &prometheus::BuildCounter()
+               .Name("tessera_lora_requests_total")
+               .Help("Requests admitted on each LoRA adapter (multi-LoRA serving).")
+               .Register(*registry_);
   prompt_tokens_ = counter("tessera_prompt_tokens_total", "Prompt tokens computed (prefix-cache hits excluded).");
   gen_tokens_ = counter("tessera_generation_tokens_total", "Tokens generated.");
   prefix_queries_ = counter("tessera_prefix_cache_queries_total", "Prompt blocks looked up in the prefix cache.");
@@ -86,6 +90,10 @@ void ServerMetrics::observe_request_tokens(int64_t prompt_tokens, int64_t genera
 
 void ServerMetrics::request_finished(const std::string& finish_reason) {
   finished_->Add({{"model_name", model_}, {"finished_reason", finish_reason}}).Increment();
+}
+
+void ServerMetrics::lora_request(const std::string& lora_name) {
+  lora_->Add({{"model_name", model_}, {"lora_name", lora_name}}).Increment();
 }
 
 void ServerMetrics::http_response(int status) {

@@ -32,6 +32,7 @@ class ServerMetrics {
   void observe_request_tokens(int64_t prompt_tokens, int64_t generation_tokens);
   void request_finished(const std::string& finish_reason);  // stop | length | abort | timeout | error
   void http_response(int status);                           // every response, by status code
+  void lora_request(const std::string& lora_name);          // a request admitted on a LoRA adapter
   // Counters follow the engine's cumulative stats (only the increase since the last call is
   // added); gauges take its current values.
   void update_engine(const infer::EngineStats& stats);
@@ -43,6 +44,7 @@ class ServerMetrics {
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *prompt_len_, *gen_len_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* http_;
+  prometheus::Family<prometheus::Counter>* lora_;  // multi-LoRA: requests by adapter
   prometheus::Counter *prompt_tokens_, *gen_tokens_, *prefix_queries_, *prefix_hits_, *preemptions_;
   prometheus::Counter *spec_proposed_, *spec_accepted_, *steps_;
   prometheus::Gauge *running_, *waiting_, *kv_usage_, *kv_blocks_total_;

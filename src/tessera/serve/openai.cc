@@ -226,11 +226,18 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) bad_request("model", "model must be a string");
     r.model = it->get<std::string>();
-    if (r.model != m.name)
-      bad_request("model", "the model '" + r.model + "' does not exist; this server serves '" + m.name + "'",
+    const auto a = std::find(m.adapters.begin(), m.adapters.end(), r.model);
+    if (a != m.adapters.end()) {
+      r.adapter = static_cast<int32_t>(a - m.adapters.begin());
+    } else if (r.model != m.name) {
+      std::string served = "'" + m.name + "'";
+      for (const auto& name : m.adapters) served += ", '" + name + "'";
+      bad_request("model", "the model '" + r.model + "' does not exist; this server serves " + served,
                   "model_not_found");
+    }
+  } else {
+    r.model = m.name;
   }
-  r.model = m.name;
   refuse_unsupported(b);
   if (auto it = b.find("user"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) bad_request("user", "user must be a string");

@@ -36,6 +36,7 @@ enum class Endpoint { kCompletions, kChat };
 // What the parser needs to know about the served model.
 struct ModelInfo {
   std::string name;                    // the served model id
+  std::vector<std::string> adapters;   // LoRA adapter ids, in the model's lora_bank() order
   const io::Tokenizer* tokenizer = nullptr;  // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;
   int64_t max_model_len = 0;
@@ -45,7 +46,8 @@ struct ModelInfo {
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;
+  std::string model;  // the id the request named (the base model's when none)
+  int32_t adapter = -1;  // its LoRA adapter's index in ModelInfo::adapters (-1: the base model)
   std::vector<std::vector<int32_t>> prompts;  // completions may batch prompts; chat has one
   infer::SamplingParams params;
   bool stream = false;

@@ -26,6 +26,14 @@ void ServerConfig::validate() const {
                 http_threads);
   TESSERA_CHECK(default_max_tokens >= 1, "default max_tokens must be >= 1");
   TESSERA_CHECK(health_timeout_s > 0, "--health-timeout must be > 0 seconds, got ", health_timeout_s);
+  for (size_t i = 0; i < loras.size(); ++i) {
+    const std::string& name = loras[i].first;
+    TESSERA_CHECK(!name.empty(), "--lora ", loras[i].second, ": the adapter name is empty");
+    TESSERA_CHECK(name != model_name, "--lora ", name, ": the name is the base model's (", model_name,
+                  "); give the adapter another name");
+    for (size_t j = 0; j < i; ++j)
+      TESSERA_CHECK(loras[j].first != name, "--lora ", name, ": the name is given twice");
+  }
 }
 
 // ---- Job: one HTTP request's channel from the engine thread -------------------------------
@@ -79,6 +87,9 @@ Server::Impl::Impl(const model::Model& model, const infer::EngineConfig& ec, con
   info_.max_model_len = engine_.max_model_len();
   info_.vocab_size = model.config().vocab_size;
   info_.default_max_tokens = config_.default_max_tokens;
+  TESSERA_CHECK(config_.loras.size() == model.lora_bank().size(), "serve: ", config_.loras.size(),
+                " adapter names for the model's ", model.lora_bank().size(), " LoRA adapters");
+  for (const auto& l : config_.loras) info_.adapters.push_back(l.first);
   metrics_.update_engine(engine_.stats());
   snapshot_.kv_blocks_total = engine_.stats().kv_blocks_total;
   heartbeat_ns_ = now_ns();
@@ -139,12 +150,13 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   }
   try {
     for (size_t p = 0; p < job->req.prompts.size(); ++p) {
-      const auto id = engine_.add_request(job->req.prompts[p], job->req.params);
+      const auto id = engine_.add_request(job->req.prompts[p], job->req.params, 0, job->req.adapter);
       job->engine_ids.push_back(id);
       active_[id] = {job, static_cast<int64_t>(p)};
     }
     job->choice_last.assign(job->req.choices(), Clock::time_point{});
     jobs_.push_back(job);
+    if (job->req.adapter >= 0) metrics_.lora_request(job->req.model);
   } catch (const FieldError& e) {  // checked in parse_request already; kept for safety
     abort_job(*job);
     job->fail(400, "invalid_request_error", "", e.what(), e.field());

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/infer/engine.h"
 #include "tessera/io/tokenizer.h"
@@ -20,6 +22,9 @@ struct ServerConfig {
   int port = 8000;                 // 0 = any free port (printed on stderr once bound)
   std::string api_key;             // non-empty: every /v1 route needs "Authorization: Bearer KEY"
   std::string model_name;          // the id clients pass as "model" (default: the directory name)
+  // Multi-LoRA serving (--lora NAME=DIR): (name, adapter directory) of each adapter of the
+  // model's lora_bank(), in bank order. A request whose "model" is NAME runs on that adapter.
+  std::vector<std::pair<std::string, std::string>> loras;
   int64_t max_queue = 256;         // requests waiting for the engine at most; beyond: 429
   double request_timeout_s = 600;  // per request, from arrival; 0 = none
   int64_t max_body_bytes = 8 << 20;  // larger bodies: 413

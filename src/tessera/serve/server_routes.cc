@@ -292,9 +292,19 @@ void Server::Impl::setup_routes() {
                                        .count();
               json m = {{"id", info_.name},       {"object", "model"},
                         {"created", created},     {"owned_by", "tessera"},
-                        {"root", info_.name},     {"max_model_len", info_.max_model_len},
-                        {"vocab_size", info_.vocab_size}};
-              send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+                        {"root", info_.name},     {"parent", nullptr},
+                        {"max_model_len", info_.max_model_len}, {"vocab_size", info_.vocab_size}};
+              json data = json::array({m});
+              for (const auto& [name, dir] : config_.loras)  // as vLLM lists LoRA adapters
+                data.push_back({{"id", name},
+                                {"object", "model"},
+                                {"created", created},
+                                {"owned_by", "tessera"},
+                                {"root", dir},
+                                {"parent", info_.name},
+                                {"max_model_len", info_.max_model_len},
+                                {"vocab_size", info_.vocab_size}});
+              send_json(res, 200, {{"object", "list"}, {"data", data}});
             }));
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (healthy()) {
