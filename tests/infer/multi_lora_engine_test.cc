@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "test_util/lora_adapters.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
 #include "tessera/model/lora.h"
@@ -31,17 +32,6 @@ model::Model make_model() {
   return m;
 }
 
-LoraWeights trained(const model::ModelConfig& c, const LoraConfig& config, uint32_t seed) {
-  LoraWeights w = LoraWeights::init(c, config, seed);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.3f);
-  for (auto& layer : w.layers)
-    for (auto& p : layer)
-      if (p.b.defined())
-        for (int64_t i = 0; i < p.b.numel(); ++i) p.b.data<float>()[i] = n(rng);
-  return w;
-}
-
 std::vector<LoraWeights> adapters_for(const model::ModelConfig& c) {
   LoraConfig a, b, d;
   a.rank = 4, a.alpha = 8;
@@ -51,7 +41,7 @@ std::vector<LoraWeights> adapters_for(const model::ModelConfig& c) {
   b.targets = {LoraModule::kQ, LoraModule::kV, LoraModule::kDown};
   d.rank = 2, d.alpha = 4;
   d.targets = {LoraModule::kK, LoraModule::kO, LoraModule::kUp};
-  return {trained(c, a, 1), trained(c, b, 2), trained(c, d, 3)};
+  return {testing::trained_lora(c, a, 1, 0.3f), testing::trained_lora(c, b, 2, 0.3f), testing::trained_lora(c, d, 3, 0.3f)};
 }
 
 EngineConfig engine_config() {

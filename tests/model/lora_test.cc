@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 
+#include "test_util/lora_adapters.h"
 #include "model/parity_fixture.h"
 #include "test_util/run_command.h"
 #include "test_util/throws.h"
@@ -38,18 +39,6 @@ LoraConfig all_modules(int64_t rank, double alpha) {
   return c;
 }
 
-// Adapters as after some training: A as initialised, B random (B = 0 would give A no gradient).
-LoraWeights trained(const model::ModelConfig& c, const LoraConfig& config, uint32_t seed) {
-  LoraWeights w = LoraWeights::init(c, config, seed);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.05f);
-  for (auto& layer : w.layers)
-    for (auto& p : layer)
-      if (p.b.defined())
-        for (int64_t i = 0; i < p.b.numel(); ++i) p.b.data<float>()[i] = n(rng);
-  return w;
-}
-
 std::string temp_path(const std::string& name) {
   return (fs::temp_directory_path() / ("tessera_lora_" + std::to_string(::getpid()) + "_" + name)).string();
 }
@@ -62,7 +51,7 @@ TEST_P(LoraParity, LossLogitsAndAdapterGradientsEqualPyTorch) {
   Model m = Model::load(dir, DType::kF32);
   const auto& c = m.config();
   const LoraConfig config = all_modules(4, 8);
-  LoraWeights w = trained(c, config, 5);
+  LoraWeights w = testing::trained_lora(c, config, 5, 0.05f);
   const std::string adapter = temp_path(GetParam() + "_adapter.safetensors"), out = temp_path(GetParam() + "_ref.safetensors");
   io::save_safetensors(adapter, w.named(c));
   const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
@@ -105,7 +94,7 @@ TEST(Lora, DropoutBackwardMatchesFiniteDifferences) {
   const auto& c = m.config();
   LoraConfig config = all_modules(4, 8);
   config.dropout = 0.3;
-  LoraWeights w = trained(c, config, 3);
+  LoraWeights w = testing::trained_lora(c, config, 3, 0.05f);
   LoraWeights g = LoraWeights::zeros_like(w);
   m.set_lora(&w, &g);
   m.set_lora_seed(77);
@@ -153,7 +142,7 @@ TEST(Lora, MergedModelEqualsBasePlusAdapters) {
     Model m = Model::load(dir, DType::kF32);
     LoraConfig config = all_modules(4, 8);
     config.rslora = arch == "qwen2";
-    const LoraWeights w = trained(m.config(), config, 13);
+    const LoraWeights w = testing::trained_lora(m.config(), config, 13, 0.05f);
     const auto base = io::SafetensorsFile::open(dir + "/reference.safetensors");
     const Tensor ids = base->get("input_ids").to(DType::kI32);
     m.set_lora(&w);
@@ -211,7 +200,7 @@ TEST(Lora, QuantizedBaseTrainsAsItsDequantizedFloatModel) {
         f.weights().layers[l].linear(which).weight.copy_from(
             kernels::dequantize(*q.weights().layers[l].linear(which).quant));
     f.refresh_compute_weights();
-    const LoraWeights w = trained(q.config(), all_modules(4, 8), 21);
+    const LoraWeights w = testing::trained_lora(q.config(), all_modules(4, 8), 21, 0.05f);
     LoraWeights gq = LoraWeights::zeros_like(w), gf = LoraWeights::zeros_like(w);
     q.set_lora(&w, &gq);
     f.set_lora(&w, &gf);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "test_util/lora_adapters.h"
 #include "test_util/throws.h"
 #include "tessera/model/lora.h"
 #include "tessera/model/model.h"
@@ -19,18 +20,6 @@ using model::LoraConfig;
 using model::LoraModule;
 using model::LoraWeights;
 using model::Model;
-
-// Adapters as after training: A as initialised, B random and nonzero.
-LoraWeights trained(const model::ModelConfig& c, const LoraConfig& config, uint32_t seed) {
-  LoraWeights w = LoraWeights::init(c, config, seed);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.2f);
-  for (auto& layer : w.layers)
-    for (auto& p : layer)
-      if (p.b.defined())
-        for (int64_t i = 0; i < p.b.numel(); ++i) p.b.data<float>()[i] = n(rng);
-  return w;
-}
 
 // Causal attention of whole sequences laid out one after another (each prefilled from
 // position 0 in one call): the plain loops, so the batched and the per-sequence passes run
@@ -122,9 +111,9 @@ std::vector<LoraWeights> three_adapters(const model::ModelConfig& c) {
   d.rank = 2, d.alpha = 4, d.rslora = true;
   d.targets = {LoraModule::kO, LoraModule::kGate, LoraModule::kDown};
   std::vector<LoraWeights> out;
-  out.push_back(trained(c, a, 1));
-  out.push_back(trained(c, b, 2));
-  out.push_back(trained(c, d, 3));
+  out.push_back(testing::trained_lora(c, a, 1, 0.2f));
+  out.push_back(testing::trained_lora(c, b, 2, 0.2f));
+  out.push_back(testing::trained_lora(c, d, 3, 0.2f));
   return out;
 }
 

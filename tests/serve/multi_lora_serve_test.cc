@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 
+#include "test_util/lora_adapters.h"
 #include "serve/server_process.h"
 #include "test_util/run_command.h"
 #include "tessera/infer/engine.h"
@@ -24,17 +25,6 @@ using nlohmann::json;
 using testing::ServerProcess;
 
 const std::string kModel = TESSERA_SERVE_MODEL;
-
-model::LoraWeights trained(const model::ModelConfig& c, const model::LoraConfig& config, uint32_t seed) {
-  model::LoraWeights w = model::LoraWeights::init(c, config, seed);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, 0.3f);
-  for (auto& layer : w.layers)
-    for (auto& p : layer)
-      if (p.b.defined())
-        for (int64_t i = 0; i < p.b.numel(); ++i) p.b.data<float>()[i] = n(rng);
-  return w;
-}
 
 // The greedy tokens of `prompt` alone in an engine over the serve model, with `adapter_dir`
 // (read back as the server reads it) merged into the weights; "" for the base.
@@ -66,8 +56,8 @@ class MultiLoraServe : public ::testing::Test {
                  model::LoraModule::kGate, model::LoraModule::kUp, model::LoraModule::kDown};
     b.rank = 2, b.alpha = 4;
     b.targets = {model::LoraModule::kQ, model::LoraModule::kV};
-    model::save_peft_adapter(dir_ + "/alpha", m.config(), trained(m.config(), a, 1), kModel);
-    model::save_peft_adapter(dir_ + "/beta", m.config(), trained(m.config(), b, 2), kModel);
+    model::save_peft_adapter(dir_ + "/alpha", m.config(), testing::trained_lora(m.config(), a, 1, 0.3f), kModel);
+    model::save_peft_adapter(dir_ + "/beta", m.config(), testing::trained_lora(m.config(), b, 2, 0.3f), kModel);
     server_ = new ServerProcess({"--model", kModel, "--lora", "alpha=" + dir_ + "/alpha", "--lora",
                                  "beta=" + dir_ + "/beta", "--kv-cache-dtype", "f32", "--block-size", "8"});
   }
