@@ -149,6 +149,7 @@ TEST(Lora, MergedModelEqualsBasePlusAdapters) {
     const Tensor with = m.forward_batch(ids);
     model::KVCache cache = model::KVCache::create(m.config(), ids.size(1));
     const Tensor decoded = m.forward(testing::row(ids, 0), cache, /*all_logits=*/true);
+    EXPECT_TRUE(testing::throws_error([&] { model::merge_lora(m, w); }, {"merge_lora", "attached"}, true));
     m.set_lora(nullptr);
     const Tensor plain = m.forward_batch(ids);
     Model merged = Model::load(dir, DType::kF32);

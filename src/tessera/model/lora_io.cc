@@ -247,6 +247,8 @@ void merge_lora(Model& m, const LoraWeights& w) {
                 "); merge into the float model, then quantize");
   TESSERA_CHECK(m.tp_shard().whole() && m.pp_stage().whole(),
                 "merge_lora: the model is a tensor-parallel shard or pipeline stage; merge into the whole model");
+  TESSERA_CHECK(!m.lora() && m.lora_bank().empty(), "merge_lora: adapters are attached to the model "
+                "(Model::set_lora / set_lora_bank); detach them first, or they would apply on top of the merge");
   TESSERA_CHECK(static_cast<int64_t>(w.layers.size()) == c.num_layers, "merge_lora: the adapter has ",
                 w.layers.size(), " layers, the model ", c.num_layers);
   // PEFT's merge: W += (B @ A) * scaling, each step rounded to f32 as torch does.

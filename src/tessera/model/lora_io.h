@@ -31,6 +31,7 @@ LoraWeights load_peft_adapter(const std::string& dir, const ModelConfig& c);
 // W[rows of each adapted module] += scale * B @ A, as PEFT's merge_and_unload, on the
 // model's f32 master weights (a whole model: not quantized, not a tp shard or pipeline
 // stage), then refreshes the compute copies.
+// A model with adapters attached (set_lora / set_lora_bank) is an error: they would apply twice.
 void merge_lora(Model& m, const LoraWeights& w);
 
 // `tessera export --merge-lora`: base model (directory or GGUF file) + adapter, merged,
