@@ -1,4 +1,5 @@
 // LoRA adapter shapes, names and initialisation.
+#include "tessera/base/mix64.h"
 #include "tessera/model/lora.h"
 
 #include <algorithm>
@@ -10,11 +11,7 @@
 namespace tessera::model {
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using base::mix64;
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 // LoRA forward and backward over the fused block linears.
+#include "tessera/base/mix64.h"
 #include "tessera/model/lora_ops.h"
 
 #include <algorithm>
@@ -11,11 +12,7 @@
 namespace tessera::model {
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using base::mix64;
 
 // x as f32 with the dropout of module `mod` applied (inverted dropout: kept values scaled by
 // 1 / (1 - p)); x itself (any dtype) when there is no dropout.
@@ -33,6 +30,18 @@ Tensor dropped_input(const Model& m, int64_t l, LoraModule mod, const Tensor& x,
       v[i] = (mix64(key + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 11) >= threshold ? v[i] * keep : 0.f;
   });
   return d;
+}
+
+// fn(module, its adapter, where it sits) for each of w's adapters on layer l's linear `which`.
+template <typename Fn>
+void for_each_adapter(const Model& m, const LoraWeights& w, int64_t l, int which, Fn fn) {
+  for (int k = 0; k < kLoraModules; ++k) {
+    const LoraPair& p = w.layers[l][k];
+    if (!p.a.defined()) continue;
+    const auto mod = static_cast<LoraModule>(k);
+    const LoraRows g = lora_module_rows(m.config(), l, mod);
+    if (g.which == which) fn(mod, p, g);
+  }
 }
 
 }  // namespace
@@ -149,18 +158,13 @@ void lora_forward(const Model& m, int64_t l, int which, const Tensor& x, Tensor&
   if (!w) return;
   const float s = static_cast<float>(w->config.scale());
   const int64_t N = x.size(0);
-  for (int k = 0; k < kLoraModules; ++k) {
-    const LoraPair& p = w->layers[l][k];
-    if (!p.a.defined()) continue;
-    const auto mod = static_cast<LoraModule>(k);
-    const LoraRows g = lora_module_rows(m.config(), l, mod);
-    if (g.which != which) continue;
+  for_each_adapter(m, *w, l, which, [&](LoraModule mod, const LoraPair& p, const LoraRows& g) {
     const Tensor xd = dropped_input(m, l, mod, x, training);
     Tensor xa = Tensor::empty({N, p.a.size(0)}, DType::kF32);
     kernels::matmul(xd, p.a, xa, false, true);  // (N, r)
     Tensor out = y.slice(1, g.row0, g.row0 + g.rows);
     kernels::matmul(xa, p.b, out, false, true, s, 1.f);
-  }
+  });
 }
 
 void lora_backward(const Model& m, int64_t l, int which, const Tensor& x, const Tensor& dy, Tensor& dx) {
@@ -170,13 +174,8 @@ void lora_backward(const Model& m, int64_t l, int which, const Tensor& x, const 
   TESSERA_CHECK(grads, "LoRA: a training pass needs the adapters' gradients (Model::set_lora)");
   const float s = static_cast<float>(w->config.scale());
   const int64_t N = x.size(0);
-  for (int k = 0; k < kLoraModules; ++k) {
-    const LoraPair& p = w->layers[l][k];
-    if (!p.a.defined()) continue;
-    const auto mod = static_cast<LoraModule>(k);
-    const LoraRows g = lora_module_rows(m.config(), l, mod);
-    if (g.which != which) continue;
-    LoraPair& gp = grads->layers[l][k];
+  for_each_adapter(m, *w, l, which, [&](LoraModule mod, const LoraPair& p, const LoraRows& g) {
+    LoraPair& gp = grads->layers[l][static_cast<int>(mod)];
     const int64_t r = p.a.size(0);
     const Tensor xd = dropped_input(m, l, mod, x, true);
     Tensor xa = Tensor::empty({N, r}, DType::kF32);
@@ -188,24 +187,18 @@ void lora_backward(const Model& m, int64_t l, int which, const Tensor& x, const 
     kernels::matmul(dxa, xd, gp.a, true, false, 1.f, 1.f);  // dA += dxa^T dropout(x)
     if (m.lora()->config.dropout <= 0) {
       kernels::matmul(dxa, p.a, dx, false, false, 1.f, 1.f);  // dx += dxa A
-      continue;
+      return;
     }
-    // Through the dropout: the same mask (ones where x was kept, scaled), applied to dxa A.
+    // Through the dropout: dxa A under the same mask and scale as the forward's input.
     Tensor dxd = Tensor::empty({N, g.in}, DType::kF32);
     kernels::matmul(dxa, p.a, dxd, false, false);
-    Tensor ones = Tensor::empty({N, g.in}, DType::kF32);
-    std::fill_n(ones.data<float>(), ones.numel(), 1.f);
-    ones = dropped_input(m, l, mod, ones, true);
-    const float* o = ones.data<float>();
-    float* gx = dxd.data<float>();
-    for (int64_t i = 0; i < dxd.numel(); ++i) gx[i] *= o[i];
-    Tensor dxv = dx;
-    const float* add = dxd.data<float>();
+    const Tensor masked = dropped_input(m, l, mod, dxd, true);
+    const float* add = masked.data<float>();
     for (int64_t n = 0; n < N; ++n) {
-      float* row = dxv.data<float>() + n * dxv.stride(0);
+      float* row = dx.data<float>() + n * dx.stride(0);
       for (int64_t j = 0; j < g.in; ++j) row[j] += add[n * g.in + j];
     }
-  }
+  });
 }
 
 }  // namespace tessera::model

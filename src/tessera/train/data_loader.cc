@@ -1,5 +1,6 @@
 // DataLoader: seeded per-epoch window permutations over a split's token stream, and
 // in-order evaluation batches.
+#include "tessera/base/mix64.h"
 #include "tessera/train/data_loader.h"
 
 #include <algorithm>
@@ -11,12 +12,7 @@ namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
-// splitmix64's output function (Steele, Lea, Flood 2014).
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using base::mix64;
 
 class SplitMix64 {
  public:

@@ -1,4 +1,5 @@
 // The LoRA fine-tuning loop (lora_trainer.h).
+#include "tessera/base/mix64.h"
 #include "tessera/train/lora_trainer.h"
 
 #include <cmath>
@@ -34,11 +35,7 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using base::mix64;
 
 int64_t bytes_of(const std::vector<std::pair<std::string, Tensor>>& named) {
   int64_t n = 0;
