@@ -99,3 +99,52 @@ TEST(KvCacheDtype, AFixedBudgetHoldsWhatEachFormsBytesAllow) {
 
 }  // namespace
 }  // namespace tessera::infer
+
+namespace tessera::infer {
+namespace {
+
+// One prefill step of `ids` at positions [start, start + n) through `table` of `pool`;
+// returns the last position's logits.
+std::vector<float> step_logits(const model::Model& m, KvPool& pool, const std::vector<int32_t>& table,
+                               const std::vector<int32_t>& ids, int64_t start) {
+  const int64_t n = static_cast<int64_t>(ids.size()), V = m.config().vocab_size;
+  Tensor t = Tensor::empty({n}, DType::kI32), pos = Tensor::empty({n}, DType::kI32);
+  for (int64_t i = 0; i < n; ++i) {
+    t.data<int32_t>()[i] = ids[i];
+    pos.data<int32_t>()[i] = static_cast<int32_t>(start + i);
+  }
+  kernels::PagedSequence s;
+  s.q_begin = 0, s.q_len = n, s.context_len = start + n, s.block_table = table.data();
+  kernels::PagedAttentionParams p;
+  p.scale = 1.f / std::sqrt(static_cast<float>(m.config().head_dim));
+  PagedKvAttention kv(pool, {s}, p, m.config());
+  const Tensor logits = m.forward_tokens(t, pos, kv, {n - 1});
+  return std::vector<float>(logits.data<float>(), logits.data<float>() + V);
+}
+
+// Blocks moved between pools by their bytes (the unit of the KV tiers and KV transfer)
+// hold the same keys and values: a decode over the moved blocks gives the same logits,
+// bit for bit, as over the originals, in every storage form.
+TEST(KvPoolBlocks, BlocksMovedByTheirBytesDecodeTheSame) {
+  model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+  const model::Model m = model::Model::random(c, DType::kF32, 7);
+  const int64_t bs = 16;
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 250);
+  for (KvCacheDtype d : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8}) {
+    SCOPED_TRACE(kernels::kv_cache_dtype_name(d));
+    KvPool a = KvPool::create(c, 8, bs, 0, d), b = KvPool::create(c, 20, bs, 0, d);
+    EXPECT_EQ(a.block_bytes(), KvPool::bytes_per_block(c, bs, 0, d));
+    const std::vector<int32_t> ta = {7, 3, 0, 5, 1, 6, 2, 4}, tb = {19, 2, 11, 4, 15, 8, 0, 13};
+    step_logits(m, a, ta, prompt, 0);
+    std::vector<uint8_t> bytes(static_cast<size_t>(a.block_bytes()));
+    for (size_t i = 0; i < 7; ++i) {  // ceil(100 / 16) blocks hold the prompt
+      a.read_block(ta[i], bytes.data());
+      b.write_block(tb[i], bytes.data());
+    }
+    EXPECT_EQ(step_logits(m, a, ta, {42}, 100), step_logits(m, b, tb, {42}, 100));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::infer

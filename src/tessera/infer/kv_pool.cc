@@ -1,6 +1,7 @@
 // KvPool sizing and allocation.
 #include "tessera/infer/kv_pool.h"
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,6 +44,57 @@ KvPool KvPool::create(const model::ModelConfig& c, int64_t num_blocks, int64_t b
     p.v.push_back(kernels::make_kv_cache(num_blocks, block_size, kv_heads, c.head_dim, dtype));
   }
   return p;
+}
+
+namespace {
+// Bytes of one block in one layer's K or V cache (0 for an undefined tensor).
+int64_t cache_block_bytes(const Tensor& cache, int64_t num_blocks) {
+  return cache.defined() ? static_cast<int64_t>(cache.nbytes()) / num_blocks : 0;
+}
+}  // namespace
+
+int64_t KvPool::layer_block_bytes(int64_t layer) const {
+  return cache_block_bytes(k.at(layer), num_blocks) + cache_block_bytes(v.at(layer), num_blocks);
+}
+
+int64_t KvPool::block_bytes() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers(); ++l) n += layer_block_bytes(l);
+  return n;
+}
+
+void KvPool::read_block_layer(int32_t b, int64_t layer, uint8_t* dst) const {
+  TESSERA_CHECK(b >= 0 && b < num_blocks, "KV block ", b, " out of range [0, ", num_blocks, ")");
+  for (const Tensor* t : {&k.at(layer), &v.at(layer)}) {
+    const int64_t n = cache_block_bytes(*t, num_blocks);
+    if (n == 0) continue;
+    std::memcpy(dst, static_cast<const uint8_t*>(t->raw_data()) + b * n, static_cast<size_t>(n));
+    dst += n;
+  }
+}
+
+void KvPool::write_block_layer(int32_t b, int64_t layer, const uint8_t* src) {
+  TESSERA_CHECK(b >= 0 && b < num_blocks, "KV block ", b, " out of range [0, ", num_blocks, ")");
+  for (Tensor* t : {&k.at(layer), &v.at(layer)}) {
+    const int64_t n = cache_block_bytes(*t, num_blocks);
+    if (n == 0) continue;
+    std::memcpy(static_cast<uint8_t*>(t->raw_data()) + b * n, src, static_cast<size_t>(n));
+    src += n;
+  }
+}
+
+void KvPool::read_block(int32_t b, uint8_t* dst) const {
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    read_block_layer(b, l, dst);
+    dst += layer_block_bytes(l);
+  }
+}
+
+void KvPool::write_block(int32_t b, const uint8_t* src) {
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    write_block_layer(b, l, src);
+    src += layer_block_bytes(l);
+  }
 }
 
 void PagedKvAttention::attend_latent(int64_t layer, const Tensor& rows, const LatentFn& fn) {

@@ -30,6 +30,20 @@ struct KvPool {
   // Bytes per token the same model would cache as multi-head attention (every head's key
   // and value): what latent attention is compared with. bytes_per_block(1) for others.
   static int64_t mha_bytes_per_token(const model::ModelConfig& c, kernels::KvCacheDtype dtype);
+
+  // One block's bytes, the unit the KV tiers (host / disk) and KV transfer move. A block is
+  // self-contained in every dtype (scales live in their rows), so its bytes are its K/V.
+  // Layout of block_bytes(): for each layer, the block's K rows then its V rows (latent
+  // attention: the rows only), in the cache's stored form.
+  int64_t layer_block_bytes(int64_t layer) const;  // one layer's share
+  int64_t block_bytes() const;                     // every layer's
+  int64_t num_layers() const { return static_cast<int64_t>(k.size()); }
+  // Copies block b of one layer (layer_block_bytes(layer) bytes) out of / into the pool.
+  void read_block_layer(int32_t b, int64_t layer, uint8_t* dst) const;
+  void write_block_layer(int32_t b, int64_t layer, const uint8_t* src);
+  // The same over every layer, block_bytes() bytes in the layout above.
+  void read_block(int32_t b, uint8_t* dst) const;
+  void write_block(int32_t b, const uint8_t* src);
 };
 
 // Blocks that fit in `bytes` (at least 1; throws naming the budget when not even one fits).

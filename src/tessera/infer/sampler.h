@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/tensor/tensor.h"
@@ -17,6 +18,13 @@ namespace tessera::infer {
 struct ParamError {
   std::string field;
   std::string message;
+};
+
+// A structured-output constraint as a request states it (compiled by the engine).
+struct GuidedDecoding {
+  std::string type;  // "" (none) | "json_object" | "json_schema" | "regex" | "grammar"
+  std::string spec;  // the schema's JSON text, the regex or the GBNF grammar ("" for json_object)
+  bool empty() const { return type.empty(); }
 };
 
 // What one request asks of the sampler. Defaults are "off" and follow vLLM / OpenAI.
@@ -37,6 +45,17 @@ struct SamplingParams {
   bool ignore_eos = false;            // EOS neither stops nor is suppressed by min_tokens
   int64_t n = 1;                      // samples per prompt, in [1, 128]; must be 1 when greedy
   std::optional<int> logprobs{};      // top alternatives 0..20; chosen token's logprob when set
+  std::optional<int> prompt_logprobs{};  // prompt tokens' logprobs with this many alternatives (vLLM)
+  // OpenAI logit_bias: (token, bias in [-100, 100]) added to the raw logits before everything.
+  std::vector<std::pair<int32_t, float>> logit_bias{};
+  // Structured outputs: the output must match this constraint (empty type: none). type is
+  // "json_object", "json_schema" (spec: the schema's JSON text), "regex" or "grammar" (GBNF).
+  GuidedDecoding guided{};
+  // Beam search (vLLM's use_beam_search): best_of beams (>= n; 0 = n), the n best returned,
+  // scored by cumulative logprob / length^length_penalty.
+  bool use_beam_search = false;
+  int64_t best_of = 0;
+  float length_penalty = 1.f;
 
   bool is_greedy() const { return temperature < 1e-5f; }
   // The first invalid field (or combination), or nothing. vocab_size > 0 also checks ids.
