@@ -2,6 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
 #include <cstdint>
 #include <vector>
 
@@ -9,6 +13,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
+#include "tessera/base/timer.h"
 
 namespace tessera {
 namespace {
@@ -59,6 +64,28 @@ TEST(Error, CheckThrowsWithMessage) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "value 42 is wrong");
   }
+}
+
+// The progress line of a resumed run: steps done before it started count towards the bar,
+// not the rate; the ETA is what is left at that rate.
+TEST(ProgressBar, RateAndEtaCountOnlyThisRunsWork) {
+  base::ProgressBar bar("train", 100, 50);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::testing::internal::CaptureStderr();
+  bar.update(55, "", true);
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  // 5 steps in about 0.5 s: about 10 it/s (not 110), 45 left: about 4-5 s.
+  float rate = 0;
+  ASSERT_EQ(std::sscanf(line.c_str() + line.find("55/100"), "55/100 %f it/s", &rate), 1) << line;
+  EXPECT_GT(rate, 5.f) << line;
+  EXPECT_LT(rate, 10.5f) << line;
+  EXPECT_TRUE(line.find("ETA 4s") != std::string::npos || line.find("ETA 5s") != std::string::npos ||
+              line.find("ETA 6s") != std::string::npos || line.find("ETA 7s") != std::string::npos ||
+              line.find("ETA 8s") != std::string::npos || line.find("ETA 9s") != std::string::npos)
+      << line;
+  EXPECT_EQ(base::format_duration(42), "42s");
+  EXPECT_EQ(base::format_duration(185), "3m05s");
+  EXPECT_EQ(base::format_duration(7620), "2h07m");
 }
 
 }  // namespace

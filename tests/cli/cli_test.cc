@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "../model/parity_fixture.h"
 #include "tessera/io/safetensors.h"
 
@@ -52,6 +54,86 @@ TEST(Cli, GreedyFirstTokenIsPyTorchArgmax) {
   const auto r = run("generate --model " + dir + " --prompt-ids " + prompt + " --max-tokens 3");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.substr(0, r.out.find(',')), std::to_string(argmax)) << r.out;
+}
+
+// `--speculative ngram` alone works (README's command; it failed with "speculative decoding
+// needs num_speculative_tokens > 0") and, greedy, prints what plain decoding prints.
+TEST(Cli, SpeculativeAloneUsesADefaultProposalCount) {
+  const std::string dir = testing::parity_dir("llama");
+  const std::string base = "generate --model " + dir + " --prompt-ids 5,6,7,5,6,7,5,6 --max-tokens 12";
+  const auto plain = run(base);
+  const auto spec = run(base + " --speculative ngram");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(spec.code, 0) << spec.out;
+  EXPECT_EQ(spec.out.substr(0, spec.out.find('\n')), plain.out.substr(0, plain.out.find('\n')));
+}
+
+// `generate --input` with "logprobs": each output carries the generated tokens'
+// log-probabilities (the first equal to PyTorch's log_softmax at the prompt's last
+// position), and `--output -` writes the lines to standard output.
+TEST(Cli, GenerateBatchLogprobsToStdout) {
+  const std::string dir = testing::parity_dir("llama");
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref->get("input_ids"), logits = ref->get("logits");
+  const int64_t T = ids.size(1), V = logits.size(2);
+  const auto tmp = std::filesystem::temp_directory_path() / ("tessera_cli_lp_" + std::to_string(getpid()));
+  std::filesystem::create_directories(tmp);
+  {
+    std::ofstream f(tmp / "in.jsonl");
+    f << "{\"prompt_ids\": [";
+    for (int64_t t = 0; t < T; ++t) f << (t ? "," : "") << ids.data<int32_t>()[t];
+    f << "], \"max_tokens\": 3, \"logprobs\": 2}\n";
+  }
+  const auto r = testing::run_command(std::string(TESSERA_CLI_PATH) + " generate --model " + dir + " --input " +
+                                          (tmp / "in.jsonl").string() + " --output - 2>/dev/null",
+                                      /*merge_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  const auto& lps = j["outputs"][0]["logprobs"];
+  ASSERT_EQ(lps.size(), 3u) << r.out;
+  const float* row = logits.data<float>() + (T - 1) * V;
+  const float m = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - m));
+  const int32_t first = lps[0]["token_id"].get<int32_t>();
+  EXPECT_EQ(first, j["outputs"][0]["token_ids"][0].get<int32_t>());
+  EXPECT_NEAR(lps[0]["logprob"].get<double>(), row[first] - m - std::log(sum), 2e-3);
+  EXPECT_EQ(lps[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(lps[0]["top_logprobs"][0]["token_id"].get<int32_t>(), first);  // greedy: the top one
+  std::filesystem::remove_all(tmp);
+}
+
+// `tessera info`: the parameter count equals the tensors' elements in the safetensors, the
+// KV bytes per token the formula 2 x layers x kv heads x head dim x 2 (bf16).
+TEST(Cli, InfoReportsParametersAndKvMemory) {
+  const std::string dir = testing::parity_dir("llama");
+  const auto r = testing::run_command(std::string(TESSERA_CLI_PATH) + " info --model " + dir + " --json --context 100",
+                                      /*merge_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const io::SafetensorsModel st = io::SafetensorsModel::open(dir);
+  int64_t params = 0;
+  for (const auto& name : st.names()) {
+    int64_t n = 1;
+    for (int64_t d : st.info(name).shape) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(j["parameters"].get<int64_t>(), params);
+  const int64_t L = j["layers"], H = j["kv_heads"], D = j["head_dim"];
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 2 * L * H * D * 2);
+  EXPECT_EQ(j["kv_bytes_for_context"].get<int64_t>(), 100 * 2 * L * H * D * 2);
+  const auto text = run("info --model " + dir);
+  EXPECT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("parameters"), std::string::npos) << text.out;
+  EXPECT_NE(run("info --model /nonexistent").code, 0);
+}
+
+// `generate --stream`: the text's last line ends before the statistics line.
+TEST(Cli, StreamedTextEndsWithANewlineBeforeTheStats) {
+  const std::string dir = testing::parity_dir("llama");
+  const auto r = run("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 4 --stream");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\ngenerated 4 tokens"), std::string::npos) << r.out;
 }
 
 // --input / --output: a file of requests as one engine batch; greedy first tokens equal
@@ -142,6 +224,8 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"train --config " + (tmp / "sgd.toml").string(), "optimizer.name"},
       {"train --config " + (tmp / "nodata.toml").string(), "/nonexistent/data"},
       {"train --config /nonexistent/run.toml", "/nonexistent/run.toml"},
+      // A configuration error under the elastic supervisor ends the job at once, one line.
+      {"train --config " + (tmp / "nodata.toml").string() + " --nproc 2 --max-restarts 3", "/nonexistent/data"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);
@@ -150,6 +234,43 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
     EXPECT_NE(r.out.find(c.must_mention), std::string::npos) << c.args << "\n" << r.out;
   }
   std::filesystem::remove_all(tmp);
+}
+
+// Parse errors keep the one-line contract: exit 2, "tessera: error: ...", and a suggestion
+// for a mistyped command or flag (issue 22: a mistyped flag exited 109, an unknown command
+// said "A subcommand is required" with exit 106).
+TEST(Cli, ParseErrorsAreOneLineWithExit2AndASuggestion) {
+  const std::string dir = testing::parity_dir("llama");
+  struct Case {
+    std::string args, must_mention;
+  };
+  const Case cases[] = {
+      {"trian", "did you mean 'train'?"},
+      {"", "needs a command"},
+      {"bench trian", "did you mean 'train'?"},
+      {"generate --model " + dir + " --prompt-ids 1 --max-token 3", "did you mean '--max-tokens'?"},
+      {"serve --model " + dir + " --kv-cache-memroy 2G", "did you mean '--kv-cache-memory'?"},
+      {"generate --model " + dir + " --prompt-ids 1 --kv-cache-memory 2X", "--kv-cache-memory"},
+      {"generate --model " + dir + " --prompt-ids 1 --max-tokens many", "--max-tokens"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("tessera: error: ", 0), 0u) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.must_mention), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+// Byte sizes take K/M/G suffixes (powers of 1024): 1K is 1024 bytes (too small for a KV
+// block of this model: the error shows the bytes), 64M runs.
+TEST(Cli, SizeFlagsAcceptSuffixes) {
+  const std::string dir = testing::parity_dir("llama");
+  const auto tiny = run("generate --model " + dir + " --prompt-ids 1,2 --max-tokens 2 --kv-cache-memory 1K");
+  EXPECT_NE(tiny.code, 0) << tiny.out;
+  EXPECT_NE(tiny.out.find("--kv-cache-memory 1024 bytes"), std::string::npos) << tiny.out;
+  const auto ok = run("generate --model " + dir + " --prompt-ids 1,2 --max-tokens 2 --kv-cache-memory 64M");
+  EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
 }  // namespace

@@ -584,5 +584,21 @@ TEST(ServeOps, BadFlagsAreOneLineErrors) {
   }
 }
 
+// A second server on a port another one listens on must not start (no SO_REUSEPORT: the
+// two would split the connections between their models): one line naming the port, exit 1.
+TEST(ServeOps, BusyPortIsRefusedNamingIt) {
+  testing::ServerProcess first({"--model", kModel});
+  const std::string port = std::to_string(first.port());
+  const auto r = testing::run_command(std::string(TESSERA_CLI_PATH) + " serve --model " + kModel + " --port " + port);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("tessera: error: cannot listen on 127.0.0.1:" + port), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
+  // The first server still answers.
+  httplib::Client c("127.0.0.1", first.port());
+  auto res = c.Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
 }  // namespace
 }  // namespace tessera

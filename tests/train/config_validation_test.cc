@@ -308,6 +308,8 @@ TEST(ConfigValidation, TrainCliReportsBadConfigsAsOneLine) {
       {with("parallel", "dp", "2", ok), "[parallel] dp 2 x pp 1 x tp 1 = 2 ranks, but the job has 1"},
       {with("parallel", "cp", "2", with("parallel", "dp", "1", ok)), "[parallel] dp 1 x pp 1 x tp 1 x cp 2 = 2 ranks, but the job has 1"},
       {with("parallel", "tp", "0", ok), "parallel.tp must be in [1, 65536], got 0"},
+      // The planner's memory model before anything loads: tens of GiB of activations.
+      {with("data", "batch_size", "400000", ok), "GiB available for each of its 1 rank; lower [data] batch_size (now 400000)"},
   };
   int i = 0;
   for (const auto& c : cases) {

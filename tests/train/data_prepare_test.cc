@@ -13,6 +13,8 @@
 #include <random>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "../io/io_test_util.h"
 #include "data_test_util.h"
 #include "tessera/io/tokenizer.h"
@@ -259,6 +261,136 @@ TEST(DataPrepareCli, BadInputGivesOneLineAndKeepsOutput) {
   }
   EXPECT_NE(run_cli(base + d.file("empty.txt")).out.find(d.file("empty.txt")), std::string::npos);
   EXPECT_EQ(read_bytes(d.file("data/train_00000.bin")), shard);
+}
+
+}  // namespace
+}  // namespace tessera::train
+
+namespace tessera::train {
+namespace {
+
+// Documents from JSON-lines files and from text split at a separator; validation holds
+// whole documents (within 10% of the asked fraction), train + val hold every document once,
+// each followed by EOS; the draw is fixed by the seed; a large vocabulary for the corpus
+// is a warning; a bad JSONL line is an error naming the file and line.
+TEST(DataPrepare, DocumentsFromJsonlAndSeparatorsAndAValidationSplitOfWholeDocuments) {
+  TempDir d;
+  const auto tok = io::Tokenizer::load(trained_tokenizer_dir());
+  const int32_t eos = tok.eos_id();
+  std::vector<std::string> docs;
+  std::string jsonl, sep_text;
+  for (int i = 0; i < 60; ++i) {
+    std::string doc = sample_corpus(100 + i, 3 + i % 5);
+    // No "<|endoftext|>" inside: it is a special token and would split counts.
+    for (size_t p; (p = doc.find("<|endoftext|>")) != std::string::npos;) doc.erase(p, 13);
+    docs.push_back(doc);
+    if (i < 30) jsonl += nlohmann::json({{"text", doc}, {"meta", i}}).dump() + "\n";
+    else sep_text += doc + "@@@";
+  }
+  jsonl += "\n";  // blank lines are skipped
+  write_bytes(d.file("a.jsonl"), jsonl);
+  write_bytes(d.file("b.txt"), sep_text);
+  std::vector<std::vector<int32_t>> encoded;
+  int64_t total = 0;
+  for (const auto& doc : docs) {
+    auto e = tok.encode(doc, false);
+    e.push_back(eos);
+    total += static_cast<int64_t>(e.size());
+    encoded.push_back(std::move(e));
+  }
+  PrepareOptions o;
+  o.tokenizer_dir = trained_tokenizer_dir();
+  o.inputs = {d.file("a.jsonl"), d.file("b.txt")};
+  o.separator = "@@@";
+  o.out_dir = d.file("out");
+  o.val_fraction = 0.2;
+  o.progress = false;
+  const auto r = prepare_data(o);
+  EXPECT_EQ(r.documents, 60);
+  EXPECT_EQ(r.val_split, "documents");
+  EXPECT_EQ(r.train_tokens + r.val_tokens, total);
+  const int64_t target = total / 5;
+  EXPECT_GE(r.val_tokens, target - target / 10);
+  EXPECT_LE(r.val_tokens, target + target / 10);
+  // Train and val are each a subsequence of whole documents, in order, covering all of them.
+  const auto train = read_split(o.out_dir, "train"), val = read_split(o.out_dir, "val");
+  size_t ti = 0, vi = 0;
+  int64_t val_docs = 0;
+  for (const auto& e : encoded) {
+    if (ti + e.size() <= train.size() && std::equal(e.begin(), e.end(), train.begin() + ti)) {
+      ti += e.size();
+    } else {
+      ASSERT_TRUE(vi + e.size() <= val.size() && std::equal(e.begin(), e.end(), val.begin() + vi));
+      vi += e.size();
+      ++val_docs;
+    }
+  }
+  EXPECT_EQ(ti, train.size());
+  EXPECT_EQ(vi, val.size());
+  EXPECT_EQ(val_docs, r.val_documents);
+  EXPECT_GT(val_docs, 1);
+  // 300 vocabulary entries for a few thousand tokens: the warning.
+  ASSERT_EQ(r.warnings.size(), total < 6000 ? 1u : 0u);
+  if (!r.warnings.empty()) EXPECT_NE(r.warnings[0].find("is large for a corpus of"), std::string::npos);
+  // Another seed draws other documents; the same seed the same ones.
+  o.out_dir = d.file("out2");
+  o.split_seed = 7;
+  prepare_data(o);
+  EXPECT_NE(read_split(o.out_dir, "val"), val);
+  o.out_dir = d.file("out3");
+  o.split_seed = 0;
+  prepare_data(o);
+  EXPECT_EQ(read_split(o.out_dir, "val"), val);
+
+  write_bytes(d.file("bad.jsonl"), "{\"text\": \"ok\"}\n[1, 2]\n");
+  o.inputs = {d.file("bad.jsonl")};
+  o.out_dir = d.file("out4");
+  expect_error([&] { prepare_data(o); }, {d.file("bad.jsonl") + ":2:", "\"text\""});
+}
+
+}  // namespace
+}  // namespace tessera::train
+
+#include "tessera/model/model.h"
+#include "tessera/train/config.h"
+#include "tessera/train/trainer_setup.h"
+
+namespace tessera::train {
+namespace {
+
+// Fine-tuning a model on data encoded with another tokenizer of the same vocabulary size
+// is refused before training (issue 22: it was silently accepted); with the model's own
+// tokenizer it runs.
+TEST(DataPrepare, FineTuningOnDataOfAnotherTokenizerIsRefused) {
+  TempDir d;
+  write_bytes(d.file("other.txt"), sample_corpus(99, 400) + "zebra quartz vexing jinx\n");
+  io::BpeTrainOptions bo;
+  bo.vocab_size = 300;
+  bo.progress = false;
+  io::train_bpe({d.file("other.txt")}, bo).save(d.file("other_tok"));
+  model::ModelConfig mc = model::ModelConfig::named_shape("tiny");
+  mc.vocab_size = 300;
+  const model::Model m = model::Model::random(mc, DType::kF32, 1);
+  m.save(d.file("model_other"));
+  m.save(d.file("model_same"));
+  std::filesystem::copy_file(d.file("other_tok") + "/tokenizer.json", d.file("model_other") + "/tokenizer.json");
+  std::filesystem::copy_file(trained_tokenizer_dir() + "/tokenizer.json", d.file("model_same") + "/tokenizer.json");
+
+  write_bytes(d.file("a.txt"), sample_corpus(3, 200));
+  PrepareOptions o;
+  o.tokenizer_dir = trained_tokenizer_dir();
+  o.inputs = {d.file("a.txt")};
+  o.out_dir = d.file("data");
+  o.progress = false;
+  prepare_data(o);
+  const auto config = [&](const std::string& model_dir) {
+    return TrainConfig::parse("[model]\ninit_from = \"" + model_dir + "\"\n[data]\ndir = \"" + o.out_dir + "\"\n",
+                              "ft.toml");
+  };
+  EXPECT_NO_THROW(read_run_data_meta(config(d.file("model_same"))));
+  expect_error([&] { read_run_data_meta(config(d.file("model_other"))); },
+               {"ft.toml: the data in", "was encoded with the tokenizer of " + trained_tokenizer_dir(),
+                "is not the tokenizer of model.init_from " + d.file("model_other")});
 }
 
 }  // namespace

@@ -141,7 +141,7 @@ void add_bench_serve(CLI::App* bench, Action& action) {
       ->capture_default_str();
   c->add_option("--max-model-len", o.engine.max_model_len, "Context length; 0: the model's")
       ->capture_default_str();
-  c->add_option("--kv-cache-memory", f->kv_cache_memory, "KV pool bytes; 0: a fraction of free memory")
+  add_size_option(c, "--kv-cache-memory", f->kv_cache_memory, "KV pool size; 0: a fraction of free memory")
       ->capture_default_str();
   c->add_option_function<std::string>(
        "--kv-cache-dtype", [&o](const std::string& s) { o.engine.kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },

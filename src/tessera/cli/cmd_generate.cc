@@ -81,7 +81,12 @@ int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer:
     text += r.dump() + "\n";
     completion += r["usage"]["completion_tokens"].get<int64_t>();
   }
-  io::write_file_atomic(f.output, text);
+  if (f.output == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  } else {
+    io::write_file_atomic(f.output, text);
+  }
   const auto st = engine.stats();
   std::fprintf(stderr,
                "%zu requests, %lld tokens generated in %.1f s (%.1f tokens/s); prefix cache hits "
@@ -142,6 +147,7 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
     for (int32_t t : r.tokens) print(t);
   if (!pending.empty()) std::fwrite(pending.data(), 1, pending.size(), stdout);
   std::printf("\n");
+  std::fflush(stdout);  // the text's last line ends before the statistics on stderr
   const double dps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
   std::fprintf(stderr, "generated %zu tokens (%s); prefill %zu tokens in %.3f s, decode %.1f tokens/s\n",
                r.tokens.size(), r.finish_reason.c_str(), prompt.size(), r.prefill_seconds, dps);
@@ -184,7 +190,7 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_flag("--stream", f->stream, "Print tokens as they are generated");
   cmd->add_option("--input", f->input,
                   "JSON-lines file of requests ({\"prompt\": ..., \"max_tokens\": ...}), run as one batch");
-  cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request");
+  cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request (- for standard output)");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
   cmd->add_option("--quantization", f->quantization,

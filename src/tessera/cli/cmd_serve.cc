@@ -146,7 +146,7 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--request-timeout", s.request_timeout_s, "Seconds a request may take (0 = none)")
       ->capture_default_str();
-  cmd->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger is 413")->capture_default_str();
+  add_size_option(cmd, "--max-body-bytes", s.max_body_bytes, "Largest request body; larger is 413")->capture_default_str();
   cmd->add_option("--grace-period", s.grace_period_s, "SIGTERM: seconds in-flight requests get before cancel")
       ->capture_default_str();
   cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads (0 = max-num-seqs + max-queue + 16)");

@@ -2,13 +2,18 @@
 // one process, or (with --nproc / --hosts) an elastic supervisor around `mpirun`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
+#include "tessera/infer/kv_pool.h"
+#include "tessera/plan/run_memory.h"
 #include "tessera/plan/train_layout.h"
 #include "tessera/train/elastic.h"
 #include "tessera/train/trainer.h"
@@ -32,7 +37,38 @@ struct Flags {
   bool print_schedule = false;
   std::string layout;
   double memory_limit_mb = -1;  // < 0: the config's [training] memory_limit_mb
+  bool no_memory_check = false;
 };
+
+// Ctrl-C: the run stops at once (checkpoints are written atomically, so the latest one is
+// whole) and says how to go on from it.
+char g_interrupt_message[1024];
+void on_interrupt(int) {
+  const ssize_t n = ::write(2, g_interrupt_message, std::strlen(g_interrupt_message));
+  (void)n;
+  ::_exit(130);
+}
+void print_resume_hint_on_interrupt(const std::string& config_path, const std::string& out_dir) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");  // under mpirun rank 0 says it once
+  if (rank && std::atoi(rank) != 0) return;
+  std::snprintf(g_interrupt_message, sizeof g_interrupt_message,
+                "\ntrain: interrupted; continue from the latest checkpoint in %s/checkpoints with:\n"
+                "  tessera train --config %s --resume\n",
+                out_dir.c_str(), config_path.c_str());
+  std::signal(SIGINT, on_interrupt);
+}
+
+// The planner's estimate of a rank's bytes against this machine's free memory; a run that
+// cannot fit ends here with the key to change (issue 22: it died with "out of memory
+// allocating N bytes" or the OOM killer).
+void check_memory(const train::TrainConfig& config, const model::ModelConfig& model, int64_t world,
+                  int64_t local_ranks) {
+  if (config.lora.enabled) return;  // the model's states are the adapters': the model over-counts
+  const double available = static_cast<double>(infer::available_memory_bytes());
+  if (available <= 0) return;  // unknown here
+  const auto r = plan::estimate_run_memory(config, model, world, local_ranks, available);
+  if (auto e = plan::run_memory_error(config, r)) fail(*e);
+}
 
 std::string self_path() {
   char buf[PATH_MAX];
@@ -48,6 +84,14 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
   TESSERA_CHECK(f.min_nproc >= 0 && f.min_nproc <= nproc, "--min-nproc ", f.min_nproc,
                 " must be in [1, --nproc ", nproc, "]");
   TESSERA_CHECK(f.max_restarts >= 0, "--max-restarts must not be negative");
+  // A configuration error is deterministic: it ends the job here, once, instead of every
+  // rank repeating it under mpirun and the supervisor restarting it. So does a run that
+  // cannot fit in memory.
+  const model::ModelConfig model = train::check_run(config, nproc);
+  if (!f.no_memory_check) {
+    const int64_t hosts = f.hosts.empty() ? 1 : 1 + std::count(f.hosts.begin(), f.hosts.end(), ',');
+    check_memory(config, model, nproc, (nproc + hosts - 1) / hosts);
+  }
   const std::string exe = self_path();
   std::filesystem::create_directories(config.out_dir);
   train::ElasticOptions o;
@@ -71,6 +115,7 @@ int run_supervised(const Flags& f, const train::TrainConfig& config) {
     if (!f.trace.empty()) argv.insert(argv.end(), {"--trace", f.trace});
     if (!f.layout.empty()) argv.insert(argv.end(), {"--layout", f.layout});
     if (f.memory_limit_mb >= 0) argv.insert(argv.end(), {"--memory-limit", std::to_string(f.memory_limit_mb)});
+    argv.push_back("--no-memory-check");  // checked (or waived) here, once
     return argv;
   };
   const train::ElasticResult r = train::run_elastic(o);
@@ -118,6 +163,8 @@ void add_train(CLI::App& app, Action& action) {
                   "Parallel layout in tessera plan train's spelling (dp=2,tp=2,pp=2,zero=1,mb=2,"
                   "recompute=selective,sp=on,sched=1f1b,vpp=1): overrides [parallel]")
       ->check([](const std::string& s) { return s.empty() ? std::string("--layout is empty") : std::string(); });
+  cmd->add_flag("--no-memory-check", f->no_memory_check,
+                "Start even when the planner's memory model says the run does not fit in this machine's free memory");
   cmd->add_flag("--print-schedule", f->print_schedule,
                 "Print the pipeline schedule (passes per rank, stage layers, bubble) and exit");
   cmd->callback([f, &action] {
@@ -149,11 +196,24 @@ void add_train(CLI::App& app, Action& action) {
         TESSERA_CHECK(f->stop_after < 0, "--stop-after cannot be combined with --nproc");
         return run_supervised(*f, config);
       }
+      if (!f->no_memory_check) {  // one process, or a rank under mpirun
+        const char* ws = std::getenv("OMPI_COMM_WORLD_SIZE");
+        const char* ls = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        const int64_t world = ws && *ws ? std::atoll(ws) : 1, local = ls && *ls ? std::atoll(ls) : world;
+        check_memory(config, train::check_run(config, world), world, local);
+      }
+      print_resume_hint_on_interrupt(f->config, config.out_dir);
       train::TrainOptions o;
       o.resume = f->resume;
       o.stop_after = f->stop_after;
       const auto r = train::run_training(config, o);
       if (r.rank != 0) return 0;  // rank 0 reports for the job
+      if (r.already_finished) {
+        std::printf("train: %s already finished its %lld steps; nothing to do (raise [training] steps to "
+                    "train on, or choose another [run] out_dir)\n",
+                    config.out_dir.c_str(), static_cast<long long>(r.start_step));
+        return 0;
+      }
       std::printf("trained steps %lld..%lld in %.1f s: final loss %.4f", static_cast<long long>(r.start_step),
                   static_cast<long long>(r.start_step + r.steps_run), r.seconds, r.final_loss);
       if (r.val_loss >= 0) std::printf(", val loss %.4f", r.val_loss);

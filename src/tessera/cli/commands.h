@@ -25,6 +25,7 @@ void add_plot(CLI::App& app, Action& action);       // cmd_plot.cc
 void add_plan(CLI::App& app, Action& action);       // cmd_plan.cc
 void add_quantize(CLI::App& app, Action& action);   // cmd_quantize.cc
 void add_export(CLI::App& app, Action& action);     // cmd_export.cc
+void add_info(CLI::App& app, Action& action);       // cmd_info.cc
 
 void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
 // --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).
@@ -48,6 +49,14 @@ struct ChatPrepareResult {
 };
 ChatPrepareResult prepare_chat_data(const ChatPrepareOptions& o);
 std::string describe_chat_data(const ChatPrepareResult& r);  // one line for the terminal
+
+// A CLI11 parse error as one line on stderr ("tessera: error: ... (see 'tessera CMD --help')"),
+// with a did-you-mean for a mistyped command or flag; returns 2 (0 for --help / --version,
+// which print as CLI11 prints them).
+int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv);
+// A byte-size flag: plain bytes or with a K/M/G/T suffix (powers of 1024; "2G", "512MiB").
+CLI::Option* add_size_option(CLI::App* cmd, const std::string& name, int64_t& bytes,
+                             const std::string& description);
 
 // "1,2,3" -> {1,2,3}; errors name the flag and the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);

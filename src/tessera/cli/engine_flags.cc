@@ -4,7 +4,7 @@
 namespace tessera::cli {
 
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching) {
-  cmd->add_option("--kv-cache-memory", e.kv_cache_memory, "KV cache bytes (0 = half the free memory)");
+  add_size_option(cmd, "--kv-cache-memory", e.kv_cache_memory, "KV cache size (0 = half the free memory)");
   cmd->add_option_function<std::string>(
          "--kv-cache-dtype", [&e](const std::string& s) { e.kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
          "KV cache storage: bf16 (default), int8, fp8 (e4m3, per-token scales) or f32")
@@ -17,8 +17,19 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
   cmd->add_flag("--no-prefix-caching", no_prefix_caching, "Do not reuse cached prompt prefixes");
   cmd->add_flag("--batch-invariant", e.batch_invariant,
                 "Logits independent of the rest of the batch (bit for bit; slower)");
-  cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram, draft or mtp (the model's multi-token prediction module)");
-  cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens, "Tokens proposed per step");
+  // --speculative alone proposes 4 tokens per step (mtp: 1, its one module); an explicit
+  // --num-speculative-tokens wins (it is processed after this flag, and this one never
+  // overrides a value already set).
+  cmd->add_option_function<std::string>(
+         "--speculative",
+         [&e](const std::string& m) {
+           e.speculative_method = m;
+           if (e.num_speculative_tokens == 0) e.num_speculative_tokens = m == "mtp" ? 1 : 4;
+         },
+         "Speculative decoding: ngram, draft or mtp (the model's multi-token prediction module)")
+      ->type_name("METHOD");
+  cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens,
+                  "Tokens proposed per step (default with --speculative: 4; mtp: 1)");
 }
 
 }  // namespace tessera::cli

@@ -1,5 +1,6 @@
 // The `tessera` command: parses flags and hands off to library functions.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "tessera/base/error.h"
@@ -22,11 +23,14 @@ int main(int argc, char** argv) {
   tessera::cli::add_plan(app, action);
   tessera::cli::add_quantize(app, action);
   tessera::cli::add_export(app, action);
+  tessera::cli::add_info(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return tessera::cli::report_parse_error(app, e, argc, argv);
   }
+  // Tests of the documentation's commands (tests/docs): the flags parse, nothing runs.
+  if (const char* p = std::getenv("TESSERA_PARSE_ONLY"); p && *p == '1') return 0;
   try {
     return action ? action() : 0;
   } catch (const tessera::Error& e) {

@@ -60,11 +60,34 @@ std::vector<OfflineRequest> read_offline_requests(const std::string& path, const
   return out;
 }
 
+namespace {
+
+// [{"token_id", "logprob", ["token",] "top_logprobs": [{"token_id", "logprob"[, "token"]}]}]
+// per generated token (raw log-probabilities, as the server's).
+nlohmann::json logprobs_json(const std::vector<SampleResult>& lps, const io::Tokenizer* tok) {
+  const auto entry = [tok](int32_t id, float lp) {
+    nlohmann::json e = {{"token_id", id}, {"logprob", lp}};
+    if (tok) e["token"] = tok->decode_token(id);
+    return e;
+  };
+  nlohmann::json out = nlohmann::json::array();
+  for (const SampleResult& r : lps) {
+    nlohmann::json e = entry(r.token, r.logprob);
+    e["top_logprobs"] = nlohmann::json::array();
+    for (const TokenLogprob& t : r.top_logprobs) e["top_logprobs"].push_back(entry(t.token, t.logprob));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<nlohmann::json> run_offline(Engine& engine, const io::Tokenizer* tok,
                                         const std::vector<OfflineRequest>& requests, bool progress) {
   struct Sample {
     std::string text;
     std::vector<int32_t> tokens;
+    std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
     std::string finish_reason;
   };
   struct State {
@@ -88,6 +111,7 @@ std::vector<nlohmann::json> run_offline(Engine& engine, const io::Tokenizer* tok
       Sample& s = st.samples[o.index];
       s.tokens.insert(s.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       s.text += o.new_text;
+      s.logprobs.insert(s.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
       st.cached = o.num_cached_tokens;
       tokens += static_cast<int64_t>(o.new_tokens.size());
       if (!o.finished) continue;
@@ -113,6 +137,7 @@ std::vector<nlohmann::json> run_offline(Engine& engine, const io::Tokenizer* tok
       if (!tok) s.text.clear();
       nlohmann::json o = {{"index", index}, {"token_ids", s.tokens}, {"finish_reason", s.finish_reason}};
       if (tok) o["text"] = s.text;
+      if (r.params.logprobs) o["logprobs"] = logprobs_json(s.logprobs, tok);
       j["outputs"].push_back(std::move(o));
       completion += static_cast<int64_t>(s.tokens.size());
     }

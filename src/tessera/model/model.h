@@ -86,10 +86,12 @@ class KvAttention {
 // elsewhere (the whole tensors of a tensor-parallel model).
 // save_hf_directory for a whole model's named tensors (Params::named or a gather of
 // them): adds what its checkpoints carry besides (DeepSeek-V3's MTP copies).
+// save_as: floating-point weights converted to this dtype (config.json's torch_dtype says
+// so); unset: as they are.
 void save_hf_model(const std::string& dir, const ModelConfig& config,
                    const std::vector<std::pair<std::string, std::string>>& json_files,
                    std::vector<std::pair<std::string, Tensor>> tensors,
-                   uint64_t max_shard_bytes = 5'000'000'000ull);
+                   uint64_t max_shard_bytes = 5'000'000'000ull, std::optional<DType> save_as = std::nullopt);
 
 struct Activations;  // activations.h: what a training forward saves for backward
 struct LoraWeights;  // lora.h

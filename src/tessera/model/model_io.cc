@@ -343,8 +343,22 @@ void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
 
 void save_hf_model(const std::string& dir, const ModelConfig& config,
                    const std::vector<std::pair<std::string, std::string>>& json_files,
-                   std::vector<std::pair<std::string, Tensor>> tensors, uint64_t max_shard_bytes) {
+                   std::vector<std::pair<std::string, Tensor>> tensors, uint64_t max_shard_bytes,
+                   std::optional<DType> save_as) {
   add_mtp_shared_copies(config, tensors);
+  std::vector<std::pair<std::string, std::string>> files = json_files;
+  if (save_as) {
+    TESSERA_CHECK(*save_as == DType::kF32 || *save_as == DType::kBF16, "models save as f32 or bf16, not ",
+                  dtype_name(*save_as));
+    for (auto& [name, t] : tensors)
+      if (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16) t = t.to(*save_as);
+    for (auto& [name, text] : files)
+      if (name == "config.json") {
+        nlohmann::json j = nlohmann::json::parse(text);
+        j["torch_dtype"] = *save_as == DType::kBF16 ? "bfloat16" : "float32";
+        text = j.dump(2) + "\n";
+      }
+  }
   if (config.norm_offset)
     for (auto& [name, t] : tensors)
       if (is_norm_weight(name)) {
@@ -353,7 +367,7 @@ void save_hf_model(const std::string& dir, const ModelConfig& config,
         shift_by(w, -1.f);
         t = w;
       }
-  save_hf_directory(dir, json_files, tensors, max_shard_bytes);
+  save_hf_directory(dir, files, tensors, max_shard_bytes);
 }
 
 Recompute parse_recompute(const std::string& name) {

@@ -49,7 +49,11 @@ ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::strin
       limits_(limits),
       template_(std::make_shared<const jinja::Template>(source_)) {}
 
-ChatTemplate ChatTemplate::chatml() { return ChatTemplate(kChatML); }
+ChatTemplate ChatTemplate::chatml() {
+  ChatTemplate t(kChatML);
+  t.fallback_ = true;
+  return t;
+}
 
 ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
@@ -70,7 +74,9 @@ ChatTemplate ChatTemplate::from_config(const nlohmann::json& cfg, const std::str
                                        const std::string& where) {
   const std::string bos = token_string(cfg, "bos_token", where), eos = token_string(cfg, "eos_token", where);
   try {
-    return ChatTemplate(source.empty() ? std::string(kChatML) : source, bos, eos);
+    ChatTemplate t(source.empty() ? std::string(kChatML) : source, bos, eos);
+    t.fallback_ = source.empty();
+    return t;
   } catch (const Error& e) {
     fail(where, ": ", e.what());
   }

@@ -37,12 +37,16 @@ class ChatTemplate {
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   const jinja::Limits& limits() const { return limits_; }
+  // True when the model has no template and ChatML stands in (a base model, most likely:
+  // chat replies may be poor). Said at start-up and in /v1/models.
+  bool is_fallback() const { return fallback_; }
   void set_limits(const jinja::Limits& limits) { limits_ = limits; }
 
  private:
   // `source` ("" = ChatML) with bos/eos from `cfg`; errors name `where`.
   static ChatTemplate from_config(const nlohmann::json& cfg, const std::string& source, const std::string& where);
   std::string source_, bos_token_, eos_token_;
+  bool fallback_ = false;
   jinja::Limits limits_;
   std::shared_ptr<const jinja::Template> template_;  // parsed once, shared by copies
 };

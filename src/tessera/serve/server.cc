@@ -336,8 +336,12 @@ int Server::Impl::run(bool handle_signals) {
   http_.set_write_timeout(30);
   // cpp-httplib listens with a backlog of 5: a burst of clients would see dropped SYNs and
   // 1 s retries. Listening again on the bound socket raises the backlog.
+  // Not httplib's default options: they set SO_REUSEPORT, which lets a second server bind a
+  // busy port and take half its connections. SO_REUSEADDR only (a restart can rebind a port
+  // in TIME_WAIT); a port another process listens on is refused.
   http_.set_socket_options([this](socket_t s) {
-    httplib::default_socket_options(s);
+    int yes = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     listen_fd_ = s;
   });
   setup_routes();
@@ -360,7 +364,19 @@ int Server::Impl::run(bool handle_signals) {
       stop();
     });
   }
-  std::fprintf(stderr, "tessera serve: %s\n", engine_.kv_cache_summary().c_str());
+  // The start-up summary: what is served, how, and where.
+  const model::ModelConfig& mc = engine_.model().config();
+  std::fprintf(stderr, "tessera serve: model %s (%s, %.1fM parameters, %s weights), context %lld tokens\n",
+               config_.model_name.c_str(), mc.model_type.c_str(), mc.num_parameters() / 1e6,
+               dtype_name(engine_.model().dtype()), static_cast<long long>(engine_.max_model_len()));
+  std::fprintf(stderr, "tessera serve: chat template: %s\n",
+               !tokenizer_ ? "none (no tokenizer: token-id prompts only)"
+               : chat_template_.is_fallback()
+                   ? "the model has none; ChatML stands in (a base model? its chat replies may be poor)"
+                   : "the model's own");
+  std::fprintf(stderr, "tessera serve: %s; at most %lld requests running, %lld queued\n",
+               engine_.kv_cache_summary().c_str(), static_cast<long long>(engine_.config().max_num_seqs),
+               static_cast<long long>(config_.max_queue));
   std::fprintf(stderr, "tessera serve: listening on http://%s:%d\n", config_.host.c_str(), port);
   std::fflush(stderr);
   http_.listen_after_bind();  // until stop(): then waits for the in-flight handlers

@@ -187,7 +187,10 @@ TrainConfig TrainConfig::parse(const std::string& text, const std::string& sourc
 
   Section run = table("run");
   run.get("out_dir", c.out_dir);
+  run.get("save_dtype", c.save_dtype);
   run.check_unknown();
+  TESSERA_CHECK(c.save_dtype == "f32" || c.save_dtype == "bf16", run.where("save_dtype"),
+                " must be \"f32\" or \"bf16\", got \"", c.save_dtype, "\"");
   TESSERA_CHECK(!c.out_dir.empty(), run.where("out_dir"), " must not be empty");
 
   // Sizes are overrides of the shape (0 = keep it); the model's own validation bounds

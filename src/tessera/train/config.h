@@ -131,6 +131,9 @@ struct LoraSection {
 
 struct TrainConfig {
   std::string out_dir = "runs/train";  // [run] out_dir
+  // [run] save_dtype: the final model's weights in f32 (the master weights, exact) or bf16
+  // (half the bytes, what training in bf16 computes with; config.json says torch_dtype).
+  std::string save_dtype = "f32";
   ModelSection model;
   DataSection data;
   OptimizerConfig optimizer;

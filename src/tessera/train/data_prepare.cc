@@ -6,14 +6,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/base/error.h"
+#include "tessera/base/mix64.h"
 #include "tessera/base/timer.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
@@ -135,7 +140,7 @@ struct TempDirGuard {
 
 }  // namespace
 
-size_t next_safe_cut(const std::string& text, size_t from) {
+size_t next_safe_cut(std::string_view text, size_t from) {
   // Under byte-level BPE pre-tokenizers (GPT-2, Llama 3 patterns) a lone '\n' between two
   // visible characters is a pre-token of its own, so no pre-token or special token spans
   // the cut and encoding the two sides separately gives the same ids as encoding it whole.
@@ -148,6 +153,98 @@ size_t next_safe_cut(const std::string& text, size_t from) {
   return n;
 }
 
+namespace {
+
+bool is_jsonl(const std::string& path, const std::string& format) {
+  if (format == "jsonl") return true;
+  if (format == "text") return false;
+  const std::string ext = fs::path(path).extension().string();
+  return ext == ".jsonl" || ext == ".ndjson";
+}
+
+// Each non-blank line of a JSON-lines file: {"text": "..."} (other keys are ignored).
+void for_each_jsonl_text(const std::string& text, const std::string& path,
+                         const std::function<void(std::string_view)>& fn) {
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line = std::string_view(text).substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, ":", line_no, ": not a JSON object (", e.what(), ")");
+    }
+    TESSERA_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), path, ":", line_no,
+                  ": each line must be an object with a string \"text\" (a document)");
+    const std::string& doc = j["text"].get_ref<const std::string&>();
+    if (!doc.empty()) fn(doc);
+  }
+}
+
+// The documents of a text file: the whole file, or its pieces between separators (empty
+// pieces skipped).
+void for_each_document(const std::string& text, const std::string& separator,
+                       const std::function<void(std::string_view)>& fn) {
+  if (separator.empty()) return fn(text);
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t end = text.find(separator, pos);
+    if (end == std::string::npos) end = text.size();
+    if (end > pos) fn(std::string_view(text).substr(pos, end - pos));
+    pos = end + separator.size();
+  }
+}
+
+// Moves the validation split out of `tokens` into `val` (see PrepareOptions::val_fraction).
+void split_validation(std::vector<int32_t>& tokens, const std::vector<int64_t>& doc_ends,
+                      const PrepareOptions& o, std::vector<int32_t>& val, PrepareResult& r) {
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t target = static_cast<int64_t>(std::floor(static_cast<double>(total) * o.val_fraction));
+  if (target == 0) {
+    r.val_split = "none";
+    return;
+  }
+  const size_t n = doc_ends.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return base::mix64(a ^ (o.split_seed * 0x9E3779B97F4A7C15ull)) < base::mix64(b ^ (o.split_seed * 0x9E3779B97F4A7C15ull));
+  });
+  const auto doc_size = [&](size_t i) { return doc_ends[i] - (i ? doc_ends[i - 1] : 0); };
+  const int64_t lo = target - target / 10, hi = target + target / 10;
+  std::vector<bool> in_val(n, false);
+  int64_t taken = 0, docs = 0;
+  for (size_t i : order) {
+    if (taken >= lo) break;
+    if (taken + doc_size(i) > hi || docs + 1 >= static_cast<int64_t>(n)) continue;  // keep one for train
+    in_val[i] = true;
+    taken += doc_size(i);
+    ++docs;
+  }
+  if (taken < lo) {  // too few (or too large) documents: the tail of the stream
+    r.val_split = "stream tail";
+    val.assign(tokens.end() - target, tokens.end());
+    tokens.resize(static_cast<size_t>(total - target));
+    return;
+  }
+  r.val_split = "documents";
+  r.val_documents = docs;
+  std::vector<int32_t> train;
+  train.reserve(static_cast<size_t>(total - taken));
+  val.reserve(static_cast<size_t>(taken));
+  for (size_t i = 0; i < n; ++i) {
+    auto& dst = in_val[i] ? val : train;
+    dst.insert(dst.end(), tokens.begin() + (i ? doc_ends[i - 1] : 0), tokens.begin() + doc_ends[i]);
+  }
+  tokens = std::move(train);
+}
+
+}  // namespace
+
 PrepareResult prepare_data(const PrepareOptions& o) {
   base::Timer timer;
   TESSERA_CHECK(!o.out_dir.empty(), "--out: no output directory given");
@@ -156,6 +253,8 @@ PrepareResult prepare_data(const PrepareOptions& o) {
                 ": must be in [0, 1)");
   TESSERA_CHECK(o.shard_tokens >= 1, "--shard-tokens ", o.shard_tokens, ": must be at least 1");
   TESSERA_CHECK(o.chunk_bytes >= 1, "chunk_bytes ", o.chunk_bytes, ": must be at least 1");
+  TESSERA_CHECK(o.input_format == "auto" || o.input_format == "text" || o.input_format == "jsonl",
+                "--input-format must be auto, text or jsonl, got '", o.input_format, "'");
   const fs::path out = normalize_out(o.out_dir);
   check_replaceable(out, o.out_dir);
 
@@ -179,33 +278,48 @@ PrepareResult prepare_data(const PrepareOptions& o) {
   const bool cut = safe_cuts_are_exact(tok);
 
   std::vector<int32_t> tokens;
+  std::vector<int64_t> doc_ends;  // tokens[doc_ends[i-1], doc_ends[i]) is document i
   base::ProgressBar bar("encode (bytes)", total_bytes);
   int64_t done_bytes = 0;
+  const auto encode_document = [&](std::string_view text) {
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t target = pos + static_cast<size_t>(o.chunk_bytes);
+      const size_t end = !cut || target >= text.size() ? text.size() : next_safe_cut(text, target);
+      const auto ids = tok.encode(text.substr(pos, end - pos), false);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      pos = end;
+    }
+    if (eos >= 0) tokens.push_back(eos);
+    if (tokens.size() > static_cast<size_t>(doc_ends.empty() ? 0 : doc_ends.back()))
+      doc_ends.push_back(static_cast<int64_t>(tokens.size()));
+  };
   for (const auto& path : o.inputs) {
     const std::string text = io::read_file_bytes(path);
     TESSERA_CHECK(!text.empty(), path, ": corpus file is empty");
-    check_utf8(text, path);
-    for (size_t pos = 0; pos < text.size();) {
-      const size_t target = pos + static_cast<size_t>(o.chunk_bytes);
-      const size_t end =
-          !cut || target >= text.size() ? text.size() : next_safe_cut(text, target);
-      const auto ids = tok.encode(std::string_view(text).substr(pos, end - pos), false);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
-      done_bytes += static_cast<int64_t>(end - pos);
-      pos = end;
-      if (o.progress && done_bytes < total_bytes)  // finish() draws the last state
-        bar.update(done_bytes, std::to_string(tokens.size()) + " tokens");
+    if (is_jsonl(path, o.input_format)) {
+      for_each_jsonl_text(text, path, encode_document);
+    } else {
+      check_utf8(text, path);
+      for_each_document(text, o.separator, encode_document);
     }
-    if (eos >= 0) tokens.push_back(eos);
+    done_bytes += static_cast<int64_t>(text.size());
+    if (o.progress && done_bytes < total_bytes)  // finish() draws the last state
+      bar.update(done_bytes, std::to_string(tokens.size()) + " tokens");
   }
   if (o.progress) bar.finish(std::to_string(tokens.size()) + " tokens");
+  TESSERA_CHECK(!tokens.empty(), "--input: the corpus holds no documents");
 
   const int64_t total = static_cast<int64_t>(tokens.size());
-  r.val_tokens = static_cast<int64_t>(std::floor(static_cast<double>(total) * o.val_fraction));
+  r.documents = static_cast<int64_t>(doc_ends.size());
+  std::vector<int32_t> val;
+  split_validation(tokens, doc_ends, o, val, r);
+  r.val_tokens = static_cast<int64_t>(val.size());
   r.train_tokens = total - r.val_tokens;
-  // The val split is the tail of the stream; `tokens` keeps the head as the train split.
-  std::vector<int32_t> val(tokens.end() - r.val_tokens, tokens.end());
-  tokens.resize(static_cast<size_t>(r.train_tokens));
+  if (total < 20 * r.vocab_size)
+    r.warnings.push_back(detail::concat(
+        "the vocabulary (", r.vocab_size, " tokens) is large for a corpus of ", total,
+        " tokens: most embeddings will see few updates; a smaller tokenizer (tessera tokenizer train "
+        "--vocab-size) or more text fits better"));
 
   TempDirGuard tmp{out.string() + ".tmp-" + std::to_string(::getpid())};
   std::error_code ec;

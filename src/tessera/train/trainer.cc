@@ -151,6 +151,8 @@ class Run {
     TrainResult result;
     base::Timer total;
     prepare_out_dir();
+    result.start_step = st_.step;
+    if ((result.already_finished = st_.step >= c_.training.steps)) return result;  // nothing to redo
     const bool lead = rank_ == 0;  // writes metrics, the progress bar and models
     const double peak = lead ? peak_flops() : 0.0;
     std::unique_ptr<MetricsWriter> metrics;
@@ -179,7 +181,8 @@ class Run {
       std::fprintf(stderr, "train: compute %s\n%s", model::describe_compute(model_.compute_dtype(), model_.bf16_mode()).c_str(),
                    describe_packing(loader_).c_str());
     std::optional<base::ProgressBar> bar;
-    if (c_.logging.progress && lead) bar.emplace("train", tr.steps);
+    if (c_.logging.progress && lead) bar.emplace("train", tr.steps, st_.step);
+    std::string last_val;  // the latest validation loss, shown until the next
     const int64_t local_b = B / row_size_;  // the tp (and cp) ranks of a replica share its rows
     model::TokenBatch batch;
     if (!c_.logging.trace.empty()) {
@@ -302,10 +305,10 @@ class Run {
       ++result.steps_run;
       if (bar) {
         char suffix[160];
-        std::snprintf(suffix, sizeof suffix, "loss %.4f lr %.2e %.0f tok/s%s", loss, sm.lr,
-                      sm.tokens_per_s,
-                      sm.val_loss ? (" val " + std::to_string(*sm.val_loss)).c_str() : "");
-        bar->update(st_.step, suffix);
+        if (sm.val_loss) last_val = " val " + std::to_string(*sm.val_loss).substr(0, 6);
+        std::snprintf(suffix, sizeof suffix, "loss %.4f lr %.2e %.0f tok/s MFU %.1f%%%s", loss, sm.lr,
+                      sm.tokens_per_s, 100 * sm.mfu, last_val.c_str());
+        bar->update(st_.step, suffix, sm.val_loss.has_value());
       }
       if (o_.stop_after >= 0 && st_.step >= o_.stop_after) {
         if (c_.checkpoint.every > 0 && st_.step % c_.checkpoint.every == 0) save_checkpoint(false);
@@ -328,10 +331,9 @@ class Run {
     const auto weights = tp_ || pipe_ || ep_ ? whole_weights() : decltype(whole_weights()){};
     if (pipe_) write_pipeline_timeline();
     if (lead) {
-      if (tp_ || pipe_ || ep_)
-        model::save_hf_model(result.model_dir, model_.config(), model_.hf_json_files(), weights);
-      else
-        model_.save(result.model_dir);
+      model::save_hf_model(result.model_dir, model_.config(), model_.hf_json_files(),
+                           tp_ || pipe_ || ep_ ? weights : model_.weights().named(model_.config()), 5'000'000'000ull,
+                           c_.save_dtype == "bf16" ? DType::kBF16 : DType::kF32);
       for (const auto& [name, text] : tokenizer_texts_)
         io::write_file_atomic(result.model_dir + "/" + name, text);
     }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/model/config.h"
 #include "tessera/train/config.h"
 
 namespace tessera::comm {
@@ -31,6 +32,7 @@ struct TrainResult {
   std::string svg_path;        // OUT/loss_curve.svg ("" when not plotted)
   std::string trace_path;      // this rank's Chrome trace ("" when not traced)
   double seconds = 0;
+  bool already_finished = false;  // --resume of a run whose last step is done: nothing ran
 };
 
 struct TrainOptions {
@@ -44,5 +46,11 @@ struct TrainOptions {
 // Runs the configured training. Errors (bad config values, missing data, unreadable
 // checkpoint) throw tessera::Error before anything in OUT is overwritten.
 TrainResult run_training(const TrainConfig& config, const TrainOptions& options = {});
+// The checks every rank of a run makes before any weight exists (the data directory, the
+// model's configuration, the layout against `world` ranks, the model and the batch), made
+// once: the elastic supervisor calls it before starting mpirun, so a configuration error
+// ends the job with one line instead of being restarted.
+// Returns the run's model configuration.
+model::ModelConfig check_run(const TrainConfig& config, int64_t world);
 
 }  // namespace tessera::train

@@ -8,6 +8,7 @@
 #include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
 #include "tessera/kernels/cross_entropy.h"
+#include "tessera/train/trainer.h"
 
 namespace tessera::train {
 
@@ -16,6 +17,17 @@ parallel::MeshShape run_mesh_shape(const TrainConfig& c, int64_t world) {
   parallel::MeshShape s;
   s.dp = c.parallel.dp, s.tp = c.parallel.tp, s.pp = c.parallel.pp, s.cp = c.parallel.cp, s.ep = c.parallel.ep;
   return parallel::resolve_mesh_shape(s, world, c.source_name());
+}
+
+model::ModelConfig check_run(const TrainConfig& c, int64_t world) {
+  const parallel::MeshShape s = run_mesh_shape(c, world);
+  const DataMeta meta = read_run_data_meta(c);
+  const model::ModelConfig m = build_model_config(c, meta.vocab_size, meta.eos_id);
+  for (int rank = 0; rank < world; ++rank) {  // shards and stages differ by rank
+    checked_tp_shard(c, s, m, rank);
+    checked_pp_stage(c, s, m, rank);
+  }
+  return m;
 }
 
 // This rank's pipeline stage (the whole model at pp 1), checked against the model and the

@@ -45,11 +45,44 @@ model::ModelConfig base_model_config(const TrainConfig& c, int64_t data_vocab, i
 
 }  // namespace
 
+namespace {
+
+// The vocabulary a tokenizer.json defines (its model's vocab / merges and its added tokens),
+// or null when `path` (a file or a directory holding tokenizer.json) has none readable.
+nlohmann::json tokenizer_vocabulary(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  if (path.empty() || !fs::is_regular_file(p, ec)) return nullptr;
+  try {
+    const nlohmann::json j = io::read_json_file(p.string());
+    nlohmann::json added = nlohmann::json::array();
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const auto& t : j["added_tokens"])
+        if (t.is_object()) added.push_back({t.value("id", -1), t.value("content", "")});
+    return {{"model", j.value("model", nlohmann::json())}, {"added", added}};
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 DataMeta read_run_data_meta(const TrainConfig& c) {
   DataMeta m = read_data_meta(c.data.dir);
   const std::string& f = c.data.format;
   TESSERA_CHECK(f.empty() || (f == "chat") == m.chat, c.source_name(), ": data.format is \"", f, "\" but ",
                 c.data.dir, " holds ", m.chat ? "chat data (data.format = \"chat\")" : "token shards (data.format = \"tokens\")");
+  // Fine-tuning: ids of one tokenizer fed to a model trained on another's are garbage, even
+  // when the vocabulary sizes agree.
+  if (!c.model.init_from.empty() && !m.tokenizer.empty()) {
+    const nlohmann::json data_vocab = tokenizer_vocabulary(m.tokenizer);
+    const nlohmann::json model_vocab = tokenizer_vocabulary(c.model.init_from);
+    TESSERA_CHECK(data_vocab.is_null() || model_vocab.is_null() || data_vocab == model_vocab, c.source_name(),
+                  ": the data in ", c.data.dir, " was encoded with the tokenizer of ", m.tokenizer,
+                  ", which is not the tokenizer of model.init_from ", c.model.init_from,
+                  " (different tokens); prepare the data again with --tokenizer ", c.model.init_from);
+  }
   return m;
 }
 
