@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -84,6 +85,12 @@ struct Server::Impl {
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void stream_response(const std::shared_ptr<Job>& job, httplib::Response& res);
   void full_response(const std::shared_ptr<Job>& job, httplib::Response& res);
+  // server_api.cc: GET /v1/models, GET /v1/models/{id}, POST /v1/embeddings. `guard` wraps a
+  // handler as setup_routes' other /v1 routes are (errors to OpenAI error bodies).
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  void setup_api_routes(const std::function<Handler(Handler)>& guard);
+  nlohmann::json model_cards() const;  // the base model, then each LoRA adapter (vLLM's fields)
+  void handle_embeddings(const httplib::Request& req, httplib::Response& res);
 
   ServerConfig config_;
   const io::Tokenizer* tokenizer_;
