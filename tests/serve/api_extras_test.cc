@@ -363,9 +363,11 @@ TEST_F(ApiExtras, LogitBiasSteersGreedyDecoding) {
     auto r = c.Post("/v1/completions", body.dump(), "application/json");
     EXPECT_TRUE(r && r->status == 200);
     std::vector<int32_t> out;
-    for (const auto& e : sse_data(r->body))
-      if (e != "[DONE]")
-        for (const auto& t : json::parse(e)["choices"][0]["token_ids"]) out.push_back(t.get<int32_t>());
+    for (const auto& e : sse_data(r->body)) {
+      if (e == "[DONE]") continue;
+      const json chunk = json::parse(e);
+      for (const auto& t : chunk["choices"][0]["token_ids"]) out.push_back(t.get<int32_t>());
+    }
     return out;
   };
   const auto greedy = tokens_of(base);
@@ -382,11 +384,13 @@ TEST_F(ApiExtras, LogitBiasSteersGreedyDecoding) {
   auto r = c.Post("/v1/chat/completions", chat.dump(), "application/json");
   ASSERT_TRUE(r && r->status == 200);
   std::vector<int32_t> got;
-  for (const auto& e : sse_data(r->body))
-    if (e != "[DONE]")
-      for (const auto& ch : json::parse(e)["choices"])
-        if (ch.contains("token_ids"))
-          for (const auto& t : ch["token_ids"]) got.push_back(t.get<int32_t>());
+  for (const auto& e : sse_data(r->body)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    for (const auto& ch : chunk["choices"])
+      if (ch.contains("token_ids"))
+        for (const auto& t : ch["token_ids"]) got.push_back(t.get<int32_t>());
+  }
   EXPECT_EQ(got, std::vector<int32_t>(3, 77));
   for (const json& bad : {json({{"abc", 1}}), json({{"5", 101}}), json({{"5", "x"}}), json({{"384", 1}}),
                           json({{"-2", 1}}), json::array({1})}) {

@@ -2,8 +2,6 @@
 // Model object with vLLM's fields; LoRA adapters are models whose parent is the base) and
 // POST /v1/embeddings (mean-pooled final hidden states, run by the engine thread as prefill
 // steps batched with the generation requests).
-#include <chrono>
-
 #include "tessera/serve/embeddings.h"
 #include "tessera/serve/server_impl.h"
 
@@ -20,11 +18,7 @@ void send(httplib::Response& res, int status, const json& body) {
 }  // namespace
 
 json Server::Impl::model_cards() const {
-  // Unix seconds when the server started (the models exist from then on).
-  const auto up = std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - started_);
-  const int64_t created =
-      std::chrono::duration_cast<std::chrono::seconds>((std::chrono::system_clock::now() - up).time_since_epoch())
-          .count();
+  const int64_t created = started_unix_;  // the models exist from the server's start on
   auto card = [&](const std::string& id, const std::string& root, const json& parent) {
     return json{{"id", id},       {"object", "model"}, {"created", created},
                 {"owned_by", "tessera"}, {"root", root},      {"parent", parent},

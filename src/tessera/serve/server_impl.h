@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -99,6 +100,7 @@ struct Server::Impl {
   ServerMetrics metrics_;
   ModelInfo info_;
   Clock::time_point started_;
+  int64_t started_unix_ = static_cast<int64_t>(std::time(nullptr));  // the models' "created"
   httplib::Server http_;
   std::atomic<int> port_{0};
   int listen_fd_ = -1;
