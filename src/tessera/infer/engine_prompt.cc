@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
 
 namespace tessera::infer {
@@ -18,7 +19,7 @@ PromptLogprob prompt_logprob(const float* x, int64_t vocab, int32_t token, int t
   for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x[i]);
   TESSERA_CHECK(std::isfinite(m), "prompt_logprob: the logits are not finite");
   double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(x[i] - m);  // float exp (<= 1), double sum
   const double lse = m + std::log(sum);
   // Higher logit first; equal logits by lower id (the order of the sampler's top_logprobs).
   auto before = [x](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
@@ -104,8 +105,19 @@ void Engine::read_prompt_rows(const Tensor& logits, const Tensor& hidden, std::v
         for (int64_t j = 0; j < H; ++j) w.sum[j] += x[i * H + j];
     } else {
       const Tensor l = logits.slice(0, r.logit_row, r.logit_row + r.count).contiguous();
-      for (int64_t i = 0; i < r.count; ++i)
-        w.logprobs.push_back(prompt_logprob(l.data<float>() + i * V, V, w.prompt[r.first + i + 1], w.top));
+      const size_t at = w.logprobs.size();
+      w.logprobs.resize(at + static_cast<size_t>(r.count));
+      std::vector<std::string> errors(static_cast<size_t>(r.count));  // no exception leaves a worker
+      base::parallel_for(r.count, 1, [&](int64_t b, int64_t e) {  // O(V) per position
+        for (int64_t i = b; i < e; ++i) {
+          try {
+            w.logprobs[at + i] = prompt_logprob(l.data<float>() + i * V, V, w.prompt[r.first + i + 1], w.top);
+          } catch (const std::exception& ex) {
+            errors[i] = ex.what();
+          }
+        }
+      });
+      for (const auto& err : errors) TESSERA_CHECK(err.empty(), err);
     }
     w.done = r.first + r.count;
     const int64_t P = static_cast<int64_t>(w.prompt.size());
