@@ -300,6 +300,31 @@ TEST_F(ApiExtras, EchoWithLogprobsScoresThePromptAsPyTorch) {
     if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
   EXPECT_EQ(text, ch["text"]);
 
+  // max_tokens 0 with echo: the prompt alone, scored (the legacy OpenAI idiom), streamed too.
+  json only = {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}};
+  const json scored = post_ok(c, "/v1/completions", only);
+  EXPECT_EQ(scored["choices"][0]["text"], prompt);
+  EXPECT_EQ(scored["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+  ASSERT_EQ(scored["choices"][0]["logprobs"]["token_logprobs"].size(), P);
+  for (size_t i = 1; i < P; ++i)
+    EXPECT_NEAR(scored["choices"][0]["logprobs"]["token_logprobs"][i].get<double>(),
+                ref["prompt_logprobs"][i - 1].get<double>(), 1e-4) << i;
+  only["stream"] = true;
+  s = c.Post("/v1/completions", only.dump(), "application/json");
+  ASSERT_TRUE(s && s->status == 200);
+  const auto only_events = sse_data(s->body);
+  ASSERT_EQ(only_events.size(), 3u) << s->body;  // the prompt, the end, [DONE]
+  EXPECT_EQ(json::parse(only_events[0])["choices"][0]["text"], prompt);
+  EXPECT_EQ(json::parse(only_events[1])["choices"][0]["text"], "");
+  EXPECT_EQ(json::parse(only_events[1])["choices"][0]["finish_reason"], "length");
+  for (const json& bad : {json({{"prompt", prompt}, {"max_tokens", 0}}),
+                          json({{"prompt", prompt}, {"max_tokens", 0}, {"echo", false}})}) {
+    auto e = c.Post("/v1/completions", bad.dump(), "application/json");
+    EXPECT_EQ(e->status, 400);
+    EXPECT_EQ(json::parse(e->body)["error"]["param"], "max_tokens");
+  }
+
   // A token-id prompt echoes its detokenized text; n = 2 samples both start with it.
   json ids_body = {{"prompt", ids}, {"max_tokens", 3}, {"echo", true}, {"n", 2}, {"temperature", 1}, {"seed", 5},
                    {"ignore_eos", true}};

@@ -269,7 +269,13 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
     if (!io::json_int_in(*it, INT64_MIN, m.max_model_len))
       bad_request(k, std::string(k) + " " + it->dump() + " exceeds this model's context length of " +
                          std::to_string(m.max_model_len) + " tokens", "context_length_exceeded");
-    if (it->get<int64_t>() < 1) bad_request(k, std::string(k) + " must be >= 1");
+    // echo with max_tokens 0: the prompt alone, scored (OpenAI's legacy idiom, vLLM too).
+    const bool echo_only = endpoint == Endpoint::kCompletions && b.contains("echo") && b["echo"] == true &&
+                           it->get<int64_t>() == 0;
+    if (it->get<int64_t>() < 1 && !echo_only)
+      bad_request(k, std::string(k) + " must be >= 1" +
+                         (endpoint == Endpoint::kCompletions ? " (0 only with echo)" : ""));
+    if (echo_only) r.echo_only = true;
   }
   if (endpoint == Endpoint::kChat) {
     // Chat: logprobs is a boolean and top_logprobs the count.
@@ -285,6 +291,9 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
     bad_request("logprobs", "logprobs must be an integer in [0, 20] for completions");
   }
   json sj = b;
+  if (r.echo_only)  // the engine runs the prefill and one token, which the response leaves out
+    for (const char* k : {"max_tokens", "max_completion_tokens"})
+      if (sj.contains(k) && sj[k] == 0) sj[k] = 1;
   if (endpoint == Endpoint::kChat && !r.chat_logprobs) sj.erase("logprobs");
   try {
     r.params = infer::sampling_params_from_json(sj, "request", defaults);

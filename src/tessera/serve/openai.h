@@ -56,6 +56,7 @@ struct ApiRequest {
   bool chat_logprobs = false;      // chat: logprobs true (top_logprobs in params.logprobs)
   bool return_token_ids = true;    // stream chunks carry "token_ids" (extension)
   bool echo = false;               // completions: each choice's text starts with its prompt
+  bool echo_only = false;          // echo with max_tokens 0: the prompt alone, nothing generated
   std::vector<std::string> echo_texts;  // echo: per prompt, its text (as sent, or detokenized)
   bool prompt_logprobs = false;    // vLLM's prompt_logprobs field was given: the response has it
   std::string user;

@@ -48,7 +48,7 @@ class Accumulator {
   json usage() const {
     int64_t prompt = 0, completion = 0, cached = 0;
     for (const auto& p : job_.req.prompts) prompt += static_cast<int64_t>(p.size());
-    for (const auto& c : choices_) completion += c.tokens;
+    for (const auto& c : choices_) completion += job_.req.echo_only ? 0 : c.tokens;
     for (int64_t c : cached_) cached += c;
     return usage_json(prompt, completion, cached);
   }
@@ -125,6 +125,14 @@ class Accumulator {
         first["choices"] = json::array({ch});
         append(first, out);
       }
+      if (job_.req.echo_only) {  // the prompt was all: only the end of the choice follows
+        if (!e.out.finished) return;
+        json last = header("text_completion");
+        last["choices"] = json::array({{{"index", e.choice}, {"text", ""}, {"logprobs", nullptr},
+                                        {"finish_reason", "length"}}});
+        append(last, out);
+        return;
+      }
       json chunk = header("text_completion");
       json ch = {{"index", e.choice}, {"text", e.out.new_text}, {"finish_reason", fr}};
       ch["logprobs"] = job_.req.params.logprobs && !e.out.logprobs.empty()
@@ -159,12 +167,15 @@ class Accumulator {
     const size_t p = i / static_cast<size_t>(job_.req.params.n);
     const auto& ids = job_.req.prompts[p];
     const std::string& echo = job_.req.echo ? job_.req.echo_texts[p] : kNoText;
-    ch["text"] = echo + c.text;
+    const bool only = job_.req.echo_only;  // max_tokens 0: the engine's one token is left out
+    ch["text"] = only ? echo : echo + c.text;
+    if (only) ch["finish_reason"] = "length";
     if (!job_.req.params.logprobs) {
       ch["logprobs"] = nullptr;
     } else if (job_.req.echo) {
       json lp = echo_prompt_logprobs(ids, c.prompt_lps, tok_);
-      append_completion_logprobs(lp, completion_logprobs(c.lps, tok_, static_cast<int64_t>(echo.size())));
+      if (!only)
+        append_completion_logprobs(lp, completion_logprobs(c.lps, tok_, static_cast<int64_t>(echo.size())));
       ch["logprobs"] = std::move(lp);
     } else {
       ch["logprobs"] = completion_logprobs(c.lps, tok_, 0);
