@@ -428,5 +428,42 @@ TEST_F(ApiExtras, LogitBiasSteersGreedyDecoding) {
   }
 }
 
+// `tessera generate --input`: request lines take logit_bias through the same parser.
+TEST(GenerateInput, LogitBiasFromRequestLines) {
+  const std::string base = (fs::temp_directory_path() / ("tessera_gen_bias_" + std::to_string(::getpid()))).string();
+  {
+    std::ofstream in(base + ".jsonl");
+    in << R"({"id": "plain", "prompt_ids": [5, 9, 20], "max_tokens": 4, "ignore_eos": true})" << "\n"
+       << R"({"id": "biased", "prompt_ids": [5, 9, 20], "max_tokens": 4, "ignore_eos": true, "logit_bias": {"123": 100}})"
+       << "\n";
+  }
+  auto r = testing::run_cli("generate --model " + kModel + " --input " + base + ".jsonl --output " + base + ".out");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream out(base + ".out");
+  std::map<std::string, std::vector<int32_t>> got;
+  for (std::string line; std::getline(out, line);) {
+    const json j = json::parse(line);
+    got[j["id"]] = j["outputs"][0]["token_ids"].get<std::vector<int32_t>>();
+  }
+  EXPECT_EQ(got["biased"], std::vector<int32_t>(4, 123));
+  EXPECT_NE(got["plain"], got["biased"]);
+  {
+    std::ofstream in(base + ".jsonl");
+    in << R"({"prompt_ids": [5, 9], "logit_bias": {"5": 1000}})" << "\n";
+  }
+  r = testing::run_cli("generate --model " + kModel + " --input " + base + ".jsonl --output " + base + ".out");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("logit_bias"), std::string::npos) << r.out;
+  {
+    std::ofstream in(base + ".jsonl");
+    in << R"({"prompt_ids": [5, 9], "logit_bias": {"384": 1}})" << "\n";  // the vocabulary is 384
+  }
+  r = testing::run_cli("generate --model " + kModel + " --input " + base + ".jsonl --output " + base + ".out");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("logit_bias"), std::string::npos) << r.out;
+  fs::remove(base + ".jsonl");
+  fs::remove(base + ".out");
+}
+
 }  // namespace
 }  // namespace tessera
