@@ -12,8 +12,13 @@
 #include <numeric>
 #include <random>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
+#include "tessera/infer/tp_serving.h"
 
 namespace tessera::infer {
 namespace {
@@ -287,6 +292,55 @@ TEST(EngineEmbeddings, ChecksTheInputAndAborts) {
   EXPECT_TRUE(c.finished.at(id).embedding.empty());
   EXPECT_FALSE(e.has_unfinished());
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+// Tensor parallelism: the prompt rows and hidden states come from rank 0's step like the
+// sampled rows; at tp 2 (threads) the values equal one process's.
+TEST(EnginePromptLogprobs, TensorParallelEqualsOneProcess) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tessera_prompt_tp_" + std::to_string(::getpid()))).string();
+  make_model(25).save(dir);
+  std::mt19937 rng(6);
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(rng, 30), random_tokens(rng, 7)};
+  struct Got {
+    std::vector<std::vector<PromptLogprob>> lps;
+    std::vector<std::vector<float>> embeddings;
+  };
+  auto run = [&](int tp) {
+    Got got;
+    run_tensor_parallel(tp, dir, DType::kF32, [&](const model::Model& m, TpGroup* g) {
+      EngineConfig ec = small_config(m, 64);
+      ec.kv_cache_memory = 64 * KvPool::bytes_per_block(m.config(), ec.block_size, m.dims().kv_heads,
+                                                         ec.kv_cache_dtype);
+      Engine e(m, ec, nullptr, nullptr, g);
+      std::vector<RequestId> lp_ids, emb_ids;
+      for (const auto& p : prompts) {
+        SamplingParams sp;
+        sp.max_tokens = 3;
+        sp.ignore_eos = true;
+        sp.prompt_logprobs = 3;
+        lp_ids.push_back(e.add_request(p, sp));
+        emb_ids.push_back(e.add_embedding_request(p));
+      }
+      const Collected c = run_all(e);
+      for (RequestId id : lp_ids) got.lps.push_back(c.prompt_lps.at({id, 0}));
+      for (RequestId id : emb_ids) got.embeddings.push_back(c.finished.at(id).embedding);
+      return 0;
+    });
+    return got;
+  };
+  const Got one = run(1), two = run(2);
+  std::filesystem::remove_all(dir);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(two.lps[i].size(), one.lps[i].size());
+    for (size_t k = 0; k < one.lps[i].size(); ++k) {
+      EXPECT_NEAR(two.lps[i][k].logprob, one.lps[i][k].logprob, 1e-4);
+      EXPECT_EQ(two.lps[i][k].rank, one.lps[i][k].rank);
+      for (size_t t = 0; t < one.lps[i][k].top.size(); ++t) EXPECT_EQ(two.lps[i][k].top[t].token, one.lps[i][k].top[t].token);
+    }
+    ASSERT_EQ(two.embeddings[i].size(), one.embeddings[i].size());
+    for (size_t j = 0; j < one.embeddings[i].size(); ++j) EXPECT_NEAR(two.embeddings[i][j], one.embeddings[i][j], 1e-4);
+  }
 }
 
 }  // namespace
