@@ -59,6 +59,7 @@ void Engine::track_prompt(RequestId id, const std::vector<int32_t>& prompt, cons
 }
 
 void Engine::prune_prompt_work() {
+  prompt_reads_.clear();  // a step that threw left its plan behind
   // Finished sequences leave seqs_ at the end of their last step, aborted ones at the start
   // of the next: a request none of whose sample ids is left is over.
   std::erase_if(prompt_work_, [this](const auto& kv) {
@@ -95,8 +96,10 @@ bool Engine::add_prompt_rows(std::vector<int64_t>& rows) {
 
 void Engine::read_prompt_rows(const Tensor& logits, const Tensor& hidden, std::vector<RequestOutput>& out) {
   if (prompt_reads_.empty()) return;
+  std::vector<PromptRead> reads;
+  reads.swap(prompt_reads_);
   const int64_t V = model_.config().vocab_size, H = model_.config().hidden_size;
-  for (const PromptRead& r : prompt_reads_) {
+  for (const PromptRead& r : reads) {
     PromptWork& w = prompt_work_.at(r.id);
     if (w.pooling) {
       const Tensor h = hidden.slice(0, r.hidden_row, r.hidden_row + r.count).contiguous();
@@ -129,7 +132,6 @@ void Engine::read_prompt_rows(const Tensor& logits, const Tensor& hidden, std::v
       finish(s, "stop", out);
     }
   }
-  prompt_reads_.clear();
 }
 
 void Engine::attach_prompt_logprobs(std::vector<RequestOutput>& out) {
