@@ -5,8 +5,8 @@ Run from anywhere: python3 tests/fuzz/make_seed_corpus.py [NAME...] (default: al
 files are committed; rerun only to change the seeds. The tokenizer seeds are made with the
 independent Python reference (tests/parity/tokenizer_reference.py: needs the `regex` module).
 
-Input layouts (see each *_fuzz.cc): openai_request = one byte (odd: chat, even:
-completions) + body; jinja = template NUL variables-JSON; tokenizer = tokenizer.json
+Input layouts (see each *_fuzz.cc): openai_request = one byte (odd: chat; even with bit 1
+set: embeddings; else completions) + body; jinja = template NUL variables-JSON; tokenizer = tokenizer.json
 [NUL text [NUL tokenizer_config.json]]; model_config = config.json; run_config = TOML;
 gguf = a GGUF file's bytes.
 """
@@ -69,6 +69,10 @@ def completion(body):
     return b"p" + (body if isinstance(body, bytes) else compact(body))
 
 
+def embeddings(body):
+    return b"r" + (body if isinstance(body, bytes) else compact(body))
+
+
 OPENAI_REQUEST = {
     "completion_basic": completion({"model": "fuzz-model", "prompt": "Once upon a time", "max_tokens": 16,
                                     "temperature": 0.7, "top_p": 0.9, "stop": ["\n", "The end"], "seed": 42,
@@ -81,6 +85,11 @@ OPENAI_REQUEST = {
     "completion_ids": completion({"prompt": [72, 101, 108, 108, 111], "max_completion_tokens": 8,
                                   "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
                                   "logit_bias": {}, "suffix": None, "response_format": {"type": "text"}}),
+    "completion_echo_bias": completion({"prompt": ["ab", [5, 6]], "echo": True, "logprobs": 2,
+                                        "logit_bias": {"5": -100, "7": 3.5}, "prompt_logprobs": 1, "max_tokens": 4,
+                                        "n": 2, "temperature": 0.5}),
+    "embeddings_basic": embeddings({"input": ["ab", [5, 6], "c"], "encoding_format": "base64", "dimensions": 64,
+                                    "user": "u"}),
     "chat_basic": chat({"model": "fuzz-model",
                         "messages": [{"role": "system", "content": "You are a helpful assistant."},
                                      {"role": "user", "content": "Hello! What is 2+2?"}],

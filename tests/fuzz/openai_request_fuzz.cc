@@ -1,6 +1,6 @@
 // libFuzzer target: an OpenAI API request body through parse_body and parse_request, as the
-// server runs them. The first byte picks the endpoint (odd: chat completions, even:
-// completions); the rest is the body. ApiError (a tessera::Error) is the expected failure;
+// server runs them. The first byte picks the endpoint (odd: chat completions; bit 1 set on
+// an even byte: embeddings, parse_embedding_request; else completions); the rest is the body. ApiError (a tessera::Error) is the expected failure;
 // any other exception, a sanitizer report or a broken invariant of an accepted request is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "fuzz_util.h"
 #include "tessera/serve/chat_template.h"
+#include "tessera/serve/embeddings.h"
 #include "tessera/serve/openai.h"
 
 namespace {
@@ -36,6 +37,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const serve::ModelInfo& m = model_info();
   const serve::Endpoint endpoint = (data[0] & 1) ? serve::Endpoint::kChat : serve::Endpoint::kCompletions;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if ((data[0] & 3) == 2) {  // embeddings
+    serve::ApiRequest r;
+    bool base64 = false;
+    try {
+      r = serve::parse_embedding_request(serve::parse_body(text), m, 64, &base64);
+    } catch (const Error&) {
+      return 0;
+    } catch (...) {
+      fuzz::unexpected_exception();
+    }
+    if (r.prompts.empty() || static_cast<int64_t>(r.prompts.size()) > serve::kMaxEmbeddingInputs)
+      fuzz::invariant_failed("embedding inputs out of [1, 2048]");
+    for (const auto& p : r.prompts) {
+      if (p.empty() || static_cast<int64_t>(p.size()) > m.max_model_len) fuzz::invariant_failed("input length");
+      for (int32_t id : p)
+        if (id < 0 || id >= m.vocab_size) fuzz::invariant_failed("input token id outside the vocabulary");
+    }
+    return 0;
+  }
   serve::ApiRequest r;
   try {
     const nlohmann::json body = serve::parse_body(text);
@@ -57,5 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (const auto e = r.params.find_error(m.vocab_size)) fuzz::invariant_failed("params accepted but " + e->message);
   if (r.choices() < 1 || r.choices() > 512) fuzz::invariant_failed("choices out of [1, 512]");
+  if (r.echo && r.echo_texts.size() != r.prompts.size()) fuzz::invariant_failed("echo without a text per prompt");
+  if (r.echo && endpoint == serve::Endpoint::kChat) fuzz::invariant_failed("echo accepted for chat");
   return 0;
 }

@@ -1,5 +1,6 @@
 // The official `openai` npm client against `tessera serve --api-key`: completions, chat, streaming
-// chat and completions, models, errors (401, 400 with `param`), and cancelling a stream.
+// chat and completions, models (list, retrieve), embeddings (float, base64), echo, logit_bias,
+// errors (401, 400 with `param`, 404), and cancelling a stream.
 // Run: node openai_client.test.mjs TESSERA_CLI MODEL_DIR, or with those in the environment
 // (ctest js_openai_client sets them) node --test openai_client.test.mjs.
 import { test, before, after } from 'node:test';
@@ -165,6 +166,80 @@ test('bad requests are 400 BadRequestErrors naming the field', async () => {
   }
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
                        (e) => e instanceof OpenAI.BadRequestError && e.param === 'model');
+});
+
+test('models.retrieve returns the served model; an unknown id is a NotFoundError', async () => {
+  const m = await client.models.retrieve(MODEL);
+  assert.equal(m.id, MODEL);
+  assert.equal(m.object, 'model');
+  assert.equal(m.owned_by, 'tessera');
+  assert.equal(typeof m.created, 'number');
+  const listed = (await client.models.list()).data[0];
+  assert.deepEqual(m, listed);
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, `${e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, 404);
+    assert.equal(e.code, 'model_not_found');
+    return true;
+  });
+});
+
+// Little-endian f32 values of a base64 string, decoded here (not by the client).
+const f32FromBase64 = (s) => {
+  const b = Buffer.from(s, 'base64');
+  assert.equal(b.length % 4, 0);
+  return Array.from({ length: b.length / 4 }, (_, i) => b.readFloatLE(4 * i));
+};
+
+test('embeddings.create: float, base64 and the client default agree', async () => {
+  const input = ['The quick brown fox', 'Hello world!'];
+  const f = await client.embeddings.create({ model: MODEL, input, encoding_format: 'float' });
+  assert.equal(f.object, 'list');
+  assert.equal(f.model, MODEL);
+  assert.equal(f.data.length, 2);
+  const dim = f.data[0].embedding.length;
+  assert.ok(dim > 0);
+  f.data.forEach((d, i) => {
+    assert.equal(d.object, 'embedding');
+    assert.equal(d.index, i);
+    assert.equal(d.embedding.length, dim);
+    assert.ok(d.embedding.every(Number.isFinite));
+  });
+  assert.notDeepEqual(f.data[0].embedding, f.data[1].embedding);
+  assert.ok(f.usage.prompt_tokens > 2);
+  assert.equal(f.usage.total_tokens, f.usage.prompt_tokens);
+  // Without encoding_format the client asks for base64 and decodes it itself: the same floats.
+  const d = await client.embeddings.create({ model: MODEL, input });
+  assert.deepEqual(d.data.map((x) => x.embedding), f.data.map((x) => x.embedding));
+  // Asked for explicitly, base64 comes back as the string: little-endian f32 bytes.
+  const b = await client.embeddings.create({ model: MODEL, input: input[1], encoding_format: 'base64' });
+  assert.equal(typeof b.data[0].embedding, 'string');
+  assert.deepEqual(f32FromBase64(b.data[0].embedding), f.data[1].embedding);
+  // Token ids give the same embedding as the text they encode.
+  const ids = (await (await fetch(`${server.url}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: input[1] }) })).json()).tokens;
+  const t = await client.embeddings.create({ model: MODEL, input: ids, encoding_format: 'float' });
+  assert.deepEqual(t.data[0].embedding, f.data[1].embedding);
+  await assert.rejects(client.embeddings.create({ model: MODEL, input: 'x', dimensions: dim + 1 }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'dimensions');
+  await assert.rejects(client.embeddings.create({ model: MODEL, input: '' }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'input');
+});
+
+test('completions with echo and logprobs return the prompt first', async () => {
+  const prompt = 'Once upon a time';
+  const req = { model: MODEL, prompt, max_tokens: 4, temperature: 0, ignore_eos: true };
+  const plain = await client.completions.create(req);
+  const r = await client.completions.create({ ...req, echo: true, logprobs: 2 });
+  assert.equal(r.choices[0].text, prompt + plain.choices[0].text);
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, r.usage.prompt_tokens + 4);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.ok(lp.token_logprobs.slice(1).every((x) => typeof x === 'number' && x <= 0));
+  // logit_bias: +100 on a token makes greedy decoding pick it every time.
+  const biased = await client.completions.create({ ...req, logit_bias: { 200: 100 }, return_token_ids: true, stream: true });
+  const got = [];
+  for await (const chunk of biased) for (const c of chunk.choices) got.push(...(c.token_ids ?? []));
+  assert.deepEqual(got, [200, 200, 200, 200]);
 });
 
 test('SIGTERM stops the server with exit code 0', { timeout: 40000 }, async () => {

@@ -107,6 +107,44 @@ TEST_F(MultiLoraServe, ModelsListsTheAdaptersWithTheBaseAsParent) {
   }
 }
 
+// An adapter is a model: retrievable by id, and its embeddings are its merged model's mean
+// final-norm hidden state (the dense forward, averaged here).
+TEST_F(MultiLoraServe, AdaptersAreRetrievableAndEmbed) {
+  auto c = server_->client();
+  auto r = c.Get("/v1/models/alpha");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "");
+  const json m = json::parse(r->body);
+  EXPECT_EQ(m["parent"], "serve_model");
+  EXPECT_EQ(m["root"], dir_ + "/alpha");
+  EXPECT_EQ(m, json::parse(c.Get("/v1/models")->body)["data"][1]);
+  const std::vector<int32_t> prompt = {5, 9, 20, 33, 7, 100, 41, 12, 250, 3, 77};
+  auto embed = [&](const std::string& name) {
+    auto e = c.Post("/v1/embeddings", json({{"model", name}, {"input", prompt}}).dump(), "application/json");
+    EXPECT_TRUE(e && e->status == 200) << (e ? e->body : "");
+    const json j = json::parse(e->body);
+    EXPECT_EQ(j["model"], name);
+    return j["data"][0]["embedding"].get<std::vector<float>>();
+  };
+  const auto alpha = embed("alpha"), base = embed("serve_model");
+  model::Model merged = model::Model::load(kModel, DType::kF32);
+  model::merge_lora(merged, model::load_peft_adapter(dir_ + "/alpha", merged.config()));
+  model::KVCache cache = model::KVCache::create(merged.config(), static_cast<int64_t>(prompt.size()));
+  Tensor hidden;
+  merged.forward(prompt, cache, true, &hidden);
+  const int64_t H = merged.config().hidden_size, T = static_cast<int64_t>(prompt.size());
+  ASSERT_EQ(static_cast<int64_t>(alpha.size()), H);
+  double err = 0, moved = 0;
+  for (int64_t j = 0; j < H; ++j) {
+    double mean = 0;
+    for (int64_t t = 0; t < T; ++t) mean += hidden.data<float>()[t * H + j];
+    mean /= static_cast<double>(T);
+    err = std::max(err, std::abs(alpha[j] - mean));
+    moved = std::max(moved, std::abs(static_cast<double>(alpha[j]) - base[j]));
+  }
+  EXPECT_LT(err, 1e-4);
+  EXPECT_GT(moved, 1e-3) << "the adapter changed nothing: the check could not fail";
+}
+
 TEST_F(MultiLoraServe, EachAdapterGivesItsMergedModelsGreedyTokens) {
   auto c = server_->client();
   const std::vector<int32_t> prompt = {5, 9, 20, 33, 7, 100, 41, 12, 250, 3, 77};

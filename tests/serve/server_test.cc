@@ -356,7 +356,7 @@ TEST_F(Serve, BadRequestsGetOpenAIErrorsNamingTheField) {
       {C, R"({"prompt": "hi", "logprobs": true})", "logprobs"},
       {C, R"({"prompt": "hi", "stream": "yes"})", "stream"},
       {C, R"({"prompt": "hi", "stream_options": {"include_usage": true}})", "stream_options"},
-      {C, R"({"prompt": "hi", "echo": true})", "echo"},
+      {C, R"({"prompt": "hi", "echo": "yes"})", "echo"},
       {C, R"({"prompt": "hi", "user": 12})", "user"},
       {C, "{\"prompt\": \"" + long_prompt + "\"}", "prompt"},
       {C, "{\"prompt\": \"bad \xff\xfe bytes\"}", "prompt"},

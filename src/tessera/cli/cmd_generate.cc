@@ -78,7 +78,7 @@ int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer:
   std::string text;
   int64_t completion = 0;
   for (const auto& r : results) {
-    text += r.dump() + "\n";
+    text += r.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // bad UTF-8 -> U+FFFD
     completion += r["usage"]["completion_tokens"].get<int64_t>();
   }
   if (f.output == "-") {

@@ -31,6 +31,7 @@ struct Engine::Seq {
   bool forked = false;         // sample 0 has created its siblings
   bool scheduled = true;       // known to the scheduler (false: a fork that ended at once)
   bool finished = false;
+  bool pooling = false;        // an embedding request: nothing is sampled (engine_prompt.cc)
   std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
   std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
   int64_t draft_valid = 0;                      // its tokens that are still the sequence's
@@ -131,6 +132,11 @@ Engine::~Engine() {
 
 RequestId Engine::add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
                               int priority, int32_t adapter) {
+  return add_sequence(prompt, params, priority, adapter, false);
+}
+
+RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const SamplingParams& params, int priority,
+                               int32_t adapter, bool pooling) {
   const auto& c = model_.config();
   params.validate(c.vocab_size);
   const auto bank = static_cast<int64_t>(model_.lora_bank().size());
@@ -143,7 +149,7 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
       fail_field("prompt", "prompt token ", i, " has id ", prompt[i], " outside the vocabulary [0, ",
                  c.vocab_size, ")");
-  if (static_cast<int64_t>(prompt.size()) >= max_len_)
+  if (static_cast<int64_t>(prompt.size()) >= max_len_ + (pooling ? 1 : 0))  // room for a token unless pooling
     fail_field("prompt", "the prompt has ", prompt.size(), " tokens; the context length is ", max_len_);
   if (!params.stop.empty() && !tokenizer_) fail_field("stop", "stop strings need a tokenizer");
   const RequestId id = next_id_;
@@ -154,6 +160,7 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   s->adapter = adapter;
   s->prompt = prompt;
   s->params = params;
+  s->pooling = pooling;
   s->sampler = std::make_unique<Sampler>(params, eos_, 0);
   if (!params.stop.empty()) s->stop = std::make_unique<StopChecker>(params.stop);
   SchedRequest r;
@@ -163,6 +170,9 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   r.max_tokens = params.max_tokens;
   r.priority = priority;
   r.cache_salt = static_cast<uint64_t>(adapter + 1);  // the base model's chain is salt 0
+  // Positions served from the prefix cache have no logits or hidden states to read (vLLM too).
+  r.skip_prefix_cache = pooling || params.prompt_logprobs.has_value();
+  if (r.skip_prefix_cache) track_prompt(id, prompt, params, pooling);
   scheduler_->add_request(std::move(r));
   seqs_.emplace(id, std::move(s));
   return id;
@@ -339,6 +349,7 @@ std::vector<RequestOutput> Engine::step() {
     seqs_.erase(it);
   }
   aborted_.clear();
+  prune_prompt_work();
 
   if (config_.num_speculative_tokens > 0) {
     // Proposals for every running decode; the scheduler fits what the budget allows.
@@ -346,7 +357,7 @@ std::vector<RequestOutput> Engine::step() {
       Seq& q = *sp;
       q.spec.clear();
       const SchedRequest* r = scheduler_->find(sid);
-      if (q.finished || !r || r->status != RequestStatus::kRunning ||
+      if (q.finished || q.pooling || !r || r->status != RequestStatus::kRunning ||
           static_cast<int64_t>(r->tokens.size()) != r->num_computed_tokens + 1)
         continue;
       // Never propose past max_tokens (one token is sampled besides the proposals).
@@ -401,6 +412,7 @@ std::vector<RequestOutput> Engine::step() {
     if (sr.start < r->num_prompt_tokens)
       stats_.prompt_tokens += std::min(sr.start + sr.num_tokens, r->num_prompt_tokens) - sr.start;
     spans.push_back({sr.id, sr.start, sr.num_tokens, row});
+    if (!prompt_work_.empty()) plan_prompt_read(sr.id, sr.start, sr.num_tokens, row);
     if (!model_.lora_bank().empty()) {
       adapters.insert(adapters.end(), static_cast<size_t>(sr.num_tokens), s.adapter);
       any_adapter = any_adapter || s.adapter >= 0;
@@ -414,11 +426,12 @@ std::vector<RequestOutput> Engine::step() {
     plan.tables.emplace_back(table.begin(), table.begin() + std::min<int64_t>(used, table.size()));
     seqs.push_back(ps);
     row += sr.num_tokens;
-    if (sr.samples) {
+    if (sr.samples && !s.pooling) {
       for (int64_t i = sr.num_spec; i >= 0; --i) rows.push_back(row - 1 - i);
       sampling.push_back({&s, sr.num_spec});
     }
   }
+  const bool read_hidden = add_prompt_rows(rows);  // prompt logprobs' rows follow the sampled ones
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i].block_table = plan.tables[i].data();
   plan.ids = ids;
   plan.positions = positions;
@@ -429,7 +442,8 @@ std::vector<RequestOutput> Engine::step() {
   if (tp_) tp_->send_step(plan);  // the workers run their shards of the same step
   const bool mtp = config_.speculative_method == "mtp";
   Tensor hidden;
-  const Tensor logits = run_step(model_, pool_, plan, mtp ? &hidden : nullptr);
+  const Tensor logits = run_step(model_, pool_, plan, mtp || read_hidden ? &hidden : nullptr);
+  read_prompt_rows(logits, hidden, out);
 
   // Sample, then let the scheduler advance every request; finish sequences after that.
   const int64_t V = model_.config().vocab_size;
@@ -501,7 +515,7 @@ std::vector<RequestOutput> Engine::step() {
   if (mtp)  // the module follows every running sequence's accepted positions
     for (const Span& sp : spans) {
       auto it = seqs_.find(sp.id);
-      if (it == seqs_.end() || ended.count(it->second.get())) continue;
+      if (it == seqs_.end() || it->second->finished || ended.count(it->second.get())) continue;
       advance_mtp(*it->second, sp.start, sp.num_tokens, hidden, sp.row0);
     }
   for (const auto& [child, tok] : forks) {
@@ -516,6 +530,7 @@ std::vector<RequestOutput> Engine::step() {
     if (s->finished) continue;
     finish(*s, reason, out);
   }
+  attach_prompt_logprobs(out);
   for (auto it = seqs_.begin(); it != seqs_.end();)
     it = it->second->finished ? seqs_.erase(it) : std::next(it);
   return out;

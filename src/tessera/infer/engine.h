@@ -14,6 +14,7 @@
 
 #include "tessera/infer/block_manager.h"
 #include "tessera/infer/kv_pool.h"
+#include "tessera/infer/prompt_work.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/infer/scheduler.h"
 #include "tessera/io/tokenizer.h"
@@ -50,6 +51,10 @@ struct RequestOutput {
   std::vector<int32_t> new_tokens;
   std::string new_text;    // detokenized, safe to stream (stop strings held back); needs a tokenizer
   std::vector<SampleResult> logprobs;  // per new token, when the request asked for logprobs
+  // params.prompt_logprobs: prompt tokens 1 .. P-1 (token 0 has none), with each sample's
+  // first output.
+  std::vector<PromptLogprob> prompt_logprobs;
+  std::vector<float> embedding;  // add_embedding_request: (H) the pooled hidden state, when finished
   bool finished = false;
   std::string finish_reason;  // "stop" | "length" | "abort" when finished
   int64_t num_prompt_tokens = 0;
@@ -94,6 +99,12 @@ class Engine {
   // prefix-cache blocks are kept apart (the adapter changes K and V).
   RequestId add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
                         int priority = 0, int32_t adapter = -1);
+  // An embedding request: the prompt runs as a prefill (batched with the other requests,
+  // chunked, never reading the prefix cache), nothing is sampled, and its one output
+  // (finish_reason "stop") carries `embedding`: the mean over the prompt's positions of
+  // the final hidden states, after the final norm (vLLM's pooling type MEAN). The prompt
+  // may fill the whole context (max_model_len tokens). Throws naming the field.
+  RequestId add_embedding_request(const std::vector<int32_t>& prompt, int32_t adapter = -1, int priority = 0);
   // Cancels a request (all its samples): blocks freed at once; the next step() reports it
   // finished with reason "abort". Unknown ids are ignored.
   void abort_request(RequestId id);
@@ -119,6 +130,16 @@ class Engine {
   bool append_token(Seq& s, int32_t token, const SampleResult& r, RequestOutput& o);
   RequestOutput& output_for(std::vector<RequestOutput>& out, const Seq& s);
   void finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out);
+  RequestId add_sequence(const std::vector<int32_t>& prompt, const SamplingParams& params, int priority,
+                         int32_t adapter, bool pooling);
+  // Prompt log-probabilities and pooling (engine_prompt.cc): state kept per request,
+  // positions planned per step, read from the step's logits / hidden states.
+  void track_prompt(RequestId id, const std::vector<int32_t>& prompt, const SamplingParams& params, bool pooling);
+  void prune_prompt_work();  // drops requests whose sequences are all gone
+  void plan_prompt_read(RequestId id, int64_t start, int64_t num_tokens, int64_t row);
+  bool add_prompt_rows(std::vector<int64_t>& rows);  // true: the step needs hidden states
+  void read_prompt_rows(const Tensor& logits, const Tensor& hidden, std::vector<RequestOutput>& out);
+  void attach_prompt_logprobs(std::vector<RequestOutput>& out);
   std::vector<int32_t> propose(Seq& s);  // speculative proposals for a decode
   std::vector<int32_t> propose_draft(Seq& s);
   // --speculative mtp: runs the multi-token prediction module over a sequence's positions
@@ -138,6 +159,8 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // by sequence id
   std::vector<RequestId> aborted_;                            // reported at the next step
   std::vector<RequestId> started_;                            // see started_last_step()
+  std::unordered_map<RequestId, PromptWork> prompt_work_;     // prompt logprobs / pooling requests
+  std::vector<PromptRead> prompt_reads_;                      // this step's
   RequestId next_id_ = 1;
   EngineStats stats_;
   std::vector<int32_t> eos_;

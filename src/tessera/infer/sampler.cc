@@ -2,6 +2,8 @@
 // stop-string matching for streamed text. The parameter checks are in sampling_params.cc.
 #include "tessera/infer/sampler.h"
 
+#include "tessera/infer/logit_bias.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -105,18 +107,20 @@ bool Sampler::is_stop_token(int32_t token) const {
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-// Returns `logits` itself when nothing applies, else work_ with min-tokens suppression and
-// penalties applied. Penalties touch only the distinct ids of prompt + output: O(len), with
-// vocab-sized scratch that is left zeroed for the next call.
+// Returns `logits` itself when nothing applies, else work_ with logit_bias, penalties and
+// min-tokens suppression applied (vLLM's order: the bias before the penalties, so a
+// repetition penalty scales the biased logit). Penalties touch only the distinct ids of
+// prompt + output: O(len), with vocab-sized scratch that is left zeroed for the next call.
 const float* Sampler::process(const float* logits, int64_t vocab, const std::vector<int32_t>& prompt,
                               const std::vector<int32_t>& output) {
   const auto& p = params_;
   const bool rep = p.repetition_penalty != 1.f;
   const bool pres_freq = p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
   const bool suppress = static_cast<int64_t>(output.size()) < p.min_tokens;
-  processed_is_raw_ = !rep && !pres_freq && !suppress;
+  processed_is_raw_ = !rep && !pres_freq && !suppress && p.logit_bias.empty();
   if (processed_is_raw_) return logits;
   work_.assign(logits, logits + vocab);
+  apply_logit_bias(p.logit_bias, work_.data(), vocab);
   if (rep || pres_freq) {
     // Check every id before touching the scratch, so an error leaves it clean.
     auto check = [vocab](const std::vector<int32_t>& ids, const char* what) {

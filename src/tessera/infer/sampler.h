@@ -71,14 +71,16 @@ struct TokenLogprob {
 struct SampleResult {
   int32_t token = 0;
   // Log-probabilities are "raw" (vLLM's default logprobs mode): log_softmax of the model's
-  // logits before penalties, temperature and filtering. Filled only when params.logprobs is set.
+  // logits before logit_bias, penalties, temperature and filtering (vLLM v1 computes them
+  // before every logits processor, its logit bias included). Filled only when
+  // params.logprobs is set.
   float logprob = 0.f;
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, highest first (ties: lower id)
 };
 
 // Samples one sequence's tokens. Owns the RNG, so one Sampler per sequence; not thread-safe.
-// Processing order (vLLM): min-tokens suppression and penalties -> temperature -> min-p,
-// top-k -> top-p -> draw. Top-k keeps exactly k tokens (ties broken by lower id).
+// Processing order (vLLM): logit_bias -> penalties and min-tokens suppression ->
+// temperature -> min-p, top-k -> top-p -> draw. Top-k keeps exactly k tokens (ties broken by lower id).
 class Sampler {
  public:
   // eos_token_ids: the model's end-of-sequence ids (negative ids are ignored); they are
@@ -96,7 +98,8 @@ class Sampler {
   SampleResult sample(const Tensor& logits, const std::vector<int32_t>& prompt_tokens = {},
                       const std::vector<int32_t>& output_tokens = {});
 
-  // The logits after min-tokens suppression and penalties, before temperature (for tests).
+  // The logits after logit_bias, penalties and min-tokens suppression, before temperature
+  // (for tests).
   std::vector<float> processed_logits(const float* logits, int64_t vocab,
                                       const std::vector<int32_t>& prompt_tokens,
                                       const std::vector<int32_t>& output_tokens);

@@ -1,6 +1,8 @@
 // Sampling fields of a JSON request object into SamplingParams.
 #include "tessera/infer/sampling_json.h"
 
+#include "tessera/infer/logit_bias.h"
+
 #include <cfloat>
 #include <cmath>
 
@@ -72,6 +74,7 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
       p.stop_token_ids.push_back(s.get<int32_t>());
     }
   }
+  parse_logit_bias_fields(j, where, p);  // logit_bias, prompt_logprobs
   if (const auto err = p.find_error()) fail_field(err->field, where, ": ", err->message);
   return p;
 }

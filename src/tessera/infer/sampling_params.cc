@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tessera/base/error.h"
+#include "tessera/infer/logit_bias.h"
 
 namespace tessera::infer {
 namespace {
@@ -53,6 +54,7 @@ std::optional<ParamError> SamplingParams::find_error(int64_t vocab_size) const {
                        " samples would be identical");
   if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
     return param_error("logprobs", "must be in [0, ", kMaxLogprobs, "], got ", *logprobs);
+  if (auto e = find_logit_bias_error(*this, vocab_size)) return e;  // logit_bias, prompt_logprobs
   return std::nullopt;
 }
 

@@ -199,7 +199,8 @@ SchedulerOutput Scheduler::schedule() {
     const WaitKey key = *waiting_.begin();
     SchedRequest& r = reqs_.at(std::get<2>(key));
     check_length(r);
-    const int64_t cached = blocks_.allocate_cached_prefix(r.id, r.tokens, r.cache_salt);
+    const int64_t cached = blocks_.allocate_cached_prefix(
+        r.id, r.skip_prefix_cache ? std::vector<int32_t>{} : r.tokens, r.cache_salt);  // no tokens: no hit
     const int64_t remaining = static_cast<int64_t>(r.tokens.size()) - cached;  // >= 1
     if (!cfg_.chunked_prefill && remaining > budget) {
       blocks_.free(r.id);

@@ -42,6 +42,9 @@ struct SchedRequest {  // what the scheduler tracks (the engine owns sampling et
   // Prefix-cache namespace (BlockManager::allocate_cached_prefix): requests whose K/V differs
   // for the same tokens (a LoRA adapter) never share cached blocks. 0: the base model's.
   uint64_t cache_salt = 0;
+  // Never read the prefix cache (its positions would not be computed): requests that read
+  // every prompt position's logits or hidden states. Its blocks are still committed.
+  bool skip_prefix_cache = false;
 };
 
 struct ScheduledRequest {

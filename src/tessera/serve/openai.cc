@@ -1,6 +1,8 @@
 // OpenAI request parsing and response building.
 #include "tessera/serve/openai.h"
 
+#include "tessera/serve/openai_echo.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cctype>
@@ -37,10 +39,8 @@ void refuse_unsupported(const json& b) {
     if (it->is_array() || it->is_object() || it->is_string()) return !it->empty();
     return true;
   };
-  if (truthy("echo")) bad_request("echo", "echo is not supported");
   if (truthy("suffix")) bad_request("suffix", "suffix is not supported");
   if (truthy("tools")) bad_request("tools", "tools are not supported by this server");
-  if (truthy("logit_bias")) bad_request("logit_bias", "logit_bias is not supported");
   if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
     const int64_t best_of = int_field(b, "best_of", 1, kMaxChoices);
     const auto n = b.find("n");
@@ -219,25 +219,29 @@ json parse_body(const std::string& text) {
   }
 }
 
+std::string resolve_model(const json& b, const ModelInfo& m, int32_t* adapter) {
+  *adapter = -1;
+  auto it = b.find("model");
+  if (it == b.end() || it->is_null()) return m.name;
+  if (!it->is_string()) bad_request("model", "model must be a string");
+  std::string model = it->get<std::string>();
+  const auto a = std::find(m.adapters.begin(), m.adapters.end(), model);
+  if (a != m.adapters.end()) {
+    *adapter = static_cast<int32_t>(a - m.adapters.begin());
+  } else if (model != m.name) {
+    std::string served = "'" + m.name + "'";
+    for (const auto& name : m.adapters) served += ", '" + name + "'";
+    bad_request("model", "the model '" + model + "' does not exist; this server serves " + served,
+                "model_not_found");
+  }
+  return model;
+}
+
 static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const ModelInfo& m) {
   if (!b.is_object()) bad_request("", "the request body must be a JSON object");
   ApiRequest r;
   r.endpoint = endpoint;
-  if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
-    if (!it->is_string()) bad_request("model", "model must be a string");
-    r.model = it->get<std::string>();
-    const auto a = std::find(m.adapters.begin(), m.adapters.end(), r.model);
-    if (a != m.adapters.end()) {
-      r.adapter = static_cast<int32_t>(a - m.adapters.begin());
-    } else if (r.model != m.name) {
-      std::string served = "'" + m.name + "'";
-      for (const auto& name : m.adapters) served += ", '" + name + "'";
-      bad_request("model", "the model '" + r.model + "' does not exist; this server serves " + served,
-                  "model_not_found");
-    }
-  } else {
-    r.model = m.name;
-  }
+  r.model = resolve_model(b, m, &r.adapter);
   refuse_unsupported(b);
   if (auto it = b.find("user"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) bad_request("user", "user must be a string");
@@ -265,7 +269,13 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
     if (!io::json_int_in(*it, INT64_MIN, m.max_model_len))
       bad_request(k, std::string(k) + " " + it->dump() + " exceeds this model's context length of " +
                          std::to_string(m.max_model_len) + " tokens", "context_length_exceeded");
-    if (it->get<int64_t>() < 1) bad_request(k, std::string(k) + " must be >= 1");
+    // echo with max_tokens 0: the prompt alone, scored (OpenAI's legacy idiom, vLLM too).
+    const bool echo_only = endpoint == Endpoint::kCompletions && b.contains("echo") && b["echo"] == true &&
+                           it->get<int64_t>() == 0;
+    if (it->get<int64_t>() < 1 && !echo_only)
+      bad_request(k, std::string(k) + " must be >= 1" +
+                         (endpoint == Endpoint::kCompletions ? " (0 only with echo)" : ""));
+    if (echo_only) r.echo_only = true;
   }
   if (endpoint == Endpoint::kChat) {
     // Chat: logprobs is a boolean and top_logprobs the count.
@@ -281,6 +291,9 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
     bad_request("logprobs", "logprobs must be an integer in [0, 20] for completions");
   }
   json sj = b;
+  if (r.echo_only)  // the engine runs the prefill and one token, which the response leaves out
+    for (const char* k : {"max_tokens", "max_completion_tokens"})
+      if (sj.contains(k) && sj[k] == 0) sj[k] = 1;
   if (endpoint == Endpoint::kChat && !r.chat_logprobs) sj.erase("logprobs");
   try {
     r.params = infer::sampling_params_from_json(sj, "request", defaults);
@@ -315,6 +328,7 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   } else {
     r.prompts = completion_prompts(b, m);
   }
+  parse_echo(b, m, r);  // echo, and the prompt_logprobs the response reports (openai_echo.cc)
   // Context: prompt + max_tokens must fit (chat without max_tokens gets the rest).
   for (const auto& p : r.prompts) {
     const int64_t len = static_cast<int64_t>(p.size());
@@ -386,6 +400,8 @@ json byte_list(const std::string& s) {
 double finite(float x) { return std::isfinite(x) ? x : -9999.0; }
 
 }  // namespace
+
+std::string logprob_token_text(const io::Tokenizer* tok, int32_t id) { return token_text(tok, id); }
 
 json completion_logprobs(const std::vector<infer::SampleResult>& lps, const io::Tokenizer* tok, int64_t offset) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();

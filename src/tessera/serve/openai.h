@@ -31,7 +31,7 @@ class ApiError : public Error {
 nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::string& param, const std::string& code);
 
-enum class Endpoint { kCompletions, kChat };
+enum class Endpoint { kCompletions, kChat, kEmbeddings };
 
 // What the parser needs to know about the served model.
 struct ModelInfo {
@@ -55,9 +55,17 @@ struct ApiRequest {
   bool continuous_usage = false;   // stream_options.continuous_usage_stats (vLLM)
   bool chat_logprobs = false;      // chat: logprobs true (top_logprobs in params.logprobs)
   bool return_token_ids = true;    // stream chunks carry "token_ids" (extension)
+  bool echo = false;               // completions: each choice's text starts with its prompt
+  bool echo_only = false;          // echo with max_tokens 0: the prompt alone, nothing generated
+  std::vector<std::string> echo_texts;  // echo: per prompt, its text (as sent, or detokenized)
+  bool prompt_logprobs = false;    // vLLM's prompt_logprobs field was given: the response has it
   std::string user;
   int64_t choices() const { return static_cast<int64_t>(prompts.size()) * params.n; }
 };
+
+// The request's "model" (absent or null: the base model's id), checked against the served
+// ids; *adapter = its LoRA adapter's index (-1: the base model). Unknown: 400 model_not_found.
+std::string resolve_model(const nlohmann::json& body, const ModelInfo& model, int32_t* adapter);
 
 // Parses and validates a request body: types, ranges, model name, messages, prompt length
 // plus max_tokens against the context. Throws ApiError (400 naming the param).
@@ -71,6 +79,8 @@ nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int6
 // "text_offset"} (text_offset starting at `offset`), or chat's {"content": [...]}.
 nlohmann::json completion_logprobs(const std::vector<infer::SampleResult>& lps,
                                    const io::Tokenizer* tok, int64_t offset);
+// A token as logprobs show it: its text when whole UTF-8, else vLLM's "bytes:\xNN" form.
+std::string logprob_token_text(const io::Tokenizer* tok, int32_t id);
 nlohmann::json chat_logprobs(const std::vector<infer::SampleResult>& lps, const io::Tokenizer* tok);
 
 }  // namespace tessera::serve

@@ -104,7 +104,8 @@ std::shared_ptr<Job> Server::Impl::submit(ApiRequest req) {
   job->req = std::move(req);
   job->arrival = Clock::now();
   job->created = static_cast<int64_t>(std::time(nullptr));
-  job->id = (job->req.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(next_job_.fetch_add(1)) +
+  static const char* kPrefix[] = {"cmpl-", "chatcmpl-", "embd-"};  // by Endpoint
+  job->id = kPrefix[static_cast<int>(job->req.endpoint)] + std::to_string(next_job_.fetch_add(1)) +
             "-" + std::to_string(started_.time_since_epoch().count() % 1000000007);
   job->remaining = job->req.choices();
   {
@@ -150,7 +151,9 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   }
   try {
     for (size_t p = 0; p < job->req.prompts.size(); ++p) {
-      const auto id = engine_.add_request(job->req.prompts[p], job->req.params, 0, job->req.adapter);
+      const auto id = job->req.endpoint == Endpoint::kEmbeddings
+                          ? engine_.add_embedding_request(job->req.prompts[p], job->req.adapter)
+                          : engine_.add_request(job->req.prompts[p], job->req.params, 0, job->req.adapter);
       job->engine_ids.push_back(id);
       active_[id] = {job, static_cast<int64_t>(p)};
     }

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -84,6 +86,12 @@ struct Server::Impl {
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void stream_response(const std::shared_ptr<Job>& job, httplib::Response& res);
   void full_response(const std::shared_ptr<Job>& job, httplib::Response& res);
+  // server_api.cc: GET /v1/models, GET /v1/models/{id}, POST /v1/embeddings. `guard` wraps a
+  // handler as setup_routes' other /v1 routes are (errors to OpenAI error bodies).
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  void setup_api_routes(const std::function<Handler(Handler)>& guard);
+  nlohmann::json model_cards() const;  // the base model, then each LoRA adapter (vLLM's fields)
+  void handle_embeddings(const httplib::Request& req, httplib::Response& res);
 
   ServerConfig config_;
   const io::Tokenizer* tokenizer_;
@@ -92,6 +100,7 @@ struct Server::Impl {
   ServerMetrics metrics_;
   ModelInfo info_;
   Clock::time_point started_;
+  int64_t started_unix_ = static_cast<int64_t>(std::time(nullptr));  // the models' "created"
   httplib::Server http_;
   std::atomic<int> port_{0};
   int listen_fd_ = -1;

@@ -4,6 +4,7 @@
 
 #include "tessera/base/logging.h"
 #include "tessera/serve/chat_page.h"
+#include "tessera/serve/openai_echo.h"
 #include "tessera/serve/server_impl.h"
 
 namespace tessera::serve {
@@ -38,6 +39,7 @@ class Accumulator {
     c.text += e.out.new_text;
     c.tokens = e.out.num_output_tokens;
     if (!e.out.logprobs.empty()) c.lps.insert(c.lps.end(), e.out.logprobs.begin(), e.out.logprobs.end());
+    if (!e.out.prompt_logprobs.empty()) c.prompt_lps = e.out.prompt_logprobs;
     if (e.out.finished) c.finish = e.out.finish_reason;
     const size_t p = static_cast<size_t>(e.choice / job_.req.params.n);
     cached_[p] = std::max(cached_[p], e.out.num_cached_tokens);
@@ -46,7 +48,7 @@ class Accumulator {
   json usage() const {
     int64_t prompt = 0, completion = 0, cached = 0;
     for (const auto& p : job_.req.prompts) prompt += static_cast<int64_t>(p.size());
-    for (const auto& c : choices_) completion += c.tokens;
+    for (const auto& c : choices_) completion += job_.req.echo_only ? 0 : c.tokens;
     for (int64_t c : cached_) cached += c;
     return usage_json(prompt, completion, cached);
   }
@@ -67,12 +69,13 @@ class Accumulator {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
         ch["logprobs"] = job_.req.chat_logprobs ? chat_logprobs(c.lps, tok_) : json(nullptr);
       } else {
-        ch["text"] = c.text;
-        ch["logprobs"] = job_.req.params.logprobs ? completion_logprobs(c.lps, tok_, 0) : json(nullptr);
+        completion_fields(ch, i, c);
       }
       list.push_back(std::move(ch));
     }
     out["choices"] = std::move(list);
+    if (chat && job_.req.prompt_logprobs)  // vLLM: chat's prompt_logprobs are the response's
+      out["prompt_logprobs"] = prompt_logprobs_json(job_.req.prompts[0], choices_[0].prompt_lps, tok_);
     out["usage"] = usage();
     return out;
   }
@@ -81,7 +84,9 @@ class Accumulator {
   void stream_chunks(const Event& e, std::string& out) {
     const bool chat = job_.req.endpoint == Endpoint::kChat;
     Choice& c = choices_[e.choice];
-    const int64_t offset = static_cast<int64_t>(c.text.size());
+    const size_t prompt = static_cast<size_t>(e.choice / job_.req.params.n);
+    const std::string& echo = job_.req.echo ? job_.req.echo_texts[prompt] : kNoText;
+    const int64_t offset = static_cast<int64_t>(echo.size() + c.text.size());
     add(e);
     json fr = e.out.finished ? json(c.finish) : json(nullptr);
     if (chat) {
@@ -92,6 +97,8 @@ class Accumulator {
                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                                          {"logprobs", nullptr},
                                          {"finish_reason", nullptr}}});
+        if (job_.req.prompt_logprobs && e.choice == 0)
+          first["prompt_logprobs"] = prompt_logprobs_json(job_.req.prompts[0], c.prompt_lps, tok_);
         append(first, out);
       }
       if (e.out.new_text.empty() && !e.out.finished && e.out.logprobs.empty()) return;
@@ -105,6 +112,27 @@ class Accumulator {
       chunk["choices"] = json::array({ch});
       append(chunk, out);
     } else {
+      if (!c.prompt_sent && (job_.req.echo || job_.req.prompt_logprobs)) {
+        // The prompt first: its text (echo), its tokens' logprobs, vLLM's prompt_logprobs.
+        c.prompt_sent = true;
+        const auto& ids = job_.req.prompts[prompt];
+        json first = header("text_completion");
+        json ch = {{"index", e.choice}, {"text", echo}, {"finish_reason", nullptr}};
+        ch["logprobs"] = job_.req.params.logprobs && job_.req.echo ? echo_prompt_logprobs(ids, c.prompt_lps, tok_)
+                                                                   : json(nullptr);
+        if (job_.req.return_token_ids) ch["token_ids"] = job_.req.echo ? ids : std::vector<int32_t>{};
+        if (job_.req.prompt_logprobs) ch["prompt_logprobs"] = prompt_logprobs_json(ids, c.prompt_lps, tok_);
+        first["choices"] = json::array({ch});
+        append(first, out);
+      }
+      if (job_.req.echo_only) {  // the prompt was all: only the end of the choice follows
+        if (!e.out.finished) return;
+        json last = header("text_completion");
+        last["choices"] = json::array({{{"index", e.choice}, {"text", ""}, {"logprobs", nullptr},
+                                        {"finish_reason", "length"}}});
+        append(last, out);
+        return;
+      }
       json chunk = header("text_completion");
       json ch = {{"index", e.choice}, {"text", e.out.new_text}, {"finish_reason", fr}};
       ch["logprobs"] = job_.req.params.logprobs && !e.out.logprobs.empty()
@@ -128,8 +156,32 @@ class Accumulator {
     std::string text, finish;
     int64_t tokens = 0;
     std::vector<infer::SampleResult> lps;
+    std::vector<infer::PromptLogprob> prompt_lps;
     bool role_sent = false;
+    bool prompt_sent = false;  // completions stream: the echo / prompt_logprobs chunk went out
   };
+  inline static const std::string kNoText;
+
+  // A completions choice's text and logprobs; with echo the prompt comes first in both.
+  void completion_fields(json& ch, size_t i, const Choice& c) const {
+    const size_t p = i / static_cast<size_t>(job_.req.params.n);
+    const auto& ids = job_.req.prompts[p];
+    const std::string& echo = job_.req.echo ? job_.req.echo_texts[p] : kNoText;
+    const bool only = job_.req.echo_only;  // max_tokens 0: the engine's one token is left out
+    ch["text"] = only ? echo : echo + c.text;
+    if (only) ch["finish_reason"] = "length";
+    if (!job_.req.params.logprobs) {
+      ch["logprobs"] = nullptr;
+    } else if (job_.req.echo) {
+      json lp = echo_prompt_logprobs(ids, c.prompt_lps, tok_);
+      if (!only)
+        append_completion_logprobs(lp, completion_logprobs(c.lps, tok_, static_cast<int64_t>(echo.size())));
+      ch["logprobs"] = std::move(lp);
+    } else {
+      ch["logprobs"] = completion_logprobs(c.lps, tok_, 0);
+    }
+    if (job_.req.prompt_logprobs) ch["prompt_logprobs"] = prompt_logprobs_json(ids, c.prompt_lps, tok_);
+  }
   void append(json& chunk, std::string& out) const {
     if (job_.req.include_usage) chunk["usage"] = job_.req.continuous_usage ? usage() : json(nullptr);
     out += "data: " + dump(chunk) + "\n\n";
@@ -286,26 +338,7 @@ void Server::Impl::setup_routes() {
   http_.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
                handle_generate(req, res, Endpoint::kChat);
              }));
-  http_.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
-              const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count();
-              json m = {{"id", info_.name},       {"object", "model"},
-                        {"created", created},     {"owned_by", "tessera"},
-                        {"root", info_.name},     {"parent", nullptr},
-                        {"max_model_len", info_.max_model_len}, {"vocab_size", info_.vocab_size}};
-              json data = json::array({m});
-              for (const auto& [name, dir] : config_.loras)  // as vLLM lists LoRA adapters
-                data.push_back({{"id", name},
-                                {"object", "model"},
-                                {"created", created},
-                                {"owned_by", "tessera"},
-                                {"root", dir},
-                                {"parent", info_.name},
-                                {"max_model_len", info_.max_model_len},
-                                {"vocab_size", info_.vocab_size}});
-              send_json(res, 200, {{"object", "list"}, {"data", data}});
-            }));
+  setup_api_routes([&](Handler h) -> Handler { return guarded(std::move(h)); });
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (healthy()) {
       res.set_content("ok\n", "text/plain");
