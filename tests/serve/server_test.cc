@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <cctype>
 #include <set>
 
@@ -57,6 +59,7 @@ TEST_F(Serve, ModelsHealthMetricsStatsAndPage) {
   EXPECT_EQ(m["data"][0]["id"], "serve_model");
   EXPECT_EQ(m["data"][0]["object"], "model");
   EXPECT_EQ(m["data"][0]["max_model_len"], 512);
+  EXPECT_EQ(m["data"][0]["chat_template"], "model");
   r = c.Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
@@ -598,6 +601,30 @@ TEST(ServeOps, BusyPortIsRefusedNamingIt) {
   auto res = c.Get("/health");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
+}
+
+// A model without a chat template: start-up says ChatML stands in, and so does /v1/models;
+// the start-up summary names the model, its size, the KV pool and the concurrency.
+TEST(ServeOps, StartUpSummaryAndTheChatMLFallback) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_no_template_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(kModel)) fs::copy_file(e.path(), dir / e.path().filename());
+  {
+    json cfg = json::parse(std::ifstream(dir / "tokenizer_config.json"));
+    cfg.erase("chat_template");
+    std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+  }
+  testing::ServerProcess s({"--model", dir.string(), "--max-num-seqs", "7"});
+  const std::string err = s.stderr_text();
+  EXPECT_NE(err.find("tessera serve: model " + dir.filename().string() + " (llama, "), std::string::npos) << err;
+  EXPECT_NE(err.find("chat template: the model has none; ChatML stands in"), std::string::npos) << err;
+  EXPECT_NE(err.find("at most 7 requests running, 256 queued"), std::string::npos) << err;
+  httplib::Client c("127.0.0.1", s.port());
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["chat_template"], "chatml (fallback)");
+  fs::remove_all(dir);
 }
 
 }  // namespace

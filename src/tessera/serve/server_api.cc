@@ -25,6 +25,9 @@ json Server::Impl::model_cards() const {
                 {"max_model_len", info_.max_model_len}, {"vocab_size", info_.vocab_size}};
   };
   json data = json::array({card(info_.name, info_.name, nullptr)});
+  // Extension: which chat template /v1/chat/completions renders with; "chatml (fallback)"
+  // when the model has none (a base model, most likely).
+  data[0]["chat_template"] = !tokenizer_ ? "none" : chat_template_.is_fallback() ? "chatml (fallback)" : "model";
   for (const auto& [name, dir] : config_.loras) data.push_back(card(name, dir, info_.name));  // as vLLM lists adapters
   return data;
 }
