@@ -163,6 +163,7 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   r.max_tokens = params.max_tokens;
   r.priority = priority;
   r.cache_salt = static_cast<uint64_t>(adapter + 1);  // the base model's chain is salt 0
+  if (params.use_beam_search) start_beam_search(id, prompt, params);
   scheduler_->add_request(std::move(r));
   seqs_.emplace(id, std::move(s));
   return id;
@@ -195,6 +196,31 @@ RequestOutput& Engine::output_for(std::vector<RequestOutput>& out, const Seq& s)
   out.push_back(std::move(o));
   return out.back();
 }
+
+bool Engine::seq_live(RequestId id) const {
+  auto it = seqs_.find(id);
+  return it != seqs_.end() && !it->second->finished;
+}
+
+void Engine::extend_seq(RequestId id, int32_t token) { seqs_.at(id)->output.push_back(token); }
+
+void Engine::fork_seq(RequestId parent, RequestId child, int32_t token) {
+  const Seq& p = *seqs_.at(parent);
+  auto c = std::make_unique<Seq>();
+  c->id = child;
+  c->group = p.group;
+  c->adapter = p.adapter;
+  c->prompt = p.prompt;
+  c->output = p.output;
+  c->output.back() = token;
+  c->params = p.params;
+  c->sampler = std::make_unique<Sampler>(p.params, eos_, 0);
+  c->cached_tokens = p.cached_tokens;
+  c->forked = true;
+  seqs_.emplace(child, std::move(c));
+}
+
+void Engine::end_seq(RequestId id) { seqs_.at(id)->finished = true; }
 
 void Engine::finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out) {
   RequestOutput& o = output_for(out, s);
@@ -359,7 +385,10 @@ std::vector<RequestOutput> Engine::step() {
   }
   const SchedulerOutput so = scheduler_->schedule();
   ++stats_.steps;
-  if (so.requests.empty()) return out;
+  if (so.requests.empty()) {
+    if (!beam_groups_.empty()) requeue_parked_beams();
+    return out;
+  }
   StepPlan plan;
   plan.copies.assign(so.copies.begin(), so.copies.end());
 
@@ -471,6 +500,7 @@ std::vector<RequestOutput> Engine::step() {
       }
       continue;
     }
+    if (!beam_groups_.empty() && collect_beam(s.group, s.id, s.cached_tokens, lg)) continue;
     ended = sample_into(s, lg, &tok);
     sampled.emplace_back(s.id, tok);
     if (s.n > 1 && !s.forked) {  // the prompt is computed: the other samples fork from it
@@ -496,6 +526,7 @@ std::vector<RequestOutput> Engine::step() {
     }
   }
   scheduler_->update(so, sampled);
+  if (!beam_groups_.empty()) advance_beams(out);
   std::unordered_set<const Seq*> ended;
   for (const auto& [q, reason] : done) ended.insert(q);
   if (mtp)  // the module follows every running sequence's accepted positions
@@ -527,7 +558,7 @@ EngineStats Engine::stats() const {
   s.prefix_queries = b.queries;
   s.prefix_hit_blocks = b.hit_blocks;
   s.prefix_miss_blocks = b.miss_blocks;
-  s.preemptions = scheduler_->num_preemptions();
+  s.preemptions = scheduler_->num_preemptions() + beams_requeued_;
   s.running = static_cast<int64_t>(scheduler_->num_running());
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
