@@ -346,6 +346,31 @@ TEST(BeamSearchEngine, PreemptedBeamsGiveTheSameHypotheses) {
   }
 }
 
+TEST(BeamSearchEngine, AbortFreesEveryBeam) {
+  const model::Model m = model::Model::load(model_dir());
+  Engine e(m, engine_config(64));
+  std::vector<int32_t> prompt(30, 5);
+  const RequestId id = e.add_request(prompt, beam_params(4, 2, 1.f, 40));
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(e.step().empty());
+  EXPECT_EQ(e.kv_usage().sequences, 4);
+  e.abort_request(id);
+  std::vector<RequestOutput> outs;
+  while (e.has_unfinished())
+    for (auto& o : e.step()) outs.push_back(std::move(o));
+  ASSERT_FALSE(outs.empty());
+  for (const auto& o : outs) EXPECT_EQ(o.finish_reason, "abort");
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  EXPECT_EQ(e.stats().running, 0);
+  // The engine goes on serving.
+  e.add_request(prompt, beam_params(2, 1, 1.f, 3));
+  outs.clear();
+  while (e.has_unfinished())
+    for (auto& o : e.step()) outs.push_back(std::move(o));
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].new_tokens.size(), 3u);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
 TEST(BeamSearchEngine, RefusesWhatItCannotDo) {
   const model::Model m = model::Model::load(model_dir());
   EngineConfig ec = engine_config(64);

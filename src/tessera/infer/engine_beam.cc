@@ -86,8 +86,14 @@ void Engine::finish_beams(RequestId gid, BeamGroup& g, std::vector<RequestOutput
 // the queue (their blocks freed, as a preemption would) keeping the candidates they already
 // produced; queued after the sibling, they come back once it has run.
 void Engine::requeue_parked_beams() {
-  for (auto& [gid, gp] : beam_groups_) {
-    BeamGroup& g = *gp;
+  for (auto it = beam_groups_.begin(); it != beam_groups_.end();) {
+    BeamGroup& g = *it->second;
+    if (std::any_of(g.live.begin(), g.live.end(), [&](RequestId id) { return !seq_live(id); })) {
+      for (RequestId id : g.live) drop_beam(id);  // aborted (reported by step())
+      it = beam_groups_.erase(it);
+      continue;
+    }
+    ++it;
     if (std::all_of(g.cand.begin(), g.cand.end(), [](const auto& c) { return !c.empty(); })) continue;
     for (size_t i = 0; i < g.live.size(); ++i) {
       const SchedRequest* r = scheduler_->find(g.live[i]);
