@@ -1,6 +1,6 @@
 // Engine: request bookkeeping around the scheduler, the flattened model step over the
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
-// by forking (copy-on-write blocks).
+// by forking (copy-on-write blocks). Beam search's part is in engine_beam.cc.
 #include "tessera/infer/engine.h"
 
 #include "tessera/base/strings.h"
