@@ -222,6 +222,7 @@ std::vector<std::vector<RequestOutput>> run_engine(const model::Model& m, const 
       EXPECT_TRUE(o.finished) << "beam search reports whole hypotheses only";
       res[which.at(o.id)].push_back(std::move(o));
     }
+    e.check_invariants();
   }
   for (auto& r : res) std::sort(r.begin(), r.end(), [](auto& a, auto& b) { return a.index < b.index; });
   if (stats) *stats = e.stats();
@@ -305,6 +306,7 @@ TEST(BeamSearchEngine, BeamsShareThePromptBlocksAndFreeEverything) {
   std::vector<RequestOutput> outs;
   while (e.has_unfinished()) {
     for (auto& o : e.step()) outs.push_back(std::move(o));
+    e.check_invariants();
     const KvUsage u = e.kv_usage();
     if (u.sequences != 4) continue;
     ++seen;
@@ -355,8 +357,10 @@ TEST(BeamSearchEngine, AbortFreesEveryBeam) {
   EXPECT_EQ(e.kv_usage().sequences, 4);
   e.abort_request(id);
   std::vector<RequestOutput> outs;
-  while (e.has_unfinished())
+  while (e.has_unfinished()) {
     for (auto& o : e.step()) outs.push_back(std::move(o));
+    e.check_invariants();
+  }
   ASSERT_FALSE(outs.empty());
   for (const auto& o : outs) EXPECT_EQ(o.finish_reason, "abort");
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
@@ -384,7 +388,7 @@ TEST(BeamSearchEngine, RefusesWhatItCannotDo) {
     EXPECT_EQ(err.field(), "use_beam_search");
   }
   Engine plain(m, engine_config(64));
-  try {  // width 128 needs 256 candidates per beam: the vocabulary has 256 ... and 2 end tokens
+  try {  // width 128 with 2 end tokens ranks 3 x 128 = 384 candidates per beam; the vocabulary has 256
     SamplingParams p = beam_params(128, 1, 1.f, 4);
     p.stop_token_ids = {1, 2};
     plain.add_request({1, 2, 3}, p);

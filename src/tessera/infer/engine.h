@@ -108,6 +108,9 @@ class Engine {
   const std::vector<RequestId>& started_last_step() const { return started_; }
   EngineStats stats() const;
   KvUsage kv_usage() const;  // O(blocks held); for benchmarks, not every step of a server
+  // Tests: the scheduler's and block manager's invariants (ref counts = tables holding each
+  // block, free / cached / used lists); throws describing the first violation.
+  void check_invariants() const { scheduler_->check_invariants(); }
   const EngineConfig& config() const { return config_; }
   // "KV cache bf16: 812 blocks of 16 tokens (53.2 MB, 4096 bytes per token), 6 requests of
   // 2048 tokens at once": what the pool holds, for start-up logs.
