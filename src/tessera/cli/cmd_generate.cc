@@ -51,6 +51,8 @@ struct GenerateFlags {
   int64_t top_k = 0;
   float top_p = 1.f;
   uint64_t seed = 0;
+  int64_t beam_width = 0;  // 0: off
+  float length_penalty = 1.f;
   bool stream = false;
   std::string input, output;  // JSON-lines batch mode
   infer::EngineConfig engine;
@@ -115,6 +117,15 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
   infer::GenerateOptions o;
   o.max_tokens = f.max_tokens;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  TESSERA_CHECK(f.beam_width >= 0, "--beam-width must be >= 1, got ", f.beam_width);
+  TESSERA_CHECK(f.beam_width > 0 || f.length_penalty == 1.f, "--length-penalty needs --beam-width");
+  if (f.beam_width > 0) {  // prints the best hypothesis
+    TESSERA_CHECK(f.temperature == 0.f && f.top_k == 0 && f.top_p == 1.f,
+                  "--beam-width ranks log-probabilities: it takes no --temperature, --top-k or --top-p");
+    o.sampling.use_beam_search = true;
+    o.sampling.best_of = f.beam_width;
+    o.sampling.length_penalty = f.length_penalty;
+  }
   o.engine = f.engine;
   o.engine.prefix_caching = !f.no_prefix_caching;
   o.tp = tp;
@@ -149,8 +160,13 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
   std::printf("\n");
   std::fflush(stdout);  // the text's last line ends before the statistics on stderr
   const double dps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
-  std::fprintf(stderr, "generated %zu tokens (%s); prefill %zu tokens in %.3f s, decode %.1f tokens/s\n",
-               r.tokens.size(), r.finish_reason.c_str(), prompt.size(), r.prefill_seconds, dps);
+  if (f.beam_width > 0)  // the hypothesis arrives whole at the end: one time, not prefill + decode
+    std::fprintf(stderr, "beam search (%lld beams): best hypothesis of %zu tokens (%s) in %.3f s\n",
+                 static_cast<long long>(f.beam_width), r.tokens.size(), r.finish_reason.c_str(),
+                 r.prefill_seconds + r.decode_seconds);
+  else
+    std::fprintf(stderr, "generated %zu tokens (%s); prefill %zu tokens in %.3f s, decode %.1f tokens/s\n",
+                 r.tokens.size(), r.finish_reason.c_str(), prompt.size(), r.prefill_seconds, dps);
   if (r.spec_proposed > 0)
     std::fprintf(stderr, "speculative: %lld of %lld proposed tokens accepted (%.0f%%)\n",
                  static_cast<long long>(r.spec_accepted), static_cast<long long>(r.spec_proposed),
@@ -186,6 +202,10 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--beam-width", f->beam_width, "Beam search with this many beams (0 = off); prints the best")
+      ->capture_default_str();
+  cmd->add_option("--length-penalty", f->length_penalty,
+                  "Beam search: hypotheses score cum_logprob / length^penalty")->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   cmd->add_flag("--stream", f->stream, "Print tokens as they are generated");
   cmd->add_option("--input", f->input,

@@ -1,6 +1,6 @@
 // Engine: request bookkeeping around the scheduler, the flattened model step over the
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
-// by forking (copy-on-write blocks).
+// by forking (copy-on-write blocks). Beam search's part is in engine_beam.cc.
 #include "tessera/infer/engine.h"
 
 #include "tessera/base/strings.h"
@@ -173,6 +173,7 @@ RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const Samplin
   // Positions served from the prefix cache have no logits or hidden states to read (vLLM too).
   r.skip_prefix_cache = pooling || params.prompt_logprobs.has_value();
   if (r.skip_prefix_cache) track_prompt(id, prompt, params, pooling);
+  if (params.use_beam_search) start_beam_search(id, prompt, params);
   scheduler_->add_request(std::move(r));
   seqs_.emplace(id, std::move(s));
   return id;
@@ -205,6 +206,31 @@ RequestOutput& Engine::output_for(std::vector<RequestOutput>& out, const Seq& s)
   out.push_back(std::move(o));
   return out.back();
 }
+
+bool Engine::seq_live(RequestId id) const {
+  auto it = seqs_.find(id);
+  return it != seqs_.end() && !it->second->finished;
+}
+
+void Engine::extend_seq(RequestId id, int32_t token) { seqs_.at(id)->output.push_back(token); }
+
+void Engine::fork_seq(RequestId parent, RequestId child, int32_t token) {
+  const Seq& p = *seqs_.at(parent);
+  auto c = std::make_unique<Seq>();
+  c->id = child;
+  c->group = p.group;
+  c->adapter = p.adapter;
+  c->prompt = p.prompt;
+  c->output = p.output;
+  c->output.back() = token;
+  c->params = p.params;
+  c->sampler = std::make_unique<Sampler>(p.params, eos_, 0);
+  c->cached_tokens = p.cached_tokens;
+  c->forked = true;
+  seqs_.emplace(child, std::move(c));
+}
+
+void Engine::end_seq(RequestId id) { seqs_.at(id)->finished = true; }
 
 void Engine::finish(Seq& s, const std::string& reason, std::vector<RequestOutput>& out) {
   RequestOutput& o = output_for(out, s);
@@ -370,7 +396,10 @@ std::vector<RequestOutput> Engine::step() {
   }
   const SchedulerOutput so = scheduler_->schedule();
   ++stats_.steps;
-  if (so.requests.empty()) return out;
+  if (so.requests.empty()) {
+    if (!beam_groups_.empty()) requeue_parked_beams();
+    return out;
+  }
   StepPlan plan;
   plan.copies.assign(so.copies.begin(), so.copies.end());
 
@@ -485,6 +514,7 @@ std::vector<RequestOutput> Engine::step() {
       }
       continue;
     }
+    if (!beam_groups_.empty() && collect_beam(s.group, s.id, s.cached_tokens, lg)) continue;
     ended = sample_into(s, lg, &tok);
     sampled.emplace_back(s.id, tok);
     if (s.n > 1 && !s.forked) {  // the prompt is computed: the other samples fork from it
@@ -510,6 +540,7 @@ std::vector<RequestOutput> Engine::step() {
     }
   }
   scheduler_->update(so, sampled);
+  if (!beam_groups_.empty()) advance_beams(out);
   std::unordered_set<const Seq*> ended;
   for (const auto& [q, reason] : done) ended.insert(q);
   if (mtp)  // the module follows every running sequence's accepted positions
@@ -542,7 +573,7 @@ EngineStats Engine::stats() const {
   s.prefix_queries = b.queries;
   s.prefix_hit_blocks = b.hit_blocks;
   s.prefix_miss_blocks = b.miss_blocks;
-  s.preemptions = scheduler_->num_preemptions();
+  s.preemptions = scheduler_->num_preemptions() + beams_requeued_;
   s.running = static_cast<int64_t>(scheduler_->num_running());
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();

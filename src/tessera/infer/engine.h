@@ -60,6 +60,9 @@ struct RequestOutput {
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   int64_t num_output_tokens = 0;  // so far
+  // Beam search: the whole hypothesis arrives at once (index = rank, best first) with its
+  // cumulative raw log-probability and score (cumulative_logprob / length^length_penalty).
+  double cumulative_logprob = 0.0, beam_score = 0.0;
 };
 
 // KV slots held by the running sequences at one moment (bench serve's fragmentation figure).
@@ -116,6 +119,9 @@ class Engine {
   const std::vector<RequestId>& started_last_step() const { return started_; }
   EngineStats stats() const;
   KvUsage kv_usage() const;  // O(blocks held); for benchmarks, not every step of a server
+  // Tests: the scheduler's and block manager's invariants (ref counts = tables holding each
+  // block, free / cached / used lists); throws describing the first violation.
+  void check_invariants() const { scheduler_->check_invariants(); }
   const EngineConfig& config() const { return config_; }
   // "KV cache bf16: 812 blocks of 16 tokens (53.2 MB, 4096 bytes per token), 6 requests of
   // 2048 tokens at once": what the pool holds, for start-up logs.
@@ -147,6 +153,20 @@ class Engine {
   // last position proposes the next token.
   void advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor& hidden, int64_t row0);
 
+  // Beam search (engine_beam.cc; Seq's part is in engine.cc).
+  struct BeamGroup;
+  void start_beam_search(RequestId id, const std::vector<int32_t>& prompt, const SamplingParams& params);
+  // A beam's logits of this step; false when the sequence is not a beam.
+  bool collect_beam(RequestId group, RequestId id, int64_t cached_tokens, const float* logits);
+  void advance_beams(std::vector<RequestOutput>& out);  // after the scheduler's update
+  void requeue_parked_beams();  // when a step scheduled nothing
+  void finish_beams(RequestId group, BeamGroup& g, std::vector<RequestOutput>& out);
+  void drop_beam(RequestId id);
+  bool seq_live(RequestId id) const;  // known and not finished
+  void extend_seq(RequestId id, int32_t token);
+  void fork_seq(RequestId parent, RequestId child, int32_t token);  // parent's last token replaced
+  void end_seq(RequestId id);
+
   const model::Model& model_;
   EngineConfig config_;
   const io::Tokenizer* tokenizer_;
@@ -164,6 +184,8 @@ class Engine {
   RequestId next_id_ = 1;
   EngineStats stats_;
   std::vector<int32_t> eos_;
+  std::unordered_map<RequestId, std::shared_ptr<BeamGroup>> beam_groups_;  // by request id
+  int64_t beams_requeued_ = 0;
 };
 
 }  // namespace tessera::infer

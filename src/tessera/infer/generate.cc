@@ -1,6 +1,8 @@
 // Single-request generation through the engine (the same path as batched serving).
 #include "tessera/infer/generate.h"
 
+#include <algorithm>
+
 #include "tessera/base/timer.h"
 #include "tessera/infer/engine.h"
 
@@ -22,10 +24,12 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   if (options.max_tokens == 0) return r;
   EngineConfig ec = options.engine;
   if (ec.max_model_len == 0) ec.max_model_len = total;
-  ec.max_num_seqs = 1;
+  // Beam search runs best_of sequences (sharing the prompt's blocks); sized as if they did not.
+  const int64_t seqs = options.sampling.use_beam_search ? std::max<int64_t>(1, options.sampling.best_of) : 1;
+  ec.max_num_seqs = seqs;
   const int64_t bs = ec.block_size;
   if (ec.kv_cache_memory == 0)
-    ec.kv_cache_memory = ((ec.max_model_len + bs - 1) / bs + 1) *
+    ec.kv_cache_memory = seqs * ((ec.max_model_len + bs - 1) / bs + 1) *
                          KvPool::bytes_per_block(c, bs, model.dims().kv_heads, ec.kv_cache_dtype);
   Engine engine(model, ec, nullptr, options.draft, options.tp);
   SamplingParams p = options.sampling;

@@ -51,16 +51,18 @@ struct SamplingParams {
   // Structured outputs: the output must match this constraint (empty type: none). type is
   // "json_object", "json_schema" (spec: the schema's JSON text), "regex" or "grammar" (GBNF).
   GuidedDecoding guided{};
-  // Beam search (vLLM's use_beam_search): best_of beams (>= n; 0 = n), the n best returned,
-  // scored by cumulative logprob / length^length_penalty.
+  // Beam search (vLLM's use_beam_search; beam_search.h): best_of beams (>= n, at most 128;
+  // 0 = n), the n best hypotheses returned, scored by cumulative logprob /
+  // length^length_penalty. Needs temperature 0 and no other sampling or penalty field.
   bool use_beam_search = false;
   int64_t best_of = 0;
-  float length_penalty = 1.f;
+  float length_penalty = 1.f;         // finite; must be 1 without use_beam_search (as vLLM)
 
   bool is_greedy() const { return temperature < 1e-5f; }
   // The first invalid field (or combination), or nothing. vocab_size > 0 also checks ids.
   std::optional<ParamError> find_error(int64_t vocab_size = 0) const;
   void validate(int64_t vocab_size = 0) const;  // throws tessera::Error with find_error's message
+  std::optional<ParamError> find_beam_error() const;  // best_of, length_penalty, use_beam_search
 };
 
 struct TokenLogprob {

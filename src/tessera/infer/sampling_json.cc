@@ -43,6 +43,12 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
   if (auto v = optional_field<double>(j, "repetition_penalty", where)) p.repetition_penalty = to_float(*v);
   if (auto v = optional_field<int64_t>(j, "min_tokens", where)) p.min_tokens = *v;
   if (auto v = optional_field<bool>(j, "ignore_eos", where)) p.ignore_eos = *v;
+  // Beam search (vLLM's extra parameters); it ranks raw log-probabilities, so a request that
+  // asks for it without a temperature gets 0 rather than the server's sampling default.
+  if (auto v = optional_field<bool>(j, "use_beam_search", where)) p.use_beam_search = *v;
+  if (auto v = optional_field<int64_t>(j, "best_of", where)) p.best_of = *v;
+  if (auto v = optional_field<double>(j, "length_penalty", where)) p.length_penalty = to_float(*v);
+  if (p.use_beam_search && !optional_field<double>(j, "temperature", where)) p.temperature = 0.f;
   if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
     // OpenAI chat: logprobs true + top_logprobs N; completions: logprobs N.
     if (it->is_boolean()) {

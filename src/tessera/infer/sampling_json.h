@@ -16,7 +16,9 @@ namespace tessera::infer {
 // Sampling fields of a request object with OpenAI / vLLM names: max_tokens,
 // temperature, top_p, top_k, min_p, n, stop (string or list), stop_token_ids, seed,
 // presence_penalty, frequency_penalty, repetition_penalty, logprobs, min_tokens,
-// ignore_eos, logit_bias, prompt_logprobs (logit_bias.h). Wrong types and invalid values throw naming `where` and the field.
+// ignore_eos, logit_bias, prompt_logprobs (logit_bias.h), use_beam_search, best_of,
+// length_penalty (use_beam_search without a temperature sets it to 0). Wrong types and
+// invalid values throw naming `where` and the field.
 // Errors are tessera::FieldError naming the field.
 SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::string& where,
                                          int64_t default_max_tokens = 16);

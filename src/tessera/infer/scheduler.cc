@@ -83,6 +83,16 @@ void Scheduler::fork_request(RequestId parent, RequestId child, int32_t last_tok
   reqs_.emplace(child, std::move(c));
 }
 
+void Scheduler::append_token(RequestId id, int32_t token) {
+  auto it = reqs_.find(id);
+  TESSERA_CHECK(it != reqs_.end(), "Scheduler::append_token: unknown request ", id);
+  SchedRequest& r = it->second;
+  TESSERA_CHECK(r.status != RequestStatus::kRunning ||
+                    r.num_computed_tokens == static_cast<int64_t>(r.tokens.size()),
+                "Scheduler::append_token: running request ", id, " still has uncomputed tokens");
+  r.tokens.push_back(token);
+}
+
 void Scheduler::set_spec_tokens(RequestId id, std::vector<int32_t> tokens) {
   auto it = reqs_.find(id);
   TESSERA_CHECK(it != reqs_.end(), "Scheduler::set_spec_tokens: unknown request ", id);

@@ -88,6 +88,9 @@ class Scheduler {
   // token) gets a sibling `child` with the same tokens except the last one (= last_token),
   // sharing the parent's blocks (copy-on-write). The child runs from the next step.
   void fork_request(RequestId parent, RequestId child, int32_t last_token);
+  // Beam search: a request that ran its last token without one being sampled (update got
+  // none for it; the scheduler skips such a request meanwhile) now takes `token`.
+  void append_token(RequestId id, int32_t token);
 
   // Proposals for the next decode of a running request (speculative decoding); ignored
   // unless the request is a decode (exactly one uncomputed token) at the next schedule().
