@@ -19,6 +19,12 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
                 "Logits independent of the rest of the batch (bit for bit; slower)");
   cmd->add_option("--speculative", e.speculative_method, "Speculative decoding: ngram, draft or mtp (the model's multi-token prediction module)");
   cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens, "Tokens proposed per step");
+  cmd->add_option("--attention-sinks", e.attention_sinks,
+                  "StreamingLLM: keep the first S tokens besides the --window (0: a window without sinks)")
+      ->type_name("S");
+  cmd->add_option("--window", e.stream_window,
+                  "StreamingLLM: keep the last W tokens (with --attention-sinks); streams run past the context")
+      ->type_name("W");
 }
 
 }  // namespace tessera::cli
