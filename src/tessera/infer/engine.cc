@@ -2,9 +2,9 @@
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
 // by forking (copy-on-write blocks).
 #include "tessera/infer/engine.h"
-#include "tessera/infer/attention_sinks.h"
 
 #include "tessera/base/strings.h"
+#include "tessera/infer/attention_sinks.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>

@@ -159,7 +159,7 @@ void Scheduler::preempt(RequestId id, SchedulerOutput& out, int64_t& budget) {
 }
 
 void Scheduler::check_length(const SchedRequest& r) const {
-  TESSERA_CHECK(cfg_.streaming() ||static_cast<int64_t>(r.tokens.size()) <= cfg_.max_model_len,
+  TESSERA_CHECK(cfg_.streaming() || static_cast<int64_t>(r.tokens.size()) <= cfg_.max_model_len,
                 "Scheduler::schedule: request ", r.id, " has ", r.tokens.size(),
                 " tokens, more than max_model_len ", cfg_.max_model_len,
                 "; the engine must finish it at the context length");
