@@ -30,6 +30,12 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
       ->type_name("METHOD");
   cmd->add_option("--num-speculative-tokens", e.num_speculative_tokens,
                   "Tokens proposed per step (default with --speculative: 4; mtp: 1)");
+  cmd->add_option("--attention-sinks", e.attention_sinks,
+                  "StreamingLLM: keep the first S tokens besides the --window (0: a window without sinks)")
+      ->type_name("S");
+  cmd->add_option("--window", e.stream_window,
+                  "StreamingLLM: keep the last W tokens (with --attention-sinks); streams run past the context")
+      ->type_name("W");
 }
 
 }  // namespace tessera::cli

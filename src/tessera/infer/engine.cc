@@ -4,6 +4,7 @@
 #include "tessera/infer/engine.h"
 
 #include "tessera/base/strings.h"
+#include "tessera/infer/attention_sinks.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>
@@ -56,7 +57,13 @@ std::string Engine::kv_cache_summary() const {
                          kernels::kv_cache_dtype_name(pool_.dtype), (long long)pool_.num_blocks,
                          (long long)pool_.block_size, pool_.num_blocks * per_block / 1e6,
                          (long long)(per_block / pool_.block_size), (long long)(tokens / max_len_),
-                         (long long)max_len_) + latent;
+                         (long long)max_len_) + latent +
+         (config_.streaming() ? base::strprintf("; attention sinks %lld + window %lld: %lld blocks per stream, "
+                                                "prefix caching off", (long long)config_.attention_sinks,
+                                                (long long)config_.stream_window,
+                                                (long long)Scheduler::blocks_per_request(scheduler_->config(),
+                                                                                         pool_.block_size))
+                              : std::string());
 }
 
 void EngineConfig::validate() const {
@@ -78,6 +85,7 @@ void EngineConfig::validate() const {
   TESSERA_CHECK(speculative_method.empty() || num_speculative_tokens > 0,
                 "speculative decoding needs num_speculative_tokens > 0");
   TESSERA_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "ngram sizes must satisfy 1 <= min <= max");
+  validate_attention_sinks(*this);
 }
 
 Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer,
@@ -105,6 +113,12 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
   sc.max_model_len = max_len_;
   sc.chunked_prefill = config_.chunked_prefill;
   sc.sliding_window = c.all_layers_windowed() ? c.sliding_window : 0;
+  if (config_.streaming()) {  // attention_sinks.cc; shifted blocks cannot serve as cached prefixes
+    check_attention_sinks(config_, c, max_len_, tp_ != nullptr);
+    config_.prefix_caching = false;
+    sc.attention_sinks = config_.attention_sinks;
+    sc.stream_window = config_.stream_window;
+  }
   const int64_t blocks_per_seq = Scheduler::blocks_per_request(sc, bs);
   int64_t num_blocks = 0;
   const int64_t kv_heads = model_.dims().kv_heads;  // this rank's (tensor parallelism: 1/tp)
@@ -149,7 +163,7 @@ RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const Samplin
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
       fail_field("prompt", "prompt token ", i, " has id ", prompt[i], " outside the vocabulary [0, ",
                  c.vocab_size, ")");
-  if (static_cast<int64_t>(prompt.size()) >= max_len_ + (pooling ? 1 : 0))  // room for a token unless pooling
+  if (static_cast<int64_t>(prompt.size()) >= max_len_ + (pooling ? 1 : 0) && !config_.streaming())  // room for a token unless pooling
     fail_field("prompt", "the prompt has ", prompt.size(), " tokens; the context length is ", max_len_);
   if (!params.stop.empty() && !tokenizer_) fail_field("stop", "stop strings need a tokenizer");
   const RequestId id = next_id_;
@@ -432,7 +446,7 @@ std::vector<RequestOutput> Engine::step() {
     for (int64_t i = 0; i < sr.num_tokens; ++i) {
       ids.data<int32_t>()[row + i] =
           i < known ? r->tokens[sr.start + i] : s.spec[static_cast<size_t>(i - known)];
-      positions.data<int32_t>()[row + i] = static_cast<int32_t>(sr.start + i);
+      positions.data<int32_t>()[row + i] = static_cast<int32_t>(sr.start - sr.shift + i);  // cache positions
     }
     if (sr.num_spec > 0) {
       ++stats_.spec_steps;
@@ -449,7 +463,7 @@ std::vector<RequestOutput> Engine::step() {
     kernels::PagedSequence ps;
     ps.q_begin = row;
     ps.q_len = sr.num_tokens;
-    ps.context_len = sr.start + sr.num_tokens;
+    ps.context_len = sr.start + sr.num_tokens - sr.shift;
     const auto& table = blocks_->block_table(sr.id);
     const int64_t used = (ps.context_len + config_.block_size - 1) / config_.block_size;
     plan.tables.emplace_back(table.begin(), table.begin() + std::min<int64_t>(used, table.size()));
@@ -462,6 +476,7 @@ std::vector<RequestOutput> Engine::step() {
   }
   const bool read_hidden = add_prompt_rows(rows);  // prompt logprobs' rows follow the sampled ones
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i].block_table = plan.tables[i].data();
+  for (const KvShift& k : so.shifts) plan.shifts.push_back({blocks_->block_table(k.id), k.sinks, k.length, k.delta});
   plan.ids = ids;
   plan.positions = positions;
   plan.seqs = std::move(seqs);
@@ -494,7 +509,7 @@ std::vector<RequestOutput> Engine::step() {
         return true;
       }
       if (static_cast<int64_t>(q.output.size()) >= q.params.max_tokens ||
-          static_cast<int64_t>(q.prompt.size() + q.output.size()) >= max_len_) {
+          (static_cast<int64_t>(q.prompt.size() + q.output.size()) >= max_len_ && !config_.streaming())) {
         done.emplace_back(&q, "length");
         return true;
       }
@@ -589,10 +604,11 @@ KvUsage Engine::kv_usage() const {
     const SchedRequest* r = scheduler_->find(id);
     if (!r || !blocks_->has_request(id)) continue;
     ++u.sequences;
-    u.seq_tokens += r->num_computed_tokens;
+    const int64_t cached = r->num_computed_tokens - r->shift;  // attention sinks: the rows held
+    u.seq_tokens += cached;
     const auto& table = blocks_->block_table(id);
     for (size_t i = 0; i < table.size(); ++i) {
-      const int64_t n = std::clamp<int64_t>(r->num_computed_tokens - static_cast<int64_t>(i) * bs, 0, bs);
+      const int64_t n = std::clamp<int64_t>(cached - static_cast<int64_t>(i) * bs, 0, bs);
       int64_t& f = filled[table[i]];
       f = std::max(f, n);
     }

@@ -41,6 +41,14 @@ struct EngineConfig {
   std::string speculative_method;
   int64_t num_speculative_tokens = 0;
   int64_t ngram_max = 3, ngram_min = 1;  // n-gram sizes prompt lookup tries (longest first)
+  // StreamingLLM attention sinks (--attention-sinks S --window W; docs/serving.md, "Long
+  // streams"): each sequence's cache keeps its first S tokens and at most the last W,
+  // positions re-assigned within the cache, so a stream runs past max_model_len in constant
+  // memory (max_tokens alone ends it). Off while stream_window is 0; S + W must fit the
+  // context. Turns prefix caching off.
+  int64_t attention_sinks = -1;          // S (-1: off; 0: a window without sinks)
+  int64_t stream_window = 0;             // W
+  bool streaming() const { return stream_window > 0; }
   void validate() const;                 // throws naming the field
 };
 
@@ -70,7 +78,8 @@ struct KvUsage {
   int64_t sequences = 0;  // running sequences
   int64_t blocks = 0;     // distinct physical blocks in their block tables
   int64_t tokens = 0;     // slots of those blocks holding computed K/V (a shared block once)
-  int64_t seq_tokens = 0; // computed tokens summed per sequence (shared prefixes counted each time)
+  int64_t seq_tokens = 0; // computed tokens summed per sequence (shared prefixes counted each time;
+                          // with attention sinks the rows each cache holds)
 };
 
 struct EngineStats {

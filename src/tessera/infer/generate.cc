@@ -16,20 +16,21 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   TESSERA_CHECK(options.max_tokens >= 0, "generate: max tokens must be >= 0, got ",
                 options.max_tokens);
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
-  TESSERA_CHECK(total <= model::max_context(c), "generate: prompt (", prompt.size(),
+  const bool streaming = options.engine.streaming();  // attention sinks: only max_tokens bounds it
+  TESSERA_CHECK(streaming || total <= model::max_context(c), "generate: prompt (", prompt.size(),
                 ") + max tokens (", options.max_tokens, ") exceeds the model's context of ",
                 model::max_context(c), " tokens");
   GenerateResult r;
   r.finish_reason = "length";
   if (options.max_tokens == 0) return r;
   EngineConfig ec = options.engine;
-  if (ec.max_model_len == 0) ec.max_model_len = total;
+  if (ec.max_model_len == 0 && !streaming) ec.max_model_len = total;
   // Beam search runs best_of sequences (sharing the prompt's blocks); sized as if they did not.
   const int64_t seqs = options.sampling.use_beam_search ? std::max<int64_t>(1, options.sampling.best_of) : 1;
   ec.max_num_seqs = seqs;
   const int64_t bs = ec.block_size;
   if (ec.kv_cache_memory == 0)
-    ec.kv_cache_memory = seqs * ((ec.max_model_len + bs - 1) / bs + 1) *
+    ec.kv_cache_memory = seqs * (((streaming ? ec.attention_sinks + ec.stream_window : ec.max_model_len) + bs - 1) / bs + 1) *
                          KvPool::bytes_per_block(c, bs, model.dims().kv_heads, ec.kv_cache_dtype);
   Engine engine(model, ec, nullptr, options.draft, options.tp);
   SamplingParams p = options.sampling;

@@ -2,6 +2,7 @@
 #include "tessera/infer/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,6 +16,15 @@ Scheduler::Scheduler(SchedulerConfig c, BlockManager& blocks) : cfg_(c), blocks_
   TESSERA_CHECK(c.max_num_seqs > 0, "Scheduler: max_num_seqs must be > 0, got ", c.max_num_seqs);
   TESSERA_CHECK(c.max_model_len > 0, "Scheduler: max_model_len must be > 0, got ",
                 c.max_model_len);
+  if (c.streaming()) {
+    TESSERA_CHECK(c.attention_sinks >= 0, "Scheduler: attention_sinks must be >= 0, got ", c.attention_sinks);
+    TESSERA_CHECK(c.stream_window >= blocks.block_size(), "Scheduler: the attention-sinks window (", c.stream_window,
+                  ") must be at least a block (", blocks.block_size(), " tokens): a full cache drops a block at a time");
+    TESSERA_CHECK(c.chunked_prefill, "Scheduler: attention sinks need chunked prefill (a prompt longer than the "
+                  "cache streams through it in chunks)");
+    TESSERA_CHECK(!blocks.prefix_caching(), "Scheduler: attention sinks need prefix caching off (shifted blocks no "
+                  "longer hold their tokens' K/V)");
+  }
   const int64_t need = blocks_per_request(c, blocks.block_size());
   TESSERA_CHECK(need <= blocks.num_blocks(), "Scheduler: max_model_len ", c.max_model_len,
                 c.sliding_window > 0 ? " (sliding window " + std::to_string(c.sliding_window) + ")" : std::string(),
@@ -30,7 +40,7 @@ void Scheduler::add_request(SchedRequest r) {
                 " is already in use");
   const int64_t n = static_cast<int64_t>(r.tokens.size());
   TESSERA_CHECK(n > 0, "Scheduler::add_request: request ", r.id, " has no tokens");
-  TESSERA_CHECK(n <= cfg_.max_model_len, "Scheduler::add_request: request ", r.id, " has ", n,
+  TESSERA_CHECK(n <= cfg_.max_model_len || cfg_.streaming(), "Scheduler::add_request: request ", r.id, " has ", n,
                 " tokens, more than max_model_len ", cfg_.max_model_len);
   TESSERA_CHECK(r.num_prompt_tokens >= 1 && r.num_prompt_tokens <= n,
                 "Scheduler::add_request: request ", r.id, ": num_prompt_tokens ",
@@ -110,13 +120,15 @@ std::vector<RequestId> Scheduler::waiting() const {
   return ids;
 }
 
-bool Scheduler::reserve(SchedRequest& r, int64_t n) {
-  const int64_t start = r.num_computed_tokens;
+bool Scheduler::reserve(SchedRequest& r, int64_t n, int64_t delta) {
+  const int64_t start = r.num_computed_tokens - r.shift - delta;  // the cache row of the first token
   if (!blocks_.allocate_slots(r.id, start + n)) return false;
-  // Only blocks this step writes into can need a private copy (a fork sibling shares them).
+  // Only blocks this step writes into can need a private copy (a fork sibling shares them);
+  // a window shift rewrites the rows from the sinks on.
   const int64_t bs = blocks_.block_size();
-  for (int64_t b = start / bs; b <= (start + n - 1) / bs; ++b) {
-    CowResult c = blocks_.copy_on_write(r.id, std::max(start, b * bs));
+  const int64_t first = delta > 0 ? cfg_.attention_sinks : start;
+  for (int64_t b = first / bs; b <= (start + n - 1) / bs; ++b) {
+    CowResult c = blocks_.copy_on_write(r.id, std::max(first, b * bs));
     if (!c.ok) return false;
     if (c.copy) step_copies_.push_back({r.id, *c.copy});
   }
@@ -144,6 +156,8 @@ void Scheduler::preempt(RequestId id, SchedulerOutput& out, int64_t& budget) {
     out.requests.erase(s);
   }
   std::erase_if(step_copies_, [&](const auto& c) { return c.first == id; });
+  std::erase_if(out.shifts, [&](const KvShift& k) { return k.id == id; });
+  r.shift = 0;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   blocks_.free(id);  // committed full blocks stay cached, so recomputation often hits them
   r.num_computed_tokens = 0;
@@ -155,7 +169,7 @@ void Scheduler::preempt(RequestId id, SchedulerOutput& out, int64_t& budget) {
 }
 
 void Scheduler::check_length(const SchedRequest& r) const {
-  TESSERA_CHECK(static_cast<int64_t>(r.tokens.size()) <= cfg_.max_model_len,
+  TESSERA_CHECK(cfg_.streaming() || static_cast<int64_t>(r.tokens.size()) <= cfg_.max_model_len,
                 "Scheduler::schedule: request ", r.id, " has ", r.tokens.size(),
                 " tokens, more than max_model_len ", cfg_.max_model_len,
                 "; the engine must finish it at the context length");
@@ -177,13 +191,14 @@ SchedulerOutput Scheduler::schedule() {
     }
     check_length(r);
     int64_t spec = 0;  // proposals run after a decode's token, within budget and context
-    if (remaining == 1 && !r.spec_tokens.empty())
+    if (remaining == 1 && !r.spec_tokens.empty() && !cfg_.streaming())
       spec = std::max<int64_t>(0, std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,
                                             cfg_.max_model_len -
                                                 static_cast<int64_t>(r.tokens.size())}));
-    const int64_t n = std::min(remaining, budget) + spec;
+    int64_t n = std::min(remaining, budget) + spec, delta = 0;
+    if (cfg_.streaming()) std::tie(n, delta) = stream_step(r, n);
     bool self_preempted = false;
-    while (!reserve(r, n)) {
+    while (!reserve(r, n, delta)) {
       const RequestId victim = pick_victim();
       const size_t vi = std::find(running_.begin(), running_.end(), victim) - running_.begin();
       preempt(victim, out, budget);
@@ -194,9 +209,13 @@ SchedulerOutput Scheduler::schedule() {
       if (vi < i) --i;  // an already scheduled request left running_ before position i
     }
     if (self_preempted) continue;  // running_[i] is now the next request
+    if (delta > 0) {
+      out.shifts.push_back({r.id, cfg_.attention_sinks, r.num_computed_tokens - r.shift, delta});
+      r.shift += delta;
+    }
     out.requests.push_back({r.id, r.num_computed_tokens, n,
                             r.num_computed_tokens + n - spec == static_cast<int64_t>(r.tokens.size()),
-                            spec});
+                            spec, r.shift});
     budget -= n;
     ++i;
   }
@@ -216,7 +235,8 @@ SchedulerOutput Scheduler::schedule() {
       blocks_.free(r.id);
       break;
     }
-    const int64_t n = std::min(remaining, budget);
+    int64_t n = std::min(remaining, budget);
+    if (cfg_.streaming()) n = stream_step(r, n).first;  // an empty cache: no shift
     if (!blocks_.allocate_slots(r.id, cached + n)) {
       blocks_.free(r.id);
       break;
@@ -253,7 +273,7 @@ void Scheduler::update(const SchedulerOutput& out,
       speculative.push_back(s.id);
     } else {
       r.num_computed_tokens += s.num_tokens;
-      blocks_.commit(r.id, r.tokens, r.num_computed_tokens);
+      if (!cfg_.streaming()) blocks_.commit(r.id, r.tokens, r.num_computed_tokens);
       release_out_of_window(r);
     }
     if (s.samples) may_sample[s.id] = 1 + s.num_spec;
@@ -281,6 +301,7 @@ void Scheduler::update(const SchedulerOutput& out,
 }
 
 int64_t Scheduler::blocks_per_request(const SchedulerConfig& c, int64_t block_size) {
+  if (c.streaming()) return (c.attention_sinks + c.stream_window + block_size - 1) / block_size;
   const int64_t whole = (c.max_model_len + block_size - 1) / block_size;
   if (c.sliding_window <= 0) return whole;
   // Held at once: from the window start of a step's first token to the end of its chunk.
@@ -293,6 +314,17 @@ void Scheduler::release_out_of_window(const SchedRequest& r) {
   const int64_t w = cfg_.sliding_window;
   if (w <= 0 || r.num_computed_tokens - w + 1 <= 0) return;
   blocks_.release_leading(r.id, (r.num_computed_tokens - w + 1) / blocks_.block_size());
+}
+
+// A cache below sinks + window takes tokens up to full; a full one first drops the window's
+// oldest block, then takes at most a block. So the cache fills up exactly before each
+// shift and the shifts fall at the same tokens whatever the chunking.
+std::pair<int64_t, int64_t> Scheduler::stream_step(const SchedRequest& r, int64_t n) const {
+  const int64_t cap = cfg_.attention_sinks + cfg_.stream_window;
+  const int64_t rows = r.num_computed_tokens - r.shift;
+  if (rows < cap) return {std::min(n, cap - rows), 0};
+  const int64_t bs = blocks_.block_size();
+  return {std::min(n, bs), bs};
 }
 
 void Scheduler::check_invariants() const {
@@ -311,8 +343,11 @@ void Scheduler::check_invariants() const {
     TESSERA_CHECK(blocks_.has_request(id), where, "running request ", id, " has no blocks");
     const int64_t covered =
         static_cast<int64_t>(blocks_.block_table(id).size()) * blocks_.block_size();
-    TESSERA_CHECK(covered >= r.num_computed_tokens, where, "request ", id, " blocks cover ",
-                  covered, " tokens < ", r.num_computed_tokens, " computed");
+    TESSERA_CHECK(covered >= r.num_computed_tokens - r.shift, where, "request ", id, " blocks cover ",
+                  covered, " tokens < ", r.num_computed_tokens - r.shift, " cached");
+    TESSERA_CHECK(r.shift == 0 || (cfg_.streaming() && r.num_computed_tokens - r.shift <=
+                                                           cfg_.attention_sinks + cfg_.stream_window),
+                  where, "request ", id, " caches ", r.num_computed_tokens - r.shift, " rows (shift ", r.shift, ")");
   }
   for (const WaitKey& k : waiting_) {
     const RequestId id = std::get<2>(k);

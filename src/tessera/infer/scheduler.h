@@ -22,6 +22,17 @@ struct SchedulerConfig {
   // Every layer attends to a sliding window of this many positions (0: none): blocks wholly
   // before the window of a request's next token are released after each step.
   int64_t sliding_window = 0;
+  // StreamingLLM attention sinks (stream_window > 0; docs/serving.md, "Long streams"): a
+  // request's cache holds its first attention_sinks tokens and a window of at most
+  // stream_window recent ones, so a stream runs past max_model_len in constant memory (only
+  // the engine's max_tokens ends it). A step never takes a cache past sinks + window: a full
+  // cache first drops the window's oldest block_size tokens (a KvShift), so every token
+  // attends to the sinks and the last stream_window - block_size + 1 to stream_window tokens
+  // (itself included), however the tokens are chunked. Needs chunked prefill and prefix
+  // caching off (shifted blocks no longer hold their tokens' prefix K/V).
+  int64_t attention_sinks = 0;
+  int64_t stream_window = 0;
+  bool streaming() const { return stream_window > 0; }
 };
 
 enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
@@ -45,6 +56,9 @@ struct SchedRequest {  // what the scheduler tracks (the engine owns sampling et
   // Never read the prefix cache (its positions would not be computed): requests that read
   // every prompt position's logits or hidden states. Its blocks are still committed.
   bool skip_prefix_cache = false;
+  // Attention sinks: tokens dropped from the window so far. Computed token i sits at cache
+  // position i (a sink, i < attention_sinks) or i - shift (the window, i >= sinks + shift).
+  int64_t shift = 0;
 };
 
 struct ScheduledRequest {
@@ -57,6 +71,16 @@ struct ScheduledRequest {
   // (spec_tokens[0, num_spec)); the runner produces logits for every position from the last
   // known token on, and update() takes 1 to num_spec + 1 tokens for the request.
   int64_t num_spec = 0;
+  // Attention sinks: this step's tokens run at cache positions (and RoPE positions)
+  // start - shift + i; context_len in the cache is start + num_tokens - shift.
+  int64_t shift = 0;
+};
+
+// Attention sinks: before the step, drop cache rows [sinks, sinks + delta) of the request
+// (its `length` rows then become length - delta); kernels::shift_kv_window does it.
+struct KvShift {
+  RequestId id = 0;
+  int64_t sinks = 0, length = 0, delta = 0;
 };
 
 struct SchedulerOutput {  // the plain struct the model runner consumes
@@ -67,6 +91,9 @@ struct SchedulerOutput {  // the plain struct the model runner consumes
   // Copy-on-write copies {src, dst} to apply, in order, before the step writes any K/V.
   std::vector<std::pair<BlockId, BlockId>> copies;
   std::vector<RequestId> preempted;  // requests preempted in this step (now waiting again)
+  // Attention sinks: window shifts to apply after the copies and before the step writes K/V
+  // (each request's block table as it is after this schedule()).
+  std::vector<KvShift> shifts;
   int64_t num_batched_tokens = 0;    // sum of requests[i].num_tokens
 };
 
@@ -121,6 +148,7 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return cfg_; }
   const std::vector<RequestId>& running() const { return running_; }  // admission order
   std::vector<RequestId> waiting() const;  // admission order (priority, then arrival)
 
@@ -129,15 +157,19 @@ class Scheduler {
   void check_invariants() const;
 
   // The most KV blocks one request holds at once: its whole max_model_len, or under a
-  // sliding window its window plus one step's tokens.
+  // sliding window its window plus one step's tokens, or with attention sinks
+  // ceil((sinks + window) / block_size).
   static int64_t blocks_per_request(const SchedulerConfig& c, int64_t block_size);
 
  private:
   using WaitKey = std::tuple<int, int64_t, RequestId>;  // (priority, arrival, id)
   static WaitKey wait_key(const SchedRequest& r) { return {r.priority, r.arrival, r.id}; }
 
-  // Blocks and copy-on-write for positions [start, start+n) of a running request.
-  bool reserve(SchedRequest& r, int64_t n);
+  // Blocks and copy-on-write for positions [start, start+n) of a running request, after
+  // dropping `delta` window rows (attention sinks; the rows that move are written too).
+  bool reserve(SchedRequest& r, int64_t n, int64_t delta = 0);
+  // Attention sinks: the tokens of n a request may run this step and the rows to drop first.
+  std::pair<int64_t, int64_t> stream_step(const SchedRequest& r, int64_t n) const;
   RequestId pick_victim() const;
   void check_length(const SchedRequest& r) const;
   void preempt(RequestId id, SchedulerOutput& out, int64_t& budget);

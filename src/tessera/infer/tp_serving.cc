@@ -6,6 +6,8 @@
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
+#include "tessera/kernels/kv_shift.h"
+#include "tessera/model/attention_sinks.h"
 #include "tessera/model/quantize.h"
 #include "tessera/parallel/expert_parallel.h"
 #include "tessera/parallel/tensor_parallel.h"
@@ -23,6 +25,13 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tenso
   if (!plan.copies.empty())
     for (int64_t l = 0; l < static_cast<int64_t>(pool.k.size()); ++l)
       kernels::copy_kv_blocks(pool.k[l], pool.v[l], plan.copies);
+  if (!plan.shifts.empty()) {
+    std::vector<kernels::KvWindowShift> shifts;
+    for (const auto& sh : plan.shifts) shifts.push_back({sh.table.data(), sh.sinks, sh.length, sh.delta});
+    const kernels::RopeFreqs freqs = model::key_rope_freqs(m.config());
+    for (int64_t l = 0; l < static_cast<int64_t>(pool.k.size()); ++l)
+      kernels::shift_kv_window(pool.k[l], pool.v[l], shifts, freqs);
+  }
   kernels::PagedAttentionParams ap;
   ap.scale = m.config().attention_scale();
   ap.batch_invariant = plan.batch_invariant;
@@ -66,6 +75,7 @@ void TpGroup::stop() {
 void TpGroup::send_step(const StepPlan& p) {
   TESSERA_CHECK(comm_.rank() == 0 && !stopped_, "tp serving: send_step on a worker or after stop");
   if (comm_.size() == 1) return;
+  TESSERA_CHECK(p.shifts.empty(), "tp serving: attention sinks are not served with tensor parallelism");
   const int64_t N = p.ids.numel(), S = static_cast<int64_t>(p.seqs.size());
   int64_t entries = 0;
   std::vector<int64_t> lens(S);

@@ -30,9 +30,16 @@ struct StepPlan {
   std::vector<int64_t> rows;                        // rows whose logits are returned
   bool batch_invariant = false;
   std::vector<int32_t> adapters;  // (N) LoRA bank index per row (-1: base); empty: none (tp 1 only)
+  // Attention sinks: window shifts (kernels/kv_shift.h) applied after the copies, before the
+  // forward, each with its own copy of the request's block table (tp 1 only).
+  struct Shift {
+    std::vector<int32_t> table;
+    int64_t sinks = 0, length = 0, delta = 0;
+  };
+  std::vector<Shift> shifts;
 };
 
-// Applies the copies, then the model's forward over the paged cache: logits (rows, V);
+// Applies the copies and the window shifts, then the model's forward over the paged cache: logits (rows, V);
 // hidden (optional): every token's final hidden state (N, H).
 Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tensor* hidden = nullptr);
 

@@ -262,7 +262,7 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   for (const char* k : {"max_tokens", "max_completion_tokens"}) {
     auto it = b.find(k);
     if (it == b.end() || !it->is_number_integer()) continue;
-    if (!io::json_int_in(*it, INT64_MIN, m.max_model_len))
+    if (!io::json_int_in(*it, INT64_MIN, m.streaming ? ModelInfo::kMaxStreamLen : m.max_model_len))
       bad_request(k, std::string(k) + " " + it->dump() + " exceeds this model's context length of " +
                          std::to_string(m.max_model_len) + " tokens", "context_length_exceeded");
     // echo with max_tokens 0: the prompt alone, scored (OpenAI's legacy idiom, vLLM too).
@@ -328,6 +328,10 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   // Context: prompt + max_tokens must fit (chat without max_tokens gets the rest).
   for (const auto& p : r.prompts) {
     const int64_t len = static_cast<int64_t>(p.size());
+    if (m.streaming) {  // attention sinks: only max_tokens bounds a stream; chat defaults to a context's worth
+      if (!max_given && endpoint == Endpoint::kChat) r.params.max_tokens = m.max_model_len;
+      continue;
+    }
     if (len >= m.max_model_len)
       bad_request(prompt_param, "the prompt has " + std::to_string(len) + " tokens; this model's context length is " +
                                     std::to_string(m.max_model_len), "context_length_exceeded");

@@ -40,6 +40,10 @@ struct ModelInfo {
   const io::Tokenizer* tokenizer = nullptr;  // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;
   int64_t max_model_len = 0;
+  // Attention sinks (serve --attention-sinks S --window W): requests stream past the
+  // context, so prompt and max_tokens are not held to max_model_len (at most kMaxStreamLen).
+  bool streaming = false;
+  static constexpr int64_t kMaxStreamLen = int64_t{1} << 40;
   int64_t vocab_size = 0;
   int64_t default_max_tokens = 16;     // completions without max_tokens
 };

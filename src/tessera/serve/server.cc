@@ -85,6 +85,7 @@ Server::Impl::Impl(const model::Model& model, const infer::EngineConfig& ec, con
   info_.tokenizer = tok;
   info_.chat_template = &chat_template_;
   info_.max_model_len = engine_.max_model_len();
+  info_.streaming = engine_.config().streaming();
   info_.vocab_size = model.config().vocab_size;
   info_.default_max_tokens = config_.default_max_tokens;
   TESSERA_CHECK(config_.loras.size() == model.lora_bank().size(), "serve: ", config_.loras.size(),
