@@ -4,6 +4,7 @@
 #include "tessera/infer/engine.h"
 
 #include "tessera/base/strings.h"
+#include "tessera/infer/kv_tiers.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>
@@ -55,7 +56,7 @@ std::string Engine::kv_cache_summary() const {
                          kernels::kv_cache_dtype_name(pool_.dtype), (long long)pool_.num_blocks,
                          (long long)pool_.block_size, pool_.num_blocks * per_block / 1e6,
                          (long long)(per_block / pool_.block_size), (long long)(tokens / max_len_),
-                         (long long)max_len_) + latent;
+                         (long long)max_len_) + latent + (tiers_ ? "; " + tiers_->summary() : std::string());
 }
 
 void EngineConfig::validate() const {
@@ -77,6 +78,7 @@ void EngineConfig::validate() const {
   TESSERA_CHECK(speculative_method.empty() || num_speculative_tokens > 0,
                 "speculative decoding needs num_speculative_tokens > 0");
   TESSERA_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "ngram sizes must satisfy 1 <= min <= max");
+  validate_kv_tiers(*this);  // kv_tiers.cc
 }
 
 Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer,
@@ -118,9 +120,12 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
     num_blocks = std::min(num_blocks, 2 * config_.max_num_seqs * blocks_per_seq);
   }
   pool_ = KvPool::create(c, num_blocks, bs, kv_heads, config_.kv_cache_dtype);
-  if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);
+  tiers_ = make_kv_tiers(model_, config_, pool_, tp_ != nullptr);  // nullptr without tiers; throws before
+  if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);     // the workers are told anything
   blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
+  sc.preemption_swap = config_.preemption == "swap";
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  if (tiers_) blocks_->set_offloader(tiers_.get());
   if (c.eos_token_id >= 0) eos_.push_back(static_cast<int32_t>(c.eos_token_id));
   stats_.kv_blocks_total = num_blocks;
 }
@@ -525,12 +530,14 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   const auto b = blocks_->stats();
   s.prefix_queries = b.queries;
-  s.prefix_hit_blocks = b.hit_blocks;
+  s.prefix_hit_blocks = b.hit_blocks + b.tier_hit_blocks;  // every block not recomputed
   s.prefix_miss_blocks = b.miss_blocks;
   s.preemptions = scheduler_->num_preemptions();
   s.running = static_cast<int64_t>(scheduler_->num_running());
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
+  s.swapped_preemptions = scheduler_->num_swapped_preemptions();
+  if (tiers_) add_kv_tier_stats(*tiers_, s);
   s.expert_tokens = model_.expert_load();
   return s;
 }

@@ -22,6 +22,10 @@ struct SchedulerConfig {
   // Every layer attends to a sliding window of this many positions (0: none): blocks wholly
   // before the window of a request's next token are released after each step.
   int64_t sliding_window = 0;
+  // Preemption by swap (--preemption swap): the victim's computed K/V is copied out through
+  // BlockManager::swap_out and back in on resumption instead of recomputed; a victim the
+  // lower tier has no room for is recomputed. false: always recompute.
+  bool preemption_swap = false;
 };
 
 enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
@@ -115,6 +119,7 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_swapped_preemptions() const { return num_swapped_; }  // of those, by swap
   const std::vector<RequestId>& running() const { return running_; }  // admission order
   std::vector<RequestId> waiting() const;  // admission order (priority, then arrival)
 
@@ -146,6 +151,7 @@ class Scheduler {
   std::vector<std::pair<RequestId, std::pair<BlockId, BlockId>>> step_copies_;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t num_swapped_ = 0;
 };
 
 }  // namespace tessera::infer
