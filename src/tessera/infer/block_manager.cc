@@ -101,7 +101,7 @@ int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int
   r.root = root_hash(cache_salt);
   const int64_t n = static_cast<int64_t>(tokens.size());
   int64_t swapped = offloader_ ? offloader_->swapped_tokens(id) : 0;
-  if (swapped >= n) {  // cannot happen through the scheduler (a token is always left to compute)
+  if (swapped > 0 && swapped >= n) {  // cannot happen through the scheduler (a token is always left to compute)
     offloader_->drop_swap(id);
     swapped = 0;
   }
@@ -131,6 +131,7 @@ int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int
     stats_.hit_blocks += hits;
   }
   if (swapped > 0) {
+    r.swap_pending = true;  // copied back or not (no room: recomputed), dropped once admitted
     const int64_t got = swap_in(id, r, swapped);
     if (got > 0) {
       if (cfg_.prefix_caching) stats_.miss_blocks += std::max<int64_t>(0, candidates - std::max(hits, got / bs));
@@ -174,10 +175,7 @@ int64_t BlockManager::lookup_tiers(RequestBlocks& r, const std::vector<int32_t>&
 int64_t BlockManager::swap_in(RequestId id, RequestBlocks& r, int64_t swapped) {
   const int64_t bs = cfg_.block_size;
   const int64_t have = static_cast<int64_t>(r.table.size());
-  if (have * bs >= swapped) {  // the pool still held all of it
-    r.swap_pending = true;
-    return have * bs;
-  }
+  if (have * bs >= swapped) return have * bs;  // the pool still held all of it
   const int64_t need = (swapped + bs - 1) / bs - have;
   if (need > num_free_blocks()) return 0;
   std::vector<BlockId> dst;
@@ -187,7 +185,6 @@ int64_t BlockManager::swap_in(RequestId id, RequestBlocks& r, int64_t swapped) {
   }
   offloader_->swap_in(id, have, dst);
   stats_.swap_in_blocks += need;
-  r.swap_pending = true;
   return swapped;
 }
 
@@ -196,6 +193,7 @@ bool BlockManager::swap_out(RequestId id, int64_t num_tokens) {
   const RequestBlocks& r = get(id, "swap_out");
   if (r.released > 0) return false;
   const int64_t nblocks = (num_tokens + cfg_.block_size - 1) / cfg_.block_size;
+  offloader_->drop_swap(id);  // (an earlier copy, if it was never dropped)
   TESSERA_CHECK(nblocks <= static_cast<int64_t>(r.table.size()), "BlockManager::swap_out: request ", id,
                 " has ", r.table.size(), " blocks, fewer than its ", num_tokens, " tokens need");
   return offloader_->swap_out(id, {r.table.begin(), r.table.begin() + nblocks}, num_tokens);

@@ -153,7 +153,7 @@ class BlockManager {
     std::vector<uint64_t> hashes;   // chain hashes of the committed full blocks (prefix of table)
     int64_t released = 0;           // table[0, released) are stale (release_leading)
     uint64_t root = kRootHash;      // parent hash of block 0 (root_hash of the cache salt)
-    bool swap_pending = false;      // swapped blocks copied in; the copy is dropped once admitted
+    bool swap_pending = false;      // has a swapped copy, dropped once admitted (allocate_slots)
   };
 
   BlockId take_block();            // caller checked num_free_blocks() > 0
