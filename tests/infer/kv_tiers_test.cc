@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "tessera/infer/bench_serve.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/kv_tiers.h"
 
@@ -524,6 +525,55 @@ TEST(KvTiers, BadFlagsAreOneLineErrorsNamingTheFlag) {
   EngineConfig c4 = ec;
   c4.kv_host_memory = -1;
   expect_error(c4, "--kv-host-memory");
+}
+
+// bench serve's shared-prefix workload over a pool smaller than its prefixes: 4 prefixes of 64
+// tokens (4 blocks each), 8 requests of 64 + 8 prompt tokens, one running at a time, a 10-block
+// pool. A request has (72 - 1) / 16 = 4 candidate blocks, all prefix blocks: with the host tier
+// every request gets all 64 prefix tokens from a cache; without it, fewer.
+TEST(KvTiers, BenchServeSharedPrefixesBeyondThePool) {
+  ServeBenchOptions o;
+  o.shape = "tiny";
+  o.num_requests = 8;
+  o.num_prefixes = 4;
+  o.shared_prefix = 64;
+  o.prompt_len = {8, 8};
+  o.output_len = {2, 2};
+  o.baseline_requests = 0;
+  o.compare_kv_tiers = true;
+  o.compare_preemption = true;
+  o.engine.block_size = 16;
+  o.engine.max_model_len = 128;
+  o.engine.max_num_seqs = 1;
+  const model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+  o.engine.kv_cache_memory = 10 * KvPool::bytes_per_block(c, 16);
+  o.engine.kv_host_memory = 64 * KvPool::bytes_per_block(c, 16);
+  const ServeBenchResult r = run_serve_bench(o);
+  EXPECT_EQ(r.main.cached_prompt_tokens, 8 * 64);
+  EXPECT_GT(r.main.host_hit_blocks, 0);
+  EXPECT_EQ(r.main.prefix_hit_blocks, 8 * 4);
+  EXPECT_EQ(r.main.computed_tokens, 8 * (72 - 64) + 8 * 1) << "the prompts' own tokens, then one decode each";
+  ASSERT_TRUE(r.no_tiers);
+  EXPECT_EQ(r.no_tiers->host_hit_blocks, 0);
+  EXPECT_LT(r.no_tiers->cached_prompt_tokens, 8 * 64);
+  EXPECT_EQ(r.no_tiers->computed_tokens, 8 * 72 - r.no_tiers->cached_prompt_tokens + 8);
+  EXPECT_GT(r.ttft_p50_no_tiers_over_tiers, 0);
+  ASSERT_TRUE(r.other_preemption);
+  EXPECT_EQ(r.other_preemption->label, "preemption swap");
+  EXPECT_GT(r.throughput_swap_over_recompute, 0);
+  const std::string text = format_serve_bench(r);
+  EXPECT_NE(text.find("kv tiers: ttft p50 without / with"), std::string::npos) << text;
+  EXPECT_NE(text.find("preemption: total throughput swap / recompute"), std::string::npos) << text;
+  // The requests: request i starts with prefix i % 4, the 4 prefixes differ.
+  BenchRequest w;
+  std::vector<BenchRequest> more;
+  const auto reqs = make_bench_requests(o, c.vocab_size, 128, &w, &more);
+  ASSERT_EQ(more.size(), 3u);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::vector<int32_t>& prefix = i % 4 == 0 ? w.prompt : more[i % 4 - 1].prompt;
+    EXPECT_TRUE(std::equal(prefix.begin(), prefix.begin() + 64, reqs[i].prompt.begin())) << i;
+  }
+  EXPECT_FALSE(std::equal(w.prompt.begin(), w.prompt.begin() + 64, more[0].prompt.begin()));
 }
 
 }  // namespace

@@ -194,6 +194,7 @@ PhaseResult run_phase(const model::Model& model, const model::Model* draft, cons
                           ? static_cast<double>(r.prefix_hit_blocks) / static_cast<double>(r.prefix_lookup_blocks)
                           : 0.0;
   r.preemptions = s1.preemptions - s0.preemptions;
+  r.computed_tokens = s1.batched_tokens - s0.batched_tokens;
   r.kv_tiers = tiers_text(cfg);
   r.host_hit_blocks = s1.kv_host_hit_blocks - s0.kv_host_hit_blocks;
   r.disk_hit_blocks = s1.kv_disk_hit_blocks - s0.kv_disk_hit_blocks;
@@ -251,8 +252,8 @@ std::string phase_lines(const PhaseResult& p, bool full) {
   s += base::strprintf("  prefix cache: hit rate %.1f%% (%lld of %lld looked-up blocks), %lld prompt tokens from cache\n",
            100 * p.prefix_hit_rate, (long long)p.prefix_hit_blocks, (long long)p.prefix_lookup_blocks,
            (long long)p.cached_prompt_tokens);
-  s += base::strprintf("  preemptions: %lld (%lld by swap)\n", (long long)p.preemptions,
-                       (long long)p.swapped_preemptions);
+  s += base::strprintf("  preemptions: %lld (%lld by swap); %lld tokens run through the model\n",
+                       (long long)p.preemptions, (long long)p.swapped_preemptions, (long long)p.computed_tokens);
   if (p.kv_tiers != "no host tier, preemption recompute")
     s += base::strprintf("  kv tiers (%s): host hits %lld blocks, disk hits %lld, swapped out %lld / in %lld blocks, "
                        "%.1f MB to the tiers, %.1f MB back\n",
@@ -293,6 +294,7 @@ nlohmann::json phase_json(const PhaseResult& p) {
           {"prefix_hit_rate", p.prefix_hit_rate},
           {"cached_prompt_tokens", p.cached_prompt_tokens},
           {"preemptions", p.preemptions},
+          {"computed_tokens", p.computed_tokens},
           {"kv_tiers", p.kv_tiers},
           {"kv_host_hit_blocks", p.host_hit_blocks},
           {"kv_disk_hit_blocks", p.disk_hit_blocks},

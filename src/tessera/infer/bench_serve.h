@@ -87,6 +87,7 @@ struct PhaseResult {
   double prefix_hit_rate = 0;                               // hit / looked-up blocks
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t preemptions = 0;
+  int64_t computed_tokens = 0;  // tokens the model ran (prompts after cache hits, recompute, decodes)
   // Tiered KV cache: the config in words ("host 64.0 MB, preemption swap"), blocks served from
   // each tier, preemptions by swap and the blocks they moved, bytes between pool and tiers.
   std::string kv_tiers;

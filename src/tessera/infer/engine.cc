@@ -364,6 +364,7 @@ std::vector<RequestOutput> Engine::step() {
   }
   const SchedulerOutput so = scheduler_->schedule();
   ++stats_.steps;
+  stats_.batched_tokens += so.num_batched_tokens;
   if (so.requests.empty()) return out;
   StepPlan plan;
   plan.copies.assign(so.copies.begin(), so.copies.end());

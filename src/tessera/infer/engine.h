@@ -79,6 +79,7 @@ struct KvUsage {
 struct EngineStats {
   int64_t steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed prompt tokens, sampled tokens
+  int64_t batched_tokens = 0;  // every token run through the model (prefill, recompute, decode, proposals)
   int64_t prefix_queries = 0, prefix_hit_blocks = 0, prefix_miss_blocks = 0;  // hits: pool and lower tiers
   int64_t preemptions = 0;
   int64_t spec_proposed = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding
