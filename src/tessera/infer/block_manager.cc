@@ -106,17 +106,41 @@ int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int
     swapped = 0;
   }
   if (!cfg_.prefix_caching && swapped == 0) return 0;
-  const int64_t bs = cfg_.block_size;
-  const int64_t candidates = n > 0 ? (n - 1) / bs : 0;
-  int64_t hits = 0;
+  const int64_t candidates = n > 0 ? (n - 1) / cfg_.block_size : 0;
+  int64_t pool_hits = 0, tier_hits = 0;
   if (cfg_.prefix_caching) {
     ++stats_.queries;
-    uint64_t parent = r.root;
-    for (; hits < candidates; ++hits) {
-      const int32_t* t = tokens.data() + hits * bs;
-      const uint64_t h = hash_block(parent, t, bs);
-      auto it = cached_.find(h);
-      if (it == cached_.end()) break;
+    extend_chain(r, tokens, candidates, swapped == 0, pool_hits, tier_hits);
+  }
+  if (swapped > 0) {
+    r.swap_pending = true;  // copied back or not (no room: recomputed), dropped once admitted
+    const int64_t got = swap_in(id, r, swapped);
+    if (got > 0) {
+      stats_.hit_blocks += pool_hits;
+      if (cfg_.prefix_caching)
+        stats_.miss_blocks += std::max<int64_t>(0, candidates - std::max(pool_hits, got / cfg_.block_size));
+      return got;
+    }
+    if (cfg_.prefix_caching) extend_chain(r, tokens, candidates, true, pool_hits, tier_hits);  // it recomputes
+  }
+  stats_.hit_blocks += pool_hits;
+  stats_.tier_hit_blocks += tier_hits;
+  stats_.miss_blocks += candidates - pool_hits - tier_hits;  // (0 - 0 - 0 with prefix caching off)
+  return (pool_hits + tier_hits) * cfg_.block_size;
+}
+
+// Extends the request's chain of cached blocks from its table's end: a block in the pool is
+// shared (ref + 1); with `tiers`, one found in a lower tier is copied into a fresh pool block
+// that joins the prefix cache as committed (its bytes are what the request would compute).
+// Stops at the first block found in neither, or at a hash held for other tokens (a collision).
+void BlockManager::extend_chain(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t candidates,
+                                bool tiers, int64_t& pool_hits, int64_t& tier_hits) {
+  const int64_t bs = cfg_.block_size;
+  for (int64_t k = static_cast<int64_t>(r.table.size()); k < candidates; ++k) {
+    const uint64_t parent = k == 0 ? r.root : r.hashes[static_cast<size_t>(k - 1)];
+    const int32_t* t = tokens.data() + k * bs;
+    const uint64_t h = hash_block(parent, t, bs);
+    if (auto it = cached_.find(h); it != cached_.end()) {
       Block& blk = blocks_[it->second];
       // A 64-bit collision would silently serve another prompt's K/V: compare what we can.
       if (blk.parent_hash != parent || !std::equal(blk.tokens.begin(), blk.tokens.end(), t)) break;
@@ -126,39 +150,13 @@ int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int
       }
       r.table.push_back(it->second);
       r.hashes.push_back(h);
-      parent = h;
+      ++pool_hits;
+      continue;
     }
-    stats_.hit_blocks += hits;
-  }
-  if (swapped > 0) {
-    r.swap_pending = true;  // copied back or not (no room: recomputed), dropped once admitted
-    const int64_t got = swap_in(id, r, swapped);
-    if (got > 0) {
-      if (cfg_.prefix_caching) stats_.miss_blocks += std::max<int64_t>(0, candidates - std::max(hits, got / bs));
-      return got;
-    }
-  }
-  if (!cfg_.prefix_caching) return 0;
-  const int64_t tier_hits = offloader_ ? lookup_tiers(r, tokens, hits, candidates) : 0;
-  stats_.tier_hit_blocks += tier_hits;
-  stats_.miss_blocks += candidates - hits - tier_hits;
-  return (hits + tier_hits) * bs;
-}
-
-// The chain from block `from` on, in the lower tiers: each hit is copied into a fresh pool
-// block that joins the prefix cache as committed (its bytes are what the request would compute).
-int64_t BlockManager::lookup_tiers(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t from,
-                                   int64_t candidates) {
-  const int64_t bs = cfg_.block_size;
-  int64_t k = from;
-  for (; k < candidates && num_free_blocks() > 0; ++k) {
-    const uint64_t parent = k == 0 ? r.root : r.hashes[static_cast<size_t>(k - 1)];
-    const int32_t* t = tokens.data() + k * bs;
-    const uint64_t h = hash_block(parent, t, bs);
-    if (cached_.count(h)) break;  // in the pool under another parent or tokens: a collision
+    if (!tiers || !offloader_ || num_free_blocks() == 0) break;
     const BlockKey key{h, parent, t, bs};
     if (!offloader_->contains(key)) break;
-    const BlockId b = take_block();  // may offload an evicted block, never this key's (just used)
+    const BlockId b = take_block();  // may offload an evicted block, never this key's (just touched)
     if (!offloader_->load(key, b)) {
       untake_block(b);
       break;
@@ -166,8 +164,8 @@ int64_t BlockManager::lookup_tiers(RequestBlocks& r, const std::vector<int32_t>&
     cache_block(b, h, parent, t);
     r.table.push_back(b);
     r.hashes.push_back(h);
+    ++tier_hits;
   }
-  return k - from;
 }
 
 // Copies the swapped blocks the pool prefix did not cover back into fresh blocks. Returns

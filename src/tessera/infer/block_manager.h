@@ -50,10 +50,10 @@ class BlockManager {
   // cache_salt: requests whose K/V differs for the same tokens (a LoRA adapter) pass a
   // different salt; the chain of their blocks starts from root_hash(salt), so they share
   // cached blocks only with requests of the same salt (0: the base model's chain).
-  // With an offloader (set_offloader), the chain continues in the lower tiers where the pool's
-  // ends: each block found there is copied into a fresh pool block (taken as allocate_slots
-  // takes them), which joins the prefix cache as committed; these count as tier hits, not
-  // misses. A request with swapped-out blocks (swap_out) instead gets its pool prefix hits
+  // With an offloader (set_offloader), the chain continues in the lower tiers where the pool
+  // has no block of it (and in the pool again after): each block found there is copied into a
+  // fresh pool block (taken as allocate_slots takes them), which joins the prefix cache as
+  // committed; these count as tier hits, not misses. A request with swapped-out blocks (swap_out) instead gets its pool prefix hits
   // and then its swapped blocks copied back (when the pool has room for them; otherwise it
   // recomputes), and the returned count is its swapped tokens; the swap copy is forgotten at
   // its next successful allocate_slots.
@@ -159,7 +159,8 @@ class BlockManager {
   BlockId take_block();            // caller checked num_free_blocks() > 0
   void untake_block(BlockId b);    // gives back a block take_block just handed out, unused
   void cache_block(BlockId b, uint64_t hash, uint64_t parent, const int32_t* tokens);
-  int64_t lookup_tiers(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t from, int64_t candidates);
+  void extend_chain(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t candidates, bool tiers,
+                    int64_t& pool_hits, int64_t& tier_hits);
   int64_t swap_in(RequestId id, RequestBlocks& r, int64_t swapped);
   void release_block(BlockId b);
   RequestBlocks& get(RequestId id, const char* what);
