@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
 
 #include "tessera/base/error.h"
+#include "tessera/infer/kv_host_tier.h"
 #include "tessera/infer/scheduler.h"
 
 namespace tessera::infer {
@@ -380,11 +383,44 @@ uint64_t splitmix(uint64_t x) {
 }
 
 struct RandomRun {
-  int64_t finished = 0, preemptions = 0, copies = 0;
+  int64_t finished = 0, preemptions = 0, copies = 0, swapped = 0;
   BlockManager::Stats stats;
 };
 
-void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun& res) {
+// Lower KV tiers over the simulated pool below (a HostKvTier of fingerprint slots): what
+// comes back from it must be the fingerprints that went in.
+struct SimTiers final : KvOffloader {
+  std::vector<uint64_t>& kv;
+  int64_t bs;
+  HostKvTier host;
+  SimTiers(std::vector<uint64_t>& pool, int64_t block_size, int64_t blocks)
+      : kv(pool), bs(block_size), host(blocks * block_size * 8, block_size * 8) {}
+  uint64_t* at(BlockId b) { return kv.data() + b * bs; }
+  void offload(BlockId b, const BlockKey& key) override {
+    if (uint8_t* p = host.insert(key)) std::memcpy(p, at(b), static_cast<size_t>(bs) * 8);
+  }
+  bool contains(const BlockKey& key) override { return host.find(key) != nullptr; }
+  bool load(const BlockKey& key, BlockId dst) override {
+    const uint8_t* p = host.find(key);
+    if (p) std::memcpy(at(dst), p, static_cast<size_t>(bs) * 8);
+    return p != nullptr;
+  }
+  bool swap_out(RequestId id, const std::vector<BlockId>& blocks, int64_t num_tokens) override {
+    const auto slots = host.reserve_swap(id, static_cast<int64_t>(blocks.size()), num_tokens);
+    for (size_t i = 0; i < slots.size(); ++i) std::memcpy(slots[i], at(blocks[i]), static_cast<size_t>(bs) * 8);
+    return !slots.empty();
+  }
+  int64_t swapped_tokens(RequestId id) const override { return host.swapped_tokens(id); }
+  void swap_in(RequestId id, int64_t first, const std::vector<BlockId>& dst) override {
+    for (size_t i = 0; i < dst.size(); ++i)
+      std::memcpy(at(dst[i]), host.swap_block(id, first + static_cast<int64_t>(i)), static_cast<size_t>(bs) * 8);
+  }
+  void drop_swap(RequestId id) override { host.drop_swap(id); }
+};
+
+// tier_blocks > 0: a SimTiers of that many blocks under the pool; swap: --preemption swap.
+void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun& res, int64_t tier_blocks = 0,
+                bool swap = false) {
   const int64_t bs = 4, num_blocks = 12, max_len = 32;
   std::mt19937_64 rng(seed);
   auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
@@ -392,7 +428,9 @@ void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun&
   };
   BlockManager bm({num_blocks, bs, caching});
   const int64_t budget = chunked ? uniform(6, 40) : uniform(max_len, 48);
-  Scheduler s({budget, 6, max_len, chunked}, bm);
+  SchedulerConfig sc{budget, 6, max_len, chunked};
+  sc.preemption_swap = swap;
+  Scheduler s(sc, bm);
   std::vector<std::vector<int32_t>> prefixes;  // shared prompt starts, so prefixes get hit
   for (int i = 0; i < 3; ++i) {
     std::vector<int32_t> p;
@@ -400,6 +438,11 @@ void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun&
     prefixes.push_back(p);
   }
   std::vector<uint64_t> kv(static_cast<size_t>(num_blocks * bs), 0);
+  std::unique_ptr<SimTiers> tiers;
+  if (tier_blocks > 0) {
+    tiers = std::make_unique<SimTiers>(kv, bs, tier_blocks);
+    bm.set_offloader(tiers.get());
+  }
   std::map<RequestId, std::vector<int32_t>> expected;  // live requests' tokens
   RequestId next_id = 1;
   auto fingerprints = [](const std::vector<int32_t>& t) {
@@ -450,6 +493,7 @@ void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun&
 
     const SchedulerOutput out = s.schedule();
     s.check_invariants();
+    if (tiers) tiers->host.check_invariants();
     res.preemptions += static_cast<int64_t>(out.preempted.size());
     res.copies += static_cast<int64_t>(out.copies.size());
     int64_t total = 0;
@@ -552,6 +596,11 @@ void run_random(uint64_t seed, bool chunked, bool caching, int steps, RandomRun&
   EXPECT_EQ(bm.num_free_blocks(), num_blocks);  // the pool is whole
   EXPECT_EQ(s.num_preemptions(), res.preemptions);
   res.stats = bm.stats();
+  res.swapped = s.num_swapped_preemptions();
+  if (tiers) {
+    EXPECT_EQ(tiers->host.num_swapped_blocks(), 0) << "swapped blocks of finished requests leaked";
+    tiers->host.check_invariants();
+  }
   if (!caching) {
     EXPECT_EQ(bm.num_cached_blocks(), 0);
   }
@@ -574,6 +623,27 @@ TEST(Scheduler, RandomisedRunKeepsInvariantsAndLeaksNoBlock) {
           EXPECT_GT(r.stats.hit_blocks, 100);
           EXPECT_GT(r.stats.evictions, 100);
         }
+      }
+    }
+  }
+}
+
+// The same with lower KV tiers under the pool (and swap preemption): every position a request
+// reads after a tier hit or a swap-in must hold its own K/V fingerprint.
+TEST(Scheduler, RandomisedRunWithKvTiersAndSwapReadsBackTheRightKv) {
+  for (bool swap : {false, true}) {
+    for (int64_t tier_blocks : {6, 40}) {
+      for (uint64_t seed : {4, 5}) {
+        SCOPED_TRACE(testing::Message() << "swap " << swap << " tier blocks " << tier_blocks << " seed " << seed);
+        RandomRun r;
+        run_random(seed, true, true, 3000, r, tier_blocks, swap);
+        if (HasFatalFailure()) return;
+        EXPECT_GT(r.stats.tier_hit_blocks, 20);
+        if (swap) {
+          EXPECT_GT(r.swapped, 10);
+          EXPECT_GT(r.stats.swap_in_blocks, 10);
+        }
+        if (swap && tier_blocks == 6) EXPECT_LT(r.swapped, r.preemptions) << "a 6-block tier must refuse some";
       }
     }
   }

@@ -38,7 +38,9 @@ const char* const kOfflineOnly[] = {"--shape", "--dtype", "--repetitive-prompts"
                                     "--kv-cache-memory", "--kv-cache-dtype", "--compare-kv-cache-dtype",
                                     "--block-size", "--no-prefix-caching",
                                     "--compare-prefix-caching", "--speculative", "--num-speculative-tokens",
-                                    "--draft-model", "--compare-speculative", "--baseline-requests"};
+                                    "--draft-model", "--compare-speculative", "--baseline-requests",
+                                    "--kv-host-memory", "--kv-offload-dir", "--kv-offload-size", "--preemption",
+                                    "--num-prefixes", "--compare-kv-tiers", "--compare-preemption"};
 const char* const kUrlOnly[] = {"--dataset", "--dataset-path", "--tokenizer", "--request-rate",
                                 "--max-concurrency", "--api-key", "--timeout"};
 
@@ -154,6 +156,18 @@ void add_bench_serve(CLI::App* bench, Action& action) {
        "throughput ratio")
       ->type_name("DTYPE");
   c->add_option("--block-size", o.engine.block_size, "Tokens per KV block")->capture_default_str();
+  add_size_option(c, "--kv-host-memory", o.engine.kv_host_memory, "Host KV tier size (0: none)")->capture_default_str();
+  c->add_option("--kv-offload-dir", o.engine.kv_offload_dir, "Disk KV tier directory");
+  add_size_option(c, "--kv-offload-size", o.engine.kv_offload_size, "Disk KV tier limit");
+  c->add_option("--preemption", o.engine.preemption, "recompute or swap (needs --kv-host-memory)")
+      ->capture_default_str();
+  c->add_option("--num-prefixes", o.num_prefixes,
+                "Distinct shared prefixes (request i starts with prefix i % K; each warmed up once)")
+      ->capture_default_str();
+  c->add_flag("--compare-kv-tiers", o.compare_kv_tiers,
+              "Run the measured phase again without the host / disk tiers; print the TTFT p50 ratio");
+  c->add_flag("--compare-preemption", o.compare_preemption,
+              "Run the measured phase again with the other --preemption; print throughput and TTFT ratios");
   c->add_flag("--no-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
   c->add_flag("--compare-prefix-caching", o.compare_prefix_caching,
               "Run the measured phase again with prefix caching flipped; print the TTFT p50 ratio");

@@ -7,6 +7,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/io/gguf_tokenizer.h"
 #include "tessera/model/quantize.h"
+#include "tessera/infer/kv_tiers.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/config.h"
 #include "tessera/model/lora.h"
@@ -62,6 +63,8 @@ int run_serve(ServeFlags f) {
   f.server.loras = parse_lora_specs(f.lora);
   f.server.validate();
   f.engine.prefix_caching = !f.no_prefix_caching;
+  if (!f.model.empty() && !f.engine.kv_offload_dir.empty())  // the disk tier's files name these weights
+    f.engine.kv_offload_model_id = infer::model_files_identity(f.model);
   f.engine.validate();
   // Checked before the model loads: a bad spec is a one-line error at once.
   serve::jinja::Limits template_limits;

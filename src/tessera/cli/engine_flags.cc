@@ -9,6 +9,15 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
          "--kv-cache-dtype", [&e](const std::string& s) { e.kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
          "KV cache storage: bf16 (default), int8, fp8 (e4m3, per-token scales) or f32")
       ->type_name("DTYPE");
+  add_size_option(cmd, "--kv-host-memory", e.kv_host_memory,
+                  "Host KV tier size: blocks evicted from the pool are kept there and copied back on a prefix hit "
+                  "(0 = none)");
+  cmd->add_option("--kv-offload-dir", e.kv_offload_dir,
+                  "Disk KV tier: evicted blocks are also written here as files (kept across restarts)");
+  add_size_option(cmd, "--kv-offload-size", e.kv_offload_size, "Disk KV tier limit (LRU files beyond it go)");
+  cmd->add_option("--preemption", e.preemption,
+                  "Preempted requests: recompute (default) or swap (their KV to the host tier, back on resumption)")
+      ->capture_default_str();
   cmd->add_option("--block-size", e.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--max-num-seqs", e.max_num_seqs, "Running sequences at most")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", e.max_num_batched_tokens, "Token budget per engine step")

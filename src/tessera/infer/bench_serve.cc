@@ -44,10 +44,13 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t vocab, int64_t 
 // The N measured requests, then the warm-up request (shared prefix + 16 other tokens, one
 // output token), all from one seeded generator.
 std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_t vocab, int64_t max_len,
-                                              BenchRequest* warmup) {
+                                              BenchRequest* warmup, std::vector<BenchRequest>* more_warmups) {
   TESSERA_CHECK(vocab >= 4, "bench serve: the model's vocabulary (", vocab, ") is too small");
+  TESSERA_CHECK(o.num_prefixes >= 1, "--num-prefixes must be >= 1, got ", o.num_prefixes);
   std::mt19937_64 rng(o.seed);
   const std::vector<int32_t> prefix = random_tokens(rng, vocab, o.shared_prefix);
+  std::vector<std::vector<int32_t>> prefixes{prefix};
+  for (int64_t k = 1; k < o.num_prefixes; ++k) prefixes.push_back(random_tokens(rng, vocab, o.shared_prefix));
   std::vector<BenchRequest> reqs;
   for (int64_t i = 0; i < o.num_requests; ++i) {
     const int64_t plen = draw_length(rng, o.prompt_len), olen = draw_length(rng, o.output_len);
@@ -55,7 +58,7 @@ std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_
                   o.shared_prefix, " + --prompt-len ", plen, " + --output-len ", olen,
                   " exceeds the context length ", max_len, " (--max-model-len)");
     BenchRequest r;
-    r.prompt = prefix;
+    r.prompt = prefixes[static_cast<size_t>(i % o.num_prefixes)];
     if (o.repetitive_prompts) {
       const auto seg = random_tokens(rng, vocab, std::min(o.repeat_segment, plen));
       for (int64_t k = 0; k < plen; ++k) r.prompt.push_back(seg[static_cast<size_t>(k) % seg.size()]);
@@ -70,6 +73,12 @@ std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_
   const auto t = random_tokens(rng, vocab, std::min<int64_t>(16, max_len - o.shared_prefix - 1));
   warmup->prompt.insert(warmup->prompt.end(), t.begin(), t.end());
   warmup->max_tokens = 1;
+  for (int64_t k = 1; k < o.num_prefixes && more_warmups; ++k) {
+    BenchRequest w{prefixes[static_cast<size_t>(k)], 1};
+    const auto tail = random_tokens(rng, vocab, std::min<int64_t>(16, max_len - o.shared_prefix - 1));
+    w.prompt.insert(w.prompt.end(), tail.begin(), tail.end());
+    more_warmups->push_back(std::move(w));
+  }
   return reqs;
 }
 
@@ -83,16 +92,26 @@ SamplingParams greedy(int64_t max_tokens) {
   return p;
 }
 
+std::string tiers_text(const EngineConfig& c) {
+  std::string s = c.kv_host_memory > 0 ? base::strprintf("host %.1f MB", static_cast<double>(c.kv_host_memory) / 1e6)
+                                       : "no host tier";
+  if (!c.kv_offload_dir.empty())
+    s += base::strprintf(", disk %.1f MB", static_cast<double>(c.kv_offload_size) / 1e6);
+  return s + ", preemption " + c.preemption;
+}
+
 // Runs `reqs` on a fresh engine after `warmup`: all submitted at once, or one at a time
 // (each added when the previous one finished). Stats are the measured requests' only.
 PhaseResult run_phase(const model::Model& model, const model::Model* draft, const EngineConfig& cfg,
-                      const std::vector<BenchRequest>& reqs, const BenchRequest& warmup,
+                      const std::vector<BenchRequest>& reqs, const std::vector<BenchRequest>& warmups,
                       bool one_at_a_time, const std::string& label, int64_t* kv_blocks_total,
                       const std::vector<int32_t>* adapters = nullptr) {
   Engine e(model, cfg, nullptr, cfg.speculative_method == "draft" ? draft : nullptr);
   if (kv_blocks_total) *kv_blocks_total = e.stats().kv_blocks_total;
-  e.add_request(warmup.prompt, greedy(warmup.max_tokens));
-  while (e.has_unfinished()) e.step();
+  for (const BenchRequest& w : warmups) {  // one at a time: each prefix is computed once
+    e.add_request(w.prompt, greedy(w.max_tokens));
+    while (e.has_unfinished()) e.step();
+  }
   const EngineStats s0 = e.stats();
   const int64_t bs = cfg.block_size, max_len = e.max_model_len();
 
@@ -175,6 +194,15 @@ PhaseResult run_phase(const model::Model& model, const model::Model* draft, cons
                           ? static_cast<double>(r.prefix_hit_blocks) / static_cast<double>(r.prefix_lookup_blocks)
                           : 0.0;
   r.preemptions = s1.preemptions - s0.preemptions;
+  r.computed_tokens = s1.batched_tokens - s0.batched_tokens;
+  r.kv_tiers = tiers_text(cfg);
+  r.host_hit_blocks = s1.kv_host_hit_blocks - s0.kv_host_hit_blocks;
+  r.disk_hit_blocks = s1.kv_disk_hit_blocks - s0.kv_disk_hit_blocks;
+  r.swapped_preemptions = s1.swapped_preemptions - s0.swapped_preemptions;
+  r.swap_out_blocks = s1.kv_swap_out_blocks - s0.kv_swap_out_blocks;
+  r.swap_in_blocks = s1.kv_swap_in_blocks - s0.kv_swap_in_blocks;
+  r.bytes_to_tiers = s1.kv_bytes_to_tiers - s0.kv_bytes_to_tiers;
+  r.bytes_from_tiers = s1.kv_bytes_from_tiers - s0.kv_bytes_from_tiers;
   r.spec_steps = s1.spec_steps - s0.spec_steps;
   r.spec_proposed = s1.spec_proposed - s0.spec_proposed;
   r.spec_accepted = s1.spec_accepted - s0.spec_accepted;
@@ -224,7 +252,14 @@ std::string phase_lines(const PhaseResult& p, bool full) {
   s += base::strprintf("  prefix cache: hit rate %.1f%% (%lld of %lld looked-up blocks), %lld prompt tokens from cache\n",
            100 * p.prefix_hit_rate, (long long)p.prefix_hit_blocks, (long long)p.prefix_lookup_blocks,
            (long long)p.cached_prompt_tokens);
-  s += base::strprintf("  preemptions: %lld\n", (long long)p.preemptions);
+  s += base::strprintf("  preemptions: %lld (%lld by swap); %lld tokens run through the model\n",
+                       (long long)p.preemptions, (long long)p.swapped_preemptions, (long long)p.computed_tokens);
+  if (p.kv_tiers != "no host tier, preemption recompute")
+    s += base::strprintf("  kv tiers (%s): host hits %lld blocks, disk hits %lld, swapped out %lld / in %lld blocks, "
+                       "%.1f MB to the tiers, %.1f MB back\n",
+                       p.kv_tiers.c_str(), (long long)p.host_hit_blocks, (long long)p.disk_hit_blocks,
+                       (long long)p.swap_out_blocks, (long long)p.swap_in_blocks, p.bytes_to_tiers / 1e6,
+                       p.bytes_from_tiers / 1e6);
   if (!p.speculative.empty())
     s += base::strprintf("  speculative (%s): acceptance rate %.1f%% (%lld of %lld proposed), mean accepted length "
              "%.2f per verification step (%lld steps)\n",
@@ -259,6 +294,15 @@ nlohmann::json phase_json(const PhaseResult& p) {
           {"prefix_hit_rate", p.prefix_hit_rate},
           {"cached_prompt_tokens", p.cached_prompt_tokens},
           {"preemptions", p.preemptions},
+          {"computed_tokens", p.computed_tokens},
+          {"kv_tiers", p.kv_tiers},
+          {"kv_host_hit_blocks", p.host_hit_blocks},
+          {"kv_disk_hit_blocks", p.disk_hit_blocks},
+          {"swapped_preemptions", p.swapped_preemptions},
+          {"kv_swap_out_blocks", p.swap_out_blocks},
+          {"kv_swap_in_blocks", p.swap_in_blocks},
+          {"kv_bytes_to_tiers", p.bytes_to_tiers},
+          {"kv_bytes_from_tiers", p.bytes_from_tiers},
           {"spec_steps", p.spec_steps},
           {"spec_proposed", p.spec_proposed},
           {"spec_accepted", p.spec_accepted},
@@ -320,7 +364,7 @@ Percentiles percentiles(std::vector<double> v) {
 // --lora-adapters K: the same requests on one adapter, then spread over K (a copy of the
 // model holds the bank; its weights are shared).
 static ServeBenchResult run_lora_bench(const model::Model& base, const ServeBenchOptions& o, ServeBenchResult& res,
-                                const std::vector<BenchRequest>& reqs, const BenchRequest& warmup) {
+                                const std::vector<BenchRequest>& reqs, const std::vector<BenchRequest>& warmup) {
   model::Model m = base;
   std::vector<model::LoraWeights> adapters;
   model::LoraConfig lc;
@@ -366,6 +410,38 @@ static ServeBenchResult run_lora_bench(const model::Model& base, const ServeBenc
   return res;
 }
 
+// --compare-kv-tiers: the measured phase without the host / disk tiers (recompute);
+// --compare-preemption: with the other preemption mode.
+static void compare_kv_tiers(const model::Model& model, const model::Model* draft, const ServeBenchOptions& o,
+                             const std::vector<BenchRequest>& reqs, const std::vector<BenchRequest>& warmups,
+                             ServeBenchResult& res) {
+  const EngineConfig& e = o.engine;
+  const bool tiers = e.kv_host_memory > 0 || !e.kv_offload_dir.empty();
+  TESSERA_CHECK(!o.compare_kv_tiers || tiers, "--compare-kv-tiers needs --kv-host-memory or --kv-offload-dir");
+  TESSERA_CHECK(!o.compare_preemption || e.kv_host_memory > 0, "--compare-preemption needs --kv-host-memory");
+  if (o.compare_kv_tiers) {
+    EngineConfig c = e;
+    c.kv_host_memory = 0;
+    c.kv_offload_dir.clear();
+    c.kv_offload_size = 0;
+    c.preemption = "recompute";
+    res.no_tiers = run_phase(model, draft, c, reqs, warmups, false, "no kv tiers", nullptr);
+    if (res.main.ttft.p50 > 0) res.ttft_p50_no_tiers_over_tiers = res.no_tiers->ttft.p50 / res.main.ttft.p50;
+    if (res.no_tiers->total_tokens_per_s > 0)
+      res.throughput_tiers_over_no_tiers = res.main.total_tokens_per_s / res.no_tiers->total_tokens_per_s;
+  }
+  if (o.compare_preemption) {
+    EngineConfig c = e;
+    c.preemption = e.preemption == "swap" ? "recompute" : "swap";
+    res.other_preemption = run_phase(model, draft, c, reqs, warmups, false, "preemption " + c.preemption, nullptr);
+    const PhaseResult& swap = e.preemption == "swap" ? res.main : *res.other_preemption;
+    const PhaseResult& recompute = e.preemption == "swap" ? *res.other_preemption : res.main;
+    if (recompute.total_tokens_per_s > 0)
+      res.throughput_swap_over_recompute = swap.total_tokens_per_s / recompute.total_tokens_per_s;
+    if (swap.ttft.p50 > 0) res.ttft_p50_recompute_over_swap = recompute.ttft.p50 / swap.ttft.p50;
+  }
+}
+
 ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOptions& o,
                                  const model::Model* draft, const std::string& name) {
   TESSERA_CHECK(o.num_requests >= 1, "--num-requests must be >= 1, got ", o.num_requests);
@@ -387,22 +463,24 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
   res.block_size = o.engine.block_size;
   res.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len : model::max_context(model.config());
   BenchRequest warmup;
-  const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup);
+  std::vector<BenchRequest> warmups;
+  const auto reqs = make_bench_requests(o, model.config().vocab_size, res.max_model_len, &warmup, &warmups);
+  warmups.insert(warmups.begin(), warmup);
 
   TESSERA_CHECK(o.lora_adapters >= 0 && o.lora_rank >= 1 && o.lora_repeats >= 1,
                 "--lora-adapters must be >= 0, --lora-rank and --lora-repeats >= 1");
   TESSERA_CHECK(o.lora_adapters == 0 || (!o.compare_prefix_caching && !o.compare_speculative &&
                                          !o.compare_kv_cache_dtype && o.engine.speculative_method.empty()),
                 "--lora-adapters runs its own two phases; not with --compare-* or --speculative");
-  if (o.lora_adapters > 0) return run_lora_bench(model, o, res, reqs, warmup);
-  res.main = run_phase(model, draft, o.engine, reqs, warmup, false, "concurrent", &res.kv_blocks_total);
+  if (o.lora_adapters > 0) return run_lora_bench(model, o, res, reqs, warmups);
+  res.main = run_phase(model, draft, o.engine, reqs, warmups, false, "concurrent", &res.kv_blocks_total);
   res.kv_bytes_total = res.kv_blocks_total * KvPool::bytes_per_block(model.config(), o.engine.block_size,
                                                                       model.dims().kv_heads,
                                                                       o.engine.kv_cache_dtype);
   if (o.compare_prefix_caching) {
     EngineConfig c = o.engine;
     c.prefix_caching = !c.prefix_caching;
-    res.prefix_flipped = run_phase(model, draft, c, reqs, warmup, false,
+    res.prefix_flipped = run_phase(model, draft, c, reqs, warmups, false,
                                    c.prefix_caching ? "prefix caching on" : "no prefix caching", nullptr);
     const PhaseResult& on = o.engine.prefix_caching ? res.main : *res.prefix_flipped;
     const PhaseResult& off = o.engine.prefix_caching ? *res.prefix_flipped : res.main;
@@ -412,23 +490,24 @@ ServeBenchResult run_serve_bench(const model::Model& model, const ServeBenchOpti
     EngineConfig c = o.engine;
     c.speculative_method.clear();
     c.num_speculative_tokens = 0;
-    res.no_speculation = run_phase(model, nullptr, c, reqs, warmup, false, "no speculation", nullptr);
+    res.no_speculation = run_phase(model, nullptr, c, reqs, warmups, false, "no speculation", nullptr);
     if (res.no_speculation->output_tokens_per_s > 0)
       res.spec_speedup = res.main.output_tokens_per_s / res.no_speculation->output_tokens_per_s;
   }
   if (o.compare_kv_cache_dtype) {
     EngineConfig c = o.engine;
     c.kv_cache_dtype = *o.compare_kv_cache_dtype;
-    res.other_kv_dtype = run_phase(model, draft, c, reqs, warmup, false,
+    res.other_kv_dtype = run_phase(model, draft, c, reqs, warmups, false,
                                    std::string("kv cache ") + kernels::kv_cache_dtype_name(c.kv_cache_dtype),
                                    &res.other_kv_blocks_total);
     if (res.other_kv_dtype->total_tokens_per_s > 0)
       res.kv_dtype_speedup = res.main.total_tokens_per_s / res.other_kv_dtype->total_tokens_per_s;
   }
+  compare_kv_tiers(model, draft, o, reqs, warmups, res);
   const int64_t m = o.baseline_requests < 0 ? std::min<int64_t>(o.num_requests, 4) : o.baseline_requests;
   if (m > 0) {
     const std::vector<BenchRequest> first(reqs.begin(), reqs.begin() + m);
-    res.baseline = run_phase(model, draft, o.engine, first, warmup, true, "one-at-a-time", nullptr);
+    res.baseline = run_phase(model, draft, o.engine, first, warmups, true, "one-at-a-time", nullptr);
     if (res.baseline->total_tokens_per_s > 0)
       res.speedup_vs_one_at_a_time = res.main.total_tokens_per_s / res.baseline->total_tokens_per_s;
   }
@@ -490,6 +569,16 @@ std::string format_serve_bench(const ServeBenchResult& r) {
                          "tpot p50 %.2fx (higher is better)\n",
                          (long long)o.lora_adapters, (long long)o.lora_rank, r.lora_spread_ratio, r.lora_tpot_ratio);
   }
+  if (r.no_tiers) {
+    s += phase_lines(*r.no_tiers, true);
+    s += base::strprintf("kv tiers: ttft p50 without / with %.2fx, total throughput with / without %.2fx\n",
+                         r.ttft_p50_no_tiers_over_tiers, r.throughput_tiers_over_no_tiers);
+  }
+  if (r.other_preemption) {
+    s += phase_lines(*r.other_preemption, true);
+    s += base::strprintf("preemption: total throughput swap / recompute %.2fx, ttft p50 recompute / swap %.2fx\n",
+                         r.throughput_swap_over_recompute, r.ttft_p50_recompute_over_swap);
+  }
   if (r.baseline) {
     s += phase_lines(*r.baseline, false);
     s += base::strprintf("total throughput: %.2fx one-at-a-time\n", r.speedup_vs_one_at_a_time);
@@ -522,6 +611,16 @@ std::string serve_bench_json(const ServeBenchResult& r) {
     j["lora_spread"] = phase_json(*r.lora_spread);
     j["lora_spread_ratio"] = r.lora_spread_ratio;
     j["lora_tpot_ratio"] = r.lora_tpot_ratio;
+  }
+  if (r.no_tiers) {
+    j["no_tiers"] = phase_json(*r.no_tiers);
+    j["ttft_p50_no_tiers_over_tiers"] = r.ttft_p50_no_tiers_over_tiers;
+    j["throughput_tiers_over_no_tiers"] = r.throughput_tiers_over_no_tiers;
+  }
+  if (r.other_preemption) {
+    j["other_preemption"] = phase_json(*r.other_preemption);
+    j["throughput_swap_over_recompute"] = r.throughput_swap_over_recompute;
+    j["ttft_p50_recompute_over_swap"] = r.ttft_p50_recompute_over_swap;
   }
   if (r.baseline) {
     j["baseline"] = phase_json(*r.baseline);

@@ -31,6 +31,12 @@ struct ServeBenchOptions {
   LengthRange prompt_len{128, 128};  // unique tokens per prompt (after the shared prefix)
   LengthRange output_len{128, 128};  // greedy, ignore_eos: exactly this many tokens
   int64_t shared_prefix = 0;         // tokens every prompt starts with
+  // Distinct shared prefixes (of shared_prefix tokens each): request i starts with prefix
+  // i % num_prefixes, and the warm-up computes each of them once. Prefixes that together
+  // exceed the KV pool are what the host / disk tiers are for.
+  int64_t num_prefixes = 1;
+  bool compare_kv_tiers = false;     // measured phase again without the host / disk tiers
+  bool compare_preemption = false;   // measured phase again with the other --preemption
   bool repetitive_prompts = false;   // prompts repeat a random segment (n-gram lookup finds it)
   int64_t repeat_segment = 16;       // that segment's length
   int64_t baseline_requests = -1;    // one-at-a-time baseline; -1: min(N, 4); 0: skip it
@@ -58,8 +64,9 @@ struct BenchRequest {
 // repetitive_prompts; token ids from [3, vocab)), then the warm-up request in *warmup (the
 // shared prefix + 16 other tokens, one output token). Shared with `bench serve --url` so the
 // HTTP and offline benchmarks send identical requests. Throws when one exceeds max_len.
+// more_warmups: with num_prefixes > 1, one warm-up request per further prefix.
 std::vector<BenchRequest> make_bench_requests(const ServeBenchOptions& o, int64_t vocab, int64_t max_len,
-                                              BenchRequest* warmup);
+                                              BenchRequest* warmup, std::vector<BenchRequest>* more_warmups = nullptr);
 
 struct Percentiles {  // linear interpolation between order statistics (numpy's default)
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
@@ -80,6 +87,12 @@ struct PhaseResult {
   double prefix_hit_rate = 0;                               // hit / looked-up blocks
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t preemptions = 0;
+  int64_t computed_tokens = 0;  // tokens the model ran (prompts after cache hits, recompute, decodes)
+  // Tiered KV cache: the config in words ("host 64.0 MB, preemption swap"), blocks served from
+  // each tier, preemptions by swap and the blocks they moved, bytes between pool and tiers.
+  std::string kv_tiers;
+  int64_t host_hit_blocks = 0, disk_hit_blocks = 0, swapped_preemptions = 0, swap_out_blocks = 0,
+          swap_in_blocks = 0, bytes_to_tiers = 0, bytes_from_tiers = 0;
   int64_t spec_steps = 0, spec_proposed = 0, spec_accepted = 0;
   double spec_acceptance_rate = 0;   // accepted / proposed
   double spec_mean_accepted = 0;     // accepted proposals per verification step
@@ -105,6 +118,10 @@ struct ServeBenchResult {
   std::optional<PhaseResult> lora_spread;     // --lora-adapters: requests over K adapters
   double lora_spread_ratio = 0;               // output tokens/s, K adapters / one adapter
   double lora_tpot_ratio = 0;                 // TPOT p50, one adapter / K adapters
+  std::optional<PhaseResult> no_tiers;        // --compare-kv-tiers
+  double ttft_p50_no_tiers_over_tiers = 0, throughput_tiers_over_no_tiers = 0;
+  std::optional<PhaseResult> other_preemption;  // --compare-preemption
+  double throughput_swap_over_recompute = 0, ttft_p50_recompute_over_swap = 0;
   std::optional<PhaseResult> baseline;        // one at a time
   double speedup_vs_one_at_a_time = 0;        // main / baseline total tokens/s
   double ttft_p50_off_over_on = 0;            // prefix caching off / on

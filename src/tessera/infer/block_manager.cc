@@ -47,6 +47,8 @@ BlockId BlockManager::take_block() {
     b = evictable_.front();
     evictable_.pop_front();
     Block& blk = blocks_[b];
+    // Its bytes are still intact (the step that reuses it has not run): a lower tier keeps them.
+    if (offloader_) offloader_->offload(b, {blk.hash, blk.parent_hash, blk.tokens.data(), cfg_.block_size});
     cached_.erase(blk.hash);
     blk.hashed = false;
     blk.tokens.clear();
@@ -56,6 +58,22 @@ BlockId BlockManager::take_block() {
   blk.ref = 1;
   blk.state = State::kUsed;
   return b;
+}
+
+void BlockManager::untake_block(BlockId b) {
+  Block& blk = blocks_[b];
+  blk.ref = 0;
+  blk.state = State::kFree;
+  free_.push_front(b);
+}
+
+void BlockManager::cache_block(BlockId b, uint64_t hash, uint64_t parent, const int32_t* tokens) {
+  Block& blk = blocks_[b];
+  blk.hashed = true;
+  blk.hash = hash;
+  blk.parent_hash = parent;
+  blk.tokens.assign(tokens, tokens + cfg_.block_size);
+  cached_[hash] = b;
 }
 
 void BlockManager::release_block(BlockId b) {
@@ -81,32 +99,106 @@ int64_t BlockManager::allocate_cached_prefix(RequestId id, const std::vector<int
                 " already has a block table");
   RequestBlocks& r = reqs_[id];
   r.root = root_hash(cache_salt);
-  if (!cfg_.prefix_caching) return 0;
-  const int64_t bs = cfg_.block_size;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t candidates = n > 0 ? (n - 1) / bs : 0;
-  ++stats_.queries;
-  uint64_t parent = r.root;
-  int64_t hits = 0;
-  for (; hits < candidates; ++hits) {
-    const int32_t* t = tokens.data() + hits * bs;
-    const uint64_t h = hash_block(parent, t, bs);
-    auto it = cached_.find(h);
-    if (it == cached_.end()) break;
-    Block& blk = blocks_[it->second];
-    // A 64-bit collision would silently serve another prompt's K/V: compare what we can.
-    if (blk.parent_hash != parent || !std::equal(blk.tokens.begin(), blk.tokens.end(), t)) break;
-    if (blk.ref++ == 0) {
-      evictable_.erase(blk.lru_pos);
-      blk.state = State::kUsed;
-    }
-    r.table.push_back(it->second);
-    r.hashes.push_back(h);
-    parent = h;
+  int64_t swapped = offloader_ ? offloader_->swapped_tokens(id) : 0;
+  if (swapped > 0 && swapped >= n) {  // cannot happen through the scheduler (a token is always left to compute)
+    offloader_->drop_swap(id);
+    swapped = 0;
   }
-  stats_.hit_blocks += hits;
-  stats_.miss_blocks += candidates - hits;
-  return hits * bs;
+  if (!cfg_.prefix_caching && swapped == 0) return 0;
+  const int64_t candidates = n > 0 ? (n - 1) / cfg_.block_size : 0;
+  int64_t pool_hits = 0, tier_hits = 0;
+  if (cfg_.prefix_caching) {
+    ++stats_.queries;
+    extend_chain(r, tokens, candidates, swapped == 0, pool_hits, tier_hits);
+  }
+  if (swapped > 0) {
+    r.swap_pending = true;  // copied back or not (no room: recomputed), dropped once admitted
+    const int64_t got = swap_in(id, r, swapped);
+    if (got > 0) {
+      stats_.hit_blocks += pool_hits;
+      if (cfg_.prefix_caching)
+        stats_.miss_blocks += std::max<int64_t>(0, candidates - std::max(pool_hits, got / cfg_.block_size));
+      return got;
+    }
+    if (cfg_.prefix_caching) extend_chain(r, tokens, candidates, true, pool_hits, tier_hits);  // it recomputes
+  }
+  stats_.hit_blocks += pool_hits;
+  stats_.tier_hit_blocks += tier_hits;
+  stats_.miss_blocks += candidates - pool_hits - tier_hits;  // (0 - 0 - 0 with prefix caching off)
+  return (pool_hits + tier_hits) * cfg_.block_size;
+}
+
+// Extends the request's chain of cached blocks from its table's end: a block in the pool is
+// shared (ref + 1); with `tiers`, one found in a lower tier is copied into a fresh pool block
+// that joins the prefix cache as committed (its bytes are what the request would compute).
+// Stops at the first block found in neither, or at a hash held for other tokens (a collision).
+void BlockManager::extend_chain(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t candidates,
+                                bool tiers, int64_t& pool_hits, int64_t& tier_hits) {
+  const int64_t bs = cfg_.block_size;
+  for (int64_t k = static_cast<int64_t>(r.table.size()); k < candidates; ++k) {
+    const uint64_t parent = k == 0 ? r.root : r.hashes[static_cast<size_t>(k - 1)];
+    const int32_t* t = tokens.data() + k * bs;
+    const uint64_t h = hash_block(parent, t, bs);
+    if (auto it = cached_.find(h); it != cached_.end()) {
+      Block& blk = blocks_[it->second];
+      // A 64-bit collision would silently serve another prompt's K/V: compare what we can.
+      if (blk.parent_hash != parent || !std::equal(blk.tokens.begin(), blk.tokens.end(), t)) break;
+      if (blk.ref++ == 0) {
+        evictable_.erase(blk.lru_pos);
+        blk.state = State::kUsed;
+      }
+      r.table.push_back(it->second);
+      r.hashes.push_back(h);
+      ++pool_hits;
+      continue;
+    }
+    if (!tiers || !offloader_ || num_free_blocks() == 0) break;
+    const BlockKey key{h, parent, t, bs};
+    if (!offloader_->contains(key)) break;
+    const BlockId b = take_block();  // may offload an evicted block, never this key's (just touched)
+    if (!offloader_->load(key, b)) {
+      untake_block(b);
+      break;
+    }
+    cache_block(b, h, parent, t);
+    r.table.push_back(b);
+    r.hashes.push_back(h);
+    ++tier_hits;
+  }
+}
+
+// Copies the swapped blocks the pool prefix did not cover back into fresh blocks. Returns
+// the tokens the request now has computed, 0 when the pool has no room for them.
+int64_t BlockManager::swap_in(RequestId id, RequestBlocks& r, int64_t swapped) {
+  const int64_t bs = cfg_.block_size;
+  const int64_t have = static_cast<int64_t>(r.table.size());
+  if (have * bs >= swapped) return have * bs;  // the pool still held all of it
+  const int64_t need = (swapped + bs - 1) / bs - have;
+  if (need > num_free_blocks()) return 0;
+  std::vector<BlockId> dst;
+  for (int64_t i = 0; i < need; ++i) {
+    dst.push_back(take_block());
+    r.table.push_back(dst.back());
+  }
+  offloader_->swap_in(id, have, dst);
+  stats_.swap_in_blocks += need;
+  return swapped;
+}
+
+bool BlockManager::swap_out(RequestId id, int64_t num_tokens) {
+  if (!offloader_ || num_tokens <= 0) return false;
+  const RequestBlocks& r = get(id, "swap_out");
+  if (r.released > 0) return false;
+  const int64_t nblocks = (num_tokens + cfg_.block_size - 1) / cfg_.block_size;
+  offloader_->drop_swap(id);  // (an earlier copy, if it was never dropped)
+  TESSERA_CHECK(nblocks <= static_cast<int64_t>(r.table.size()), "BlockManager::swap_out: request ", id,
+                " has ", r.table.size(), " blocks, fewer than its ", num_tokens, " tokens need");
+  return offloader_->swap_out(id, {r.table.begin(), r.table.begin() + nblocks}, num_tokens);
+}
+
+void BlockManager::drop_swap(RequestId id) {
+  if (offloader_) offloader_->drop_swap(id);
 }
 
 bool BlockManager::allocate_slots(RequestId id, int64_t num_tokens) {
@@ -116,12 +208,20 @@ bool BlockManager::allocate_slots(RequestId id, int64_t num_tokens) {
   const int64_t have = it == reqs_.end() ? 0 : static_cast<int64_t>(it->second.table.size());
   const int64_t need = (num_tokens + cfg_.block_size - 1) / cfg_.block_size - have;
   if (need <= 0) {
-    if (it == reqs_.end()) reqs_[id];
+    RequestBlocks& r = reqs_[id];
+    if (r.swap_pending) {
+      r.swap_pending = false;
+      drop_swap(id);
+    }
     return true;
   }
   if (need > num_free_blocks()) return false;
-  std::vector<BlockId>& table = reqs_[id].table;
-  for (int64_t i = 0; i < need; ++i) table.push_back(take_block());
+  RequestBlocks& r = reqs_[id];
+  for (int64_t i = 0; i < need; ++i) r.table.push_back(take_block());
+  if (r.swap_pending) {  // admitted after a swap-in: the swapped copy is no longer needed
+    r.swap_pending = false;
+    drop_swap(id);
+  }
   return true;
 }
 
@@ -149,11 +249,7 @@ void BlockManager::commit(RequestId id, const std::vector<int32_t>& tokens, int6
       continue;
     }
     if (cached_.count(h)) continue;  // computed twice concurrently; the first copy is the cached one
-    blk.hashed = true;
-    blk.hash = h;
-    blk.parent_hash = parent;
-    blk.tokens.assign(t, t + bs);
-    cached_[h] = r.table[b];
+    cache_block(r.table[b], h, parent, t);
   }
 }
 

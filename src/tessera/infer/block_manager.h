@@ -9,10 +9,9 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::infer {
+#include "tessera/infer/kv_offload.h"
 
-using BlockId = int32_t;
-using RequestId = int64_t;
+namespace tessera::infer {
 
 struct BlockManagerConfig {
   int64_t num_blocks = 0;   // physical blocks in the pool (every layer uses the same ids)
@@ -51,6 +50,13 @@ class BlockManager {
   // cache_salt: requests whose K/V differs for the same tokens (a LoRA adapter) pass a
   // different salt; the chain of their blocks starts from root_hash(salt), so they share
   // cached blocks only with requests of the same salt (0: the base model's chain).
+  // With an offloader (set_offloader), the chain continues in the lower tiers where the pool
+  // has no block of it (and in the pool again after): each block found there is copied into a
+  // fresh pool block (taken as allocate_slots takes them), which joins the prefix cache as
+  // committed; these count as tier hits, not misses. A request with swapped-out blocks (swap_out) instead gets its pool prefix hits
+  // and then its swapped blocks copied back (when the pool has room for them; otherwise it
+  // recomputes), and the returned count is its swapped tokens; the swap copy is forgotten at
+  // its next successful allocate_slots.
   int64_t allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens, uint64_t cache_salt = 0);
 
   // Makes the request's table cover `num_tokens` tokens, appending new blocks (taken from the
@@ -87,6 +93,16 @@ class BlockManager {
   // are evicted before its head), otherwise it goes back to the free list. Unknown id: no-op.
   void free(RequestId id);
 
+  // Lower tiers (kv_tiers.h): committed blocks are offered to it before eviction, prefix
+  // lookups continue in it, and swap_out uses it. nullptr (the default): none. Not owned.
+  void set_offloader(KvOffloader* o) { offloader_ = o; }
+  // Swap preemption, before free(id): copies the blocks covering the request's first
+  // num_tokens tokens to the offloader. False (nothing kept: the request recomputes) without
+  // an offloader, with no room there, for num_tokens 0, or after release_leading.
+  bool swap_out(RequestId id, int64_t num_tokens);
+  // The request left for good: its swapped-out blocks, if any, are dropped.
+  void drop_swap(RequestId id);
+
   bool has_request(RequestId id) const { return reqs_.count(id) != 0; }
   const std::vector<BlockId>& block_table(RequestId id) const;  // throws for an unknown id
   // Chain hashes of the request's committed full blocks (empty with prefix caching off).
@@ -94,6 +110,8 @@ class BlockManager {
 
   struct Stats {
     int64_t queries = 0, hit_blocks = 0, miss_blocks = 0, evictions = 0;
+    int64_t tier_hit_blocks = 0;   // found in a lower tier (copied back), not counted in hit_blocks
+    int64_t swap_in_blocks = 0;    // swapped-out blocks copied back on resumption
   };
   Stats stats() const { return stats_; }
 
@@ -135,9 +153,15 @@ class BlockManager {
     std::vector<uint64_t> hashes;   // chain hashes of the committed full blocks (prefix of table)
     int64_t released = 0;           // table[0, released) are stale (release_leading)
     uint64_t root = kRootHash;      // parent hash of block 0 (root_hash of the cache salt)
+    bool swap_pending = false;      // has a swapped copy, dropped once admitted (allocate_slots)
   };
 
   BlockId take_block();            // caller checked num_free_blocks() > 0
+  void untake_block(BlockId b);    // gives back a block take_block just handed out, unused
+  void cache_block(BlockId b, uint64_t hash, uint64_t parent, const int32_t* tokens);
+  void extend_chain(RequestBlocks& r, const std::vector<int32_t>& tokens, int64_t candidates, bool tiers,
+                    int64_t& pool_hits, int64_t& tier_hits);
+  int64_t swap_in(RequestId id, RequestBlocks& r, int64_t swapped);
   void release_block(BlockId b);
   RequestBlocks& get(RequestId id, const char* what);
   const RequestBlocks& get(RequestId id, const char* what) const;
@@ -149,6 +173,7 @@ class BlockManager {
   std::unordered_map<uint64_t, BlockId> cached_;  // chain hash -> the block holding it
   std::unordered_map<RequestId, RequestBlocks> reqs_;
   Stats stats_;
+  KvOffloader* offloader_ = nullptr;
 };
 
 }  // namespace tessera::infer

@@ -5,6 +5,7 @@
 
 #include "tessera/base/strings.h"
 #include "tessera/infer/attention_sinks.h"
+#include "tessera/infer/kv_tiers.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>
@@ -63,7 +64,8 @@ std::string Engine::kv_cache_summary() const {
                                                 (long long)config_.stream_window,
                                                 (long long)Scheduler::blocks_per_request(scheduler_->config(),
                                                                                          pool_.block_size))
-                              : std::string());
+                              : std::string()) +
+         (tiers_ ? "; " + tiers_->summary() : std::string());
 }
 
 void EngineConfig::validate() const {
@@ -86,6 +88,7 @@ void EngineConfig::validate() const {
                 "speculative decoding needs num_speculative_tokens > 0");
   TESSERA_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "ngram sizes must satisfy 1 <= min <= max");
   validate_attention_sinks(*this);
+  validate_kv_tiers(*this);  // kv_tiers.cc
 }
 
 Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokenizer* tokenizer,
@@ -133,9 +136,12 @@ Engine::Engine(const model::Model& model, EngineConfig config, const io::Tokeniz
     num_blocks = std::min(num_blocks, 2 * config_.max_num_seqs * blocks_per_seq);
   }
   pool_ = KvPool::create(c, num_blocks, bs, kv_heads, config_.kv_cache_dtype);
-  if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);
+  tiers_ = make_kv_tiers(model_, config_, pool_, tp_ != nullptr);  // nullptr without tiers; throws before
+  if (tp_) tp_->send_pool(num_blocks, bs, config_.kv_cache_dtype);     // the workers are told anything
   blocks_ = std::make_unique<BlockManager>(BlockManagerConfig{num_blocks, bs, config_.prefix_caching});
+  sc.preemption_swap = config_.preemption == "swap";
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  if (tiers_) blocks_->set_offloader(tiers_.get());
   if (c.eos_token_id >= 0) eos_.push_back(static_cast<int32_t>(c.eos_token_id));
   stats_.kv_blocks_total = num_blocks;
 }
@@ -410,6 +416,7 @@ std::vector<RequestOutput> Engine::step() {
   }
   const SchedulerOutput so = scheduler_->schedule();
   ++stats_.steps;
+  stats_.batched_tokens += so.num_batched_tokens;
   if (so.requests.empty()) {
     if (!beam_groups_.empty()) requeue_parked_beams();
     return out;
@@ -586,12 +593,14 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   const auto b = blocks_->stats();
   s.prefix_queries = b.queries;
-  s.prefix_hit_blocks = b.hit_blocks;
+  s.prefix_hit_blocks = b.hit_blocks + b.tier_hit_blocks;  // every block not recomputed
   s.prefix_miss_blocks = b.miss_blocks;
   s.preemptions = scheduler_->num_preemptions() + beams_requeued_;
   s.running = static_cast<int64_t>(scheduler_->num_running());
   s.waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.kv_blocks_used = s.kv_blocks_total - blocks_->num_free_blocks();
+  s.swapped_preemptions = scheduler_->num_swapped_preemptions();
+  if (tiers_) add_kv_tier_stats(*tiers_, s);
   s.expert_tokens = model_.expert_load();
   return s;
 }

@@ -23,6 +23,7 @@
 namespace tessera::infer {
 
 class TpGroup;  // tp_serving.h
+class KvTiers;  // kv_tiers.h
 
 struct EngineConfig {
   int64_t block_size = 16;               // tokens per KV block
@@ -49,6 +50,16 @@ struct EngineConfig {
   int64_t attention_sinks = -1;          // S (-1: off; 0: a window without sinks)
   int64_t stream_window = 0;             // W
   bool streaming() const { return stream_window > 0; }
+  // Tiered KV cache (kv_tiers.h): committed blocks evicted from the pool are kept in a host
+  // tier of kv_host_memory bytes (0: none) and, write-through, in block files under
+  // kv_offload_dir ("": none) of kv_offload_size bytes at most; prefix lookups continue there.
+  int64_t kv_host_memory = 0;
+  std::string kv_offload_dir;
+  int64_t kv_offload_size = 0;
+  // Extra identity of the weights for the disk tier's fingerprint (the CLI passes the model
+  // files' names, sizes and times); the weights' own digest is always part of it.
+  std::string kv_offload_model_id;
+  std::string preemption = "recompute";  // or "swap": preempted requests' K/V to the host tier
   void validate() const;                 // throws naming the field
 };
 
@@ -85,11 +96,19 @@ struct KvUsage {
 struct EngineStats {
   int64_t steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed prompt tokens, sampled tokens
-  int64_t prefix_queries = 0, prefix_hit_blocks = 0, prefix_miss_blocks = 0;
+  int64_t batched_tokens = 0;  // every token run through the model (prefill, recompute, decode, proposals)
+  int64_t prefix_queries = 0, prefix_hit_blocks = 0, prefix_miss_blocks = 0;  // hits: pool and lower tiers
   int64_t preemptions = 0;
   int64_t spec_proposed = 0, spec_accepted = 0, spec_steps = 0;  // speculative decoding
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  // Tiered KV cache: prefix blocks copied back from the host / disk tier (not recomputed),
+  // evicted blocks copied down, preemptions by swap and the blocks they moved, bytes moved
+  // between the pool and the tiers, and what the tiers hold.
+  int64_t kv_host_hit_blocks = 0, kv_disk_hit_blocks = 0, kv_offloaded_blocks = 0, kv_disk_written_blocks = 0;
+  int64_t swapped_preemptions = 0, kv_swap_out_blocks = 0, kv_swap_in_blocks = 0;
+  int64_t kv_bytes_to_tiers = 0, kv_bytes_from_tiers = 0;
+  int64_t kv_host_blocks_total = 0, kv_host_blocks_used = 0, kv_disk_files = 0;
   std::vector<int64_t> expert_tokens;  // MoE models: slots routed to each expert (every layer)
   std::unordered_map<std::string, int64_t> finished;  // by finish reason
 };
@@ -137,6 +156,8 @@ class Engine {
   std::string kv_cache_summary() const;
   const model::Model& model() const { return model_; }
   int64_t max_model_len() const { return max_len_; }
+  KvTiers* kv_tiers() const { return tiers_.get(); }  // nullptr without host / disk tiers
+  const BlockManager& block_manager() const { return *blocks_; }
 
  private:
   struct Seq;
@@ -184,6 +205,7 @@ class Engine {
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   KvPool pool_;
+  std::unique_ptr<KvTiers> tiers_;  // after pool_: it copies blocks in and out of it
   TpGroup* tp_ = nullptr;
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // by sequence id
   std::vector<RequestId> aborted_;                            // reported at the next step

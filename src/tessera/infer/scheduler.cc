@@ -61,6 +61,7 @@ void Scheduler::remove(RequestId id) {
   else
     waiting_.erase(wait_key(r));
   blocks_.free(id);
+  blocks_.drop_swap(id);
   reqs_.erase(id);
 }
 
@@ -159,6 +160,9 @@ void Scheduler::preempt(RequestId id, SchedulerOutput& out, int64_t& budget) {
   std::erase_if(out.shifts, [&](const KvShift& k) { return k.id == id; });
   r.shift = 0;
   running_.erase(std::find(running_.begin(), running_.end(), id));
+  if (cfg_.preemption_swap &&
+      blocks_.swap_out(id, std::min(r.num_computed_tokens, static_cast<int64_t>(r.tokens.size()) - 1)))
+    ++num_swapped_;  // resumed from the copy (allocate_cached_prefix), not recomputed
   blocks_.free(id);  // committed full blocks stay cached, so recomputation often hits them
   r.num_computed_tokens = 0;
   r.status = RequestStatus::kPreempted;

@@ -33,6 +33,10 @@ struct SchedulerConfig {
   int64_t attention_sinks = 0;
   int64_t stream_window = 0;
   bool streaming() const { return stream_window > 0; }
+  // Preemption by swap (--preemption swap): the victim's computed K/V is copied out through
+  // BlockManager::swap_out and back in on resumption instead of recomputed; a victim the
+  // lower tier has no room for is recomputed. false: always recompute.
+  bool preemption_swap = false;
 };
 
 enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
@@ -149,6 +153,7 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   int64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return cfg_; }
+  int64_t num_swapped_preemptions() const { return num_swapped_; }  // of those, by swap
   const std::vector<RequestId>& running() const { return running_; }  // admission order
   std::vector<RequestId> waiting() const;  // admission order (priority, then arrival)
 
@@ -184,6 +189,7 @@ class Scheduler {
   std::vector<std::pair<RequestId, std::pair<BlockId, BlockId>>> step_copies_;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t num_swapped_ = 0;
 };
 
 }  // namespace tessera::infer

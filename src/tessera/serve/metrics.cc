@@ -62,7 +62,7 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   prompt_tokens_ = counter("tessera_prompt_tokens_total", "Prompt tokens computed (prefix-cache hits excluded).");
   gen_tokens_ = counter("tessera_generation_tokens_total", "Tokens generated.");
   prefix_queries_ = counter("tessera_prefix_cache_queries_total", "Prompt blocks looked up in the prefix cache.");
-  prefix_hits_ = counter("tessera_prefix_cache_hits_total", "Prompt blocks found in the prefix cache.");
+  prefix_hits_ = counter("tessera_prefix_cache_hits_total", "Prompt blocks found in the prefix cache (pool or a lower KV tier).");
   preemptions_ = counter("tessera_num_preemptions_total", "Requests preempted (KV blocks freed, recomputed later).");
   spec_proposed_ = counter("tessera_spec_decode_num_draft_tokens_total", "Speculative tokens proposed.");
   spec_accepted_ = counter("tessera_spec_decode_num_accepted_tokens_total", "Speculative tokens accepted.");
@@ -71,6 +71,19 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   waiting_ = gauge("tessera_num_requests_waiting", "Requests waiting for the engine (queued or preempted).");
   kv_usage_ = gauge("tessera_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).");
   kv_blocks_total_ = gauge("tessera_kv_cache_blocks_total", "KV-cache blocks in the pool.");
+  kv_host_hits_ = counter("tessera_kv_host_tier_hits_total",
+                          "Prompt blocks copied back from the host KV tier instead of recomputed.");
+  kv_disk_hits_ = counter("tessera_kv_disk_tier_hits_total",
+                          "Prompt blocks copied back from the disk KV tier instead of recomputed.");
+  kv_offloaded_ = counter("tessera_kv_offloaded_blocks_total", "Evicted KV blocks copied to the host tier.");
+  kv_swap_out_ = counter("tessera_kv_swapped_out_blocks_total", "KV blocks of preempted requests swapped to the host tier.");
+  kv_swap_in_ = counter("tessera_kv_swapped_in_blocks_total", "Swapped KV blocks copied back on resumption.");
+  swapped_preemptions_ = counter("tessera_num_swapped_preemptions_total", "Preemptions by swap (not recomputed).");
+  kv_bytes_to_tiers_ = counter("tessera_kv_tier_bytes_out_total", "Bytes copied from the KV pool to the host / disk tiers.");
+  kv_bytes_from_tiers_ = counter("tessera_kv_tier_bytes_in_total", "Bytes copied from the host / disk tiers into the KV pool.");
+  kv_host_blocks_total_ = gauge("tessera_kv_host_tier_blocks_total", "Blocks the host KV tier holds at most.");
+  kv_host_usage_ = gauge("tessera_kv_host_tier_usage_perc", "Fraction of the host KV tier in use (0 to 1).");
+  kv_disk_files_ = gauge("tessera_kv_disk_tier_blocks", "Block files in the disk KV tier.");
   expert_tokens_ = &prometheus::BuildCounter()
                         .Name("tessera_moe_expert_tokens_total")
                         .Help("Mixture-of-experts models: tokens routed to each expert, every layer summed.")
@@ -109,6 +122,17 @@ void ServerMetrics::update_engine(const infer::EngineStats& s) {
   add(gen_tokens_, s.generation_tokens, last_.generation_tokens);
   add(prefix_queries_, s.prefix_hit_blocks + s.prefix_miss_blocks, last_.prefix_queries);
   add(prefix_hits_, s.prefix_hit_blocks, last_.prefix_hit_blocks);
+  add(kv_host_hits_, s.kv_host_hit_blocks, last_.kv_host_hit_blocks);
+  add(kv_disk_hits_, s.kv_disk_hit_blocks, last_.kv_disk_hit_blocks);
+  add(kv_offloaded_, s.kv_offloaded_blocks, last_.kv_offloaded_blocks);
+  add(kv_swap_out_, s.kv_swap_out_blocks, last_.kv_swap_out_blocks);
+  add(kv_swap_in_, s.kv_swap_in_blocks, last_.kv_swap_in_blocks);
+  add(swapped_preemptions_, s.swapped_preemptions, last_.swapped_preemptions);
+  add(kv_bytes_to_tiers_, s.kv_bytes_to_tiers, last_.kv_bytes_to_tiers);
+  add(kv_bytes_from_tiers_, s.kv_bytes_from_tiers, last_.kv_bytes_from_tiers);
+  kv_host_blocks_total_->Set(static_cast<double>(s.kv_host_blocks_total));
+  kv_host_usage_->Set(s.kv_host_blocks_total > 0 ? static_cast<double>(s.kv_host_blocks_used) / s.kv_host_blocks_total : 0.0);
+  kv_disk_files_->Set(static_cast<double>(s.kv_disk_files));
   add(preemptions_, s.preemptions, last_.preemptions);
   add(spec_proposed_, s.spec_proposed, last_.spec_proposed);
   add(spec_accepted_, s.spec_accepted, last_.spec_accepted);

@@ -48,6 +48,10 @@ class ServerMetrics {
   prometheus::Counter *prompt_tokens_, *gen_tokens_, *prefix_queries_, *prefix_hits_, *preemptions_;
   prometheus::Counter *spec_proposed_, *spec_accepted_, *steps_;
   prometheus::Gauge *running_, *waiting_, *kv_usage_, *kv_blocks_total_;
+  // Tiered KV cache (infer/kv_tiers.h)
+  prometheus::Counter *kv_host_hits_, *kv_disk_hits_, *kv_offloaded_, *kv_swap_out_, *kv_swap_in_, *swapped_preemptions_;
+  prometheus::Counter *kv_bytes_to_tiers_, *kv_bytes_from_tiers_;
+  prometheus::Gauge *kv_host_blocks_total_, *kv_host_usage_, *kv_disk_files_;
   prometheus::Family<prometheus::Counter>* expert_tokens_;  // MoE models, by expert
   prometheus::Gauge* expert_imbalance_ = nullptr;             // made at the first MoE stats
   std::vector<int64_t> last_expert_tokens_;
