@@ -450,5 +450,48 @@ TEST(StructuredSampler, MaskAppliesBeforeEverythingAndEosOnlyAtTheEnd) {
   EXPECT_EQ(smp.sample(logits.data(), 5, {}, {}).token, 1);  // the mask held for one call only
 }
 
+// A SentencePiece-style tokenizer (Llama 2's shape: "▁" for spaces, <0xNN> byte fallback):
+// tokens are stepped by the bytes they add to the text, so a byte token may start a
+// character that another byte token finishes.
+TEST(StructuredVocab, SentencePieceBytesAndPartialUtf8) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  static const char kHex[] = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) vocab[std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">"] = 3 + b;
+  const char* pieces[] = {"\xe2\x96\x81", "h", "e", "l", "o", "\xc3\xa9", "\xe2\x96\x81h", "el", "\xe2\x96\x81hel", "lo",
+                          "\xe2\x96\x81hello"};
+  for (int i = 0; i < 11; ++i) vocab[pieces[i]] = 259 + i;
+  json added = json::array();
+  for (int id = 0; id < 3; ++id)
+    added.push_back({{"id", id}, {"content", id == 0 ? "<unk>" : id == 1 ? "<s>" : "</s>"}, {"special", true}});
+  const json j = {
+      {"version", "1.0"}, {"added_tokens", added},
+      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xe2\x96\x81"}}},
+      {"pre_tokenizer", nullptr}, {"post_processor", nullptr},
+      {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\xe2\x96\x81"}}}, {"content", " "}},
+                                                       {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}},
+      {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"fuse_unk", true}, {"vocab", vocab},
+                 {"merges", {"\xe2\x96\x81 h", "e l", "\xe2\x96\x81h el", "l o", "\xe2\x96\x81hel lo"}}}}};
+  const io::Tokenizer tok = io::Tokenizer::from_json(j, "spm.json");
+  const auto trie = VocabTrie::from_tokenizer(tok, 280);  // the model's vocabulary may be larger
+  EXPECT_EQ(trie->bytes(269), " hello");
+  EXPECT_EQ(trie->bytes(3 + 0x41), "A");
+  EXPECT_EQ(trie->bytes(2), "");  // special: never allowed
+  TokenGrammar g(parse_gbnf(regex_to_gbnf("( hello|\xc3\xa9)+")), trie);
+  auto allowed = [&](int32_t state) {
+    std::set<int32_t> out;
+    const auto m = g.mask(state);
+    for (int32_t t = 0; t < 280; ++t)
+      if (((*m)[t >> 6] >> (t & 63)) & 1) out.insert(t);
+    return out;
+  };
+  // " ", " h", " hel", " hello", "é", and the byte tokens for ' ' and 0xC3.
+  EXPECT_EQ(allowed(g.initial()), (std::set<int32_t>{259, 264, 265, 267, 269, 3 + 0x20, 3 + 0xC3}));
+  const int32_t lead = g.advance_token(g.initial(), 3 + 0xC3);  // half of "é"
+  EXPECT_EQ(allowed(lead), (std::set<int32_t>{3 + 0xA9}));
+  const int32_t e = g.advance_token(lead, 3 + 0xA9);
+  EXPECT_TRUE(g.accepting(e));
+  EXPECT_EQ(g.advance_token(g.advance_token(g.initial(), 265), 266), g.advance_token(g.initial(), 267));  // " h"+"el" = " hel"
+}
+
 }  // namespace
 }  // namespace tessera::infer::structured

@@ -117,9 +117,21 @@ const float* Sampler::process(const float* logits, int64_t vocab, const std::vec
   processed_is_raw_ = !rep && !pres_freq && !suppress && !mask_;
   if (processed_is_raw_) return logits;
   if (mask_) {  // structured outputs: disallowed tokens first, so nothing below revives them
+    // By 64-token words: a mask is mostly all-allowed or all-refused words (a JSON string's
+    // inside, or a structural position), so most words are one copy or one fill.
     work_.resize(vocab);
-    const uint64_t* m = mask_;
-    for (int64_t i = 0; i < vocab; ++i) work_[i] = (m[i >> 6] >> (i & 63)) & 1 ? logits[i] : kNegInf;
+    float* w = work_.data();
+    for (int64_t b = 0; b < vocab; b += 64) {
+      const int64_t n = std::min<int64_t>(64, vocab - b);
+      const uint64_t bits = mask_[b >> 6];
+      if (bits == ~uint64_t{0}) {
+        std::copy(logits + b, logits + b + n, w + b);
+      } else if (bits == 0) {
+        std::fill(w + b, w + b + n, kNegInf);
+      } else {
+        for (int64_t i = 0; i < n; ++i) w[b + i] = (bits >> i) & 1 ? logits[b + i] : kNegInf;
+      }
+    }
   } else {
     work_.assign(logits, logits + vocab);
   }

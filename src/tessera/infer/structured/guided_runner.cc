@@ -127,11 +127,14 @@ void GuidedRunner::run(Job& job) {
   const auto t0 = std::chrono::steady_clock::now();
   GuidedSeq& s = *job.seq;
   bool walked = false;
+  double walk_us = 0.0;
   try {
     if (job.token >= 0) s.state_ = s.g_->advance_token(s.state_, job.token);
     s.complete_ = s.state_ == TokenGrammar::kDead || s.g_->finished(s.state_);
     if (!s.complete_) {
+      const auto tw = std::chrono::steady_clock::now();
       const auto m = s.g_->mask(s.state_, &walked);
+      walk_us = walked ? us_since(tw) : 0.0;
       s.allowed_.assign(m->begin(), m->end());
       bool any = std::any_of(s.allowed_.begin(), s.allowed_.end(), [](uint64_t w) { return w != 0; });
       if (s.g_->accepting(s.state_))
@@ -150,6 +153,7 @@ void GuidedRunner::run(Job& job) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.compute_us += us_since(t0);
     stats_.walks += walked ? 1 : 0;
+    stats_.walk_us += walk_us;
   }
   {
     std::lock_guard<std::mutex> l(s.mu_);

@@ -26,6 +26,7 @@ namespace tessera::infer::structured {
 struct GuidedStats {
   int64_t masks = 0;           // masks the sampler waited for (one per token sampled under a constraint)
   int64_t walks = 0;           // masks computed by a trie walk (the rest hit the per-state cache)
+  double walk_us = 0;          // time in those walks
   double compute_us = 0;       // worker time: advancing by the token, the mask, adding EOS
   double exposed_us = 0;       // engine-thread time spent waiting for masks
   int64_t grammars = 0;        // constraints compiled (cache misses)
