@@ -99,6 +99,18 @@ TEST(Gbnf, ErrorsNameWhatIsWrong) {
   EXPECT_HAS(error_of([] { parse_gbnf("root ::= [z-a]\n"); }), "out of order");
   EXPECT_HAS(error_of([] { parse_gbnf("root ::= \"a\" )\n"); }), "unexpected character ')'");
   EXPECT_HAS(error_of([] { parse_gbnf("\n\nroot ::= \"\\q\"\n"); }), "line 3: unknown escape");
+  // Adversarial depth: nested groups, and rules nested at the left edge (the matcher's
+  // expansion recursion), refused instead of overflowing the stack.
+  EXPECT_HAS(error_of([] { parse_gbnf("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')') + "\n"); }),
+             "groups nest deeper than 256");
+  EXPECT_HAS(error_of([] { regex_to_gbnf(std::string(300, '(') + "a" + std::string(300, ')')); }), "nest deeper");
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < 5000; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " \"x\"\n";
+  chain += "r5000 ::= \"y\"\n";
+  EXPECT_HAS(error_of([&] { grammar_accepts(parse_gbnf(chain), "y"); }), "nest more than 4096 deep");
+  json deep = json::object();
+  for (int i = 0; i < 100; ++i) deep = json{{"type", "array"}, {"items", deep}};
+  EXPECT_HAS(error_of([&] { json_schema_to_gbnf(deep); }), "nests deeper than 64");
 }
 
 // Every code point's UTF-8 (Python's encoder) is one "character" of `.` and of the full

@@ -16,6 +16,7 @@ namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int64_t kMaxRepeat = 10000;    // {m,n} bounds
 constexpr size_t kMaxElems = 4u << 20;   // grammar size after desugaring
+constexpr int kMaxNesting = 256;          // ( groups ) inside each other
 
 struct Sym {
   Grammar::Kind kind;
@@ -292,7 +293,9 @@ class Parser {
         seq.insert(seq.end(), any.begin(), any.end());
       } else if (c == '(') {
         ++i_;
+        if (++nesting_ > kMaxNesting) err("groups nest deeper than ", kMaxNesting);
         auto alts = parse_alternates(true, rule);
+        --nesting_;
         skip(true);
         if (!at(')')) err("expected ')'");
         ++i_;
@@ -424,6 +427,7 @@ class Parser {
   size_t i_ = 0;
   size_t size_ = 0;
   int anon_ = 0;
+  int nesting_ = 0;
   std::unordered_map<std::string, uint32_t> ids_;
   std::vector<std::string> names_;
   std::vector<std::vector<Seq>> alts_;

@@ -12,8 +12,8 @@
 namespace tessera::infer::structured {
 namespace {
 
-constexpr size_t kMaxCached = 64;          // compiled constraints kept
-constexpr size_t kMaxSharedStates = 200000;  // a grammar past this is not shared with new requests
+constexpr size_t kMaxCached = 32;           // compiled constraints kept
+constexpr size_t kMaxSharedStates = 50000;  // (1 KB each) a grammar past this is not shared with new requests
 
 double us_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -53,16 +53,15 @@ std::shared_ptr<TokenGrammar> GuidedRunner::grammar(const GuidedDecoding& g) {
     stats_.vocab_us += us_since(t0);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  Grammar compiled;
+  std::shared_ptr<TokenGrammar> tg;
   try {
-    compiled = compile_guided(g);
+    tg = std::make_shared<TokenGrammar>(compile_guided(g), trie_);
   } catch (const FieldError&) {
     throw;
   } catch (const Error& e) {
     const std::string field = guided_field(g);
     fail_field(field, "'", field, "': ", e.what());
   }
-  auto tg = std::make_shared<TokenGrammar>(std::move(compiled), trie_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.grammars;

@@ -146,6 +146,12 @@ class Converter {
   }
 
   std::string visit(const json& s, const std::string& hint, const std::string& path) {
+    struct Depth {  // schemas nest at most 64 deep (a string's JSON is not bounded by the body's)
+      int& d;
+      explicit Depth(int& x) : d(x) { ++d; }
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > 64) err(path, "the schema nests deeper than 64 levels");
     if (s.is_boolean()) {
       if (!s.get<bool>()) err(path, "the schema false matches nothing");
       return "value";
@@ -308,6 +314,7 @@ class Converter {
   }
 
   const json& root_;
+  int depth_ = 0;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> used_ = {"root", "ws", "hex", "char", "string", "integer", "number", "boolean",
                                  "null", "value", "object", "array"};

@@ -259,7 +259,7 @@ class RegexParser {
           err("lookaround, flags and other (?...) groups are not supported");
         }
       }
-      ++depth_;
+      if (++depth_ > 256) err("groups nest deeper than 256");
       NodeP n = parse_alt();
       --depth_;
       if (!at(')')) err("missing ')'");

@@ -83,9 +83,9 @@ TokenGrammar::TokenGrammar(Grammar g, std::shared_ptr<const VocabTrie> vocab)
   std::sort(out_.begin(), out_.end());
   out_.erase(std::unique(out_.begin(), out_.end()), out_.end());
   initial_ = intern(out_, out_accept_);
-  // Masks in the cache at most ~256 MB.
+  // Masks in the cache at most ~64 MB (4096 masks of a 128k vocabulary).
   const size_t words = vocab_ ? static_cast<size_t>((vocab_->vocab() + 63) / 64) : 1;
-  max_masks_ = std::max<size_t>(64, (256u << 20) / (words * 8));
+  max_masks_ = std::max<size_t>(64, (64u << 20) / (words * 8));
 }
 
 int32_t TokenGrammar::node(uint32_t pos, int32_t parent) {
@@ -100,6 +100,14 @@ int32_t TokenGrammar::node(uint32_t pos, int32_t parent) {
 void TokenGrammar::expand(uint32_t pos, int32_t parent) {
   const uint64_t key = (static_cast<uint64_t>(pos) << 32) | static_cast<uint32_t>(parent);
   if (!seen_.insert(key).second) return;
+  // Rules nested at the left edge (or nullable tails) recurse here: bounded, so an
+  // adversarial grammar cannot overflow the thread's stack.
+  struct Depth {
+    int& d;
+    explicit Depth(int& x) : d(x) { ++d; }
+    ~Depth() { --d; }
+  } depth(expand_depth_);
+  TESSERA_CHECK(expand_depth_ <= 4096, "grammar: rules nest more than 4096 deep without consuming input");
   const Grammar::Elem e = g_.elems[pos];
   switch (e.kind) {
     case Grammar::kBytes:

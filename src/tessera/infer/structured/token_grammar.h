@@ -100,6 +100,7 @@ class TokenGrammar {
   std::vector<int32_t> out_;
   bool out_accept_ = false;
   std::unordered_set<uint64_t> seen_;
+  int expand_depth_ = 0;
   std::unordered_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
   size_t max_masks_ = 0;
 };
