@@ -4,6 +4,7 @@
 #include "tessera/infer/engine.h"
 
 #include "tessera/base/strings.h"
+#include "tessera/infer/structured/guided_runner.h"
 #include "tessera/infer/tp_serving.h"
 
 #include <algorithm>

@@ -16,13 +16,16 @@
 #include "tessera/infer/kv_pool.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/infer/scheduler.h"
-#include "tessera/infer/structured/guided_runner.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/model.h"
 
 namespace tessera::infer {
 
 class TpGroup;  // tp_serving.h
+namespace structured {  // structured/guided_runner.h
+class GuidedRunner;
+struct GuidedStats;
+}  // namespace structured
 
 struct EngineConfig {
   int64_t block_size = 16;               // tokens per KV block

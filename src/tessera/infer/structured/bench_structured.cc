@@ -14,6 +14,7 @@
 #include "tessera/base/strings.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/structured/convert.h"
+#include "tessera/infer/structured/guided_runner.h"
 #include "tessera/io/json_file.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/model.h"

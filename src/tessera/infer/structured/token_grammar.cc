@@ -25,6 +25,7 @@ VocabTrie::VocabTrie(std::vector<std::string> token_bytes, int64_t vocab)
   });
   // Preorder: sorted strings visit their prefixes in order; `path` holds the open nodes.
   std::vector<uint32_t> path;
+  std::vector<int64_t> parent;
   std::vector<std::vector<int32_t>> node_toks;
   const std::string* prev = nullptr;
   for (int32_t id : order) {
@@ -38,6 +39,7 @@ VocabTrie::VocabTrie(std::vector<std::string> token_bytes, int64_t vocab)
       path.pop_back();
     }
     for (size_t k = common; k < s.size(); ++k) {
+      parent.push_back(path.empty() ? -1 : static_cast<int64_t>(path.back()));
       path.push_back(static_cast<uint32_t>(byte_.size()));
       byte_.push_back(static_cast<uint8_t>(s[k]));
       TESSERA_CHECK(k + 1 < 65536, "structured outputs: token ", id, " is longer than 65535 bytes");
@@ -50,6 +52,12 @@ VocabTrie::VocabTrie(std::vector<std::string> token_bytes, int64_t vocab)
     prev = &s;
   }
   for (uint32_t n : path) end_[n] = static_cast<uint32_t>(byte_.size());
+  sub_bytes_.assign(byte_.size(), ByteSet{});
+  for (size_t i = byte_.size(); i-- > 0;) {  // children come after their parent in preorder
+    sub_bytes_[i][byte_[i] >> 6] |= uint64_t{1} << (byte_[i] & 63);
+    if (parent[i] >= 0)
+      for (int w = 0; w < 4; ++w) sub_bytes_[parent[i]][w] |= sub_bytes_[i][w];
+  }
   tok_begin_.push_back(0);
   for (const auto& t : node_toks) {
     toks_.insert(toks_.end(), t.begin(), t.end());
@@ -191,6 +199,25 @@ size_t TokenGrammar::num_states() {
   return states_.size();
 }
 
+const ByteSet& TokenGrammar::self_loops(int32_t state) {
+  if (self_known_.size() < states_.size()) {
+    self_known_.resize(states_.size(), 0);
+    self_.resize(states_.size());
+  }
+  if (!self_known_[state]) {
+    ByteSet s{};
+    for (int b = 0; b < 256; ++b)
+      if (step(state, static_cast<uint8_t>(b)) == state) s[b >> 6] |= uint64_t{1} << (b & 63);
+    if (self_known_.size() < states_.size()) {  // the steps may have added states
+      self_known_.resize(states_.size(), 0);
+      self_.resize(states_.size());
+    }
+    self_[state] = s;
+    self_known_[state] = 1;
+  }
+  return self_[state];
+}
+
 std::shared_ptr<const TokenMask> TokenGrammar::mask(int32_t state, bool* computed) {
   TESSERA_CHECK(vocab_, "structured outputs: no vocabulary");
   std::lock_guard<std::mutex> lock(mu_);
@@ -211,6 +238,21 @@ std::shared_ptr<const TokenMask> TokenGrammar::mask(int32_t state, bool* compute
       if (s == kDead) {
         i = v.end_[i];  // no token below this prefix can match
         continue;
+      }
+      // A subtree whose bytes all loop on this state (a JSON string's inside): every token
+      // in it is allowed, without walking it.
+      if (s == at[v.depth_[i] - 1]) {
+        const ByteSet& loop = self_loops(s);
+        const ByteSet& sub = v.sub_bytes_[i];
+        if ((sub[0] & ~loop[0]) == 0 && (sub[1] & ~loop[1]) == 0 && (sub[2] & ~loop[2]) == 0 &&
+            (sub[3] & ~loop[3]) == 0) {
+          for (uint32_t k = v.tok_begin_[i], e = v.tok_begin_[v.end_[i]]; k < e; ++k) {
+            const int32_t t = v.toks_[k];
+            bits[t >> 6] |= uint64_t{1} << (t & 63);
+          }
+          i = v.end_[i];
+          continue;
+        }
       }
       at[v.depth_[i]] = s;
       for (uint32_t k = v.tok_begin_[i]; k < v.tok_begin_[i + 1]; ++k) {

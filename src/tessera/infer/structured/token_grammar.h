@@ -47,6 +47,7 @@ class VocabTrie {
   std::vector<uint32_t> end_;         // per node: one past its subtree
   std::vector<uint32_t> tok_begin_;   // per node + 1: tokens ending at node i are toks_[b[i], b[i+1])
   std::vector<int32_t> toks_;
+  std::vector<ByteSet> sub_bytes_;    // per node: the bytes on its edge and every edge below it
   int max_depth_ = 0;
 };
 
@@ -101,7 +102,10 @@ class TokenGrammar {
   bool out_accept_ = false;
   std::unordered_set<uint64_t> seen_;
   int expand_depth_ = 0;
+  const ByteSet& self_loops(int32_t state);  // bytes that lead from the state back to itself
   std::unordered_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
+  std::vector<ByteSet> self_;        // per state, self_loops() once computed
+  std::vector<char> self_known_;
   size_t max_masks_ = 0;
 };
 
