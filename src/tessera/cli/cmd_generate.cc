@@ -80,7 +80,7 @@ infer::GuidedDecoding guided_flags(const GenerateFlags& f) {
   try {
     infer::structured::compile_guided(g);
   } catch (const Error& e) {
-    fail(flag, " ", flag == "--regex" ? f.regex : flag == "--json-schema" ? f.json_schema : f.grammar, ": ", e.what());
+    fail(flag, " '", flag == "--regex" ? f.regex : flag == "--json-schema" ? f.json_schema : f.grammar, "': ", e.what());
   }
   return g;
 }
