@@ -4,6 +4,7 @@
 #include "tessera/infer/structured/grammar.h"
 
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <map>
 #include <unordered_map>

@@ -3,6 +3,8 @@
 // a model cannot loop forever in spaces or digits. Every keyword that constrains values and
 // is not enforced here is refused by name rather than ignored.
 #include <cmath>
+#include <cctype>
+#include <cstdio>
 #include <map>
 #include <set>
 

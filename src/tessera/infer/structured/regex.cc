@@ -2,6 +2,8 @@
 // concatenation, repetition, code-point classes), then GBNF text. In json_string mode the
 // characters a JSON string cannot hold raw (", \, controls) are written as their escapes.
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
