@@ -1,6 +1,7 @@
 // The official `openai` npm client against `tessera serve --api-key`: completions, chat, streaming
 // chat and completions, models (list, retrieve), embeddings (float, base64), echo, logit_bias,
-// errors (401, 400 with `param`, 404), and cancelling a stream.
+// errors (401, 400 with `param`, 404), cancelling a stream, and structured outputs
+// (response_format json_schema / json_object, guided_choice, guided_regex).
 // Run: node openai_client.test.mjs TESSERA_CLI MODEL_DIR, or with those in the environment
 // (ctest js_openai_client sets them) node --test openai_client.test.mjs.
 import { test, before, after } from 'node:test';
@@ -240,6 +241,68 @@ test('completions with echo and logprobs return the prompt first', async () => {
   const got = [];
   for await (const chunk of biased) for (const c of chunk.choices) got.push(...(c.token_ids ?? []));
   assert.deepEqual(got, [200, 200, 200, 200]);
+});
+
+// Structured outputs: every choice parses and matches the schema (checked here field by field).
+test('response_format json_schema: every choice is JSON matching the schema', async () => {
+  const schema = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', minLength: 1, maxLength: 12 },
+      age: { type: 'integer' },
+      pets: { type: 'array', items: { enum: ['cat', 'dog'] }, maxItems: 3 },
+      nickname: { type: ['string', 'null'], maxLength: 6 },
+    },
+    required: ['name', 'age', 'pets'],
+    additionalProperties: false,
+  };
+  const r = await client.chat.completions.create({
+    model: MODEL, temperature: 1, seed: 3, n: 3, max_tokens: 400,
+    messages: [{ role: 'user', content: 'Describe a person.' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } },
+  });
+  assert.equal(r.choices.length, 3);
+  for (const c of r.choices) {
+    assert.equal(c.finish_reason, 'stop', c.message.content);
+    const v = JSON.parse(c.message.content);
+    assert.deepEqual(Object.keys(v).filter((k) => !['name', 'age', 'pets', 'nickname'].includes(k)), []);
+    assert.equal(typeof v.name, 'string');
+    assert.ok([...v.name].length >= 1 && [...v.name].length <= 12, v.name);
+    assert.ok(Number.isInteger(v.age), String(v.age));
+    assert.ok(Array.isArray(v.pets) && v.pets.length <= 3 && v.pets.every((p) => p === 'cat' || p === 'dog'));
+    if ('nickname' in v) assert.ok(v.nickname === null || (typeof v.nickname === 'string' && [...v.nickname].length <= 6));
+  }
+  // Streamed deltas join into the same kind of document.
+  const stream = await client.chat.completions.create({
+    model: MODEL, temperature: 1, seed: 4, max_tokens: 400, stream: true,
+    messages: [{ role: 'user', content: 'Describe a person.' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'person', schema } },
+  });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  assert.ok(Number.isInteger(JSON.parse(text).age), text);
+});
+
+test('json_object, guided_choice and guided_regex; a bad schema is a 400 naming response_format', async () => {
+  const obj = await client.completions.create({
+    model: MODEL, prompt: 'JSON:', temperature: 1, seed: 1, max_tokens: 300,
+    response_format: { type: 'json_object' },
+  });
+  if (obj.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(obj.choices[0].text), 'object');
+  const choice = await client.completions.create({
+    model: MODEL, prompt: 'Pick:', temperature: 1, seed: 2, max_tokens: 20, guided_choice: ['alpha', 'beta gamma'],
+  });
+  assert.ok(['alpha', 'beta gamma'].includes(choice.choices[0].text), choice.choices[0].text);
+  const re = await client.completions.create({
+    model: MODEL, prompt: 'Date:', temperature: 1, seed: 5, max_tokens: 30, guided_regex: '20[0-9]{2}-(0[1-9]|1[0-2])',
+  });
+  assert.match(re.choices[0].text, /^20[0-9]{2}-(0[1-9]|1[0-2])$/);
+  await assert.rejects(client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'x' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer', minimum: 3 } } },
+  }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /minimum/.test(e.message));
+  await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', guided_regex: '(a' }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'guided_regex');
 });
 
 test('SIGTERM stops the server with exit code 0', { timeout: 40000 }, async () => {

@@ -197,6 +197,7 @@ void add_bench_tokenizer(CLI::App* bench, Action& action);  // cmd_tokenizer.cc
 void add_bench_comm(CLI::App* bench, Action& action);       // cmd_bench_comm.cc
 void add_bench_serve(CLI::App* bench, Action& action);      // cmd_bench_serve.cc
 void add_bench_stream_ppl(CLI::App* bench, Action& action);  // cmd_bench_stream.cc
+void add_bench_structured(CLI::App* bench, Action& action); // cmd_bench_structured.cc
 
 void add_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (figures as ratios to peaks measured in the same run)");
@@ -332,6 +333,7 @@ void add_bench(CLI::App& app, Action& action) {
   add_bench_comm(bench, action);
   add_bench_serve(bench, action);
   add_bench_stream_ppl(bench, action);
+  add_bench_structured(bench, action);
 }
 
 }  // namespace tessera::cli

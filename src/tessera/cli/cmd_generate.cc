@@ -8,6 +8,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/infer/generate.h"
 #include "tessera/infer/offline.h"
+#include "tessera/infer/structured/convert.h"
 #include "tessera/infer/tp_serving.h"
 #include "tessera/io/gguf_tokenizer.h"
 #include "tessera/io/json_file.h"
@@ -61,12 +62,37 @@ struct GenerateFlags {
   int tp = 1;
   int ep = 1;
   std::string quantization;
+  std::string json_schema, regex, grammar;  // structured outputs (one at most)
 };
+
+// --json-schema FILE / --regex PATTERN / --grammar FILE as the request's constraint,
+// compiled once here so that a bad one fails naming the flag.
+infer::GuidedDecoding guided_flags(const GenerateFlags& f) {
+  infer::GuidedDecoding g;
+  std::string flag;
+  auto set = [&](const char* name, infer::GuidedDecoding v) {
+    TESSERA_CHECK(g.empty(), "give one of --json-schema, --regex, --grammar; got ", flag, " and ", name);
+    g = std::move(v);
+    flag = name;
+  };
+  if (!f.json_schema.empty()) set("--json-schema", {"json_schema", io::read_file_bytes(f.json_schema)});
+  if (!f.regex.empty()) set("--regex", {"regex", f.regex});
+  if (!f.grammar.empty()) set("--grammar", {"grammar", io::read_file_bytes(f.grammar)});
+  if (g.empty()) return g;
+  try {
+    infer::structured::compile_guided(g);
+  } catch (const Error& e) {
+    fail(flag, " '", flag == "--regex" ? f.regex : flag == "--json-schema" ? f.json_schema : f.grammar, "': ", e.what());
+  }
+  return g;
+}
 
 // A file of requests through the engine, all in flight at once.
 int run_generate_batch(const GenerateFlags& f, const model::Model& model, infer::TpGroup* tp) {
   TESSERA_CHECK(!f.output.empty(), "--input needs --output FILE for the results");
   TESSERA_CHECK(f.prompt.empty() && f.prompt_ids.empty(), "--input cannot be combined with --prompt / --prompt-ids");
+  TESSERA_CHECK(f.json_schema.empty() && f.regex.empty() && f.grammar.empty(), "--json-schema / --regex / --grammar "
+                "apply to --prompt; give --input requests response_format or guided_* fields");
   const std::optional<io::Tokenizer> tok = io::load_model_tokenizer(f.model);
   const auto requests = infer::read_offline_requests(f.input, tok ? &*tok : nullptr, f.max_tokens);
   std::optional<model::Model> draft;
@@ -126,6 +152,9 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
     o.sampling.best_of = f.beam_width;
     o.sampling.length_penalty = f.length_penalty;
   }
+  o.sampling.guided = guided_flags(f);
+  TESSERA_CHECK(o.sampling.guided.empty() || tok, "--json-schema / --regex / --grammar: ", f.model, " has no tokenizer");
+  o.tokenizer = tok ? &*tok : nullptr;
   o.engine = f.engine;
   o.engine.prefix_caching = !f.no_prefix_caching;
   o.tp = tp;
@@ -208,6 +237,9 @@ void add_generate(CLI::App& app, Action& action) {
                   "Beam search: hypotheses score cum_logprob / length^penalty")->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   cmd->add_flag("--stream", f->stream, "Print tokens as they are generated");
+  cmd->add_option("--json-schema", f->json_schema, "Structured output: a JSON schema file the output must match");
+  cmd->add_option("--regex", f->regex, "Structured output: a regular expression the output must match");
+  cmd->add_option("--grammar", f->grammar, "Structured output: a GBNF grammar file the output must match");
   cmd->add_option("--input", f->input,
                   "JSON-lines file of requests ({\"prompt\": ..., \"max_tokens\": ...}), run as one batch");
   cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request (- for standard output)");

@@ -24,6 +24,10 @@ namespace tessera::infer {
 
 class TpGroup;  // tp_serving.h
 class KvTiers;  // kv_tiers.h
+namespace structured {  // structured/guided_runner.h
+class GuidedRunner;
+struct GuidedStats;
+}  // namespace structured
 
 struct EngineConfig {
   int64_t block_size = 16;               // tokens per KV block
@@ -158,6 +162,9 @@ class Engine {
   int64_t max_model_len() const { return max_len_; }
   KvTiers* kv_tiers() const { return tiers_.get(); }  // nullptr without host / disk tiers
   const BlockManager& block_manager() const { return *blocks_; }
+  // Structured outputs: masks handed to the sampler and their cost (computed on a worker
+  // thread while the forward runs; exposed_us is what the engine thread waited).
+  structured::GuidedStats guided_stats() const;
 
  private:
   struct Seq;
@@ -217,6 +224,7 @@ class Engine {
   std::vector<int32_t> eos_;
   std::unordered_map<RequestId, std::shared_ptr<BeamGroup>> beam_groups_;  // by request id
   int64_t beams_requeued_ = 0;
+  std::unique_ptr<structured::GuidedRunner> guided_;  // created by the first constrained request
 };
 
 }  // namespace tessera::infer

@@ -32,7 +32,7 @@ GenerateResult generate(const model::Model& model, const std::vector<int32_t>& p
   if (ec.kv_cache_memory == 0)
     ec.kv_cache_memory = seqs * (((streaming ? ec.attention_sinks + ec.stream_window : ec.max_model_len) + bs - 1) / bs + 1) *
                          KvPool::bytes_per_block(c, bs, model.dims().kv_heads, ec.kv_cache_dtype);
-  Engine engine(model, ec, nullptr, options.draft, options.tp);
+  Engine engine(model, ec, options.tokenizer, options.draft, options.tp);
   SamplingParams p = options.sampling;
   p.max_tokens = options.max_tokens;
   p.ignore_eos = !options.stop_at_eos;

@@ -20,6 +20,8 @@ struct GenerateOptions {
   const model::Model* draft = nullptr;  // for engine.speculative_method "draft"
   // Tensor parallelism: `model` is rank 0's shard and this its group (tp_serving.h).
   TpGroup* tp = nullptr;
+  // The model's tokenizer: needed by structured outputs (sampling.guided); may be null.
+  const io::Tokenizer* tokenizer = nullptr;
 };
 
 struct GenerateResult {

@@ -117,10 +117,28 @@ const float* Sampler::process(const float* logits, int64_t vocab, const std::vec
   const bool rep = p.repetition_penalty != 1.f;
   const bool pres_freq = p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
   const bool suppress = static_cast<int64_t>(output.size()) < p.min_tokens;
-  processed_is_raw_ = !rep && !pres_freq && !suppress && p.logit_bias.empty();
+  processed_is_raw_ = !rep && !pres_freq && !suppress && p.logit_bias.empty() && !mask_;
   if (processed_is_raw_) return logits;
-  work_.assign(logits, logits + vocab);
-  apply_logit_bias(p.logit_bias, work_.data(), vocab);
+  if (mask_) {  // structured outputs: disallowed tokens first, so nothing below revives them
+    // By 64-token words: a mask is mostly all-allowed or all-refused words (a JSON string's
+    // inside, or a structural position), so most words are one copy or one fill.
+    work_.resize(vocab);
+    float* w = work_.data();
+    for (int64_t b = 0; b < vocab; b += 64) {
+      const int64_t n = std::min<int64_t>(64, vocab - b);
+      const uint64_t bits = mask_[b >> 6];
+      if (bits == ~uint64_t{0}) {
+        std::copy(logits + b, logits + b + n, w + b);
+      } else if (bits == 0) {
+        std::fill(w + b, w + b + n, kNegInf);
+      } else {
+        for (int64_t i = 0; i < n; ++i) w[b + i] = (bits >> i) & 1 ? logits[b + i] : kNegInf;
+      }
+    }
+  } else {
+    work_.assign(logits, logits + vocab);
+  }
+  apply_logit_bias(p.logit_bias, work_.data(), vocab);  // -inf (masked) stays -inf
   if (rep || pres_freq) {
     // Check every id before touching the scratch, so an error leaves it clean.
     auto check = [vocab](const std::vector<int32_t>& ids, const char* what) {
@@ -362,6 +380,7 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab,
   TESSERA_CHECK(logits != nullptr && vocab > 0, "sampler: expected logits over a vocabulary of "
                 "at least one token, got ", vocab);
   const float* x = process(logits, vocab, prompt_tokens, output_tokens);
+  mask_ = nullptr;
   SampleResult r;
   full_sum_ = 0.0;
   if (params_.is_greedy()) {

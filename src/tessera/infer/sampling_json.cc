@@ -6,6 +6,8 @@
 #include <cfloat>
 #include <cmath>
 
+#include "tessera/infer/structured/guided.h"
+
 namespace tessera::infer {
 namespace {
 
@@ -81,6 +83,7 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
     }
   }
   parse_logit_bias_fields(j, where, p);  // logit_bias, prompt_logprobs
+  if (auto g = structured::guided_from_json(j, where)) p.guided = std::move(*g);
   if (const auto err = p.find_error()) fail_field(err->field, where, ": ", err->message);
   return p;
 }

@@ -42,10 +42,8 @@ void refuse_unsupported(const json& b) {
   if (truthy("suffix")) bad_request("suffix", "suffix is not supported");
   if (truthy("tools")) bad_request("tools", "tools are not supported by this server");
   // best_of > n is beam search's width (use_beam_search); SamplingParams refuses it otherwise.
-  if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) int_field(b, "best_of", 1, kMaxChoices);
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object() || !it->contains("type") || (*it)["type"] != "text")
-      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
+  if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
+    int_field(b, "best_of", 1, kMaxChoices);
   }
 }
 
