@@ -220,9 +220,10 @@ TEST(HermesToolParser, StreamSendsTheHeaderThenArgumentFragments) {
   EXPECT_TRUE(p.feed(" <tool").empty());  // " " and a tag's start are held back
   EXPECT_TRUE(p.feed("_call>\n{\"name\": \"get_wea").empty());
   auto d = p.feed("ther\", \"arguments\": {\"ci");
-  ASSERT_EQ(d.tool_calls.size(), 1u);
+  ASSERT_EQ(d.tool_calls.size(), 2u);  // the header (arguments ""), then the first fragment
   EXPECT_EQ(d.tool_calls[0]["function"]["name"], "get_weather");
-  EXPECT_EQ(d.tool_calls[0]["function"]["arguments"], "{\"ci");  // the header carries the first fragment
+  EXPECT_EQ(d.tool_calls[0]["function"]["arguments"], "");
+  EXPECT_EQ(d.tool_calls[1], json({{"index", 0}, {"function", {{"arguments", "{\"ci"}}}}));
   d = p.feed("ty\": \"Paris\"}}\n</tool_call>");
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0], json({{"index", 0}, {"function", {{"arguments", "ty\": \"Paris\"}"}}}}));

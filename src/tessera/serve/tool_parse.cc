@@ -314,7 +314,7 @@ struct ToolStreamParser::State {
   void args_fragment(std::string_view frag) {
     if (frag.empty()) return;
     auto& tc = out.tool_calls;
-    if (!tc.empty() && tc.back()["index"] == index) {
+    if (!tc.empty() && tc.back()["index"] == index && !tc.back().contains("id")) {  // the header keeps ""
       auto& a = tc.back()["function"]["arguments"];
       a = a.get<std::string>() + std::string(frag);
     } else {
