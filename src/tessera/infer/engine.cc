@@ -26,6 +26,7 @@ struct Engine::Seq {
   SamplingParams params;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StopChecker> stop;
+  std::shared_ptr<structured::GuidedSeq> guided;  // structured outputs: the automaton's state
   std::string pending;       // decoded bytes of an incomplete UTF-8 character
   int64_t cached_tokens = -1;  // prefix-cache hit of the first admission (-1 unknown)
   bool forked = false;         // sample 0 has created its siblings
@@ -156,6 +157,10 @@ RequestId Engine::add_request(const std::vector<int32_t>& prompt, const Sampling
   s->params = params;
   s->sampler = std::make_unique<Sampler>(params, eos_, 0);
   if (!params.stop.empty()) s->stop = std::make_unique<StopChecker>(params.stop);
+  if (!params.guided.empty()) {
+    if (!guided_) guided_ = std::make_unique<structured::GuidedRunner>(tokenizer_, c.vocab_size, eos_);
+    s->guided = guided_->start(params);  // its first mask is computed during the prefill
+  }
   SchedRequest r;
   r.id = id;
   r.tokens = prompt;
@@ -443,6 +448,15 @@ std::vector<RequestOutput> Engine::step() {
     logit_row += 1 + sm.num_spec;
     // Samples one token from logits `x`; true when the sequence ended with it.
     auto sample_into = [&](Seq& q, const float* x, int32_t* token) {
+      if (q.guided) {  // structured outputs: wait for the mask the worker computed during the forward
+        const uint64_t* allowed = guided_->wait(*q.guided);
+        if (!allowed) {  // the grammar is complete: nothing else may be generated
+          *token = eos_.empty() ? 0 : eos_[0];
+          done.emplace_back(&q, "stop");
+          return true;
+        }
+        q.sampler->set_token_mask(allowed);
+      }
       const SampleResult r = q.sampler->sample(x, V, q.prompt, q.output);
       *token = r.token;
       RequestOutput& o = output_for(out, q);
@@ -455,6 +469,7 @@ std::vector<RequestOutput> Engine::step() {
         done.emplace_back(&q, "length");
         return true;
       }
+      if (q.guided) guided_->advance(q.guided, r.token);  // the next mask, overlapped with the next forward
       return false;
     };
     int32_t tok = 0;
@@ -484,6 +499,7 @@ std::vector<RequestOutput> Engine::step() {
         c->prompt = s.prompt;
         c->params = s.params;
         c->sampler = std::make_unique<Sampler>(s.params, eos_, k);
+        if (s.guided) c->guided = guided_->restart(*s.guided);
         if (!s.params.stop.empty()) c->stop = std::make_unique<StopChecker>(s.params.stop);
         c->cached_tokens = s.cached_tokens;
         c->forked = true;
@@ -519,6 +535,10 @@ std::vector<RequestOutput> Engine::step() {
   for (auto it = seqs_.begin(); it != seqs_.end();)
     it = it->second->finished ? seqs_.erase(it) : std::next(it);
   return out;
+}
+
+structured::GuidedStats Engine::guided_stats() const {
+  return guided_ ? guided_->stats() : structured::GuidedStats{};
 }
 
 EngineStats Engine::stats() const {

@@ -16,6 +16,7 @@
 #include "tessera/infer/kv_pool.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/infer/scheduler.h"
+#include "tessera/infer/structured/guided_runner.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/model.h"
 
@@ -111,6 +112,9 @@ class Engine {
   std::string kv_cache_summary() const;
   const model::Model& model() const { return model_; }
   int64_t max_model_len() const { return max_len_; }
+  // Structured outputs: masks handed to the sampler and their cost (computed on a worker
+  // thread while the forward runs; exposed_us is what the engine thread waited).
+  structured::GuidedStats guided_stats() const;
 
  private:
   struct Seq;
@@ -141,6 +145,7 @@ class Engine {
   RequestId next_id_ = 1;
   EngineStats stats_;
   std::vector<int32_t> eos_;
+  std::unique_ptr<structured::GuidedRunner> guided_;  // created by the first constrained request
 };
 
 }  // namespace tessera::infer

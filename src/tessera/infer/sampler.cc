@@ -114,9 +114,15 @@ const float* Sampler::process(const float* logits, int64_t vocab, const std::vec
   const bool rep = p.repetition_penalty != 1.f;
   const bool pres_freq = p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
   const bool suppress = static_cast<int64_t>(output.size()) < p.min_tokens;
-  processed_is_raw_ = !rep && !pres_freq && !suppress;
+  processed_is_raw_ = !rep && !pres_freq && !suppress && !mask_;
   if (processed_is_raw_) return logits;
-  work_.assign(logits, logits + vocab);
+  if (mask_) {  // structured outputs: disallowed tokens first, so nothing below revives them
+    work_.resize(vocab);
+    const uint64_t* m = mask_;
+    for (int64_t i = 0; i < vocab; ++i) work_[i] = (m[i >> 6] >> (i & 63)) & 1 ? logits[i] : kNegInf;
+  } else {
+    work_.assign(logits, logits + vocab);
+  }
   if (rep || pres_freq) {
     // Check every id before touching the scratch, so an error leaves it clean.
     auto check = [vocab](const std::vector<int32_t>& ids, const char* what) {
@@ -358,6 +364,7 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab,
   TESSERA_CHECK(logits != nullptr && vocab > 0, "sampler: expected logits over a vocabulary of "
                 "at least one token, got ", vocab);
   const float* x = process(logits, vocab, prompt_tokens, output_tokens);
+  mask_ = nullptr;
   SampleResult r;
   full_sum_ = 0.0;
   if (params_.is_greedy()) {

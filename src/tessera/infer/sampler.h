@@ -101,6 +101,11 @@ class Sampler {
                                       const std::vector<int32_t>& prompt_tokens,
                                       const std::vector<int32_t>& output_tokens);
 
+  // Structured outputs: the next sample() (only) draws from the tokens whose bit is set in
+  // `allowed` ((vocab + 63) / 64 words, owned by the caller); the others get -inf before
+  // penalties, temperature and filtering. Raw logprobs are unaffected. Null: no mask.
+  void set_token_mask(const uint64_t* allowed) { mask_ = allowed; }
+
   // True when `token` ends the sequence: a stop_token_id, or an EOS id unless ignore_eos.
   bool is_stop_token(int32_t token) const;
   const SamplingParams& params() const { return params_; }
@@ -131,6 +136,7 @@ class Sampler {
   double full_sum_ = 0.0;
   float full_max_ = 0.f;
   bool processed_is_raw_ = true;
+  const uint64_t* mask_ = nullptr;  // set_token_mask(), for one sample() call
 };
 
 // Finds stop strings in detokenized output. Generation stops after the first piece that

@@ -4,6 +4,8 @@
 #include <cfloat>
 #include <cmath>
 
+#include "tessera/infer/structured/guided.h"
+
 namespace tessera::infer {
 namespace {
 
@@ -72,6 +74,7 @@ SamplingParams sampling_params_from_json(const nlohmann::json& j, const std::str
       p.stop_token_ids.push_back(s.get<int32_t>());
     }
   }
+  if (auto g = structured::guided_from_json(j, where)) p.guided = std::move(*g);
   if (const auto err = p.find_error()) fail_field(err->field, where, ": ", err->message);
   return p;
 }

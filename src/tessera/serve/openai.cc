@@ -46,10 +46,6 @@ void refuse_unsupported(const json& b) {
     const int64_t n_value = n != b.end() && n->is_number_integer() ? int_field(b, "n", 1, kMaxChoices) : 1;
     if (best_of > n_value) bad_request("best_of", "best_of > n is not supported");
   }
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object() || !it->contains("type") || (*it)["type"] != "text")
-      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
-  }
 }
 
 std::vector<int32_t> token_list(const json& a, const std::string& param, int64_t vocab) {
