@@ -121,16 +121,22 @@ test('the call streams as deltas that the SDK assembles into the same call', asy
 
 test('tool_choice "required" gets calls to the given tools', async (t) => {
   if (!guided) return t.skip(NO_GUIDED);
-  const r = await client.chat.completions.create({
-    model: MODEL, messages: ask, tools: [weather, clock], tool_choice: 'required', max_tokens: 96, temperature: 0.8, seed: 3,
-  });
+  const req = { model: MODEL, messages: ask, tools: [weather, clock], tool_choice: 'required', max_tokens: 96, temperature: 0.8, seed: 3 };
+  const r = await client.chat.completions.create(req);
   const calls = r.choices[0].message.tool_calls;
   assert.ok(calls.length >= 1);
   for (const c of calls) {
     assert.ok(['get_weather', 'get_time'].includes(c.function.name));
     assert.equal(typeof JSON.parse(c.function.arguments), 'object');
   }
+  assert.equal(r.choices[0].message.content, null);
   assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  // Streamed, the array's calls come out one by one and add up to the same calls.
+  const final = await client.chat.completions.stream(req).finalChatCompletion();
+  const streamed = final.choices[0].message.tool_calls;
+  assert.deepEqual(streamed.map((c) => [c.function.name, c.function.arguments]),
+                   calls.map((c) => [c.function.name, c.function.arguments]));
+  assert.equal(final.choices[0].finish_reason, 'tool_calls');
 });
 
 test('a follow-up with the tool result renders the call and the result, and completes', async () => {

@@ -396,6 +396,20 @@ TEST(ToolRequestFields, BadFieldsAre400sNamingTheField) {
       EXPECT_EQ(e.param, param) << body << " -> " << e.what();
     }
   }
+  // A schema the structured-output grammar cannot take is refused up front, naming the tool.
+  for (const auto& [choice, param] : std::vector<std::pair<ojson, std::string>>{
+           {{{"type", "function"}, {"function", {{"name", "g"}}}}, "tools[1].function.parameters"}, {"required", "tools"}}) {
+    ojson body = ojson::parse("{\"tools\": [" + tool + R"(, {"type": "function", "function": {"name": "g",
+        "parameters": {"type": "object", "not": {"required": ["x"]}}}}]})");
+    body["tool_choice"] = choice;
+    try {
+      forced_tool_guided(parse_tool_request(body, ToolParser::kHermes));
+      ADD_FAILURE() << "accepted " << choice.dump();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, param) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'not'"), std::string::npos) << e.what();
+    }
+  }
   const auto ok = parse_tool_request(ojson::parse("{\"tools\": [" + tool + "]}"), ToolParser::kHermes);
   EXPECT_EQ(ok.choice, ToolChoice::kAuto);
   EXPECT_TRUE(ok.active());

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "tessera/base/error.h"
+#include "tessera/infer/structured/convert.h"
 #include "tessera/io/json_file.h"
 #include "tessera/serve/openai.h"
 
@@ -159,8 +160,27 @@ ToolRequest parse_tool_request(const ojson& b, ToolParser server_parser) {
   return t;
 }
 
+namespace {
+
+// Compiled once here, as response_format is, so a schema the engine cannot enforce is a 400
+// naming the tool rather than a failure once the request reaches the engine.
+infer::GuidedDecoding checked(infer::GuidedDecoding g, const std::string& param) {
+  try {
+    infer::structured::compile_guided(g);
+  } catch (const Error& e) {
+    bad_request(param, "tool_choice needs this schema enforced, and it cannot be: " + std::string(e.what()));
+  }
+  return g;
+}
+
+}  // namespace
+
 infer::GuidedDecoding forced_tool_guided(const ToolRequest& t) {
-  if (t.choice == ToolChoice::kNamed) return {"json_schema", parameters_of(*find_tool(t, t.named)).dump()};
+  if (t.choice == ToolChoice::kNamed) {
+    const size_t i = std::find(t.names.begin(), t.names.end(), t.named) - t.names.begin();
+    return checked({"json_schema", parameters_of(t.tools[i]).dump()},
+                   "tools[" + std::to_string(i) + "].function.parameters");
+  }
   if (t.choice != ToolChoice::kRequired) return {};
   // vLLM's schema; each tool's $defs move to the root so that "#/$defs/..." references resolve.
   ojson defs = ojson::object(), branches = ojson::array();
@@ -175,14 +195,17 @@ infer::GuidedDecoding forced_tool_guided(const ToolRequest& t) {
       }
       params.erase("$defs");
     }
-    branches.push_back({{"properties",
+    branches.push_back({{"type", "object"},
+                        {"properties",
                          {{"name", {{"type", "string"}, {"enum", {t.names[i]}}}}, {"parameters", std::move(params)}}},
                         {"required", {"name", "parameters"}}});
   }
-  ojson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"type", "object"}, {"anyOf", std::move(branches)}}}};
+  // vLLM puts "type": "object" beside the anyOf; inside each branch it means the same, and the
+  // grammar compiler takes anyOf alone.
+  ojson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", std::move(branches)}}}};
   if (!t.parallel) schema["maxItems"] = 1;
   if (!defs.empty()) schema["$defs"] = std::move(defs);
-  return {"json_schema", schema.dump()};
+  return checked({"json_schema", schema.dump()}, "tools");
 }
 
 void add_message_tool_fields(const ojson& m, const std::string& where, jinja::Value& out) {
