@@ -106,6 +106,22 @@ OPENAI_REQUEST = {
                                "max_completion_tokens": 8, "add_generation_prompt": True}),
     "chat_greedy": chat({"messages": [{"role": "user", "content": "x"}], "temperature": 0, "n": 1,
                          "tools": [], "response_format": None, "max_tokens": None}),
+    "chat_tools": chat({"messages": [{"role": "user", "content": "Weather in Paris?"},
+                                     {"role": "assistant", "content": None, "tool_calls": [
+                                         {"id": "call_1", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                                     {"role": "tool", "tool_call_id": "call_1", "content": "{\"t\": 21}"}],
+                        "tools": [{"type": "function", "function": {
+                            "name": "get_weather", "description": "Weather",
+                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                           "required": ["city"], "$defs": {"u": {"enum": ["c", "f"]}}}}},
+                                  {"type": "function", "function": {"name": "get_time"}}],
+                        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                        "parallel_tool_calls": False, "max_tokens": 8}),
+    "chat_tools_required": chat({"messages": [{"role": "user", "content": "<tool_call>\n{\"name\": \"get_time\", "
+                                                                        "\"arguments\": {}}\n</tool_call>"}],
+                                 "tools": [{"type": "function", "function": {"name": "get_time"}}],
+                                 "tool_choice": "required"}),
     "bad_json": chat(b'{"messages": [{"role": "user", "content": "hi"}'),
     "bad_utf8": completion(b'{"prompt": "caf\xc3 ok", "max_tokens": 2}'),
     "bad_types": chat({"messages": "hi", "stream": "yes", "n": "2", "logprobs": 3}),

@@ -2,6 +2,8 @@
 // server runs them. The first byte picks the endpoint (odd: chat completions; bit 1 set on
 // an even byte: embeddings, parse_embedding_request; else completions); the rest is the body. ApiError (a tessera::Error) is the expected failure;
 // any other exception, a sanitizer report or a broken invariant of an accepted request is a bug.
+// An accepted request that reads tool calls also reads the body's text as if the model wrote
+// it, whole and streamed in two pieces.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -25,6 +27,7 @@ const serve::ModelInfo& model_info() {
     m.max_model_len = 512;
     m.vocab_size = m.tokenizer->vocab_size();
     m.default_max_tokens = 16;
+    m.tool_parser = serve::ToolParser::kHermes;
     return m;
   }();
   return info;
@@ -59,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   serve::ApiRequest r;
   try {
     const nlohmann::json body = serve::parse_body(text);
-    r = serve::parse_request(body, endpoint, m);
+    r = serve::parse_request(body, endpoint, m, text);
   } catch (const Error&) {
     return 0;
   } catch (...) {
@@ -79,5 +82,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (r.choices() < 1 || r.choices() > 512) fuzz::invariant_failed("choices out of [1, 512]");
   if (r.echo && r.echo_texts.size() != r.prompts.size()) fuzz::invariant_failed("echo without a text per prompt");
   if (r.echo && endpoint == serve::Endpoint::kChat) fuzz::invariant_failed("echo accepted for chat");
+  if (r.tools.active()) {
+    try {
+      const auto whole = serve::parse_tool_output(r.tools, text);
+      serve::ToolStreamParser stream(r.tools);
+      stream.feed(std::string_view(text).substr(0, text.size() / 2));
+      stream.feed(std::string_view(text).substr(text.size() / 2));
+      stream.finish();
+      if (!r.tools.parallel && whole.calls.size() > 1) fuzz::invariant_failed("two calls without parallel_tool_calls");
+      if (!r.tools.parallel && stream.calls() > 1) fuzz::invariant_failed("two streamed calls without parallel_tool_calls");
+    } catch (...) {
+      fuzz::unexpected_exception();
+    }
+  }
   return 0;
 }

@@ -19,9 +19,11 @@ const live = new Set();
 process.on('exit', () => { for (const p of live) p.kill('SIGKILL'); });  // never leave a server behind
 for (const sig of ['SIGINT', 'SIGTERM']) process.once(sig, () => process.exit(128 + (sig === 'SIGINT' ? 2 : 15)));
 
-// Resolves once the server prints "listening on http://HOST:PORT" on stderr.
-export async function startServer(extraArgs = [], { timeoutMs = 30000 } = {}) {
-  const { cli, model } = servePaths();
+// Resolves once the server prints "listening on http://HOST:PORT" on stderr. `model`: another
+// model directory than TESSERA_SERVE_MODEL.
+export async function startServer(extraArgs = [], { timeoutMs = 30000, model: modelDir } = {}) {
+  const paths = servePaths();
+  const cli = paths.cli, model = modelDir || paths.model;
   const args = ['serve', '--model', model, '--port', '0', ...extraArgs];
   const proc = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   live.add(proc);

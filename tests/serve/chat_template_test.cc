@@ -11,6 +11,7 @@
 
 #include "tessera/base/error.h"
 #include "test_util/chat_templates.h"
+#include "test_util/jinja2_reference.h"
 #include "test_util/run_command.h"
 
 namespace tessera::serve {
@@ -20,42 +21,7 @@ using nlohmann::json;
 using tessera::testing::kLlama3;
 using tessera::testing::kQwen2;
 
-// The same environment as transformers' _compile_jinja_template: sandboxed, trim_blocks,
-// lstrip_blocks, loopcontrols, raise_exception / strftime_now globals, HF's tojson.
-const char* kReference = R"PY(
-import json, sys
-from datetime import datetime
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-def strftime_now(fmt):
-    return datetime.now().strftime(fmt)
-
-env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-env.filters["tojson"] = tojson
-env.globals["raise_exception"] = raise_exception
-env.globals["strftime_now"] = strftime_now
-d = sys.argv[1]
-with open(d + "/template.jinja", encoding="utf-8", newline="") as f:
-    template = env.from_string(f.read())
-with open(d + "/cases.json", encoding="utf-8") as f:
-    cases = json.load(f)
-out = []
-for case in cases:
-    try:
-        out.append({"ok": template.render(**case)})
-    except jinja2.exceptions.TemplateError as e:
-        out.append({"error": str(e)})
-with open(d + "/expected.json", "w", encoding="utf-8") as f:
-    json.dump(out, f, ensure_ascii=False)
-)PY";
 
 class TempDir {
  public:
@@ -115,15 +81,10 @@ json make_case(const json& messages, bool add_generation_prompt, const std::stri
 // Returns how many cases jinja2 rendered without an error.
 int check_against_jinja2(const std::string& source, const json& cases) {
   TempDir dir;
-  write_file(dir.file("template.jinja"), source);
-  write_file(dir.file("cases.json"), cases.dump());
-  write_file(dir.file("reference.py"), kReference);
-  const auto r = tessera::testing::run_command(std::string(TESSERA_PYTHON) + " " + dir.file("reference.py") + " " +
-                                               dir.dir());
-  EXPECT_EQ(r.code, 0) << r.out;
-  if (r.code != 0) return 0;
-  std::ifstream f(dir.file("expected.json"));
-  const json expected = json::parse(f);
+  std::string log;
+  const json expected = tessera::testing::render_with_jinja2(source, cases.dump(), dir.dir(), &log);
+  EXPECT_FALSE(expected.is_null()) << log;
+  if (expected.is_null()) return 0;
   EXPECT_EQ(expected.size(), cases.size());
   int ok = 0;
   for (size_t i = 0; i < cases.size() && i < expected.size(); ++i) {

@@ -377,7 +377,7 @@ TEST_F(Serve, BadRequestsGetOpenAIErrorsNamingTheField) {
        "top_logprobs"},
       {H, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000})",
        "max_completion_tokens"},
-      {H, R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})", "tools"},
+      {H, R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})", "tools[0].function"},
       {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}", "content"},
   };
   ASSERT_GE(cases.size(), 30u);

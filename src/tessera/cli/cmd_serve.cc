@@ -6,6 +6,7 @@
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
 #include "tessera/io/gguf_tokenizer.h"
+#include "tessera/io/json_file.h"
 #include "tessera/model/quantize.h"
 #include "tessera/infer/kv_tiers.h"
 #include "tessera/infer/tp_serving.h"
@@ -19,7 +20,7 @@ namespace tessera::cli {
 namespace {
 
 struct ServeFlags {
-  std::string model, shape, dtype = "f32", chat_template_limits;
+  std::string model, shape, dtype = "f32", chat_template_limits, chat_template;
   uint64_t seed = 1234;
   serve::ServerConfig server;
   infer::EngineConfig engine;
@@ -53,6 +54,22 @@ void load_tokenizer(const std::string& model, std::optional<io::Tokenizer>& tok,
   if (tok) tmpl = serve::ChatTemplate::from_tokenizer(*tok);
 }
 
+// --chat-template FILE (or the template text itself, as vLLM accepts): replaces the model's
+// template, keeping its bos / eos tokens.
+serve::ChatTemplate override_chat_template(const std::string& spec, const serve::ChatTemplate& model_template) {
+  std::string source = spec;
+  if (std::filesystem::is_regular_file(spec)) {
+    source = io::read_file_bytes(spec, size_t{16} << 20);
+  } else if (spec.find("{{") == std::string::npos && spec.find("{%") == std::string::npos) {
+    fail("--chat-template ", spec, ": no such file (and not a Jinja template)");
+  }
+  try {
+    return serve::ChatTemplate(source, model_template.bos_token(), model_template.eos_token());
+  } catch (const Error& e) {
+    fail("--chat-template ", spec.size() > 80 ? "(inline)" : spec, ": ", e.what());
+  }
+}
+
 int run_serve(ServeFlags f) {
   namespace fs = std::filesystem;
   TESSERA_CHECK(f.model.empty() != f.shape.empty(), "give exactly one of --model DIR or --shape NAME");
@@ -84,6 +101,7 @@ int run_serve(ServeFlags f) {
     load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (!tmpl) tmpl = serve::ChatTemplate::chatml();
+    if (!f.chat_template.empty()) tmpl = override_chat_template(f.chat_template, *tmpl);
     tmpl->set_limits(template_limits);
     return infer::run_tensor_parallel(f.tp, f.model, parse_dtype(f.dtype),
                                       [&](const model::Model& m, infer::TpGroup* group) {
@@ -105,6 +123,7 @@ int run_serve(ServeFlags f) {
     if (f.server.model_name.empty()) f.server.model_name = f.shape;
   }
   if (!tmpl) tmpl = serve::ChatTemplate::chatml();
+  if (!f.chat_template.empty()) tmpl = override_chat_template(f.chat_template, *tmpl);
   tmpl->set_limits(template_limits);
   // Multi-LoRA: every adapter loaded and checked against the model before serving starts.
   f.server.validate();  // now that the base model's name is known
@@ -162,6 +181,13 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--chat-template-limits", f->chat_template_limits,
                   "Budget of one chat-template render, e.g. depth=512,iterations=1000000,output=16M,"
                   "string=16M,list=1000000,time=2s (defaults: those)");
+  cmd->add_option("--chat-template", f->chat_template,
+                  "A Jinja chat template file (or the template text) to use instead of the model's, "
+                  "e.g. one with tool-calling support");
+  cmd->add_option("--tool-call-parser", s.tool_call_parser,
+                  "How tool calls are read from the output: hermes (<tool_call> blocks), llama3_json, "
+                  "none, or auto (from the chat template)")
+      ->capture_default_str();
   cmd->add_option("--lora", f->lora,
                   "Serve a LoRA adapter (a PEFT adapter directory) as model NAME beside the base; "
                   "repeat for more (multi-LoRA: one batch serves them all)")

@@ -27,9 +27,10 @@ std::string token_string(const nlohmann::json& cfg, const char* key, const std::
 }
 
 // Nesting depth of a request value, iteratively, stopping once past `cap`.
-int json_depth(const nlohmann::json& v, int cap) {
+template <typename Json>
+int json_depth(const Json& v, int cap) {
   int depth = 0;
-  std::vector<std::pair<const nlohmann::json*, int>> stack{{&v, 1}};
+  std::vector<std::pair<const Json*, int>> stack{{&v, 1}};
   while (!stack.empty() && depth <= cap) {
     const auto [x, d] = stack.back();
     stack.pop_back();
@@ -41,6 +42,14 @@ int json_depth(const nlohmann::json& v, int cap) {
 }
 
 }  // namespace
+
+template <typename Json>
+void ChatTemplate::check_depth(const Json& messages, const Json& extra) const {
+  for (const Json* v : {&messages, &extra})
+    TESSERA_CHECK(json_depth(*v, limits_.max_depth) <= limits_.max_depth,
+                  "chat template: messages or variables nested deeper than ", limits_.max_depth,
+                  " levels (--chat-template-limits depth=...)");
+}
 
 ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token, jinja::Limits limits)
     : source_(std::move(source)),
@@ -84,19 +93,23 @@ ChatTemplate ChatTemplate::from_config(const nlohmann::json& cfg, const std::str
 
 std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
                                  const nlohmann::json& extra) const {
+  TESSERA_CHECK(extra.is_null() || extra.is_object(), "chat template: extra variables must be a JSON object");
+  check_depth(messages, extra);  // before dump(), which recurses
+  return render(jinja::Value::parse(messages.dump()), add_generation_prompt,
+                extra.is_null() ? jinja::Value::object() : jinja::Value::parse(extra.dump()));
+}
+
+std::string ChatTemplate::render(const jinja::Value& messages, bool add_generation_prompt,
+                                 const jinja::Value& extra) const {
   TESSERA_CHECK(messages.is_array(), "chat template: messages must be a JSON array");
   TESSERA_CHECK(extra.is_null() || extra.is_object(), "chat template: extra variables must be a JSON object");
-  // dump() below recurses through the request's nesting; bound it first (no recursion here).
-  for (const nlohmann::json* v : {&messages, &extra})
-    TESSERA_CHECK(json_depth(*v, limits_.max_depth) <= limits_.max_depth,
-                  "chat template: messages or variables nested deeper than ", limits_.max_depth,
-                  " levels (--chat-template-limits depth=...)");
+  check_depth(messages, extra);  // copies below recurse through the request's nesting
   jinja::Value globals = jinja::Value::object();
   globals["bos_token"] = bos_token_;
   globals["eos_token"] = eos_token_;
   if (extra.is_object())
-    for (auto e = extra.begin(); e != extra.end(); ++e) globals[e.key()] = jinja::Value::parse(e.value().dump());
-  globals["messages"] = jinja::Value::parse(messages.dump());
+    for (auto e = extra.begin(); e != extra.end(); ++e) globals[e.key()] = e.value();
+  globals["messages"] = messages;
   globals["add_generation_prompt"] = add_generation_prompt;
   return template_->render(globals, limits_);
 }

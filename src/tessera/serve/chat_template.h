@@ -32,6 +32,8 @@ class ChatTemplate {
   // one line.
   std::string render(const nlohmann::json& messages, bool add_generation_prompt,
                      const nlohmann::json& extra = {}) const;
+  // The same with ordered values (key order kept: tools' schemas print as the client sent them).
+  std::string render(const jinja::Value& messages, bool add_generation_prompt, const jinja::Value& extra) const;
 
   const std::string& source() const { return source_; }
   const std::string& bos_token() const { return bos_token_; }
@@ -44,6 +46,8 @@ class ChatTemplate {
 
  private:
   // `source` ("" = ChatML) with bos/eos from `cfg`; errors name `where`.
+  template <typename Json>
+  void check_depth(const Json& messages, const Json& extra) const;  // throws past limits_.max_depth
   static ChatTemplate from_config(const nlohmann::json& cfg, const std::string& source, const std::string& where);
   std::string source_, bos_token_, eos_token_;
   bool fallback_ = false;

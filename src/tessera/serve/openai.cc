@@ -40,7 +40,6 @@ void refuse_unsupported(const json& b) {
     return true;
   };
   if (truthy("suffix")) bad_request("suffix", "suffix is not supported");
-  if (truthy("tools")) bad_request("tools", "tools are not supported by this server");
   // best_of > n is beam search's width (use_beam_search); SamplingParams refuses it otherwise.
   if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
     int_field(b, "best_of", 1, kMaxChoices);
@@ -95,15 +94,15 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& b, const ModelI
 }
 
 // Chat messages, checked and normalised (content parts joined into one string).
-json chat_messages(const json& b) {
+jinja::Value chat_messages(const nlohmann::ordered_json& b) {
   auto it = b.find("messages");
   if (it == b.end() || it->is_null()) bad_request("messages", "messages is required");
   if (!it->is_array()) bad_request("messages", "messages must be a list of {role, content} objects");
   if (it->empty()) bad_request("messages", "messages must not be empty");
   static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
-  json out = json::array();
+  jinja::Value out = jinja::Value::array();
   for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
+    const auto& m = (*it)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_request(where, where + " must be an object with role and content");
     auto role = m.find("role");
@@ -113,13 +112,17 @@ json chat_messages(const json& b) {
       bad_request(where + ".role", where + ".role '" + r + "' is not one of system, developer, user, assistant, tool");
     auto content = m.find("content");
     std::string text;
-    if (content == m.end() || content->is_null()) {
+    const bool calls = r == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array() &&
+                       !m["tool_calls"].empty();
+    if ((content == m.end() || content->is_null()) && calls) {
+      // An assistant turn that only calls tools: the template gets "" (as vLLM hands it over).
+    } else if (content == m.end() || content->is_null()) {
       bad_request(where + ".content", where + ".content is required");
     } else if (content->is_string()) {
       text = content->get<std::string>();
     } else if (content->is_array()) {
       for (size_t k = 0; k < content->size(); ++k) {
-        const json& part = (*content)[k];
+        const auto& part = (*content)[k];
         const std::string pw = where + ".content[" + std::to_string(k) + "]";
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string())
@@ -129,8 +132,9 @@ json chat_messages(const json& b) {
     } else {
       bad_request(where + ".content", where + ".content must be a string or a list of text parts");
     }
-    json msg = {{"role", r}, {"content", text}};
+    jinja::Value msg = {{"role", r}, {"content", text}};
     if (m.contains("name") && m["name"].is_string()) msg["name"] = m["name"];
+    add_message_tool_fields(m, where, msg);
     out.push_back(std::move(msg));
   }
   return out;
@@ -231,7 +235,8 @@ std::string resolve_model(const json& b, const ModelInfo& m, int32_t* adapter) {
   return model;
 }
 
-static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const ModelInfo& m) {
+static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const ModelInfo& m,
+                                        const std::string& raw_body) {
   if (!b.is_object()) bad_request("", "the request body must be a JSON object");
   ApiRequest r;
   r.endpoint = endpoint;
@@ -308,18 +313,30 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   std::string prompt_param = "prompt";
   if (endpoint == Endpoint::kChat) {
     prompt_param = "messages";
-    const json msgs = chat_messages(b);
+    // Key order matters to templates (tool schemas are printed): read from the text again.
+    const nlohmann::ordered_json ob = raw_body.empty() ? nlohmann::ordered_json(b) : nlohmann::ordered_json::parse(raw_body);
+    const jinja::Value msgs = chat_messages(ob);
+    r.tools = parse_tool_request(ob, m.tool_parser);
+    if (const auto g = forced_tool_guided(r.tools); !g.empty()) {
+      if (!r.params.guided.empty())
+        bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with response_format");
+      r.params.guided = g;
+    }
+    jinja::Value extra = jinja::Value::object();
+    if (!r.tools.tools.is_null()) extra["tools"] = r.tools.tools;
     if (!m.tokenizer || !m.chat_template) bad_request("messages", "the served model has no tokenizer for chat");
     bool add_generation_prompt = get_bool(b, "add_generation_prompt", true);
     std::string text;
     try {
-      text = m.chat_template->render(msgs, add_generation_prompt);
+      text = m.chat_template->render(msgs, add_generation_prompt, extra);
     } catch (const Error& e) {
       bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
     }
     r.prompts.push_back(m.tokenizer->encode(text, false));
     if (r.prompts.back().empty()) bad_request("messages", "the messages render to an empty prompt");
   } else {
+    if (auto it = b.find("tools"); it != b.end() && !it->is_null() && !(it->is_array() && it->empty()))
+      bad_request("tools", "tools are only supported by /v1/chat/completions");
     r.prompts = completion_prompts(b, m);
   }
   parse_echo(b, m, r);  // echo, and the prompt_logprobs the response reports (openai_echo.cc)
@@ -346,11 +363,11 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   return r;
 }
 
-ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m) {
+ApiRequest parse_request(const json& b, Endpoint endpoint, const ModelInfo& m, const std::string& raw_body) {
   // Every field is type-checked above; this is the backstop that keeps a JSON-library type
   // error about the client's body a 400, never a 500.
   try {
-    return parse_request_checked(b, endpoint, m);
+    return parse_request_checked(b, endpoint, m, raw_body);
   } catch (const json::exception& e) {
     bad_request("", "invalid request: " + io::json_error_text(e));
   }

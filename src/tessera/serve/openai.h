@@ -12,6 +12,7 @@
 #include "tessera/infer/engine.h"
 #include "tessera/io/tokenizer.h"
 #include "tessera/serve/chat_template.h"
+#include "tessera/serve/tool_calls.h"
 
 namespace tessera::serve {
 
@@ -46,6 +47,7 @@ struct ModelInfo {
   static constexpr int64_t kMaxStreamLen = int64_t{1} << 40;
   int64_t vocab_size = 0;
   int64_t default_max_tokens = 16;     // completions without max_tokens
+  ToolParser tool_parser = ToolParser::kNone;  // how tool calls are read (--tool-call-parser)
 };
 
 struct ApiRequest {
@@ -64,6 +66,7 @@ struct ApiRequest {
   std::vector<std::string> echo_texts;  // echo: per prompt, its text (as sent, or detokenized)
   bool prompt_logprobs = false;    // vLLM's prompt_logprobs field was given: the response has it
   std::string user;
+  ToolRequest tools;               // chat: tools, tool_choice, parallel_tool_calls
   int64_t choices() const { return static_cast<int64_t>(prompts.size()) * params.n; }
 };
 
@@ -72,8 +75,11 @@ struct ApiRequest {
 std::string resolve_model(const nlohmann::json& body, const ModelInfo& model, int32_t* adapter);
 
 // Parses and validates a request body: types, ranges, model name, messages, prompt length
-// plus max_tokens against the context. Throws ApiError (400 naming the param).
-ApiRequest parse_request(const nlohmann::json& body, Endpoint endpoint, const ModelInfo& model);
+// plus max_tokens against the context. Throws ApiError (400 naming the param). `raw_body`, when
+// given, is the body's text: chat reads `messages` and `tools` from it again with their key
+// order kept, since templates print tools' JSON schemas and tool-call arguments in that order.
+ApiRequest parse_request(const nlohmann::json& body, Endpoint endpoint, const ModelInfo& model,
+                         const std::string& raw_body = "");
 // Parses JSON text; bad JSON (or invalid UTF-8) is a 400 naming the field when it can be found.
 nlohmann::json parse_body(const std::string& text);
 

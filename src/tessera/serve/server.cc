@@ -25,6 +25,7 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(http_threads >= 0 && http_threads <= 4096, "--http-threads must be in [0, 4096], got ",
                 http_threads);
   TESSERA_CHECK(default_max_tokens >= 1, "default max_tokens must be >= 1");
+  select_tool_parser(tool_call_parser, "");  // throws naming the flag for an unknown name
   TESSERA_CHECK(health_timeout_s > 0, "--health-timeout must be > 0 seconds, got ", health_timeout_s);
   for (size_t i = 0; i < loras.size(); ++i) {
     const std::string& name = loras[i].first;
@@ -88,6 +89,7 @@ Server::Impl::Impl(const model::Model& model, const infer::EngineConfig& ec, con
   info_.streaming = engine_.config().streaming();
   info_.vocab_size = model.config().vocab_size;
   info_.default_max_tokens = config_.default_max_tokens;
+  info_.tool_parser = select_tool_parser(config_.tool_call_parser, chat_template_.source());
   TESSERA_CHECK(config_.loras.size() == model.lora_bank().size(), "serve: ", config_.loras.size(),
                 " adapter names for the model's ", model.lora_bank().size(), " LoRA adapters");
   for (const auto& l : config_.loras) info_.adapters.push_back(l.first);
@@ -381,6 +383,8 @@ int Server::Impl::run(bool handle_signals) {
   std::fprintf(stderr, "tessera serve: %s; at most %lld requests running, %lld queued\n",
                engine_.kv_cache_summary().c_str(), static_cast<long long>(engine_.config().max_num_seqs),
                static_cast<long long>(config_.max_queue));
+  if (tokenizer_)
+    std::fprintf(stderr, "tessera serve: %s\n", tool_parser_summary(config_.tool_call_parser, info_.tool_parser).c_str());
   std::fprintf(stderr, "tessera serve: listening on http://%s:%d\n", config_.host.c_str(), port);
   std::fflush(stderr);
   http_.listen_after_bind();  // until stop(): then waits for the in-flight handlers

@@ -32,6 +32,8 @@ struct ServerConfig {
   int64_t http_threads = 0;        // 0 = max_num_seqs + max_queue + 16 (a streaming request holds one)
   int64_t default_max_tokens = 16; // completions without max_tokens (OpenAI's default)
   bool log_requests = false;       // one line per request on stderr
+  // --tool-call-parser: hermes | llama3_json | none | auto (from the chat template's text)
+  std::string tool_call_parser = "auto";
   double health_timeout_s = 10;    // /health is 503 when the engine loop has not come round for
                                    // max(this, 5 x its last step)
   // Tests only (env TESSERA_SERVE_STEP_DELAY_MS): each engine step is this much slower, to

@@ -65,8 +65,15 @@ class Accumulator {
     for (size_t i = 0; i < choices_.size(); ++i) {
       const Choice& c = choices_[i];
       json ch = {{"index", i}, {"finish_reason", c.finish.empty() ? json(nullptr) : json(c.finish)}};
-      if (chat) {
+      if (chat && job_.req.tools.active()) {  // tool calls read out of the text (tool_calls.h)
+        const ParsedToolOutput p = parse_tool_output(job_.req.tools, c.text);
+        ch["message"] = {{"role", "assistant"}, {"content", p.content ? json(*p.content) : json(nullptr)}};
+        if (!p.calls.empty()) ch["message"]["tool_calls"] = tool_calls_json(p.calls);
+        if (!c.finish.empty()) ch["finish_reason"] = tool_finish_reason(job_.req.tools, !p.calls.empty(), c.finish);
+      } else if (chat) {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+      }
+      if (chat) {
         ch["logprobs"] = job_.req.chat_logprobs ? chat_logprobs(c.lps, tok_) : json(nullptr);
       } else {
         completion_fields(ch, i, c);
@@ -104,7 +111,20 @@ class Accumulator {
       if (e.out.new_text.empty() && !e.out.finished && e.out.logprobs.empty()) return;
       json chunk = header("chat.completion.chunk");
       json delta = json::object();
-      if (!e.out.new_text.empty()) delta["content"] = e.out.new_text;
+      if (job_.req.tools.active()) {  // text that may start a call is held back (tool_calls.h)
+        if (!c.tools) c.tools = std::make_shared<ToolStreamParser>(job_.req.tools);
+        ToolStreamParser::Delta d = c.tools->feed(e.out.new_text);
+        if (e.out.finished) {
+          ToolStreamParser::Delta last = c.tools->finish();
+          d.content += last.content;
+          for (auto& t : last.tool_calls) d.tool_calls.push_back(std::move(t));
+          fr = tool_finish_reason(job_.req.tools, c.tools->calls() > 0, c.finish);
+        }
+        if (!d.content.empty()) delta["content"] = d.content;
+        if (!d.tool_calls.empty()) delta["tool_calls"] = std::move(d.tool_calls);
+      } else if (!e.out.new_text.empty()) {
+        delta["content"] = e.out.new_text;
+      }
       json ch = {{"index", e.choice}, {"delta", delta}, {"finish_reason", fr}};
       ch["logprobs"] = job_.req.chat_logprobs && !e.out.logprobs.empty() ? chat_logprobs(e.out.logprobs, tok_)
                                                                         : json(nullptr);
@@ -159,6 +179,7 @@ class Accumulator {
     std::vector<infer::PromptLogprob> prompt_lps;
     bool role_sent = false;
     bool prompt_sent = false;  // completions stream: the echo / prompt_logprobs chunk went out
+    std::shared_ptr<ToolStreamParser> tools;  // streaming with tools: the output's tool-call reader
   };
   inline static const std::string kNoText;
 
@@ -196,7 +217,7 @@ class Accumulator {
 }  // namespace
 
 void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
-  ApiRequest r = parse_request(body_json(req), endpoint, info_);
+  ApiRequest r = parse_request(body_json(req), endpoint, info_, req.body);
   auto job = submit(std::move(r));
   if (config_.log_requests)
     std::fprintf(stderr, "tessera serve: %s %s: %zu prompt(s), max_tokens %lld, stream %d\n", job->id.c_str(),
@@ -379,7 +400,7 @@ void Server::Impl::setup_routes() {
                  json probe = b;
                  probe.erase("prompt");
                  probe["max_tokens"] = 1;
-                 const ApiRequest r = parse_request(probe, Endpoint::kChat, info_);
+                 const ApiRequest r = parse_request(probe, Endpoint::kChat, info_, req.body);
                  ids = r.prompts.at(0);
                } else {
                  auto it = b.find("prompt");
