@@ -313,6 +313,19 @@ TEST_F(Serve, StopStringEndsWithStop) {
 }
 
 // At least 30 malformed requests: each a 400 (or the named status) whose error names the field.
+// An unknown field near a known one is a typo: 400 with the suggestion. Other unknown
+// fields are ignored, as OpenAI and vLLM ignore them.
+TEST_F(Serve, MisspeltFieldsGetASuggestionOtherUnknownFieldsAreIgnored) {
+  auto c = server_->client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "hi", "max_token": 3})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("did you mean 'max_tokens'?"), std::string::npos) << r->body;
+  r = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2, "x_my_extension": {"a": 1}})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 TEST_F(Serve, BadRequestsGetOpenAIErrorsNamingTheField) {
   auto c = server_->client();
   struct Case {
@@ -335,6 +348,10 @@ TEST_F(Serve, BadRequestsGetOpenAIErrorsNamingTheField) {
       {C, R"({"prompt": [1, -3]})", "prompt"},
       {C, R"({"prompt": [[1, 2], {"a": 1}]})", "prompt"},
       {C, R"({"prompt": "hi", "max_tokens": -1})", "max_tokens"},
+      // Misspelt fields (issue 22: silently ignored): the field named, with the suggestion.
+      {C, R"({"prompt": "hi", "max_token": 3})", "max_token"},
+      {C, R"({"prompt": "hi", "logprob": 2})", "logprob"},
+      {H, R"({"messages": [{"role": "user", "content": "x"}], "temprature": 0.5})", "temprature"},
       {C, R"({"prompt": "hi", "max_tokens": 0})", "max_tokens"},
       {C, R"({"prompt": "hi", "max_tokens": "10"})", "max_tokens"},
       {C, R"({"prompt": "hi", "max_tokens": 1000000})", "max_tokens"},

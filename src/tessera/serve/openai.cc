@@ -241,6 +241,7 @@ static ApiRequest parse_request_checked(const json& b, Endpoint endpoint, const 
   ApiRequest r;
   r.endpoint = endpoint;
   r.model = resolve_model(b, m, &r.adapter);
+  check_request_fields(b);
   refuse_unsupported(b);
   if (auto it = b.find("user"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) bad_request("user", "user must be a string");

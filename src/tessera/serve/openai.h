@@ -80,6 +80,10 @@ std::string resolve_model(const nlohmann::json& body, const ModelInfo& model, in
 // order kept, since templates print tools' JSON schemas and tool-call arguments in that order.
 ApiRequest parse_request(const nlohmann::json& body, Endpoint endpoint, const ModelInfo& model,
                          const std::string& raw_body = "");
+// Unknown top-level fields of a completions / chat body: one within two edits of a field we
+// read is a 400 naming it with the suggestion ("max_token": did you mean "max_tokens"?);
+// others are ignored (OpenAI's and vLLM's default) and named once on stderr.
+void check_request_fields(const nlohmann::json& body);
 // Parses JSON text; bad JSON (or invalid UTF-8) is a 400 naming the field when it can be found.
 nlohmann::json parse_body(const std::string& text);
 
