@@ -103,10 +103,13 @@ struct Server::Impl::Disagg : KvImportSink {
       fail("no room for ", hashes.size(), " KV blocks (the pool holds ", total, ", all in use)");
     return *out;
   }
+  // Posted, not waited for: the router sends the request that claims the blocks only after the
+  // ack, so the engine thread runs this task before it admits that request (tasks run before
+  // admissions in each loop).
   void commit(int64_t id, int64_t n, int64_t b, double secs) override {
-    s.call_on_engine([this, id] {
+    s.post_engine_task([this, id] {
       auto it = imports.find(id);
-      TESSERA_CHECK(it != imports.end(), "transfer ", id, " was not reserved");
+      if (it == imports.end()) return;
       s.engine_.commit_kv_import(it->second.chain, it->second.tokens);
       it->second.deadline = std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
