@@ -11,12 +11,13 @@ set -euo pipefail
 BIN=${1:-build/bin/tessera}
 ROUNDS=${2:-3}
 SHAPE=${SHAPE:-small}
-MIX=${MIX:-32:0.75,1024:0.25}
-OUT=${OUT:-64}
-RATE=${RATE:-1}
-N=${N:-40}
+MIX=${MIX:-32:0.5,1024:0.5}
+OUT=${OUT:-128}
+RATE=${RATE:-0.25}
+N=${N:-16}
 TRANSPORT=${TRANSPORT:-tcp}
-ENGINE="--shape $SHAPE --kv-cache-memory 1500000000"
+# A 1024-token prefill on a busy core can take longer than /health's default 10 s budget.
+ENGINE="--shape $SHAPE --kv-cache-memory 1500000000 --health-timeout 120"
 export OMP_WAIT_POLICY=PASSIVE
 DIR=$(mktemp -d)
 PIDS=()

@@ -6,7 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 
 #include "tessera/base/error.h"
@@ -23,9 +27,24 @@ struct Segment {
   }
 };
 int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+// Segments "/tessera-kv-PID-..." of processes that no longer run (killed before they could
+// unlink theirs) are removed, so /dev/shm does not fill up across crashes.
+void remove_stale_segments() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("tessera-kv-", 0) != 0) continue;
+    const std::string rest = name.substr(11);
+    const long pid = std::strtol(rest.c_str(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    shm_unlink(("/" + name).c_str());
+  }
+}
 }  // namespace
 
 KvShmLayout place_pool_in_shm(KvPool& pool, const std::string& name) {
+  remove_stale_segments();
   KvShmLayout L;
   L.name = name;
   L.num_blocks = pool.num_blocks;
