@@ -54,6 +54,7 @@ class KvSocket {
   std::vector<uint8_t> recv_frame(Type expect);
   nlohmann::json recv_json(Type expect);
   const std::string& peer() const { return peer_; }
+  int fd() const { return fd_; }  // the socket (tests write raw bytes through it)
 
  private:
   void send_all(const void* data, size_t n);
