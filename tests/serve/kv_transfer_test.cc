@@ -52,7 +52,7 @@ struct FakeSink : KvImportSink {
     return r;
   }
   void commit(int64_t, int64_t, int64_t, double) override { ++committed; }
-  void abort(int64_t) override { ++aborted; }
+  void abort(int64_t, bool) override { ++aborted; }
   infer::KvPool& pool() override { return p; }
 };
 

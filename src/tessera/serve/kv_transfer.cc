@@ -272,48 +272,84 @@ json shm_layout_json(const infer::KvShmLayout& L) {
 
 // ---- the sender -----------------------------------------------------------------------------
 
-KvSendResult send_kv(const KvTarget& target, const infer::KvPool& pool, const KvExport& e, double timeout_s) {
+KvSendSession::KvSendSession(const KvTarget& target, const infer::KvPool& pool, int64_t transfer_id, int32_t adapter,
+                             const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes, double timeout_s)
+    : target_(target), pool_(pool) {
   const auto t0 = Clock::now();
   const std::string peer = "decode worker " + target.worker;
-  auto transport = make_kv_transport(target.transport);
-  KvSocket s = KvSocket::connect(target.host, target.port, timeout_s, peer);
+  transport_ = make_kv_transport(target.transport);
+  socket_ = std::make_unique<KvSocket>(KvSocket::connect(target.host, target.port, timeout_s, peer));
+  n_ = static_cast<int64_t>(hashes.size());
   std::vector<int64_t> layer_bytes;
   for (int64_t l = 0; l < pool.num_layers(); ++l) layer_bytes.push_back(pool.layer_block_bytes(l));
-  s.send_json(KvSocket::kHello, {{"transfer_id", e.transfer_id},
-                                 {"transport", target.transport},
-                                 {"block_size", pool.block_size},
-                                 {"dtype", kernels::kv_cache_dtype_name(pool.dtype)},
-                                 {"layer_block_bytes", layer_bytes},
-                                 {"adapter", e.adapter},
-                                 {"tokens", std::vector<int32_t>(e.tokens.begin(), e.tokens.begin() +
-                                                                     static_cast<int64_t>(e.blocks.size()) * pool.block_size)},
-                                 {"hashes", e.hashes}});
-  const json reply = s.recv_json(KvSocket::kReply);
-  int64_t have = 0;
+  socket_->send_json(KvSocket::kHello,
+                     {{"transfer_id", transfer_id},
+                      {"transport", target.transport},
+                      {"block_size", pool.block_size},
+                      {"dtype", kernels::kv_cache_dtype_name(pool.dtype)},
+                      {"layer_block_bytes", layer_bytes},
+                      {"adapter", adapter},
+                      {"tokens", std::vector<int32_t>(tokens.begin(), tokens.begin() + n_ * pool.block_size)},
+                      {"hashes", hashes}});
+  reply_ = socket_->recv_json(KvSocket::kReply);
   try {
-    have = reply.at("have").get<int64_t>();
-    if (have < 0 || have > static_cast<int64_t>(e.blocks.size()) ||
-        reply.at("blocks").size() != e.blocks.size() - static_cast<size_t>(have))
+    have_ = reply_.at("have").get<int64_t>();
+    if (have_ < 0 || have_ > n_ || static_cast<int64_t>(reply_.at("blocks").size()) != n_ - have_)
       throw std::runtime_error("block counts");
   } catch (const std::exception&) {
     throw KvTransferError("protocol", peer + ": a malformed reply");
   }
+  handshake_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+KvSendSession::~KvSendSession() {
+  if (sent_ || !socket_) return;
+  try {  // best effort: the decode worker releases the reservation either way when we close
+    socket_->send_json(KvSocket::kError, {{"error", "cancelled: the request needs no transfer"}});
+  } catch (const std::exception&) {
+  }
+}
+
+KvSendResult KvSendSession::send(const std::vector<BlockId>& blocks) {
+  const auto t0 = Clock::now();
+  const std::string peer = "decode worker " + target_.worker;
+  if (static_cast<int64_t>(blocks.size()) != n_)
+    throw KvTransferError("protocol", peer + ": " + std::to_string(blocks.size()) + " blocks to send for a hello of " +
+                                          std::to_string(n_));
+  sent_ = true;
   try {
-    transport->send_blocks(s, pool, e.blocks, have, reply);
+    transport_->send_blocks(*socket_, pool_, blocks, have_, reply_);
   } catch (const KvTransferError&) {
     throw;
   } catch (const std::exception& ex) {
     throw KvTransferError("protocol", peer + ": " + ex.what());
   }
-  const int64_t n = static_cast<int64_t>(e.blocks.size()) - have;
-  s.send_json(KvSocket::kCommit, {{"blocks", n}, {"bytes", n * pool.block_bytes()}});
-  s.recv_json(KvSocket::kAck);
+  const int64_t moved = n_ - have_;
+  socket_->send_json(KvSocket::kCommit, {{"blocks", moved}, {"bytes", moved * pool_.block_bytes()}});
+  socket_->recv_json(KvSocket::kAck);
   KvSendResult r;
-  r.blocks = n;
-  r.bytes = n * pool.block_bytes();
-  r.remote_cached = have;
+  r.blocks = moved;
+  r.bytes = moved * pool_.block_bytes();
+  r.remote_cached = have_;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.transport = target.transport;
+  r.transport = target_.transport;
+  return r;
+}
+
+std::vector<uint64_t> chain_hashes(const std::vector<int32_t>& tokens, int64_t block_size, int32_t adapter) {
+  std::vector<uint64_t> out;
+  uint64_t parent = infer::BlockManager::root_hash(static_cast<uint64_t>(adapter + 1));
+  for (int64_t b = 0; (b + 1) * block_size <= static_cast<int64_t>(tokens.size()); ++b) {
+    parent = infer::BlockManager::hash_block(parent, tokens.data() + b * block_size, block_size);
+    out.push_back(parent);
+  }
+  return out;
+}
+
+KvSendResult send_kv(const KvTarget& target, const infer::KvPool& pool, const KvExport& e, double timeout_s) {
+  KvSendSession session(target, pool, e.transfer_id, e.adapter, e.tokens, e.hashes, timeout_s);
+  KvSendResult r = session.send(e.blocks);
+  r.seconds += session.handshake_seconds();
   return r;
 }
 
@@ -398,7 +434,6 @@ void KvReceiver::accept_loop() {
 void KvReceiver::serve(int fd, std::string peer) {
   KvSocket s(fd, peer);
   int64_t id = -1;
-  const auto t0 = Clock::now();
   try {
     const json hello = s.recv_json(KvSocket::kHello);
     id = hello.at("transfer_id").get<int64_t>();
@@ -432,15 +467,17 @@ void KvReceiver::serve(int fd, std::string peer) {
     json reply = {{"have", r.have}, {"blocks", fresh}};
     if (transport_name == "shm") reply["shm"] = shm_layout_json(*shm_);
     s.send_json(KvSocket::kReply, reply);
+    const auto t_bytes = Clock::now();  // (the hello may come long before the prefill ends)
     make_kv_transport(transport_name)->receive_blocks(s, pool, fresh, r.have, n);
     s.recv_json(KvSocket::kCommit);
     const int64_t moved = n - r.have;
-    sink_.commit(id, moved, moved * pool.block_bytes(), std::chrono::duration<double>(Clock::now() - t0).count());
+    sink_.commit(id, moved, moved * pool.block_bytes(), std::chrono::duration<double>(Clock::now() - t_bytes).count());
     id = -1;
     s.send_json(KvSocket::kAck, {{"blocks", moved}});
   } catch (const std::exception& e) {
-    if (id >= 0) sink_.abort(id);
-    TESSERA_LOG(kWarn, "KV transfer from ", peer, " failed: ", e.what());
+    const bool cancelled = std::string(e.what()).find("cancelled:") != std::string::npos;  // needed none
+    if (id >= 0) sink_.abort(id, !cancelled);
+    if (!cancelled) TESSERA_LOG(kWarn, "KV transfer from ", peer, " failed: ", e.what());
   }
 }
 

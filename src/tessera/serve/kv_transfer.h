@@ -100,8 +100,38 @@ struct KvSendResult {
   double seconds = 0;         // hello to ack
   std::string transport;
 };
-// Runs one transfer (blocking; any thread: `pool` is only read at blocks the caller holds).
-// Throws KvTransferError.
+// One transfer in two halves, so that the handshake (the decode worker reserves blocks between
+// two of its engine steps) overlaps the prefill: the constructor connects, sends the hello for
+// the chain of `hashes` over `tokens` and reads the reply; send() moves the blocks once they hold
+// their K/V. Destroyed without send(): the decode worker is told to release its reservation.
+// Any thread; `pool` is only read at blocks the caller holds. Throws KvTransferError.
+class KvSendSession {
+ public:
+  KvSendSession(const KvTarget& target, const infer::KvPool& pool, int64_t transfer_id, int32_t adapter,
+                const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes, double timeout_s = 30);
+  ~KvSendSession();
+  KvSendSession(const KvSendSession&) = delete;
+  KvSendSession& operator=(const KvSendSession&) = delete;
+  // blocks: the chain's blocks in the pool, hashes.size() of them. seconds in the result: this
+  // call (the bytes, commit and ack); handshake_seconds(): the constructor's part.
+  KvSendResult send(const std::vector<BlockId>& blocks);
+  double handshake_seconds() const { return handshake_s_; }
+
+ private:
+  KvTarget target_;
+  const infer::KvPool& pool_;
+  std::unique_ptr<KvSocket> socket_;
+  std::unique_ptr<KvTransport> transport_;
+  nlohmann::json reply_;
+  int64_t have_ = 0, n_ = 0;
+  double handshake_s_ = 0;
+  bool sent_ = false;
+};
+
+// Chain hashes of tokens' full blocks under an adapter's salt (BlockManager's).
+std::vector<uint64_t> chain_hashes(const std::vector<int32_t>& tokens, int64_t block_size, int32_t adapter);
+
+// Runs one transfer at once (a KvSendSession and its send).
 KvSendResult send_kv(const KvTarget& target, const infer::KvPool& pool, const KvExport& e, double timeout_s = 30);
 
 // The decode worker's engine as the receiver sees it (calls may block on its engine thread).
@@ -117,7 +147,9 @@ class KvImportSink {
   virtual Reservation reserve(int64_t transfer_id, const std::vector<int32_t>& tokens, int32_t adapter,
                               const std::vector<uint64_t>& hashes) = 0;
   virtual void commit(int64_t transfer_id, int64_t blocks, int64_t bytes, double seconds) = 0;
-  virtual void abort(int64_t transfer_id) = 0;  // releases what reserve took; unknown id: no-op
+  // Releases what reserve took (unknown id: no-op); failed is false when the sender cancelled
+  // (its request ended at the first token and needed no transfer).
+  virtual void abort(int64_t transfer_id, bool failed) = 0;
   virtual infer::KvPool& pool() = 0;            // written only at reserved blocks
 };
 

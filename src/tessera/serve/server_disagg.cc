@@ -122,8 +122,8 @@ struct Server::Impl::Disagg : KvImportSink {
     ++transfers;
     seconds.observe(secs);
   }
-  void abort(int64_t id) override {
-    ++failures;
+  void abort(int64_t id, bool failed) override {
+    if (failed) ++failures;
     s.post_engine_task([this, id] {
       auto it = imports.find(id);
       if (it == imports.end()) return;
@@ -267,7 +267,8 @@ void Server::Impl::handle_kv_prefill(const httplib::Request& req, httplib::Respo
   struct State {
     int stage = 0;
     bool finished = false;  // the request ended at its first token: nothing to transfer
-    bool released = false;
+    std::unique_ptr<KvSendSession> session;  // opened while the prompt runs
+    std::string open_error, open_kind;
   };
   auto st = std::make_shared<State>();
   auto release_hold = [this, job] {
@@ -283,6 +284,20 @@ void Server::Impl::handle_kv_prefill(const httplib::Request& req, httplib::Respo
       "text/event-stream",
       [this, job, st, client_max, target, transfer_id, release_hold](size_t, httplib::DataSink& sink) {
         if (st->stage == 0) {
+          // The handshake (the decode worker reserves blocks between its steps) overlaps the
+          // prefill: the prompt's chain hashes are known before its K/V is.
+          const auto& prompt = job->req.prompts[0];
+          try {
+            st->session = std::make_unique<KvSendSession>(
+                target, engine_.kv_pool(), transfer_id, job->req.adapter, prompt,
+                chain_hashes(prompt, engine_.kv_pool().block_size, job->req.adapter));
+          } catch (const KvTransferError& ex) {
+            st->open_error = ex.what();
+            st->open_kind = ex.kind;
+          } catch (const std::exception& ex) {
+            st->open_error = std::string("KV transfer to ") + target.worker + ": " + ex.what();
+            st->open_kind = "protocol";
+          }
           std::deque<Event> events;
           std::unique_ptr<ApiError> error;
           {
@@ -324,27 +339,28 @@ void Server::Impl::handle_kv_prefill(const httplib::Request& req, httplib::Respo
           st->stage = 1;
           if (!sink.write(out.data(), out.size())) return false;
           if (!st->finished) return true;
+          st->session.reset();  // cancels the reservation
           sink.done();
           return true;
         }
         // stage 1: the KV blocks to the decode worker, then the outcome
-        KvExport e;
-        e.transfer_id = transfer_id;
-        e.adapter = job->req.adapter;
-        e.tokens = job->req.prompts[0];
+        std::vector<BlockId> blocks;
         {
           std::lock_guard<std::mutex> lock(job->m);
-          if (job->kv_chain) {
-            e.blocks = job->kv_chain->blocks;
-            e.hashes = job->kv_chain->hashes;
-          }
+          if (job->kv_chain) blocks = job->kv_chain->blocks;
         }
         json kv;
         try {
-          const KvSendResult r = send_kv(target, engine_.kv_pool(), e);
-          kv = {{"ok", true},          {"blocks", r.blocks},       {"bytes", r.bytes},
-                {"seconds", r.seconds}, {"remote_cached", r.remote_cached}, {"transport", r.transport},
-                {"prompt_blocks", e.blocks.size()}};
+          if (!st->session) throw KvTransferError(st->open_kind, st->open_error);
+          const KvSendResult r = st->session->send(blocks);
+          kv = {{"ok", true},
+                {"blocks", r.blocks},
+                {"bytes", r.bytes},
+                {"seconds", r.seconds},
+                {"handshake_seconds", st->session->handshake_seconds()},
+                {"remote_cached", r.remote_cached},
+                {"transport", r.transport},
+                {"prompt_blocks", blocks.size()}};
           disagg_->bytes += r.bytes;
           disagg_->blocks += r.blocks;
           ++disagg_->transfers;
