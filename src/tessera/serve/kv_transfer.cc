@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x314b5654;                // "TVK1"
 constexpr uint64_t kMaxJsonFrame = 64ull << 20;        // hello: token ids and hashes
 constexpr uint64_t kMaxLayerFrame = 4ull << 30;        // one layer of a long prompt's blocks
+constexpr double kPrefillWait = 900;                   // seconds a reservation waits for its bytes
 
 struct FrameHeader {
   uint32_t magic = kMagic;
@@ -467,7 +468,11 @@ void KvReceiver::serve(int fd, std::string peer) {
     json reply = {{"have", r.have}, {"blocks", fresh}};
     if (transport_name == "shm") reply["shm"] = shm_layout_json(*shm_);
     s.send_json(KvSocket::kReply, reply);
-    const auto t_bytes = Clock::now();  // (the hello may come long before the prefill ends)
+    const auto t_bytes = Clock::now();
+    // The hello comes when the request arrives, the bytes once its prompt ran (queueing and
+    // prefill): wait that long for them. A prefill worker that dies closes the connection,
+    // which ends the wait at once.
+    set_timeouts(s.fd(), kPrefillWait);
     make_kv_transport(transport_name)->receive_blocks(s, pool, fresh, r.have, n);
     s.recv_json(KvSocket::kCommit);
     const int64_t moved = n - r.have;
