@@ -24,7 +24,9 @@ namespace tessera::testing {
 class ServerProcess {
  public:
   // Starts `tessera serve ARGS --port 0` and waits for its "listening on" line.
-  explicit ServerProcess(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  // command: the subcommand ("serve", or "router" for the disaggregation front).
+  explicit ServerProcess(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                         const std::string& command = "serve") {
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
     pid_ = fork();
@@ -34,7 +36,7 @@ class ServerProcess {
       close(fds[1]);
       for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
       setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-      std::vector<std::string> all = {TESSERA_CLI_PATH, "serve"};
+      std::vector<std::string> all = {TESSERA_CLI_PATH, command};
       all.insert(all.end(), args.begin(), args.end());
       all.push_back("--port");
       all.push_back("0");
@@ -73,7 +75,7 @@ class ServerProcess {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    throw std::runtime_error("tessera serve did not start: " + stderr_text());
+    throw std::runtime_error("tessera " + command + " did not start: " + stderr_text());
   }
   ~ServerProcess() {
     if (!exited_) {

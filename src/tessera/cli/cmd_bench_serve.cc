@@ -29,6 +29,7 @@ struct ServeFlags {
   // --url mode (the HTTP load generator)
   serve::HttpBenchOptions http;
   std::string request_rate = "inf";
+  std::string prompt_mix;  // --prompt-len-mix
   std::vector<std::string> given;  // the flags given on the command line
 };
 
@@ -41,7 +42,7 @@ const char* const kOfflineOnly[] = {"--shape", "--dtype", "--repetitive-prompts"
                                     "--draft-model", "--compare-speculative", "--baseline-requests",
                                     "--kv-host-memory", "--kv-offload-dir", "--kv-offload-size", "--preemption",
                                     "--num-prefixes", "--compare-kv-tiers", "--compare-preemption"};
-const char* const kUrlOnly[] = {"--dataset", "--dataset-path", "--tokenizer", "--request-rate",
+const char* const kUrlOnly[] = {"--dataset", "--prompt-len-mix", "--dataset-path", "--tokenizer", "--request-rate",
                                 "--max-concurrency", "--api-key", "--timeout"};
 
 bool was_given(const ServeFlags& f, const std::string& flag) {
@@ -72,6 +73,10 @@ int run_bench_http(ServeFlags& f) {
   h.model = f.o.model_dir;  // --model: the served model's id here
   h.num_requests = f.o.num_requests;
   h.prompt_len = infer::parse_length_range(f.prompt_len, "--prompt-len");
+  if (!f.prompt_mix.empty()) {
+    TESSERA_CHECK(!was_given(f, "--prompt-len"), "give --prompt-len or --prompt-len-mix, not both");
+    h.prompt_mix = serve::parse_prompt_mix(f.prompt_mix);
+  }
   h.output_len = infer::parse_length_range(f.output_len, "--output-len");
   h.shared_prefix = f.o.shared_prefix;
   h.seed = f.o.seed;
@@ -202,6 +207,9 @@ void add_bench_serve(CLI::App* bench, Action& action) {
   c->add_option("--request-rate", f->request_rate,
                 "With --url: Poisson arrivals at this many requests/s; inf: all at t=0")
       ->capture_default_str();
+  c->add_option("--prompt-len-mix", f->prompt_mix,
+                "With --url: prompt lengths LEN:WEIGHT[,LEN:WEIGHT...] drawn per request (e.g. 64:0.8,1024:0.2: "
+                "long prompts among short ones), instead of --prompt-len");
   c->add_option("--max-concurrency", h.max_concurrency,
                 "With --url: requests in flight at most; 0: unlimited (at most 512)")
       ->capture_default_str();

@@ -82,6 +82,10 @@ int run_serve(ServeFlags f) {
   f.engine.prefix_caching = !f.no_prefix_caching;
   if (!f.model.empty() && !f.engine.kv_offload_dir.empty())  // the disk tier's files name these weights
     f.engine.kv_offload_model_id = infer::model_files_identity(f.model);
+  TESSERA_CHECK(f.server.role.empty() || f.engine.prefix_caching, "--role ", f.server.role,
+                " needs prefix caching (KV blocks move as prefix-cache blocks); drop --no-prefix-caching");
+  TESSERA_CHECK(f.server.role == "decode" || (f.server.kv_port == 0 && f.server.kv_transport == "tcp"),
+                "--kv-port and --kv-transport are decode-worker flags (--role decode)");
   f.engine.validate();
   // Checked before the model loads: a bad spec is a one-line error at once.
   serve::jinja::Limits template_limits;
@@ -98,6 +102,7 @@ int run_serve(ServeFlags f) {
     // its steps.
     TESSERA_CHECK(!f.model.empty(), f.tp > 1 ? "--tp" : "--ep", " needs --model DIR (the shards are read from it)");
     TESSERA_CHECK(f.lora.empty(), "--lora is not supported with ", f.tp > 1 ? "--tp" : "--ep", " yet");
+    TESSERA_CHECK(f.server.role.empty(), "--role is not supported with ", f.tp > 1 ? "--tp" : "--ep", " yet");
     load_tokenizer(f.model, tok, tmpl);
     if (f.server.model_name.empty()) f.server.model_name = fs::path(f.model).lexically_normal().filename().string();
     if (!tmpl) tmpl = serve::ChatTemplate::chatml();
@@ -193,6 +198,14 @@ void add_serve(CLI::App& app, Action& action) {
                   "repeat for more (multi-LoRA: one batch serves them all)")
       ->type_name("NAME=DIR")
       ->take_all();
+  cmd->add_option("--role", s.role,
+                  "Prefill/decode disaggregation worker: prefill or decode (behind tessera router; docs/serving.md)");
+  cmd->add_option("--kv-port", s.kv_port, "--role decode: port of the KV receiver (0 = any free port)")
+      ->capture_default_str();
+  cmd->add_option("--kv-transport", s.kv_transport,
+                  "--role decode: tcp, or shm (the KV pool in POSIX shared memory for prefill workers on this host; "
+                  "tcp works too)")
+      ->capture_default_str();
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "

@@ -28,6 +28,7 @@ void add_export(CLI::App& app, Action& action);     // cmd_export.cc
 void add_info(CLI::App& app, Action& action);       // cmd_info.cc
 
 void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
+void add_router(CLI::App& app, Action& action);     // cmd_router.cc
 // --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching);
 

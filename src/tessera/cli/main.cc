@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_quickstart(app, action);
   tessera::cli::add_generate(app, action);
   tessera::cli::add_serve(app, action);
+  tessera::cli::add_router(app, action);
   tessera::cli::add_eval(app, action);
   tessera::cli::add_bench(app, action);
   tessera::cli::add_tokenizer(app, action);

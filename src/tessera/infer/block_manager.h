@@ -59,6 +59,15 @@ class BlockManager {
   // its next successful allocate_slots.
   int64_t allocate_cached_prefix(RequestId id, const std::vector<int32_t>& tokens, uint64_t cache_salt = 0);
 
+  // KV transfer (prefill/decode disaggregation; block_manager_transfer.cc): creates holder's
+  // table (it must not have one) with the longest cached chain of full blocks of
+  // tokens[0, floor(size/block_size) * block_size) under root_hash(cache_salt), each taking a
+  // reference, so they stay put while their bytes are read or until a request claims them.
+  // Unlike allocate_cached_prefix every full block may match and no query is counted. Returns
+  // the blocks held. An importer then extends the table with allocate_slots, writes the new
+  // blocks and commit()s them: "import a cached chain". free(holder) ends the hold.
+  int64_t hold_cached_chain(RequestId holder, const std::vector<int32_t>& tokens, uint64_t cache_salt = 0);
+
   // Makes the request's table cover `num_tokens` tokens, appending new blocks (taken from the
   // free list first, then by evicting least-recently-used cached blocks). Returns false, with
   // nothing changed, when the pool cannot provide them. Creates the table if the request has none.

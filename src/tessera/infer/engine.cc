@@ -154,11 +154,27 @@ Engine::~Engine() {
 
 RequestId Engine::add_request(const std::vector<int32_t>& prompt, const SamplingParams& params,
                               int priority, int32_t adapter) {
-  return add_sequence(prompt, params, priority, adapter, false);
+  return add_request_impl(prompt, {}, params, priority, adapter, false, nullptr);
 }
 
 RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const SamplingParams& params, int priority,
                                int32_t adapter, bool pooling) {
+  return add_request_impl(prompt, {}, params, priority, adapter, pooling, nullptr);
+}
+
+RequestId Engine::add_resumed_request(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
+                                      const SamplingParams& params, int32_t adapter, RequestOutput* primed) {
+  if (generated.empty()) fail_field("generated", "a resumed request needs the tokens generated so far");
+  if (params.n != 1) fail_field("n", "a resumed request has one sample (n = 1), got n = ", params.n);
+  if (static_cast<int64_t>(generated.size()) >= params.max_tokens)
+    fail_field("max_tokens", "max_tokens ", params.max_tokens, " leaves nothing to generate after the ",
+               generated.size(), " tokens generated so far");
+  return add_request_impl(prompt, generated, params, 0, adapter, false, primed);
+}
+
+RequestId Engine::add_request_impl(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
+                                   const SamplingParams& params, int priority, int32_t adapter,
+                                   bool pooling, RequestOutput* primed) {
   const auto& c = model_.config();
   params.validate(c.vocab_size);
   const auto bank = static_cast<int64_t>(model_.lora_bank().size());
@@ -173,6 +189,11 @@ RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const Samplin
                  c.vocab_size, ")");
   if (static_cast<int64_t>(prompt.size()) >= max_len_ + (pooling ? 1 : 0) && !config_.streaming())  // room for a token unless pooling
     fail_field("prompt", "the prompt has ", prompt.size(), " tokens; the context length is ", max_len_);
+  for (size_t i = 0; i < generated.size(); ++i)
+    if (generated[i] < 0 || generated[i] >= c.vocab_size)
+      fail_field("generated", "generated token ", i, " has id ", generated[i], " outside the vocabulary");
+  if (static_cast<int64_t>(prompt.size() + generated.size()) >= max_len_)
+    fail_field("generated", "prompt and generated tokens reach the context length ", max_len_);
   if (!params.stop.empty() && !tokenizer_) fail_field("stop", "stop strings need a tokenizer");
   const RequestId id = next_id_;
   next_id_ += params.n;  // ids of the samples: id, id + 1, ...
@@ -189,9 +210,11 @@ RequestId Engine::add_sequence(const std::vector<int32_t>& prompt, const Samplin
     if (!guided_) guided_ = std::make_unique<structured::GuidedRunner>(tokenizer_, c.vocab_size, eos_);
     s->guided = guided_->start(params);  // its first mask is computed during the prefill
   }
+  if (!generated.empty()) resume_seq(*s, generated, primed);
   SchedRequest r;
   r.id = id;
   r.tokens = prompt;
+  r.tokens.insert(r.tokens.end(), generated.begin(), generated.end());
   r.num_prompt_tokens = static_cast<int64_t>(prompt.size());
   r.max_tokens = params.max_tokens;
   r.priority = priority;
@@ -295,6 +318,23 @@ bool Engine::append_token(Seq& s, int32_t token, const SampleResult& r, RequestO
     }
   }
   return false;
+}
+
+// Disaggregation: the sequence continues after `generated`, sampled by another engine. The
+// tokens go through append_token as if sampled here (detokenizer, stop strings), uncounted.
+void Engine::resume_seq(Seq& s, const std::vector<int32_t>& generated, RequestOutput* primed) {
+  RequestOutput o;
+  o.id = s.group;
+  o.num_prompt_tokens = static_cast<int64_t>(s.prompt.size());
+  for (int32_t t : generated) {
+    SampleResult r;
+    r.token = t;
+    if (append_token(s, t, r, o))
+      fail_field("generated", "generated token ", t, " already ends the request (a stop token or stop string)");
+  }
+  stats_.generation_tokens -= static_cast<int64_t>(generated.size());  // the other engine's
+  if (!s.params.is_greedy()) s.sampler->skip_draws(static_cast<int64_t>(generated.size()));
+  if (primed) *primed = std::move(o);
 }
 
 std::vector<int32_t> Engine::propose(Seq& s) {

@@ -140,6 +140,34 @@ class Engine {
   // the final hidden states, after the final norm (vLLM's pooling type MEAN). The prompt
   // may fill the whole context (max_model_len tokens). Throws naming the field.
   RequestId add_embedding_request(const std::vector<int32_t>& prompt, int32_t adapter = -1, int priority = 0);
+  // Prefill/decode disaggregation (docs/serving.md): continues a request whose first tokens
+  // `generated` were sampled by another engine (a prefill worker) from the same prompt. The
+  // output so far is `generated` (max_tokens, penalties and min_tokens count them), the
+  // detokenizer and stop strings are primed with them, and a seeded sampler skips their
+  // draws, so the rest equals what one engine would have produced. One sample (n = 1).
+  // primed (optional): receives their output (tokens and text, as if just sampled).
+  RequestId add_resumed_request(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
+                                const SamplingParams& params, int32_t adapter = -1,
+                                RequestOutput* primed = nullptr);
+  // KV transfer between engines (engine_kv.cc); engine thread only. A holder pins blocks
+  // (BlockManager table of a negative id) until release_kv.
+  struct KvChain {
+    RequestId holder = 0;
+    int64_t have = 0;                // leading blocks already cached here (import) or held (export)
+    std::vector<BlockId> blocks;     // the chain's blocks in this pool, in order
+    std::vector<uint64_t> hashes;    // their chain hashes
+  };
+  // Export: pins the cached full blocks of `tokens` (under the adapter's salt); have = their count.
+  KvChain hold_kv_prefix(const std::vector<int32_t>& tokens, int32_t adapter);
+  // Import of a chain of hashes.size() full blocks of `tokens`: throws when the hashes differ
+  // from this engine's chain of the tokens; pins what is cached here already (have), takes
+  // blocks for the rest; nullopt when the pool cannot provide them.
+  std::optional<KvChain> reserve_kv_import(const std::vector<int32_t>& tokens, int32_t adapter,
+                                           const std::vector<uint64_t>& hashes);
+  // The blocks [have, n) now hold their K/V: they enter the prefix cache (still pinned).
+  void commit_kv_import(const KvChain& chain, const std::vector<int32_t>& tokens);
+  void release_kv(RequestId holder);
+  KvPool& kv_pool() { return pool_; }  // KV transfer writes and reads blocks it holds
   // Cancels a request (all its samples): blocks freed at once; the next step() reports it
   // finished with reason "abort". Unknown ids are ignored.
   void abort_request(RequestId id);
@@ -168,6 +196,10 @@ class Engine {
 
  private:
   struct Seq;
+  RequestId add_request_impl(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated,
+                             const SamplingParams& params, int priority, int32_t adapter, bool pooling,
+                             RequestOutput* primed);
+  void resume_seq(Seq& s, const std::vector<int32_t>& generated, RequestOutput* primed);
   void sample_row(Seq& s, const float* logits, std::vector<RequestOutput>& out,
                   std::vector<std::pair<RequestId, int32_t>>& sampled);
   bool append_token(Seq& s, int32_t token, const SampleResult& r, RequestOutput& o);
@@ -220,6 +252,7 @@ class Engine {
   std::unordered_map<RequestId, PromptWork> prompt_work_;     // prompt logprobs / pooling requests
   std::vector<PromptRead> prompt_reads_;                      // this step's
   RequestId next_id_ = 1;
+  RequestId next_holder_ = -1;  // KV transfer holders: negative ids, apart from requests
   EngineStats stats_;
   std::vector<int32_t> eos_;
   std::unordered_map<RequestId, std::shared_ptr<BeamGroup>> beam_groups_;  // by request id

@@ -111,6 +111,12 @@ class Sampler {
   // penalties, temperature and filtering. Raw logprobs are unaffected. Null: no mask.
   void set_token_mask(const uint64_t* allowed) { mask_ = allowed; }
 
+  // Consumes the RNG draws of `samples` non-greedy samples (one draw each), as when the
+  // sequence's first tokens were sampled by another Sampler with the same seed (prefill/decode
+  // disaggregation): the next sample then continues that Sampler's stream.
+  void skip_draws(int64_t samples) {
+    for (int64_t i = 0; i < samples; ++i) (void)uniform();
+  }
   // True when `token` ends the sequence: a stop_token_id, or an EOS id unless ignore_eos.
   bool is_stop_token(int32_t token) const;
   const SamplingParams& params() const { return params_; }

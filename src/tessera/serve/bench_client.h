@@ -26,6 +26,9 @@ struct HttpBenchOptions {
   int64_t num_requests = 32;
   infer::LengthRange prompt_len{128, 128};  // unique tokens per prompt (after the shared prefix)
   infer::LengthRange output_len{128, 128};  // max_tokens, with ignore_eos
+  // --prompt-len-mix LEN:WEIGHT,...: random prompts of these lengths in these proportions
+  // (drawn per request, seeded) instead of prompt_len, e.g. short chats among long documents.
+  std::vector<std::pair<int64_t, double>> prompt_mix;
   int64_t shared_prefix = 0;                // tokens every prompt starts with
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at t=0
   int64_t max_concurrency = 0;  // requests in flight at most; 0 = unlimited (capped at kMaxWorkers)
@@ -81,6 +84,9 @@ struct HttpBenchResult {
   int64_t max_in_flight = 0;                // most requests in flight at once, client side
   std::vector<HttpRequestRecord> requests;  // per request, in request order
 };
+
+// "64:0.8,1024:0.2" -> {(64, 0.8), (1024, 0.2)}; errors name --prompt-len-mix and the item.
+std::vector<std::pair<int64_t, double>> parse_prompt_mix(const std::string& text);
 
 // Seconds from the start at which each of n requests arrives: 0, then gaps drawn from an
 // exponential distribution of mean 1/rate (a Poisson process), from `seed`; all 0 when rate

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -103,11 +104,21 @@ std::vector<HttpPrompt> random_prompts(const HttpBenchOptions& o, const io::Toke
   infer::ServeBenchOptions gen;
   gen.num_requests = o.num_requests;
   gen.prompt_len = o.prompt_len;
+  int64_t longest = 0;
+  for (const auto& [len, w] : o.prompt_mix) longest = std::max(longest, len);
+  if (longest > 0) gen.prompt_len = {longest, longest};  // cut to each request's drawn length below
   gen.output_len = o.output_len;
   gen.shared_prefix = o.shared_prefix;
   gen.seed = o.seed;
   infer::BenchRequest w;
-  const std::vector<infer::BenchRequest> reqs = infer::make_bench_requests(gen, vocab, max_len, &w);
+  std::vector<infer::BenchRequest> reqs = infer::make_bench_requests(gen, vocab, max_len, &w);
+  if (!o.prompt_mix.empty()) {  // each request's length drawn from the mix (its own seeded stream)
+    std::vector<double> weights;
+    for (const auto& m : o.prompt_mix) weights.push_back(m.second);
+    std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+    std::mt19937_64 rng(o.seed ^ 0x6d69786c656e73ull);
+    for (auto& r : reqs) r.prompt.resize(static_cast<size_t>(o.shared_prefix + o.prompt_mix[pick(rng)].first));
+  }
   std::vector<HttpPrompt> out;
   out.reserve(reqs.size());
   if (!tok) {
@@ -205,8 +216,36 @@ io::Tokenizer load_bench_tokenizer(const std::string& path) {
   }
 }
 
+std::vector<std::pair<int64_t, double>> parse_prompt_mix(const std::string& text) {
+  std::vector<std::pair<int64_t, double>> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    const size_t colon = item.find(':');
+    int64_t len = 0;
+    double w = 0;
+    try {
+      size_t a = 0, b = 0;
+      TESSERA_CHECK(colon != std::string::npos, "");
+      len = std::stoll(item.substr(0, colon), &a);
+      w = std::stod(item.substr(colon + 1), &b);
+      TESSERA_CHECK(a == colon && b == item.size() - colon - 1, "");
+    } catch (const std::exception&) {
+      len = 0;
+    }
+    TESSERA_CHECK(len >= 1 && w > 0 && std::isfinite(w), "--prompt-len-mix: '", item,
+                  "' is not LEN:WEIGHT (a length >= 1 and a weight > 0), e.g. 64:0.8,1024:0.2");
+    out.emplace_back(len, w);
+    pos = comma + 1;
+  }
+  return out;
+}
+
 std::vector<HttpPrompt> make_http_prompts(const HttpBenchOptions& o, const io::Tokenizer* tok, int64_t vocab,
                                           int64_t max_len, HttpPrompt* warmup) {
+  TESSERA_CHECK(o.prompt_mix.empty() || o.dataset != "text",
+                "--prompt-len-mix needs random prompts (--dataset random or shared-prefix), not --dataset text");
   if (o.dataset == "text") return text_prompts(o, tok, max_len, warmup);
   return random_prompts(o, tok, vocab, max_len, warmup);
 }

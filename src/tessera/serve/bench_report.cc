@@ -17,6 +17,15 @@ std::string range_text(const infer::LengthRange& r) {
   return r.min == r.max ? std::to_string(r.min) : std::to_string(r.min) + ":" + std::to_string(r.max);
 }
 
+// The prompt lengths: the range, or the --prompt-len-mix spec.
+std::string prompt_text(const HttpBenchOptions& o) {
+  if (o.prompt_mix.empty()) return range_text(o.prompt_len);
+  std::string s = "mix ";
+  for (size_t i = 0; i < o.prompt_mix.size(); ++i)
+    s += base::strprintf("%s%lld:%g", i ? "," : "", (long long)o.prompt_mix[i].first, o.prompt_mix[i].second);
+  return s;
+}
+
 }  // namespace
 
 std::string format_http_bench(const HttpBenchResult& r) {
@@ -32,7 +41,7 @@ std::string format_http_bench(const HttpBenchResult& r) {
   const bool words = o.dataset == "text" && o.tokenizer.empty();
   s += base::strprintf("requests: %lld (%s%s%s), prompt %s %s, output %s tokens, shared prefix %lld, seed %llu\n",
            (long long)o.num_requests, o.dataset.c_str(), o.dataset_path.empty() ? "" : " ",
-           o.dataset_path.c_str(), range_text(o.prompt_len).c_str(), words ? "words" : "tokens",
+           o.dataset_path.c_str(), prompt_text(o).c_str(), words ? "words" : "tokens",
            range_text(o.output_len).c_str(), (long long)o.shared_prefix, (unsigned long long)o.seed);
   s += base::strprintf("prompts: %s%s; prompt tokens counted from %s, output tokens from %s\n",
            r.prompt_format.c_str(), o.tokenizer.empty() ? "" : (" (--tokenizer " + o.tokenizer + ")").c_str(),
@@ -80,7 +89,7 @@ std::string http_bench_json(const HttpBenchResult& r) {
          {"prompt_tokens_from", r.prompt_tokens_from},
          {"output_tokens_from", r.output_tokens_from},
          {"num_requests", o.num_requests},
-         {"prompt_len", range_text(o.prompt_len)},
+         {"prompt_len", prompt_text(o)},
          {"output_len", range_text(o.output_len)},
          {"shared_prefix", o.shared_prefix},
          {"seed", o.seed},

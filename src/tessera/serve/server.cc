@@ -27,6 +27,12 @@ void ServerConfig::validate() const {
   TESSERA_CHECK(default_max_tokens >= 1, "default max_tokens must be >= 1");
   select_tool_parser(tool_call_parser, "");  // throws naming the flag for an unknown name
   TESSERA_CHECK(health_timeout_s > 0, "--health-timeout must be > 0 seconds, got ", health_timeout_s);
+  TESSERA_CHECK(role.empty() || role == "prefill" || role == "decode", "--role must be prefill or decode, got '",
+                role, "'");
+  TESSERA_CHECK(kv_port >= 0 && kv_port <= 65535, "--kv-port must be in [0, 65535], got ", kv_port);
+  TESSERA_CHECK(kv_transport == "tcp" || kv_transport == "shm", "--kv-transport must be tcp or shm, got '",
+                kv_transport, "'");
+  TESSERA_CHECK(kv_hold_s > 0, "kv hold must be > 0 seconds");
   for (size_t i = 0; i < loras.size(); ++i) {
     const std::string& name = loras[i].first;
     TESSERA_CHECK(!name.empty(), "--lora ", loras[i].second, ": the adapter name is empty");
@@ -102,9 +108,10 @@ int64_t Server::Impl::now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-std::shared_ptr<Job> Server::Impl::submit(ApiRequest req) {
+std::shared_ptr<Job> Server::Impl::submit(ApiRequest req, const std::function<void(Job&)>& prepare) {
   auto job = std::make_shared<Job>();
   job->req = std::move(req);
+  if (prepare) prepare(*job);
   job->arrival = Clock::now();
   job->created = static_cast<int64_t>(std::time(nullptr));
   static const char* kPrefix[] = {"cmpl-", "chatcmpl-", "embd-"};  // by Endpoint
@@ -154,7 +161,8 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   }
   try {
     for (size_t p = 0; p < job->req.prompts.size(); ++p) {
-      const auto id = job->req.endpoint == Endpoint::kEmbeddings
+      const auto id = !job->resume.empty() ? admit_resumed(*job, p)
+                      : job->req.endpoint == Endpoint::kEmbeddings
                           ? engine_.add_embedding_request(job->req.prompts[p], job->req.adapter)
                           : engine_.add_request(job->req.prompts[p], job->req.params, 0, job->req.adapter);
       job->engine_ids.push_back(id);
@@ -200,6 +208,7 @@ void Server::Impl::dispatch(std::vector<infer::RequestOutput>& outs) {
       metrics_.observe_request_tokens(prompt, job->output_tokens);
       for (auto id : job->engine_ids) active_.erase(id);
       job->engine_ids.clear();
+      if (job->kv_export) disagg_job_done(*job);
       job->finish_all();
     }
   }
@@ -210,7 +219,8 @@ void Server::Impl::engine_loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(inbox_m_);
-      if (!engine_.has_unfinished() && inbox_.empty() && cancels_.empty() && !stop_engine_ && !cancel_all_)
+      if (!engine_.has_unfinished() && inbox_.empty() && cancels_.empty() && tasks_.empty() && !stop_engine_ &&
+          !cancel_all_)
         inbox_cv_.wait_for(lock, std::chrono::milliseconds(100));
       incoming.assign(inbox_.begin(), inbox_.end());
       inbox_.clear();
@@ -218,6 +228,7 @@ void Server::Impl::engine_loop() {
       if (stop_engine_ && incoming.empty()) break;
     }
     heartbeat_ns_ = now_ns();
+    run_engine_tasks();  // KV transfer bookkeeping (server_disagg.cc)
     if (incoming.empty() && cancelled.empty() && !engine_.has_unfinished()) {
       // Idle: hand freed heap pages back to the system once after each busy spell (glibc keeps
       // them otherwise, and RSS would only ever grow with fragmentation). HTTP traffic the
@@ -283,6 +294,7 @@ void Server::Impl::engine_loop() {
         auto it = active_.find(id);
         if (it != active_.end() && !it->second.job->started) {
           it->second.job->started = true;
+          if (it->second.job->transfer_id >= 0) disagg_job_started(*it->second.job);
           metrics_.observe_queue_time(std::chrono::duration<double>(t0 - it->second.job->arrival).count());
         }
       }
@@ -359,6 +371,7 @@ int Server::Impl::run(bool handle_signals) {
   }
   port_ = port;
   if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
+  start_disagg();  // --role: the KV receiver (before any request)
   std::thread engine([this] { engine_loop(); });
   std::thread drainer([this] { drain_loop(); });
   std::thread signals;
@@ -390,6 +403,7 @@ int Server::Impl::run(bool handle_signals) {
   http_.listen_after_bind();  // until stop(): then waits for the in-flight handlers
   stop();                     // (listen may also end on its own)
   drainer.join();
+  stop_disagg();
   {
     std::lock_guard<std::mutex> lock(inbox_m_);
     stop_engine_ = true;

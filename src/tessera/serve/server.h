@@ -36,6 +36,13 @@ struct ServerConfig {
   std::string tool_call_parser = "auto";
   double health_timeout_s = 10;    // /health is 503 when the engine loop has not come round for
                                    // max(this, 5 x its last step)
+  // Prefill/decode disaggregation (docs/serving.md, server_disagg.cc): "" (colocated),
+  // "prefill" (runs prompts for `tessera router`, pushes their KV blocks to a decode worker) or
+  // "decode" (receives KV blocks, continues requests from their first token).
+  std::string role;
+  int kv_port = 0;                   // decode: the KV receiver's port (0 = any free port)
+  std::string kv_transport = "tcp";  // decode: "tcp", or "shm" (the KV pool in shared memory; tcp works too)
+  double kv_hold_s = 60;             // decode: imported blocks stay pinned this long for their request
   // Tests only (env TESSERA_SERVE_STEP_DELAY_MS): each engine step is this much slower, to
   // stand in for a real model's step time with a tiny one.
   double debug_step_delay_s = 0;

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -50,6 +51,13 @@ struct Job {
   std::vector<Clock::time_point> choice_last;  // last output time per choice
   int64_t output_tokens = 0;
 
+  // Prefill/decode disaggregation (server_disagg.cc)
+  bool kv_export = false;                       // prefill: hold the prompt's KV blocks when done
+  std::optional<infer::Engine::KvChain> kv_chain;  // prefill: set by the engine thread, before done
+  std::vector<int32_t> resume;                  // decode: the tokens the prefill worker generated
+  bool emit_resumed = false;                    // decode: send them as the first output
+  int64_t transfer_id = -1;                     // decode: the import this request claims
+
   void push(Event e);
   void fail(int status, std::string type, std::string code, std::string message, std::string param = "");
   void finish_all();
@@ -69,7 +77,8 @@ struct Server::Impl {
   void stop();
 
   // admission (HTTP threads)
-  std::shared_ptr<Job> submit(ApiRequest req);            // throws ApiError 429 / 503
+  // throws ApiError 429 / 503; prepare (optional) fills the job in before the engine can see it
+  std::shared_ptr<Job> submit(ApiRequest req, const std::function<void(Job&)>& prepare = nullptr);
   void release(const std::shared_ptr<Job>& job, bool cancel);  // the handler is done with it
 
   // engine thread
@@ -80,6 +89,27 @@ struct Server::Impl {
   void drain_loop();
   bool healthy() const;
   static int64_t now_ns();
+
+  // prefill/decode disaggregation (server_disagg.cc)
+  struct Disagg;
+  std::shared_ptr<Disagg> disagg_;
+  std::deque<std::function<void()>> tasks_;  // under inbox_m_: run by the engine thread
+  void start_disagg();
+  void stop_disagg();
+  void setup_disagg_routes();
+  std::string disagg_metrics() const;
+  void post_engine_task(std::function<void()> fn);
+  void call_on_engine(std::function<void()> fn);  // blocks until the engine thread ran it; throws its error
+  void run_engine_tasks();                        // engine thread
+  infer::RequestId admit_resumed(Job& job, size_t prompt);  // engine thread
+  void disagg_job_done(Job& job);                 // engine thread: a kv_export job's last output
+  void disagg_job_started(Job& job);              // engine thread: a claiming job's first step ran
+  void handle_kv_prefill(const httplib::Request& req, httplib::Response& res);
+  void handle_kv_decode(const httplib::Request& req, httplib::Response& res);
+  // The SSE "data:" payloads stream_response would write for `events` (no [DONE]) and the
+  // non-streaming response they add up to.
+  void render_events(const Job& job, const std::deque<Event>& events, std::vector<std::string>& chunks,
+                     std::string& usage_chunk, nlohmann::json& full);
 
   // routes (server_routes.cc)
   void setup_routes();

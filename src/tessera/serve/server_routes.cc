@@ -27,6 +27,18 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 json body_json(const httplib::Request& req) { return parse_body(req.body); }
 
+// The "data:" payloads of SSE text this file wrote.
+std::vector<std::string> sse_payloads(const std::string& sse) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", pos);
+    out.push_back(sse.substr(pos + 6, end - pos - 6));
+    pos = end;
+  }
+  return out;
+}
+
 // Builds OpenAI responses and stream chunks from a job's events.
 class Accumulator {
  public:
@@ -216,6 +228,21 @@ class Accumulator {
 
 }  // namespace
 
+void Server::Impl::render_events(const Job& job, const std::deque<Event>& events, std::vector<std::string>& chunks,
+                                 std::string& usage_chunk, json& full) {
+  Accumulator stream(job, tokenizer_), whole(job, tokenizer_);
+  std::string out;
+  for (const auto& e : events) {
+    stream.stream_chunks(e, out);
+    whole.add(e);
+  }
+  for (const auto& d : sse_payloads(out)) chunks.push_back(d);
+  std::string u;
+  if (job.req.include_usage) stream.usage_chunk(u);
+  usage_chunk = u.empty() ? "" : sse_payloads(u).at(0);
+  full = whole.full();
+}
+
 void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   ApiRequest r = parse_request(body_json(req), endpoint, info_, req.body);
   auto job = submit(std::move(r));
@@ -368,7 +395,7 @@ void Server::Impl::setup_routes() {
     }
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics_.render() + disagg_metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
   http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     Snapshot s;
@@ -435,6 +462,7 @@ void Server::Impl::setup_routes() {
                }
                send_json(res, 200, {{"prompt", text}});
              }));
+  setup_disagg_routes();
   http_.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(chat_page_html(), "text/html; charset=utf-8");
   });
