@@ -12,5 +12,7 @@ void appendf(std::string& out, const char* fmt, ...) __attribute__((format(print
 // Every occurrence of `from` in *s (left to right, not overlapping) becomes `to`; an empty
 // `from` changes nothing.
 void replace_all(std::string* s, std::string_view from, std::string_view to);
+// Levenshtein distance (insertions, deletions, substitutions): did-you-mean suggestions.
+size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace tessera::base

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/base/strings.h"
+
 #include "tessera/serve/openai.h"
 
 namespace tessera::serve {
@@ -31,20 +33,7 @@ const std::vector<std::string>& known_fields() {
   return k;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+using base::edit_distance;
 
 }  // namespace
 
