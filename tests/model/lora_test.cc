@@ -17,6 +17,7 @@
 #include "tessera/model/lora.h"
 #include "tessera/model/lora_io.h"
 #include "tessera/model/quantize.h"
+#include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/quant.h"
 #include "tessera/model/model.h"
 
@@ -207,10 +208,15 @@ TEST(Lora, QuantizedBaseTrainsAsItsDequantizedFloatModel) {
     f.set_lora(&w, &gf);
     Params fq = Params::allocate_frozen(q.config()), ff = Params::allocate_frozen(f.config());
     const auto rq = q.forward_backward(ids, targets, fq), rf = f.forward_backward(ids, targets, ff);
-    EXPECT_NEAR(rq.loss, rf.loss, 1e-4) << scheme;
+    // Where the CPU multiplies bf16 natively faster (AMX), the quantized prompt GEMM runs on
+    // bf16 operands (kernels/quant_cpu.cc) and the float model in f32: bf16's precision then
+    // (as the QuantizedModel tests allow); elsewhere both are f32 products of the same weights.
+    const bool bf16_gemm = kernels::bf16_native_gemm_faster();
+    EXPECT_NEAR(rq.loss, rf.loss, bf16_gemm ? 5e-3 : 1e-4) << scheme;
     const auto nq = gq.named(q.config()), nf = gf.named(f.config());
     for (size_t i = 0; i < nq.size(); ++i)
-      EXPECT_LT(testing::relative_error(nq[i].second, nf[i].second), 1e-3) << scheme << " " << nq[i].first;
+      EXPECT_LT(testing::relative_error(nq[i].second, nf[i].second), bf16_gemm ? 5e-2 : 1e-3)
+          << scheme << " " << nq[i].first;
   }
 }
 

@@ -192,7 +192,7 @@ RequestId Engine::add_request_impl(const std::vector<int32_t>& prompt, const std
   for (size_t i = 0; i < generated.size(); ++i)
     if (generated[i] < 0 || generated[i] >= c.vocab_size)
       fail_field("generated", "generated token ", i, " has id ", generated[i], " outside the vocabulary");
-  if (static_cast<int64_t>(prompt.size() + generated.size()) >= max_len_)
+  if (!generated.empty() && !config_.streaming() && static_cast<int64_t>(prompt.size() + generated.size()) >= max_len_)
     fail_field("generated", "prompt and generated tokens reach the context length ", max_len_);
   if (!params.stop.empty() && !tokenizer_) fail_field("stop", "stop strings need a tokenizer");
   const RequestId id = next_id_;
