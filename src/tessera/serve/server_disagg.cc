@@ -54,6 +54,16 @@ Endpoint endpoint_of(const json& b) {
   return *it == "chat" ? Endpoint::kChat : Endpoint::kCompletions;
 }
 
+// A worker route's body {"endpoint", "request", ...}: the client's request, parsed as a
+// colocated server parses it; disaggregated serving runs one prompt with n = 1.
+ApiRequest parse_worker_request(const json& b, const ModelInfo& info) {
+  if (!b.is_object() || !b.contains("request")) bad_request("request", "the body must hold the client's request");
+  ApiRequest r = parse_request(b.at("request"), endpoint_of(b), info);
+  if (r.prompts.size() != 1 || r.params.n != 1)
+    bad_request(r.prompts.size() != 1 ? "prompt" : "n", "disaggregated serving runs one prompt with n = 1");
+  return r;
+}
+
 std::vector<int32_t> token_list(const json& b, const char* key, int64_t vocab) {
   auto it = b.find(key);
   if (it == b.end() || !it->is_array()) bad_request(key, std::string(key) + " must be a list of token ids");
@@ -248,11 +258,7 @@ std::string Server::Impl::disagg_metrics() const {
 void Server::Impl::handle_kv_prefill(const httplib::Request& req, httplib::Response& res) {
   if (config_.role != "prefill") bad_request("", "this worker was not started with --role prefill");
   const json b = parse_body(req.body);
-  if (!b.is_object() || !b.contains("request")) bad_request("request", "the body must hold the client's request");
-  const Endpoint endpoint = endpoint_of(b);
-  ApiRequest r = parse_request(b.at("request"), endpoint, info_);
-  if (r.prompts.size() != 1 || r.params.n != 1)
-    bad_request(r.prompts.size() != 1 ? "prompt" : "n", "disaggregated serving runs one prompt with n = 1");
+  ApiRequest r = parse_worker_request(b, info_);
   const int64_t client_max = r.params.max_tokens;
   r.params.max_tokens = 1;
   r.stream = false;
@@ -387,11 +393,7 @@ void Server::Impl::handle_kv_prefill(const httplib::Request& req, httplib::Respo
 void Server::Impl::handle_kv_decode(const httplib::Request& req, httplib::Response& res) {
   if (config_.role != "decode") bad_request("", "this worker was not started with --role decode");
   const json b = parse_body(req.body);
-  if (!b.is_object() || !b.contains("request")) bad_request("request", "the body must hold the client's request");
-  const Endpoint endpoint = endpoint_of(b);
-  ApiRequest r = parse_request(b.at("request"), endpoint, info_);
-  if (r.prompts.size() != 1 || r.params.n != 1)
-    bad_request(r.prompts.size() != 1 ? "prompt" : "n", "disaggregated serving runs one prompt with n = 1");
+  ApiRequest r = parse_worker_request(b, info_);
   if (r.params.logprobs) bad_request("logprobs", "logprobs are not supported with disaggregated serving yet");
   r.prompts[0] = token_list(b, "prompt_token_ids", info_.vocab_size);
   std::vector<int32_t> generated = token_list(b, "generated", info_.vocab_size);
