@@ -28,4 +28,30 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Te
   return r;
 }
 
+CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
+                                         float grad_scale, Tensor* exps_t, Tensor* col_scale) {
+  const char* op = "cross_entropy_columns";
+  detail::check_rows(logits_t, op, "logits_t", DType::kF32);
+  const int64_t V = logits_t.size(0), N = logits_t.size(1);
+  TESSERA_CHECK(V >= 1, op, ": logits_t ", logits_t.describe(), " has an empty vocabulary");
+  detail::check_vector(targets, op, "targets", N, {DType::kI32});
+  TESSERA_CHECK(!exps_t == !col_scale, op, ": exps_t and col_scale go together");
+  if (exps_t) {
+    TESSERA_CHECK(exps_t->dtype() == DType::kF32 || exps_t->dtype() == DType::kBF16, op,
+                  ": exps_t ", exps_t->describe(), " must be f32 or bf16");
+    detail::check_rows(*exps_t, op, "exps_t", exps_t->dtype(), V, N);
+    detail::check_vector(*col_scale, op, "col_scale", N, {DType::kF32});
+  }
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": targets[", n,
+                  "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
+                  kIgnoreIndex, ")");
+  CrossEntropyResult r;
+  TESSERA_KERNEL("cross_entropy",
+                 r = cpu::cross_entropy_columns(logits_t, targets, grad_scale, exps_t, col_scale),
+                 logits_t, targets);
+  return r;
+}
+
 }  // namespace tessera::kernels

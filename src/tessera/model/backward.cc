@@ -410,20 +410,36 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     else
       clear_mtp_grads();
     const Tensor& hf = pass.head_input;
-    // Loss and d(loss)/d(logits), written over the logits.
-    Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
-    kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
-    Tensor capped;  // gemma2: the soft-capped logits, for the cap's derivative below
-    if (c.final_softcap > 0) {
-      softcap_logits(c, logits);
-      capped = logits.clone();
-    }
-    const auto ce = head_cross_entropy(*this, logits, tflat, grad_scale / static_cast<float>(count));
-    if (capped.defined()) {  // d/dz cap tanh(z / cap) = 1 - (capped / cap)^2
-      const float inv = 1.f / c.final_softcap;
-      float* g = logits.data<float>();
-      const float* y = capped.data<float>();
-      for (int64_t i = 0; i < logits.numel(); ++i) g[i] *= 1.f - (y[i] * inv) * (y[i] * inv);
+    const float ce_scale = grad_scale / static_cast<float>(count);
+    const bool head_accumulates = !assign || mtp_wrote_head;  // (the head's adds; before embed's scatter-add)
+    kernels::CrossEntropyResult ce;
+    if (vocab_major_head(*this)) {
+      ce = head_loss_vocab_major(*this, hf, tflat, ce_scale, dh_full,
+                                 grads.lm_head.defined() ? &grads.lm_head : nullptr, head_accumulates);
+    } else {
+      // Loss and d(loss)/d(logits), written over the logits.
+      Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
+      kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
+      Tensor capped;  // gemma2: the soft-capped logits, for the cap's derivative below
+      if (c.final_softcap > 0) {
+        softcap_logits(c, logits);
+        capped = logits.clone();
+      }
+      ce = head_cross_entropy(*this, logits, tflat, ce_scale);
+      if (capped.defined()) {  // d/dz cap tanh(z / cap) = 1 - (capped / cap)^2
+        const float inv = 1.f / c.final_softcap;
+        float* g = logits.data<float>();
+        const float* y = capped.data<float>();
+        for (int64_t i = 0; i < logits.numel(); ++i) g[i] *= 1.f - (y[i] * inv) * (y[i] * inv);
+      }
+      Tensor& dlogits = logits;
+      round_matmul_input_in_place(dlogits, mode);
+      // lm_head: logits = hf @ Wlm^T. The residual stream's rows here: all N, or this rank's
+      // N / tp under sequence parallelism (dh_full then holds the tp region's partial sums
+      // over every row).
+      kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
+      if (grads.lm_head.defined())  // (undefined: a frozen base)
+        matmul_weight_grad(dlogits, hf, grads.lm_head, pm, head_accumulates);
     }
     result.loss = ce.loss_sum / static_cast<double>(ce.count);
     result.count = ce.count;
@@ -434,20 +450,12 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       result.loss += c.router_aux_loss_coef * result.aux_loss;
       moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);
     }
-    Tensor& dlogits = logits;
-    round_matmul_input_in_place(dlogits, mode);
-    // lm_head: logits = hf @ Wlm^T. The residual stream's rows here: all N, or this rank's
-    // N / tp under sequence parallelism (dh_full then holds the tp region's partial sums
-    // over every row).
-    kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
     // Vocab-parallel head: each rank's part from its rows, summed over the group.
     if (sp)
       scatter_rows(*this, dh_full, dh);
     else
       tp_reduce(*this, dh);
     if (d_hf_mtp.defined()) kernels::add_inplace(dh, d_hf_mtp);
-    if (grads.lm_head.defined())  // (undefined: a frozen base)
-      matmul_weight_grad(dlogits, hf, grads.lm_head, pm, !assign || mtp_wrote_head);  // before embed's scatter-add
     norm_grad(*this, dh, acts.x_final, weights_.final_norm_w, acts.meanf, acts.rstdf, dres,
               grads.final_norm_w, grads.final_norm_b);
     pass.head_input = Tensor();

@@ -116,6 +116,20 @@ Tensor head_logits(const Model& m, const Tensor& h, bool rowwise);
 kernels::CrossEntropyResult head_cross_entropy(const Model& m, Tensor& logits,
                                                const Tensor& targets, float grad_scale);
 
+// Whether the training head runs vocabulary-major (head_loss_vocab_major): native bf16,
+// no tp and no final soft-cap. TESSERA_HEAD_LAYOUT=rows keeps the (N, V) layout.
+bool vocab_major_head(const Model& m);
+// The training head in one piece, with the logits transposed: logits^T (V, N) = W h^T,
+// the cross-entropy over them (kernels::cross_entropy_columns: one exp per logit, the
+// exps written once in bf16, the per-token softmax scale and the targets' -grad_scale
+// applied on the (N, H) sides of the products), dh (N, H) = dlogits W (overwritten) and,
+// when dw is given, dw (V, H) (+)= dlogits^T h. With bf16 operands the three products
+// then take the (V, H) weight as their plain left operand, the layout AMX's GEMMs run
+// fastest at the few hundred rows of a training step (bench/head_layouts).
+kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& h,
+                                                  const Tensor& targets, float grad_scale,
+                                                  Tensor& dh, Tensor* dw, bool accumulate);
+
 // Sums a row-parallel linear's partial outputs (or a column-parallel linear's partial
 // input gradients) over the tp group; nothing at tp = 1.
 void tp_reduce(const Model& m, Tensor& t);

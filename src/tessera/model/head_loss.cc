@@ -1,0 +1,70 @@
+// The training head with vocabulary-major logits (block.h): under native bf16 the three
+// products of the head run with the (V, H) weight as their plain left operand, which is
+// the layout AMX's bf16 GEMMs run fastest at the few hundred rows of a training step.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "tessera/kernels/matmul.h"
+#include "tessera/model/block.h"
+
+namespace tessera::model {
+
+bool vocab_major_head(const Model& m) {
+  static const bool rows = [] {
+    const char* e = std::getenv("TESSERA_HEAD_LAYOUT");
+    return e && std::strcmp(e, "rows") == 0;
+  }();
+  return !rows && m.bf16_mode() == Bf16Mode::kNative && !m.tp_comm() && !m.sequence_parallel() &&
+         m.config().final_softcap <= 0 && m.compute_lm_head().dtype() == DType::kBF16;
+}
+
+kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& h,
+                                                  const Tensor& targets, float grad_scale,
+                                                  Tensor& dh, Tensor* dw, bool accumulate) {
+  const Tensor& W = m.compute_lm_head();  // (V, H) bf16
+  const int64_t N = h.size(0), V = W.size(0), H = W.size(1);
+  const Tensor h16 = h.dtype() == DType::kBF16 ? h : h.to(DType::kBF16);
+  // dlogits^T = E diag(k) - grad_scale * onehot^T, E (V, N) the exps (kernels::
+  // cross_entropy_columns): the per-token scale k and the targets' -grad_scale are
+  // applied to the (N, H) sides of the products, not to the (V, N) gradient.
+  Tensor exps_t = Tensor::empty({V, N}, DType::kBF16), k = Tensor::empty({N}, DType::kF32);
+  kernels::CrossEntropyResult ce;
+  {
+    Tensor logits_t = Tensor::empty({V, N}, DType::kF32);
+    kernels::matmul(W, h16, logits_t, false, true);
+    ce = kernels::cross_entropy_columns(logits_t, targets, grad_scale, &exps_t, &k);
+  }
+  const float* ks = k.data<float>();
+  const int32_t* t = targets.data<int32_t>();
+  const bf16* w = W.data<bf16>();
+  // dh = diag(k) E^T W - grad_scale W[targets]
+  kernels::matmul(exps_t, W, dh, true, false);
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = dh.data<float>() + n * dh.stride(0);
+    if (t[n] == kernels::kIgnoreIndex) {
+      std::fill(row, row + H, 0.f);
+      continue;
+    }
+    const bf16* wt = w + t[n] * W.stride(0);
+    for (int64_t j = 0; j < H; ++j) row[j] = ks[n] * row[j] - grad_scale * bf16_to_f32(wt[j].bits);
+  }
+  if (!dw) return ce;
+  // dW (+)= E diag(k) h - grad_scale onehot^T h, with diag(k) h rounded to bf16 as h is.
+  Tensor hk = Tensor::empty({N, H}, DType::kBF16);
+  const bf16* hs = h16.data<bf16>();
+  bf16* hd = hk.data<bf16>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < H; ++j)
+      hd[n * H + j].bits = f32_to_bf16(ks[n] * bf16_to_f32(hs[n * h16.stride(0) + j].bits));
+  kernels::matmul(exps_t, hk, *dw, false, false, 1.f, accumulate ? 1.f : 0.f);
+  float* g = dw->data<float>();
+  for (int64_t n = 0; n < N; ++n) {  // in token order: the same bits for any thread count
+    if (t[n] == kernels::kIgnoreIndex) continue;
+    float* row = g + t[n] * dw->stride(0);
+    for (int64_t j = 0; j < H; ++j) row[j] -= grad_scale * bf16_to_f32(hs[n * h16.stride(0) + j].bits);
+  }
+  return ce;
+}
+
+}  // namespace tessera::model
