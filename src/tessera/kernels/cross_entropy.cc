@@ -7,6 +7,18 @@
 #include "tessera/kernels/pointwise_checks.h"
 
 namespace tessera::kernels {
+namespace {
+
+// Every target in [0, V) or the ignore index.
+void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t V) {
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": targets[", n,
+                  "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
+                  kIgnoreIndex, ")");
+}
+
+}  // namespace
 
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* losses,
                                  Tensor* dlogits, float grad_scale) {
@@ -17,11 +29,7 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Te
   detail::check_vector(targets, op, "targets", N, {DType::kI32});
   if (losses) detail::check_vector(*losses, op, "losses", N, {DType::kF32});
   if (dlogits) detail::check_rows(*dlogits, op, "dlogits", DType::kF32, N, V);
-  const int32_t* t = targets.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": targets[", n,
-                  "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
-                  kIgnoreIndex, ")");
+  check_targets(op, targets, N, V);
   CrossEntropyResult r;
   TESSERA_KERNEL("cross_entropy", r = cpu::cross_entropy(logits, targets, losses, dlogits, grad_scale),
                  logits, targets);
@@ -42,11 +50,7 @@ CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& t
     detail::check_rows(*exps_t, op, "exps_t", exps_t->dtype(), V, N);
     detail::check_vector(*col_scale, op, "col_scale", N, {DType::kF32});
   }
-  const int32_t* t = targets.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": targets[", n,
-                  "] = ", t[n], " is out of range for vocab size ", V, " (ignore index is ",
-                  kIgnoreIndex, ")");
+  check_targets(op, targets, N, V);
   CrossEntropyResult r;
   TESSERA_KERNEL("cross_entropy",
                  r = cpu::cross_entropy_columns(logits_t, targets, grad_scale, exps_t, col_scale),
