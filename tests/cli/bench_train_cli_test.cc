@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "tessera/io/json_file.h"
 #include "test_util/run_command.h"
@@ -115,8 +117,11 @@ TEST(BenchCpCli, ReportsExposedCommunicationAndRejectsBadSplits) {
 
 TEST(BenchGemmCli, PeakProbeAgreesWithTheTableWithinTenPercent) {
   if (!std::getenv("TESSERA_PEAK_TEST")) GTEST_SKIP() << "runs as the serial ctest bench_gemm_peak_probe";
+  // Up to 5 attempts, 5 s apart: on a shared host a slow spell of a few seconds can land
+  // on the probe or on the table, not both (it did once in a full ctest on 2026-12-06).
   double worst = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::seconds(5));
     const auto r = run_command(std::string(TESSERA_CLI_PATH) + " bench gemm --min-seconds 0.1");
     ASSERT_EQ(r.code, 0) << r.out;
     worst = 0;
