@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -118,8 +119,12 @@ TEST(BenchCpCli, ReportsExposedCommunicationAndRejectsBadSplits) {
 TEST(BenchGemmCli, PeakProbeAgreesWithTheTableWithinTenPercent) {
   if (!std::getenv("TESSERA_PEAK_TEST")) GTEST_SKIP() << "runs as the serial ctest bench_gemm_peak_probe";
   // Up to 5 attempts, 5 s apart: on a shared host a slow spell of a few seconds can land
-  // on the probe or on the table, not both (it did once in a full ctest on 2026-12-06).
+  // on the probe or on the table, not both. The probe's own spread over the attempts
+  // tells a steady machine from a busy one: where the same probe moved by more than 10%
+  // between attempts, the machine cannot judge a 10% agreement and the test skips (as
+  // Calibration.TimeModelPredictsTheStepOfATwoRankRun does); on a steady one it fails.
   double worst = 0;
+  std::map<std::string, std::pair<double, double>> probe_range;  // dtype -> (min, max) GFLOP/s
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::seconds(5));
     const auto r = run_command(std::string(TESSERA_CLI_PATH) + " bench gemm --min-seconds 0.1");
@@ -133,8 +138,17 @@ TEST(BenchGemmCli, PeakProbeAgreesWithTheTableWithinTenPercent) {
       const double ratio = std::stod(rest.substr(at + 2));
       EXPECT_GT(ratio, 0) << rest;
       worst = std::max(worst, std::abs(ratio - 1.0));
+      const double gflops = std::stod(rest);
+      auto [it, fresh] = probe_range.try_emplace(dt, gflops, gflops);
+      if (!fresh) it->second = {std::min(it->second.first, gflops), std::max(it->second.second, gflops)};
     }
     if (worst <= 0.10) break;
+  }
+  if (worst > 0.10) {
+    for (const auto& [dt, range] : probe_range)
+      if (range.second > 1.10 * range.first)
+        GTEST_SKIP() << "the machine is not steady: the " << dt << " probe moved between " << range.first
+                     << " and " << range.second << " GFLOP/s over the attempts";
   }
   EXPECT_LE(worst, 0.10) << "the probe and the table's best differ by more than 10%";
 }

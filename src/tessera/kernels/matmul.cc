@@ -140,6 +140,10 @@ const char* backend_name(MatmulBackend b) {
   return "?";
 }
 
+// Every entry point's checks and dispatch; bias (N) f32 or null.
+void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c,
+                bool trans_a, bool trans_b, float alpha, float beta);
+
 }  // namespace
 
 bool bf16_native_gemm_faster() {
@@ -154,6 +158,22 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
 
 void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor& c, bool trans_a,
                  bool trans_b, float alpha, float beta) {
+  run_matmul(backend, a, b, nullptr, c, trans_a, trans_b, alpha, beta);
+}
+
+void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c, bool trans_b) {
+  matmul_bias_with(MatmulBackend::kAuto, a, b, bias, c, trans_b);
+}
+
+void matmul_bias_with(MatmulBackend backend, const Tensor& a, const Tensor& b, const Tensor& bias,
+                      Tensor& c, bool trans_b) {
+  run_matmul(backend, a, b, &bias, c, false, trans_b, 1.f, 0.f);
+}
+
+namespace {
+
+void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c,
+                bool trans_a, bool trans_b, float alpha, float beta) {
   check_operand(a, "a");
   check_operand(b, "b");
   check_operand(c, "c");
@@ -174,12 +194,24 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
   TESSERA_CHECK(c.size(0) == m && c.size(1) == n, "matmul: c is ", c.describe(),
                 " but op(a) @ op(b) is (", m, ", ", n, ")");
 
-  if (backend == MatmulBackend::kReference) {
-    reference::matmul(a, b, c, trans_a, trans_b, alpha, beta);
-    return;
+  if (bias) {
+    TESSERA_CHECK(bias->defined() && bias->device() == Device::kCPU && bias->dtype() == DType::kF32 &&
+                      bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous(),
+                  "matmul: bias must be a contiguous f32 (", n, ") on the CPU, got ",
+                  bias->defined() ? bias->describe() : std::string("an undefined tensor"));
   }
 
   cpu::GemmArgs g;
+  g.bias = bias ? bias->data<float>() : nullptr;
+  if (backend == MatmulBackend::kReference) {
+    reference::matmul(a, b, c, trans_a, trans_b, alpha, beta);
+    if (bias) {
+      g.m = m, g.n = n, g.c = static_cast<float*>(c.raw_data()), g.ldc = row_stride(c, "c");
+      cpu::add_bias_rows(g);
+    }
+    return;
+  }
+
   g.m = m, g.n = n, g.k = k;
   g.a = a.raw_data(), g.a_dtype = a.dtype(), g.lda = row_stride(a, "a"), g.trans_a = trans_a;
   g.b = b.raw_data(), g.b_dtype = b.dtype(), g.ldb = row_stride(b, "b"), g.trans_b = trans_b;
@@ -195,6 +227,7 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
         float& v = g.c[i * g.ldc + j];
         v = beta == 0.f ? 0.f : beta * v;
       }
+    if (bias) cpu::add_bias_rows(g);
     return;
   }
 
@@ -216,8 +249,10 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
   }
   // The CPU backend's three GEMMs: the skinny decode kernel, oneDNN on widened bf16, oneDNN.
   const auto cpu_gemm = [&] {
-    if (backend == MatmulBackend::kSkinny)
+    if (backend == MatmulBackend::kSkinny) {
       cpu::gemm_skinny(g);
+      if (g.bias) cpu::add_bias_rows(g);
+    }
     else if ((auto_backend || !native_bf16()) && widen_bf16(g))
       cpu::gemm_onednn_widened(g);
     else
@@ -225,5 +260,7 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
   };
   TESSERA_KERNEL("matmul", cpu_gemm(), a, b, c);
 }
+
+}  // namespace
 
 }  // namespace tessera::kernels

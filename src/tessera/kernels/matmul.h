@@ -16,9 +16,17 @@ namespace tessera::kernels {
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a = false,
             bool trans_b = false, float alpha = 1.f, float beta = 0.f);
 
+// c = op(a) @ op(b) + bias (each row): a Linear layer's forward with its bias in the
+// GEMM's epilogue (oneDNN adds it in the same pass) instead of a second pass over c.
+// bias: (N) f32, contiguous.
+void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c,
+                 bool trans_b = false);
+
 // Same contract, forced through one backend; for tests and `tessera bench gemm`.
 enum class MatmulBackend { kAuto, kOneDnn, kSkinny, kReference };
 void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor& c,
                  bool trans_a, bool trans_b, float alpha, float beta);
+void matmul_bias_with(MatmulBackend backend, const Tensor& a, const Tensor& b, const Tensor& bias,
+                      Tensor& c, bool trans_b);
 
 }  // namespace tessera::kernels

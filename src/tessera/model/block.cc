@@ -37,7 +37,10 @@ void by_rows(const Tensor& x, Tensor& y, bool rowwise, const F& f) {
 void run_linear(const Model& m, const BlockLinear& spec, int64_t layer, const Tensor& x, Tensor& y,
                 Bf16Mode mode, bool rowwise, Tensor* rows_out = nullptr) {
   const Linear& lin = m.compute_linear(layer, spec.which);
-  by_rows(x, y, rowwise, [&](const Tensor& xi, Tensor& yi) { linear_matmul(lin, xi, yi, mode); });
+  // The bias goes into the GEMM unless a tp reduction comes between (row-parallel under tp).
+  const bool bias_in_gemm = spec.style != LinearStyle::kRow || (!rows_out && !m.tp_comm());
+  by_rows(x, y, rowwise, [&](const Tensor& xi, Tensor& yi) { linear_matmul(lin, xi, yi, mode, bias_in_gemm); });
+  if (bias_in_gemm) return;
   Tensor* out = &y;
   if (spec.style == LinearStyle::kRow) {
     if (rows_out) {

@@ -34,17 +34,21 @@ Bf16Mode prepared_mode(Bf16Mode mode) {
   return mode == Bf16Mode::kEmulated || mode == Bf16Mode::kEmulatedF16 ? Bf16Mode::kOff : mode;
 }
 
-void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
+void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode, bool with_bias) {
+  const bool bias = with_bias && lin.bias.defined();
   if (lin.quant) {  // activations stay f32 (W8A16 / W4A16; W8A8 quantizes them itself)
     kernels::quant_matmul(x.dtype() == DType::kF32 ? x : x.to(DType::kF32), *lin.quant, y);
+  } else if (bias && lin.bias.dtype() == DType::kF32) {
+    kernels::matmul_bias(matmul_input(x, mode), lin.weight, lin.bias, y, !lin.in_out);
     return;
+  } else {
+    kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
   }
-  kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
+  if (bias) kernels::add_bias(y, lin.bias);
 }
 
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {
-  linear_matmul(lin, x, y, mode);
-  if (lin.bias.defined()) kernels::add_bias(y, lin.bias);
+  linear_matmul(lin, x, y, mode, true);
 }
 
 void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16Mode mode) {

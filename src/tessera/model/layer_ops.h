@@ -24,8 +24,9 @@ Tensor matmul_operand(const Tensor& x, Bf16Mode mode);
 // are unchanged.
 Bf16Mode prepared_mode(Bf16Mode mode);
 
-// y (N, out) = x (N, in) @ W^T  (x @ W for in_out weights); no bias.
-void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
+// y (N, out) = x (N, in) @ W^T  (x @ W for in_out weights); with_bias: + b, in the
+// GEMM's epilogue where it can be (an f32 bias and a float weight), else added after.
+void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode, bool with_bias = false);
 // y (N, out) = x (N, in) @ W^T + b  (x @ W + b for in_out weights).
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode);
 // dx (N, in) = dy (N, out) @ W (dy @ W^T for in_out); overwritten. A quantized weight

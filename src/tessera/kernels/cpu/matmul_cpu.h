@@ -27,7 +27,14 @@ struct GemmArgs {
   int64_t ldc = 0;
   float alpha = 1.f;
   float beta = 0.f;
+  // c[i, :] += bias after alpha * op(a) @ op(b) + beta * c; null: none. f32, N values.
+  // oneDNN's matmul primitive adds it in its epilogue (a post-op of the same pass); the
+  // other GEMMs with add_bias_rows.
+  const float* bias = nullptr;
 };
+
+// c[i, :] += g.bias for each of the M rows (the GEMMs without a bias epilogue).
+void add_bias_rows(const GemmArgs& g);
 
 // oneDNN matmul primitive, cached per problem (matmul_onednn.cc). Needs a_dtype == b_dtype.
 void gemm_onednn(const GemmArgs& g);

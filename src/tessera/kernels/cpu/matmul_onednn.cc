@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
@@ -25,7 +26,7 @@ using dnnl::memory;
 // (static output scale / sum post-op scale) because runtime scales push oneDNN 2.6
 // onto slower reference paths for some shapes.
 using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                                int, int, float, float>;
+                                int, int, float, float, bool>;
 
 // Serving varies M every step, so the cache would grow without bound (each primitive holds
 // JIT code, tens of KB): it keeps the most recently used entries (~1 ms to re-create one).
@@ -119,6 +120,8 @@ memory::desc strided_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, DT
   return memory::desc({rows, cols}, to_dnnl(dt), {1, ld});
 }
 
+memory::desc bias_desc(int64_t n) { return memory::desc({1, n}, memory::data_type::f32, {n, 1}); }
+
 CachedPrimitive create_primitive(const GemmArgs& g) {
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
   const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
@@ -132,7 +135,9 @@ CachedPrimitive create_primitive(const GemmArgs& g) {
     ops.append_sum(g.beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::desc desc(a_md, b_md, c_md);
+  // The bias in the primitive's epilogue: dst = oscale * (a @ b) + bias (+ sum).
+  const dnnl::matmul::desc desc = g.bias ? dnnl::matmul::desc(a_md, b_md, bias_desc(g.n), c_md)
+                                         : dnnl::matmul::desc(a_md, b_md, c_md);
   const dnnl::matmul::primitive_desc pd(desc, attr, global_engine());
   return {dnnl::matmul(pd), pd.scratchpad_desc()};
 }
@@ -160,11 +165,12 @@ void gemm_onednn(const GemmArgs& g) {
                    g.lda, static_cast<const float*>(g.b), g.ldb, g.beta, g.c, g.ldc);
     TESSERA_CHECK(st == dnnl_success, "matmul (oneDNN sgemm) failed for M=", g.m, " N=", g.n,
                   " K=", g.k, ": status ", static_cast<int>(st));
+    if (g.bias) add_bias_rows(g);
     return;
   }
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
-                         g.beta};
+                         g.beta, g.bias != nullptr};
   CachedPrimitive prim;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
@@ -188,10 +194,12 @@ void gemm_onednn(const GemmArgs& g) {
     const size_t scratch_bytes = prim.scratchpad.get_size();
     if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
     memory s_mem(prim.scratchpad, eng, scratch.data());
-    prim.prim.execute(thread_stream(), {{DNNL_ARG_SRC, a_mem},
-                                        {DNNL_ARG_WEIGHTS, b_mem},
-                                        {DNNL_ARG_DST, c_mem},
-                                        {DNNL_ARG_SCRATCHPAD, s_mem}});
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a_mem},
+                                         {DNNL_ARG_WEIGHTS, b_mem},
+                                         {DNNL_ARG_DST, c_mem},
+                                         {DNNL_ARG_SCRATCHPAD, s_mem}};
+    if (g.bias) args.emplace(DNNL_ARG_BIAS, memory(bias_desc(g.n), eng, const_cast<float*>(g.bias)));
+    prim.prim.execute(thread_stream(), args);
     thread_stream().wait();
   } catch (const dnnl::error& e) {
     fail("matmul (oneDNN) failed for M=", g.m, " N=", g.n, " K=", g.k, " a ",
@@ -234,8 +242,18 @@ void gemm_onednn_widened(const GemmArgs& g, int64_t max_b_floats) {
     else  // b is (K, N): columns n0..n0+nb of every row
       widen(b16 + n0, g.k, nb, g.ldb, b32), w.ldb = nb;
     w.b = b32.data(), w.n = nb, w.c = g.c + n0;
+    if (g.bias) w.bias = g.bias + n0;
     gemm_onednn(w);
   }
+}
+
+void add_bias_rows(const GemmArgs& g) {
+  base::parallel_for(g.m, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(g.n, 1)), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float* row = g.c + i * g.ldc;
+      for (int64_t j = 0; j < g.n; ++j) row[j] += g.bias[j];
+    }
+  });
 }
 
 int64_t onednn_cache_size() {
