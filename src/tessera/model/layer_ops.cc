@@ -36,15 +36,13 @@ Bf16Mode prepared_mode(Bf16Mode mode) {
 
 void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode, bool with_bias) {
   const bool bias = with_bias && lin.bias.defined();
-  if (lin.quant) {  // activations stay f32 (W8A16 / W4A16; W8A8 quantizes them itself)
+  if (lin.quant)  // activations stay f32 (W8A16 / W4A16; W8A8 quantizes them itself)
     kernels::quant_matmul(x.dtype() == DType::kF32 ? x : x.to(DType::kF32), *lin.quant, y);
-  } else if (bias && lin.bias.dtype() == DType::kF32) {
-    kernels::matmul_bias(matmul_input(x, mode), lin.weight, lin.bias, y, !lin.in_out);
-    return;
-  } else {
+  else if (bias && lin.bias.dtype() == DType::kF32)
+    return kernels::matmul_bias(matmul_input(x, mode), lin.weight, lin.bias, y, !lin.in_out);
+  else
     kernels::matmul(matmul_input(x, mode), lin.weight, y, false, !lin.in_out);
-  }
-  if (bias) kernels::add_bias(y, lin.bias);
+  if (bias) kernels::add_bias(y, lin.bias);  // (a quantized or bf16 bias)
 }
 
 void linear_forward(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode) {

@@ -22,6 +22,7 @@
 
 #include "tessera/base/error.h"
 #include "tessera/serve/bench_client.h"
+#include "tessera/serve/http_reply.h"
 #include "tessera/serve/openai.h"
 #include "tessera/serve/prom_histogram.h"
 #include "tessera/serve/router.h"
@@ -32,12 +33,8 @@ namespace router_detail {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-inline std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-inline void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump(body), "application/json");
-}
+using serve::dump;
+using serve::send_json;
 
 struct Worker {
   std::string url, host;

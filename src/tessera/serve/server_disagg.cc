@@ -13,6 +13,7 @@
 
 #include "tessera/base/logging.h"
 #include "tessera/infer/kv_shm.h"
+#include "tessera/serve/http_reply.h"
 #include "tessera/serve/kv_transfer.h"
 #include "tessera/serve/prom_histogram.h"
 #include "tessera/serve/server_impl.h"
@@ -22,28 +23,16 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(dump(error_body(e.what(), e.type, e.param, e.code)), "application/json");
-}
-
-// The routes' error handling (as server_routes.cc's guarded handlers).
+// The routes' error handling (as server_routes.cc's guarded handlers); a body that is not
+// the JSON the KV routes expect is a 400 too.
 template <class F>
 void guard(httplib::Response& res, F&& fn) {
   try {
     fn();
-  } catch (const ApiError& e) {
-    send_error(res, e);
-  } catch (const FieldError& e) {
-    send_error(res, ApiError(400, "invalid_request_error", e.field(), "", e.what()));
-  } catch (const Error& e) {
-    send_error(res, ApiError(400, "invalid_request_error", "", "", e.what()));
   } catch (const nlohmann::json::exception& e) {
     send_error(res, ApiError(400, "invalid_request_error", "", "", std::string("malformed KV request: ") + e.what()));
-  } catch (const std::exception& e) {
-    send_error(res, ApiError(500, "internal_error", "", "", std::string("internal error: ") + e.what()));
+  } catch (...) {
+    send_error(res, api_error_of(std::current_exception()));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "tessera/base/logging.h"
 #include "tessera/serve/chat_page.h"
+#include "tessera/serve/http_reply.h"
 #include "tessera/serve/openai_echo.h"
 #include "tessera/serve/server_impl.h"
 
@@ -11,19 +12,6 @@ namespace tessera::serve {
 namespace {
 
 using nlohmann::json;
-
-// Responses must be valid UTF-8 JSON whatever a tokenizer decoded: replace bad bytes.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump(body), "application/json");
-}
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  send_json(res, e.status, error_body(e.what(), e.type, e.param, e.code));
-}
 
 json body_json(const httplib::Request& req) { return parse_body(req.body); }
 
@@ -333,15 +321,10 @@ void Server::Impl::setup_routes() {
       } mark{http_done_ns_};
       try {
         fn(req, res);
-      } catch (const ApiError& e) {
+      } catch (...) {
+        const ApiError e = api_error_of(std::current_exception());
+        if (e.status == 500) TESSERA_LOG(kError, "serve: ", req.method, " ", req.path, ": ", e.what());
         send_error(res, e);
-      } catch (const FieldError& e) {
-        send_error(res, ApiError(400, "invalid_request_error", e.field(), "", e.what()));
-      } catch (const Error& e) {
-        send_error(res, ApiError(400, "invalid_request_error", "", "", e.what()));
-      } catch (const std::exception& e) {
-        TESSERA_LOG(kError, "serve: ", req.method, " ", req.path, ": ", e.what());
-        send_error(res, ApiError(500, "internal_error", "", "", std::string("internal error: ") + e.what()));
       }
     };
   };
