@@ -33,7 +33,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_models  # noqa: E402
-import safetensors_io  # noqa: E402
 
 
 class Hypotheses:
@@ -119,10 +118,7 @@ def main():
     ap.add_argument("--cases", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
-    model = hf_models.build_model(cfg)
-    hf_models.load_weights(model, safetensors_io.load_file(os.path.join(a.model, "model.safetensors")))
+    model = hf_models.load_model_dir(a.model)
     model = model.double().eval()
     with open(a.cases) as f:
         cases = json.load(f)

@@ -14,7 +14,9 @@ transformers' modeling_rope_utils.py types linear, dynamic, yarn and llama3
 (ScaledRotaryEmbedding), partial_rotary_factor as modeling_phi.py applies it, and
 DeepSeek's YaRN (DeepseekV2YarnRotaryEmbedding).
 """
+import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from torch import nn
 # (looked up at call time: moe_reference imports this module too).
 import mla_reference  # noqa: E402
 import moe_reference  # noqa: E402
+import safetensors_io  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1179,6 +1182,14 @@ def build_model(cfg):
     if model_type not in MODEL_CLASSES:
         raise ValueError(f"config.json model_type '{model_type}' is not one of {sorted(MODEL_CLASSES)}")
     return MODEL_CLASSES[model_type](cfg)
+
+
+def load_model_dir(path):
+    """The model of a Hugging Face directory: config.json built, model.safetensors loaded."""
+    with open(os.path.join(path, "config.json")) as f:
+        model = build_model(json.load(f))
+    load_weights(model, safetensors_io.load_file(os.path.join(path, "model.safetensors")))
+    return model
 
 
 def saved_state(model):

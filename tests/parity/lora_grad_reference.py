@@ -12,7 +12,6 @@ Usage: lora_grad_reference.py --model DIR --adapter ADAPTER.safetensors --alpha 
 (the adapter file holds PEFT names: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)
 """
 import argparse
-import json
 import os
 import sys
 
@@ -47,10 +46,7 @@ def main():
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
-    model = hf_models.build_model(cfg)
-    hf_models.load_weights(model, safetensors_io.load_file(os.path.join(a.model, "model.safetensors")))
+    model = hf_models.load_model_dir(a.model)
     for p in model.parameters():
         p.requires_grad_(False)
     adapter = safetensors_io.load_file(a.adapter)

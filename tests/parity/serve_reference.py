@@ -19,7 +19,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_models  # noqa: E402
-import safetensors_io  # noqa: E402
 
 
 def main():
@@ -28,12 +27,9 @@ def main():
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
     with open(a.prompts) as f:
         prompts = json.load(f)
-    model = hf_models.build_model(cfg)
-    hf_models.load_weights(model, safetensors_io.load_file(os.path.join(a.model, "model.safetensors")))
+    model = hf_models.load_model_dir(a.model)
     model = model.double().eval()
     out = []
     with torch.no_grad():

@@ -42,12 +42,9 @@ def main():
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # a tiny model: threads only add overhead
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
     with open(a.settings) as f:
         s = json.load(f)
-    model = hf_models.build_model(cfg)
-    hf_models.load_weights(model, safetensors_io.load_file(os.path.join(a.model, "model.safetensors")))
+    model = hf_models.load_model_dir(a.model)
     model.train()
     batches = safetensors_io.load_file(a.batches)
     ids, targets = batches["ids"].long(), batches["targets"].long()
