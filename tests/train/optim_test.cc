@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -295,7 +296,12 @@ TEST(Clip, NonFiniteNormIsReportedNotApplied) {
   EXPECT_FLOAT_EQ(ps[0].grad.item_f32(0), float(3.0 * (1.0 / (5.0 + 1e-6))));
 }
 
-TEST(LossScaler, ScaledAdamWStepsMatchGradScaler) {
+// The trainer's way (folded: grad_clip's coefficient applied by the update pass, the
+// gradients untouched) and the in-place clip_grad_norm both follow torch's recipe.
+class ScaledAdamW : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ScaledAdamW, StepsMatchGradScaler) {
+  const bool folded = GetParam();
   const Reference& ref = Reference::get();
   ASSERT_TRUE(ref.ok());
   const json& amp = ref.config()["amp"];
@@ -308,8 +314,16 @@ TEST(LossScaler, ScaledAdamWStepsMatchGradScaler) {
     ref.load_grads("amp", step, ps);
     // The torch.cuda.amp recipe: unscale, clip, step unless inf/NaN, update.
     const bool finite = scaler.unscale_and_check(ps);
-    const double norm = clip_grad_norm(ps, amp["max_norm"]);
-    if (finite) opt.step(1.0);
+    StepOptions so;
+    double norm = 0;
+    if (folded) {
+      const GradClip clip = grad_clip(ps, amp["max_norm"]);
+      norm = clip.norm, so.grad_scale = clip.coef;
+      if (finite) EXPECT_LT(clip.coef, 1.f) << "step " << step;  // the clip is in play
+    } else {
+      norm = clip_grad_norm(ps, amp["max_norm"]);
+    }
+    if (finite) opt.step(1.0, so);
     scaler.update(!finite);
     const bool want_skip = step == amp["inf_step"].get<int>() || step == amp["nan_step"].get<int>();
     EXPECT_EQ(finite, !want_skip) << "step " << step;
@@ -337,6 +351,63 @@ TEST(LossScaler, ScaledAdamWStepsMatchGradScaler) {
   EXPECT_EQ(scaler.skipped_steps(), 2);
   EXPECT_EQ(scaler.backoff_count(), 2);
   EXPECT_EQ(scaler.growth_count(), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Clip, ScaledAdamW, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "folded" : "in_place"); });
+
+// The update pass's extras against the plain pass followed by the separate steps they
+// replace: torch's in-place clip (g * coef in f32) before, the rounding to bf16 / f16 and
+// the bf16 conversion (f32_to_bf16, round to nearest even) after. Bit for bit, on every
+// loop, over lengths with vector tails, with NaN and huge values among the results.
+TEST(AdamW, FusedClipAndWeightCopiesAreTheSeparatePasses) {
+  const int64_t n = 1000 + 13;
+  std::vector<float> p0(n), g0(n), m0(n), v0(n);
+  uint32_t seed = 7;
+  auto rnd = [&] { seed = seed * 1664525u + 1013904223u; return static_cast<float>(seed >> 8) / 16777216.f - 0.5f; };
+  for (int64_t i = 0; i < n; ++i) p0[i] = rnd() * 4, g0[i] = rnd(), m0[i] = rnd() * 0.1f, v0[i] = std::abs(rnd()) * 0.01f;
+  p0[5] = std::nanf("");        // a NaN weight stays NaN in both copies
+  p0[17] = 3.3e38f;             // rounds to inf in bf16 ... and f16
+  p0[18] = 70000.f;             // beyond f16's range only
+  const AdamWScalars s = adamw_scalars(1e-3, 0.9, 0.95, 1e-8, 0.1, 3);
+  const float coef = 0.3712f;
+  for (AdamWKernel k : {AdamWKernel::kAvx512, AdamWKernel::kAvx2, AdamWKernel::kPortable}) {
+    AdamWKernelGuard guard(k);
+    for (bool f16 : {false, true}) {
+      std::vector<float> p = p0, m = m0, v = v0, pw = p0, mw = m0, vw = v0, gw = g0;
+      for (float& g : gw) g *= coef;  // torch: grad.mul_(clip_coef)
+      adamw_update(pw.data(), gw.data(), mw.data(), vw.data(), n, s);
+      std::vector<float> rounded(n, -1.f);
+      std::vector<uint16_t> b16(n, 0);
+      kernels::UpdateExtras x;
+      x.grad_scale = coef;
+      x.rounded = rounded.data();
+      x.round_f16 = f16;
+      if (!f16) x.bf16 = b16.data();
+      adamw_update(p.data(), g0.data(), m.data(), v.data(), n, s, x);
+      for (int64_t i = 0; i < n; ++i) {
+        const std::string at = "kernel " + std::to_string(int(k)) + (f16 ? " f16" : " bf16") + " element " + std::to_string(i);
+        ASSERT_EQ(std::memcmp(&p[i], &pw[i], 4), 0) << at;
+        ASSERT_EQ(m[i], mw[i]) << at;
+        ASSERT_EQ(v[i], vw[i]) << at;
+        const float want = f16 ? f16_to_f32(f32_to_f16(pw[i])) : bf16_to_f32(f32_to_bf16(pw[i]));
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(rounded[i])) << at;
+        } else {
+          ASSERT_EQ(rounded[i], want) << at;
+        }
+        if (!f16) ASSERT_EQ(b16[i], f32_to_bf16(pw[i])) << at;
+      }
+      // write_copies (Muon, the router bias) gives the same copies of given values.
+      std::vector<float> r2(n, -1.f);
+      std::vector<uint16_t> b2(n, 0);
+      x.rounded = r2.data();
+      x.bf16 = f16 ? nullptr : b2.data();
+      kernels::write_copies(p.data(), n, x);
+      EXPECT_EQ(std::memcmp(r2.data(), rounded.data(), n * 4), 0);
+      if (!f16) EXPECT_EQ(b2, b16);
+    }
+  }
 }
 
 TEST(LossScaler, UnscalesExactlyAndFindsNonFinite) {

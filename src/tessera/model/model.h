@@ -232,6 +232,10 @@ class Model {
   void refresh_compute_weights();  // every unit whose weights are present
   void refresh_compute_unit(int unit);
   void release_compute_unit(int unit);
+  // The compute copy of the matmul weight stored in `weight` (the same storage as a
+  // weights() tensor; the embedding's is the tied head's copy), or an undefined tensor when
+  // it has none (emulated or f32 compute, not a matmul weight, a unit not present).
+  Tensor compute_copy_of(const Tensor& weight) const;
   DType compute_dtype() const { return compute_dtype_; }
   Bf16Mode bf16_mode() const { return bf16_mode_; }
 

@@ -427,7 +427,34 @@ void convert_weight(const Tensor& w, Bf16Mode mode, DType compute, Tensor& dst) 
   if (mode == Bf16Mode::kEmulatedF16) round_f16_in_place(dst);
 }
 
+// f(source, its compute copy) for every weight of a layer that has one.
+template <typename Src, typename Dst, typename F>
+void for_each_converted(Src& src, Dst& dst, F&& f) {
+  f(src.qkv.weight, dst.qkv.weight);
+  f(src.o.weight, dst.o.weight);
+  f(src.up.weight, dst.up.weight);
+  f(src.down.weight, dst.down.weight);
+  f(src.moe.router, dst.moe.router);
+  f(src.moe.gate_up, dst.moe.gate_up);
+  f(src.moe.down, dst.moe.down);
+  f(src.moe.shared_gate, dst.moe.shared_gate);
+}
+
 }  // namespace
+
+Tensor Model::compute_copy_of(const Tensor& weight) const {
+  if (!has_compute_copy_ || !weight.defined()) return Tensor();
+  Tensor found;
+  const auto match = [&](const Tensor& src, const Tensor& copy) {
+    if (!found.defined() && src.defined() && copy.defined() && src.raw_data() == weight.raw_data() &&
+        src.numel() == weight.numel())
+      found = copy;
+  };
+  for (size_t l = 0; l < weights_.layers.size() && l < compute_.layers.size(); ++l)
+    for_each_converted(weights_.layers[l], compute_.layers[l], match);
+  match(weights_.lm_head, compute_.lm_head);
+  return found;
+}
 
 bool Model::unit_holds_lm_head(int unit) const {
   // A tied lm_head is the embedding (unit 0); an untied one, or a pipeline's last-stage
@@ -471,14 +498,7 @@ void Model::refresh_compute_unit(int unit) {
   for (int64_t l : unit_layers(unit)) {
     const auto& src = weights_.layers[l];
     auto& dst = compute_.layers[l];
-    convert(src.qkv.weight, dst.qkv.weight);
-    convert(src.o.weight, dst.o.weight);
-    convert(src.up.weight, dst.up.weight);
-    convert(src.down.weight, dst.down.weight);
-    convert(src.moe.router, dst.moe.router);
-    convert(src.moe.gate_up, dst.moe.gate_up);
-    convert(src.moe.down, dst.moe.down);
-    convert(src.moe.shared_gate, dst.moe.shared_gate);
+    for_each_converted(src, dst, convert);
     dst.moe.bias = src.moe.bias;  // (chooses experts in f32; shared like the biases below)
     dst.qkv.quant = src.qkv.quant;  // quantized linears are their own compute form
     dst.o.quant = src.o.quant;

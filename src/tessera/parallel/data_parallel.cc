@@ -8,6 +8,7 @@
 // are the unit of reduction; each rank owns chunk_range(segment, N, rank) of every segment
 // (stages 1-3) and concatenates its chunks into its shard buffers.
 #include "tessera/parallel/data_parallel.h"
+#include "tessera/parallel/data_parallel_parts.h"
 #include "tessera/parallel/tensor_parallel.h"
 
 #include <algorithm>
@@ -18,47 +19,6 @@
 #include "tessera/kernels/elementwise.h"
 
 namespace tessera::parallel {
-
-struct DataParallel::Slot {
-  std::string name;
-  Tensor* w = nullptr;  // member of model_.weights()
-  Tensor* g = nullptr;  // member of grads_
-  Shape shape;
-  int64_t numel = 0;
-  int64_t flat = 0;  // first element in the flat layout
-  bool expert = false;  // an expert-parallel model's experts (reduced over expert_comm)
-};
-
-struct DataParallel::Unit {
-  std::vector<int> slots;
-  int64_t begin = 0, end = 0;  // flat range
-  int segment = 0;
-  int expert_segment = -1;     // expert parallelism: the segment of its experts' slots
-  Tensor ebuf;                 // stage 3 with ep: its experts' gathered values (over expert_comm)
-  comm::RequestPtr egather;    // and their prefetch
-  int refs = 0;                // stage 3: acquires outstanding
-  bool resident = false;       // stage 3: gathered weights bound
-  Tensor buf;                  // stage 3: (end - begin) gathered values
-  comm::RequestPtr gather;     // stage 3: a prefetch in flight
-};
-
-struct DataParallel::Segment {
-  int64_t begin = 0, end = 0;          // flat range
-  int64_t own_begin = 0, own_end = 0;  // this rank's part (flat)
-  int64_t own_offset = 0;              // where that part sits in the shard buffers
-  std::vector<int> units;
-  bool expert = false;                 // expert slots: reduced and sharded over expert_comm
-  int ready = 0;                       // units whose gradients are final this micro-batch
-  Tensor buf;                          // stages 2-3: (end - begin) gradients being accumulated
-  int64_t own_size() const { return own_end - own_begin; }
-};
-
-struct DataParallel::Pending {
-  comm::RequestPtr req;
-  int segment = 0;
-  Tensor out;  // stages 2-3: this rank's reduced chunk, added into grads_shard_ when done
-  float scale = 1.f;  // applied to the reduced values (experts: 1 / ep, see launch_reduction)
-};
 
 namespace {
 
@@ -388,6 +348,7 @@ void DataParallel::build_pieces() {
         piece.grad = piece.grad.view(p.shape);
       }
       pieces_.push_back(std::move(piece));
+      piece_flat_.push_back(lo);
     }
   }
 }
@@ -515,37 +476,6 @@ double exact_sum(comm::Communicator& comm, double local) { return exact_sums(com
 
 double DataParallel::sum_over_ranks(double local) { return exact_sum(comm_, local); }
 std::vector<double> DataParallel::sum_over_ranks(const std::vector<double>& local) { return exact_sums(comm_, local); }
-
-void DataParallel::publish_params() {
-  base::TraceScope scope("publish_params");
-  const int stage = config_.zero_stage;
-  if (separate_master_) {
-    // Rounded as it is copied, one pass, into the weights' own storage: no temporary the
-    // size of the shard (a fresh 500 MB for a 124M model every step, all of it page faults).
-    auto publish = [&](Tensor dst, const Tensor& src) { copy_rounded(dst, src, config_.compute_dtype); };
-    if (stage < 3) {
-      for (const Segment& seg : segments_)
-        publish(params_.slice(0, seg.own_begin, seg.own_end),
-                master_.slice(0, seg.own_offset, seg.own_offset + seg.own_size()));
-    } else {
-      publish(params_shard_, master_);  // (host -> device with offload)
-    }
-  }
-  if ((stage == 1 || stage == 2) && comm_.size() > 1) {
-    std::vector<comm::RequestPtr> reqs;
-    for (const Segment& seg : segments_) {
-      comm::Communicator& g = group_of(seg);
-      if (g.size() == 1) continue;
-      Tensor out = params_.slice(0, seg.begin, seg.end);
-      reqs.push_back(g.all_gather_async(params_.slice(0, seg.own_begin, seg.own_end), out,
-                                        config_.algorithm));
-    }
-    for (auto& r : reqs) r->wait();
-  }
-  // Native bf16 (stages 0-2): the matmuls' bf16 copies follow the new weights. Stage 3
-  // makes them as each unit is gathered.
-  if (stage < 3) model_.refresh_compute_weights();
-}
 
 void DataParallel::start_gather(int u, bool async) {
   Unit& unit = units_[u];

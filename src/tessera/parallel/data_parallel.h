@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.h"
+#include "tessera/kernels/optimizer_math.h"
 #include "tessera/model/model.h"
 #include "tessera/tensor/tensor.h"
 
@@ -103,7 +104,19 @@ class DataParallel final : public model::TrainHooks {
   std::vector<double> sum_over_ranks(const std::vector<double>& local);  // element-wise
   // After the optimizer changed pieces() masters: writes them (rounded to the compute
   // precision) into the model's weights and all-gathers (stages 1-2).
-  void publish_params();
+  // copies_written: the optimizer already wrote this rank's into piece_copies() (then only
+  // the gathers and the compute copies of what they bring remain).
+  void publish_params(bool copies_written = false);
+  // Where the optimizer can write each piece's new value as it updates the master, in the
+  // same pass (Optimizer StepOptions::copies), parallel to pieces(): the model's weight
+  // rounded to the compute precision and, native bf16, the matmul's bf16 copy. Empty where
+  // the weights are not a copy in this rank's memory (f32 compute: the master is the
+  // weight; ZeRO-3; offload): publish_params() then does it all.
+  std::vector<kernels::ParamCopies> piece_copies() const;
+  bool optimizer_publishes() const;
+  // With piece_copies() in use: writes piece i's copies again after its master changed
+  // outside the optimizer (the router-bias update). No-op otherwise.
+  void publish_piece(size_t i);
 
   // Stage 3 holds only shards between steps: gather_all() makes every weight present
   // (evaluation, export) until release_all(). Both are collective; no-ops below stage 3.
@@ -143,6 +156,11 @@ class DataParallel final : public model::TrainHooks {
   void start_gather(int unit, bool async);
   void finish_gather(int unit);
   comm::Communicator& group_of(const Segment& s);  // the ranks it is reduced over
+  const Slot& slot_at(int64_t flat) const;  // the slot holding a flat position
+  // The bf16 compute copy of flat range [lo, hi) of slot s (undefined: s has none).
+  Tensor compute_copy_range(const Slot& s, int64_t lo, int64_t hi) const;
+  kernels::ParamCopies copies_of_piece(size_t i) const;
+  void refresh_copies(int64_t lo, int64_t hi);  // compute copies of params_'s flat range
 
   model::Model& model_;
   comm::Communicator& comm_;
@@ -153,6 +171,7 @@ class DataParallel final : public model::TrainHooks {
   std::vector<Segment> segments_;  // in flat (gradient-ready) order
   std::vector<Pending> pending_;
   std::vector<ShardPiece> pieces_;
+  std::vector<int64_t> piece_flat_;  // parallel to pieces_: each one's first flat position
   int64_t ep_ = 1;              // expert parallelism: comm_.size() / expert_comm's
   int64_t expert_begin_ = 0;    // the experts' slots fill the flat layout's tail from here
   int64_t total_ = 0;      // parameters (elements of the flat layout)

@@ -48,22 +48,29 @@ double grad_global_norm(const std::vector<ParamRef>& params) {
   return std::sqrt(s);
 }
 
+GradClip grad_clip(const std::vector<ParamRef>& params, double max_norm,
+                   const std::function<double(double)>& sum_across) {
+  GradClip r;
+  r.norm = grad_global_norm(params);
+  if (sum_across) r.norm = std::sqrt(sum_across(r.norm * r.norm));
+  if (!(max_norm > 0) || !std::isfinite(r.norm)) return r;
+  const double coef = max_norm / (r.norm + 1e-6);
+  if (coef < 1.0) r.coef = static_cast<float>(coef);  // torch multiplies by an f32 tensor
+  return r;
+}
+
 double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
                       const std::function<double(double)>& sum_across) {
-  double norm = grad_global_norm(params);
-  if (sum_across) norm = std::sqrt(sum_across(norm * norm));
-  if (!(max_norm > 0) || !std::isfinite(norm)) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return norm;
-  // torch multiplies by the coefficient as an f32 tensor.
-  const float c = static_cast<float>(coef);
+  const GradClip clip = grad_clip(params, max_norm, sum_across);
+  if (clip.coef == 1.f) return clip.norm;
+  const float c = clip.coef;
   for (const ParamRef& p : params) {
     float* g = p.grad.data<float>();
     base::parallel_for(p.grad.numel(), int64_t{1} << 16, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) g[i] *= c;
     });
   }
-  return norm;
+  return clip.norm;
 }
 
 }  // namespace tessera::train

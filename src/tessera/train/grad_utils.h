@@ -12,6 +12,18 @@ namespace tessera::train {
 // does not depend on the thread count. Non-finite when any grad is.
 double grad_global_norm(const std::vector<ParamRef>& params);
 
+// The global norm and torch's clip coefficient for it, touching no gradient: coef =
+// max_norm / (norm + 1e-6) as f32 when that is < 1, else 1 (also when max_norm <= 0 or
+// the norm is not finite). An optimizer step given coef (StepOptions::grad_scale) then
+// updates exactly as after clip_grad_norm's in-place scaling, without that pass.
+// sum_across as for clip_grad_norm below.
+struct GradClip {
+  double norm = 0;
+  float coef = 1.f;
+};
+GradClip grad_clip(const std::vector<ParamRef>& params, double max_norm,
+                   const std::function<double(double)>& sum_across = {});
+
 // Scales every grad by coef = max_norm / (norm + 1e-6) when coef < 1, as torch does;
 // returns the pre-clip global norm. max_norm <= 0 only measures. A non-finite norm is
 // returned without touching the grads (torch would multiply them by NaN); the caller

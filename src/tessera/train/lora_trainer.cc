@@ -129,12 +129,15 @@ class LoraRun {
       }
       const double loss = parallel::exact_sum(comm_, loss_sum) / static_cast<double>(accum * world_);
       count = static_cast<int64_t>(parallel::exact_sum(comm_, static_cast<double>(count)));
-      const double grad_norm = clip_grad_norm(step_state_->refs, tr.max_grad_norm);
+      const GradClip clip = grad_clip(step_state_->refs, tr.max_grad_norm);  // applied by the step
+      const double grad_norm = clip.norm;
       const double lr_scale = lr_multiplier(c_.schedule, step_);
       const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
       if (finite) {
         base::TraceScope opt("optimizer_step");
-        opt_->step(lr_scale);
+        StepOptions so;
+        so.grad_scale = clip.coef;
+        opt_->step(lr_scale, so);
       } else {
         ++result.skipped_steps;
         TESSERA_LOG(kWarn, "step ", step_ + 1, ": non-finite loss or gradient; the step is skipped");

@@ -125,7 +125,7 @@ Tensor Optimizer::orthogonalise_block(const ParamRef& ref, const Tensor& u) cons
   return o.slice(0, r0, r0 + rows).slice(1, c0, c0 + cols).contiguous();
 }
 
-void Optimizer::step_muon(double lr) {
+void Optimizer::step_muon(double lr, const StepOptions& opts) {
   const float w_momentum = static_cast<float>(1.0 - config_.muon_momentum);
   const float w_nesterov = static_cast<float>(config_.muon_momentum);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -139,10 +139,12 @@ void Optimizer::step_muon(double lr) {
     Tensor u = Tensor::empty(ref.param.shape(), DType::kF32);  // (rows, cols)
     float* up = u.data<float>();
     const bool nesterov = config_.muon_nesterov;
+    const auto gs = static_cast<float>(opts.grad_scale);  // the clip coefficient (StepOptions)
     base::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t k = i0; k < i1; ++k) {
-        m[k] = lerp(m[k], g[k], w_momentum);
-        up[k] = nesterov ? lerp(g[k], m[k], w_nesterov) : m[k];
+        const float gk = gs == 1.f ? g[k] : g[k] * gs;
+        m[k] = lerp(m[k], gk, w_momentum);
+        up[k] = nesterov ? lerp(gk, m[k], w_nesterov) : m[k];
       }
     });
     const bool split = ref.tp_group && ref.full_shape != ref.param.shape();
@@ -159,6 +161,8 @@ void Optimizer::step_muon(double lr) {
     float* p = ref.param.data<float>();
     base::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t k = i0; k < i1; ++k) p[k] = std::fma(op[k] * shape_scale, neg_lr, p[k] * decay);
+      if (opts.copies && (*opts.copies)[i].any())
+        kernels::write_copies(p + i0, i1 - i0, kernels::extras_of((*opts.copies)[i], i0));
     });
   }
 }

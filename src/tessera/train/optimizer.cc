@@ -99,29 +99,51 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamRef> params)
   }
 }
 
-void Optimizer::step(double lr_scale) {
+void Optimizer::step(double lr_scale, const StepOptions& o) {
   TESSERA_CHECK(std::isfinite(lr_scale) && lr_scale >= 0.0, "optimizer: lr multiplier ",
                 lr_scale, " must be a finite number >= 0");
+  TESSERA_CHECK(std::isfinite(o.grad_scale) && o.grad_scale >= 0.0, "optimizer: gradient scale ",
+                o.grad_scale, " must be a finite number >= 0");
+  if (o.copies) {
+    TESSERA_CHECK(o.copies->size() == params_.size(), "optimizer: ", o.copies->size(),
+                  " sets of weight copies for ", params_.size(), " parameters");
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamCopies& c = (*o.copies)[i];
+      const int64_t n = params_[i].param.numel();
+      TESSERA_CHECK(!c.rounded.defined() || (c.rounded.dtype() == DType::kF32 && c.rounded.numel() == n &&
+                                             c.rounded.is_contiguous()),
+                    "optimizer: the rounded copy of '", params_[i].name, "' is not ", n, " contiguous f32");
+      TESSERA_CHECK(!c.bf16.defined() || (c.bf16.dtype() == DType::kBF16 && c.bf16.numel() == n &&
+                                          c.bf16.is_contiguous() && c.format == DType::kBF16),
+                    "optimizer: the bf16 copy of '", params_[i].name, "' is not ", n, " contiguous bf16");
+      TESSERA_CHECK(c.format == DType::kBF16 || c.format == DType::kF16, "optimizer: weight copies of '",
+                    params_[i].name, "' round to ", dtype_name(c.format), ", not bf16 or f16");
+    }
+  }
   ++step_;
-  step_adamw(config_.lr * lr_scale);
-  if (config_.name == "muon") step_muon(config_.muon_lr * lr_scale);
+  step_adamw(config_.lr * lr_scale, o);
+  if (config_.name == "muon") step_muon(config_.muon_lr * lr_scale, o);
 }
 
-void Optimizer::step_adamw(double lr) {
+void Optimizer::step_adamw(double lr, const StepOptions& o) {
   if (adamw_chunks_.empty()) return;
   // Weight decay differs per parameter (decay flag), the rest of the scalars do not.
   const AdamWScalars with_decay =
       adamw_scalars(lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_);
   AdamWScalars no_decay = with_decay;
   no_decay.decay = 1.0f;  // torch: p.mul_(1 - lr*0) multiplies by exactly 1
+  const auto grad_scale = static_cast<float>(o.grad_scale);  // torch's clip: an f32 tensor
   base::parallel_for(static_cast<int64_t>(adamw_chunks_.size()), 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = adamw_chunks_[c];
       const ParamRef& r = params_[ch.param];
       const State& st = state_[ch.param];
+      kernels::UpdateExtras x;
+      if (o.copies) x = kernels::extras_of((*o.copies)[ch.param], ch.begin);
+      x.grad_scale = grad_scale;
       adamw_update(r.param.data<float>() + ch.begin, r.grad.data<float>() + ch.begin,
                    st.exp_avg.data<float>() + ch.begin, st.exp_avg_sq.data<float>() + ch.begin,
-                   ch.end - ch.begin, r.decay ? with_decay : no_decay);
+                   ch.end - ch.begin, r.decay ? with_decay : no_decay, x);
     }
   });
 }

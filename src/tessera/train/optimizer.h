@@ -51,6 +51,18 @@ struct OptimizerConfig {
 // Throws tessera::Error naming the field when a value is out of range.
 void validate_optimizer_config(const OptimizerConfig& c);
 
+using kernels::ParamCopies;
+
+struct StepOptions {
+  // Every gradient is multiplied by this (rounded to f32, as torch's in-place
+  // clip_grad_norm_ leaves it) as the update reads it: clipping without a pass of its own.
+  // The gradients themselves are left as they are.
+  double grad_scale = 1.0;
+  // Parallel to params(): where each parameter's new value is also written, in the same
+  // pass as its update (a mixed-precision wrapper's weights; DataParallel::piece_copies).
+  const std::vector<ParamCopies>* copies = nullptr;
+};
+
 class Optimizer {
  public:
   // Allocates zeroed state for every parameter (exp_avg / exp_avg_sq, or momentum).
@@ -58,7 +70,7 @@ class Optimizer {
 
   // One step with learning-rate multiplier lr_scale (the schedule value, usually in
   // [0, 1]): AdamW params use config.lr * lr_scale, Muon params config.muon_lr * lr_scale.
-  void step(double lr_scale);
+  void step(double lr_scale, const StepOptions& options = {});
   int64_t step_count() const { return step_; }
   const OptimizerConfig& config() const { return config_; }
   const std::vector<ParamRef>& params() const { return params_; }
@@ -81,8 +93,8 @@ class Optimizer {
     int64_t param;
     int64_t begin, end;
   };
-  void step_adamw(double lr);
-  void step_muon(double lr);
+  void step_adamw(double lr, const StepOptions& o);
+  void step_muon(double lr, const StepOptions& o);
   // The orthogonalised update of a Muon matrix split over tensor-parallel ranks (this
   // rank's block u of the whole update): collective over ref.tp_group.
   Tensor orthogonalise_block(const ParamRef& ref, const Tensor& u) const;

@@ -223,8 +223,9 @@ class Run {
         if (pipe_) finite = over_pp(finite ? 0.0 : 1.0) == 0.0;
       }
       double grad_norm = 0;
+      GradClip clip;
       {
-        base::TraceScope clip("clip_grad_norm");
+        base::TraceScope clip_scope("clip_grad_norm");
         // The squares summed over what the ranks hold apart: the tp blocks (replicated
         // tensors count 1/tp each, ParamRef::norm_share), the pipeline stages, then the
         // ZeRO shards.
@@ -235,7 +236,8 @@ class Run {
             x = over_pp(x);
             return dp_.sharded() ? dp_.sum_over_ranks(x) : x;
           };
-        grad_norm = clip_grad_norm(refs_, tr.max_grad_norm, across);
+        clip = grad_clip(refs_, tr.max_grad_norm, across);  // applied by the update
+        grad_norm = clip.norm;
       }
       finite = finite && std::isfinite(grad_norm);  // a non-finite gradient makes the norm so
       const bool spike = finite && spikes_.is_spike(loss);
@@ -251,9 +253,9 @@ class Run {
           ckpt_.wait_snapshot();  // an async checkpoint may still be copying the weights
         }
         base::TraceScope opt("optimizer_step");
-        opt_.step(lr_scale);
-        if (c_.training.moe_bias_update_rate > 0) update_router_bias(dp_, gp, c_.training.moe_bias_update_rate, model_.config());
-        dp_.publish_params();
+        update_weights(opt_, dp_, lr_scale, clip.coef, [&] {
+          if (c_.training.moe_bias_update_rate > 0) update_router_bias(dp_, gp, c_.training.moe_bias_update_rate, model_.config());
+        });
         spikes_.add(loss);
       } else if (!finite) {
         ++st_.skipped_steps;

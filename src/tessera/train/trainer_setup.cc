@@ -429,7 +429,22 @@ void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, doub
       const double d = mean - load[piece.offset + i];
       b[i] += static_cast<float>(d > 0 ? rate : d < 0 ? -rate : 0.0);
     }
+    dp.publish_piece(static_cast<size_t>(&piece - dp.pieces().data()));
   }
+}
+
+void update_weights(Optimizer& opt, parallel::DataParallel& dp, double lr_scale, float clip_coef,
+                    const std::function<void()>& between) {
+  const std::vector<ParamCopies> copies = dp.piece_copies();
+  StepOptions o;
+  o.grad_scale = clip_coef;
+  if (!copies.empty()) o.copies = &copies;
+  {
+    base::TraceScope scope("optimizer_update");
+    opt.step(lr_scale, o);
+  }
+  if (between) between();
+  dp.publish_params(/*copies_written=*/!copies.empty());
 }
 
 GradientPass accumulate_gradients(model::Model& model, parallel::DataParallel& dp, int64_t accum,

@@ -101,11 +101,19 @@ void add_mtp_metrics(nlohmann::json& rec, const GradientPass& gp, parallel::Data
 // The [training] options the model itself carries: activation checkpointing, MoE capacity,
 // the MTP loss weight (unset: 0.1 for a model with the module, when it runs whole).
 void apply_training_options(const TrainConfig& c, model::Model& m);
+// The update as `tessera train` and `bench train` run it, with refs from dp_param_refs:
+// the clip coefficient (grad_clip) folded into the optimizer's pass and, where dp allows
+// (piece_copies), the new weights written into the model in that same pass; then
+// `between` (the router-bias update) and dp.publish_params() for the rest (the gathers of
+// ZeRO 1-2, or the whole copy where the optimizer could not write it).
+void update_weights(Optimizer& opt, parallel::DataParallel& dp, double lr_scale, float clip_coef,
+                    const std::function<void()>& between = {});
 // Auxiliary-loss-free balancing, after the optimizer step and before dp.publish_params():
 // each MoE layer's selection bias (its master copy in dp.pieces()) moves by `rate`
 // towards the mean load, b_e += rate x sign(mean - load_e), over the step's global batch
 // (summed over dp's ranks: every rank calls this).
 // (gp.layer_load lists the MoE layers in order, a multi-token prediction layer last.)
+// Each bias it moves is republished (dp.publish_piece).
 void update_router_bias(parallel::DataParallel& dp, const GradientPass& gp, double rate, const model::ModelConfig& c);
 // [training] memory_limit_mb against this rank's bytes after its first step (the
 // record's mem_*): every rank of `world` stops together with one line naming the parts

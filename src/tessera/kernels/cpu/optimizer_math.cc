@@ -6,8 +6,10 @@
 #include <cmath>
 
 #include "tessera/base/cpu_features.h"
+#include "tessera/base/error.h"
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/tensor/dtype.h"
 
 namespace tessera::kernels {
 namespace {
@@ -23,11 +25,19 @@ namespace av = cpu::avx512;
 //   param.addcdiv_(exp_avg, denom, value=-step)    (-step*m) / denom + p
 // The portable loop relies on the baseline x86-64 build having no FMA to contract
 // p * decay into the final add; std::fma marks the two places torch does fuse.
+void write_copies_portable(const float* p, int64_t n, const UpdateExtras& x) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (x.rounded)
+      x.rounded[i] = x.round_f16 ? f16_to_f32(f32_to_f16(p[i])) : bf16_to_f32(f32_to_bf16(p[i]));
+    if (x.bf16) x.bf16[i] = f32_to_bf16(p[i]);
+  }
+}
+
 void adamw_portable(float* p, const float* g, float* m, float* v, int64_t n,
-                    const AdamWScalars& s) {
+                    const AdamWScalars& s, const UpdateExtras& x) {
   for (int64_t i = 0; i < n; ++i) {
     const float pi = p[i] * s.decay;
-    const float gi = g[i];
+    const float gi = x.grad_scale == 1.f ? g[i] : g[i] * x.grad_scale;
     const float mi = std::fma(gi, s.one_minus_beta1, m[i] * s.beta1);
     const float vi = std::fma(s.one_minus_beta2 * gi, gi, v[i] * s.beta2);
     const float denom = std::sqrt(vi) / s.bias_correction2_sqrt + s.eps;
@@ -35,6 +45,7 @@ void adamw_portable(float* p, const float* g, float* m, float* v, int64_t n,
     m[i] = mi;
     v[i] = vi;
   }
+  if (x.copies()) write_copies_portable(p, n, x);
 }
 
 // A product rounded on its own. GCC contracts _mm512_mul_ps followed by _mm512_add_ps
@@ -44,11 +55,49 @@ TESSERA_AVX512 inline __m512 mul_rn(__m512 a, __m512 b) {
   return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-TESSERA_AVX512 inline void adamw_vec(float* p, const float* g, float* m, float* v, __mmask16 k,
-                                     bool full, __m512 decay, __m512 b1, __m512 omb1, __m512 b2,
-                                     __m512 omb2, __m512 bc2s, __m512 nss, __m512 eps) {
+// v rounded to bf16 and widened back: round to nearest even on the bits, a NaN kept a
+// quiet NaN (f32_to_bf16's results, 16 lanes at a time).
+TESSERA_AVX512 inline __m512i round_bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_and_si512(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000))),
+                          _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+// Elements [i, i + 16) of extras' copies from the new values pv (lanes k when partial).
+TESSERA_AVX512 inline void copies_vec(__m512 pv, int64_t i, __mmask16 k, bool full,
+                                      const UpdateExtras& x) {
+  if (x.round_f16) {  // (no bf16 copy of f16 weights: compute copies exist in native bf16 only)
+    const __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(pv, _MM_FROUND_TO_NEAREST_INT));
+    full ? av::store(x.rounded + i, r) : av::store(x.rounded + i, r, k);
+    return;
+  }
+  const __m512i r = round_bf16_bits(pv);
+  if (x.rounded) full ? av::store(x.rounded + i, _mm512_castsi512_ps(r))
+                      : av::store(x.rounded + i, _mm512_castsi512_ps(r), k);
+  if (x.bf16) _mm512_mask_cvtepi32_storeu_epi16(x.bf16 + i, full ? __mmask16(0xffff) : k,
+                                                _mm512_srli_epi32(r, 16));
+}
+
+TESSERA_AVX512 void write_copies_avx512(const float* p, int64_t n, const UpdateExtras& x) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) copies_vec(av::load(p + i), i, 0, true, x);
+  if (i < n) {
+    const __mmask16 k = av::tail_mask(n - i);
+    copies_vec(av::load(p + i, k), i, k, false, x);
+  }
+}
+
+TESSERA_AVX512 inline void adamw_vec(float* p, const float* g, float* m, float* v, int64_t i,
+                                     __mmask16 k, bool full, __m512 decay, __m512 b1, __m512 omb1,
+                                     __m512 b2, __m512 omb2, __m512 bc2s, __m512 nss, __m512 eps,
+                                     const UpdateExtras& x) {
+  p += i, g += i, m += i, v += i;
   const __m512 pv = full ? av::load(p) : av::load(p, k);
-  const __m512 gv = full ? av::load(g) : av::load(g, k);
+  __m512 gv = full ? av::load(g) : av::load(g, k);
+  if (x.grad_scale != 1.f) gv = mul_rn(gv, _mm512_set1_ps(x.grad_scale));
   const __m512 mv = full ? av::load(m) : av::load(m, k);
   const __m512 vv = full ? av::load(v) : av::load(v, k);
   const __m512 pd = mul_rn(pv, decay);
@@ -61,10 +110,11 @@ TESSERA_AVX512 inline void adamw_vec(float* p, const float* g, float* m, float* 
   } else {
     av::store(p, p1, k), av::store(m, m1, k), av::store(v, v1, k);
   }
+  if (x.copies()) copies_vec(p1, i, k, full, x);
 }
 
 TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, int64_t n,
-                                 const AdamWScalars& s) {
+                                 const AdamWScalars& s, const UpdateExtras& x) {
   const __m512 decay = _mm512_set1_ps(s.decay), b1 = _mm512_set1_ps(s.beta1),
                omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
                omb2 = _mm512_set1_ps(s.one_minus_beta2),
@@ -72,10 +122,10 @@ TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, i
                nss = _mm512_set1_ps(s.neg_step_size), eps = _mm512_set1_ps(s.eps);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    adamw_vec(p + i, g + i, m + i, v + i, 0, true, decay, b1, omb1, b2, omb2, bc2s, nss, eps);
+    adamw_vec(p, g, m, v, i, 0, true, decay, b1, omb1, b2, omb2, bc2s, nss, eps, x);
   if (i < n)
-    adamw_vec(p + i, g + i, m + i, v + i, av::tail_mask(n - i), false, decay, b1, omb1, b2, omb2,
-              bc2s, nss, eps);
+    adamw_vec(p, g, m, v, i, av::tail_mask(n - i), false, decay, b1, omb1, b2, omb2, bc2s, nss,
+              eps, x);
 }
 
 // The same loop for CPUs with AVX2 + FMA but not AVX-512. AVX2 has no explicitly
@@ -87,16 +137,18 @@ TESSERA_AVX2_FMA inline __m256 rounded(__m256 x) {
 }
 
 TESSERA_AVX2_FMA void adamw_avx2(float* p, const float* g, float* m, float* v, int64_t n,
-                                 const AdamWScalars& s) {
+                                 const AdamWScalars& s, const UpdateExtras& x) {
   const __m256 decay = _mm256_set1_ps(s.decay), b1 = _mm256_set1_ps(s.beta1),
                omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
                omb2 = _mm256_set1_ps(s.one_minus_beta2),
                bc2s = _mm256_set1_ps(s.bias_correction2_sqrt),
                nss = _mm256_set1_ps(s.neg_step_size), eps = _mm256_set1_ps(s.eps);
+  const __m256 gs = _mm256_set1_ps(x.grad_scale);
+  const bool scale = x.grad_scale != 1.f;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 pd = rounded(_mm256_mul_ps(_mm256_loadu_ps(p + i), decay));
-    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 gv = scale ? rounded(_mm256_mul_ps(_mm256_loadu_ps(g + i), gs)) : _mm256_loadu_ps(g + i);
     const __m256 m1 = _mm256_fmadd_ps(gv, omb1, rounded(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1)));
     const __m256 v1 = _mm256_fmadd_ps(rounded(_mm256_mul_ps(omb2, gv)), gv,
                                       rounded(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2)));
@@ -106,7 +158,10 @@ TESSERA_AVX2_FMA void adamw_avx2(float* p, const float* g, float* m, float* v, i
     _mm256_storeu_ps(m + i, m1);
     _mm256_storeu_ps(v + i, v1);
   }
-  if (i < n) adamw_portable(p + i, g + i, m + i, v + i, n - i, s);
+  UpdateExtras tail = x;  // the copies of the whole range follow, from the cache
+  tail.rounded = nullptr, tail.bf16 = nullptr;
+  if (i < n) adamw_portable(p + i, g + i, m + i, v + i, n - i, s, tail);
+  if (x.copies()) write_copies_portable(p, n, x);
 }
 
 std::atomic<AdamWKernel> g_adamw_kernel{AdamWKernel::kAuto};
@@ -190,17 +245,35 @@ void set_adamw_kernel_for_testing(AdamWKernel k) {
   g_adamw_kernel.store(k, std::memory_order_relaxed);
 }
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s,
+                  const UpdateExtras& extras) {
+  TESSERA_CHECK(!(extras.round_f16 && extras.bf16), "adamw_update: a bf16 copy of values rounded to f16");
   switch (pick_adamw_kernel()) {
     case AdamWKernel::kAvx512:
-      adamw_avx512(p, g, m, v, n, s);
+      adamw_avx512(p, g, m, v, n, s, extras);
       break;
     case AdamWKernel::kAvx2:
-      adamw_avx2(p, g, m, v, n, s);
+      adamw_avx2(p, g, m, v, n, s, extras);
       break;
     default:
-      adamw_portable(p, g, m, v, n, s);
+      adamw_portable(p, g, m, v, n, s, extras);
   }
+}
+
+UpdateExtras extras_of(const ParamCopies& c, int64_t begin) {
+  UpdateExtras x;
+  x.round_f16 = c.format == DType::kF16;
+  if (c.rounded.defined()) x.rounded = c.rounded.data<float>() + begin;
+  if (c.bf16.defined()) x.bf16 = reinterpret_cast<uint16_t*>(c.bf16.data<bf16>()) + begin;
+  return x;
+}
+
+void write_copies(const float* p, int64_t n, const UpdateExtras& extras) {
+  TESSERA_CHECK(!(extras.round_f16 && extras.bf16), "write_copies: a bf16 copy of values rounded to f16");
+  if (cpu::use_avx512())
+    write_copies_avx512(p, n, extras);
+  else
+    write_copies_portable(p, n, extras);
 }
 
 double sum_squares(const float* x, int64_t n) {
