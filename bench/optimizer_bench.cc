@@ -1,4 +1,5 @@
-// Optimizer-step speed: the fused AdamW pass, the gradient norm and the loss-scaler
+// Optimizer-step speed: the fused AdamW pass (alone, and as the trainer runs it under
+// native bf16: clip coefficient and weight copies in the same pass), the gradient norm and the loss-scaler
 // unscale over a GPT-2-124M-sized parameter set, as bandwidth against the machine's
 // STREAM triad measured in the same run. All three are memory-bound passes.
 // Then Newton-Schulz (Muon) on GPT-2 124M's hidden matrix shapes, as GFLOP/s.
@@ -50,6 +51,14 @@ int main(int argc, char** argv) {
   std::vector<tt::ParamRef> ps = {{"w", random_f32(n, 0.02f, 1), random_f32(n, 1e-3f, 2), true, false}};
   tt::Optimizer opt(tt::OptimizerConfig{}, ps);
   tt::LossScaler scaler(1.0);  // scale 1 keeps the grads unchanged across calls
+  // The trainer's update under native bf16 (train::update_weights): the clip coefficient
+  // applied in the pass and the weights' rounded f32 and bf16 copies written by it.
+  std::vector<tt::ParamCopies> copies(1);
+  copies[0].rounded = Tensor::empty({n}, DType::kF32);
+  copies[0].bf16 = Tensor::empty({n}, DType::kBF16);
+  tt::StepOptions fused;
+  fused.grad_scale = 0.5;
+  fused.copies = &copies;
 
   struct Row {
     const char* name;
@@ -58,6 +67,7 @@ int main(int argc, char** argv) {
   };
   const std::vector<Row> rows = {
       {"adamw step (auto ISA)", 28, [&] { opt.step(1.0); }},
+      {"adamw + clip + copies", 34, [&] { opt.step(1.0, fused); }},
       {"adamw step (avx2)", 28,
        [&] {
          tt::set_adamw_kernel_for_testing(tt::AdamWKernel::kAvx2);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessera/base/thread_pool.h"
+#include "tessera/base/trace.h"
 #include "tessera/kernels/optimizer_math.h"
 
 namespace tessera::train {
@@ -37,6 +38,7 @@ std::vector<Block> blocks_of(const std::vector<ParamRef>& params) {
 }  // namespace
 
 double grad_global_norm(const std::vector<ParamRef>& params) {
+  base::TraceScope scope("grad_norm");
   const std::vector<Block> blocks = blocks_of(params);
   std::vector<double> partial(blocks.size(), 0.0);
   base::parallel_for(static_cast<int64_t>(blocks.size()), 4, [&](int64_t b0, int64_t b1) {
