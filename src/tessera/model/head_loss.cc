@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tessera/base/thread_pool.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/model/block.h"
 
@@ -40,30 +41,38 @@ kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& 
   const bf16* w = W.data<bf16>();
   // dh = diag(k) E^T W - grad_scale W[targets]
   kernels::matmul(exps_t, W, dh, true, false);
-  for (int64_t n = 0; n < N; ++n) {
-    float* row = dh.data<float>() + n * dh.stride(0);
-    if (t[n] == kernels::kIgnoreIndex) {
-      std::fill(row, row + H, 0.f);
-      continue;
+  // The (N, H) fix-ups below split H over the threads; each column keeps token order.
+  const auto over_columns = [H](auto&& fn) { base::parallel_for(H, 128, fn); };
+  over_columns([&](int64_t j0, int64_t j1) {
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = dh.data<float>() + n * dh.stride(0);
+      if (t[n] == kernels::kIgnoreIndex) {
+        std::fill(row + j0, row + j1, 0.f);
+        continue;
+      }
+      const bf16* wt = w + t[n] * W.stride(0);
+      for (int64_t j = j0; j < j1; ++j) row[j] = ks[n] * row[j] - grad_scale * bf16_to_f32(wt[j].bits);
     }
-    const bf16* wt = w + t[n] * W.stride(0);
-    for (int64_t j = 0; j < H; ++j) row[j] = ks[n] * row[j] - grad_scale * bf16_to_f32(wt[j].bits);
-  }
+  });
   if (!dw) return ce;
   // dW (+)= E diag(k) h - grad_scale onehot^T h, with diag(k) h rounded to bf16 as h is.
   Tensor hk = Tensor::empty({N, H}, DType::kBF16);
   const bf16* hs = h16.data<bf16>();
   bf16* hd = hk.data<bf16>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < H; ++j)
-      hd[n * H + j].bits = f32_to_bf16(ks[n] * bf16_to_f32(hs[n * h16.stride(0) + j].bits));
+  over_columns([&](int64_t j0, int64_t j1) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = j0; j < j1; ++j)
+        hd[n * H + j].bits = f32_to_bf16(ks[n] * bf16_to_f32(hs[n * h16.stride(0) + j].bits));
+  });
   kernels::matmul(exps_t, hk, *dw, false, false, 1.f, accumulate ? 1.f : 0.f);
   float* g = dw->data<float>();
-  for (int64_t n = 0; n < N; ++n) {  // in token order: the same bits for any thread count
-    if (t[n] == kernels::kIgnoreIndex) continue;
-    float* row = g + t[n] * dw->stride(0);
-    for (int64_t j = 0; j < H; ++j) row[j] -= grad_scale * bf16_to_f32(hs[n * h16.stride(0) + j].bits);
-  }
+  over_columns([&](int64_t j0, int64_t j1) {
+    for (int64_t n = 0; n < N; ++n) {  // in token order: the same bits for any thread count
+      if (t[n] == kernels::kIgnoreIndex) continue;
+      float* row = g + t[n] * dw->stride(0);
+      for (int64_t j = j0; j < j1; ++j) row[j] -= grad_scale * bf16_to_f32(hs[n * h16.stride(0) + j].bits);
+    }
+  });
   return ce;
 }
 
