@@ -24,7 +24,7 @@ void aligned_free(void* p) { std::free(p); }
 
 namespace {
 
-constexpr size_t kCacheMinBytes = size_t{1} << 16;
+constexpr size_t kCacheMinBytes = size_t{1} << 20;
 
 struct BlockCache {
   std::mutex mu;

@@ -8,14 +8,11 @@ constexpr size_t kAlignment = 64;
 void* aligned_malloc(size_t bytes);  // throws tessera::Error when out of memory
 void aligned_free(void* p);
 
-// Tensor storage: like aligned_malloc, but blocks of 64 KiB and more are recycled by
+// Tensor storage: like aligned_malloc, but blocks of 1 MiB and more are recycled by
 // exact size instead of going back to the OS. A training or prefill step allocates
 // the same activation sizes every time; without reuse, each step page-faults every
-// large buffer in again (measured: ~8% of a GPT-2 step in the kernel). glibc serves
-// blocks above its mmap threshold (128 KiB at first) with fresh pages too: from 1 MiB
-// up only, a GPT-2 4 x 64 step still took ~1,100 faults and ~3% of its forward +
-// backward in the (256, 768) activations. At most TESSERA_ALLOC_CACHE_MB (default 2048)
-// MiB sit idle in the cache.
+// large buffer in again (measured: ~8% of a GPT-2 step in the kernel). At most
+// TESSERA_ALLOC_CACHE_MB (default 2048) MiB sit idle in the cache.
 void* allocate_cached(size_t bytes);
 void release_cached(void* p, size_t bytes);
 size_t cached_bytes();  // idle bytes held now
