@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -24,7 +25,7 @@ void aligned_free(void* p) { std::free(p); }
 
 namespace {
 
-constexpr size_t kCacheMinBytes = size_t{1} << 20;
+std::atomic<size_t> g_cache_floor{size_t{1} << 20};
 
 struct BlockCache {
   std::mutex mu;
@@ -51,9 +52,15 @@ size_t rounded(size_t bytes) {
 
 }  // namespace
 
+void set_cache_floor(size_t bytes) {
+  size_t cur = g_cache_floor.load();
+  while (bytes < cur && !g_cache_floor.compare_exchange_weak(cur, bytes)) {
+  }
+}
+
 void* allocate_cached(size_t bytes) {
   bytes = rounded(bytes);
-  if (bytes >= kCacheMinBytes) {
+  if (bytes >= g_cache_floor.load(std::memory_order_relaxed)) {
     BlockCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.free_blocks.find(bytes);
@@ -70,7 +77,7 @@ void* allocate_cached(size_t bytes) {
 void release_cached(void* p, size_t bytes) {
   if (!p) return;
   bytes = rounded(bytes);
-  if (bytes >= kCacheMinBytes) {
+  if (bytes >= g_cache_floor.load(std::memory_order_relaxed)) {
     BlockCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.idle_bytes + bytes <= c.limit) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/attention.h"
 #include "tessera/kernels/cross_entropy.h"
@@ -103,6 +104,7 @@ Tensor all_rows(const Model& m, const Tensor& t) {
 
 Tensor Model::forward_chunk(int chunk, const Tensor& ids, const Tensor& input,
                             ChunkPass& pass, const Tensor& positions) const {
+  base::set_cache_floor(size_t{64} << 10);  // training: the same activation sizes every step
   // (Each stage routes its own layers; only the balancing loss, taken over every layer's
   // routing at once, would need the other stages'.)
   TESSERA_CHECK(!config_.is_moe() || stage_.whole() || !(config_.output_router_logits && config_.router_aux_loss_coef > 0),
