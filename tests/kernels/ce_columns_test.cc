@@ -1,7 +1,8 @@
 // cross_entropy_columns (vocabulary-major logits) against the scalar reference over the
 // transposed logits: odd shapes, GPT-2's vocabulary (several blocks), ignored targets,
-// extreme logits, f32 in place and bf16 exps (one rounding of the f32 value); the
-// gradient rebuilt from the factors the kernel returns.
+// extreme logits, f32 in place and bf16 exps (one rounding of the f32 value), and bf16
+// logits (the native head's: the reference gets the same rounded values) with the bf16
+// exps written over them; the gradient rebuilt from the factors the kernel returns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,25 +35,30 @@ std::vector<double> gradient_of(const Tensor& exps, const Tensor& k, const Tenso
   return g;
 }
 
-// logits (N, V) are the reference's; the kernel gets their transpose.
-void check(const Tensor& logits, const Tensor& targets, DType exps_dtype, bool in_place) {
+// logits (N, V) are the reference's; the kernel gets their transpose (in logits_dtype:
+// bf16 logits are rounded first, and the reference sees the same rounded values).
+void check(const Tensor& logits_in, const Tensor& targets, DType exps_dtype, bool in_place,
+           DType logits_dtype = DType::kF32) {
+  const Tensor logits = logits_dtype == DType::kBF16 ? bf16_rounded(logits_in) : logits_in;
   const int64_t N = logits.size(0), V = logits.size(1);
   const float scale = 1.0f / static_cast<float>(N);
   Tensor want_d = Tensor::empty({N, V}, DType::kF32);
   const CrossEntropyResult want = reference::cross_entropy(logits, targets, nullptr, &want_d, scale);
   Tensor xt = logits.transpose(0, 1).contiguous().clone();  // (N = 1: contiguous() is a view)
+  if (logits_dtype == DType::kBF16) xt = xt.to(DType::kBF16);
   Tensor e = in_place ? xt : Tensor::empty({V, N}, exps_dtype);
   Tensor k = Tensor::empty({N}, DType::kF32);
   const CrossEntropyResult got = cross_entropy_columns(xt, targets, scale, &e, &k);
   EXPECT_EQ(got.count, want.count);
   EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::max<int64_t>(1, want.count));
-  const CrossEntropyResult loss_only = cross_entropy_columns(logits.transpose(0, 1).contiguous(), targets,
-                                                             scale, nullptr, nullptr);
+  Tensor xt2 = logits.transpose(0, 1).contiguous();
+  if (logits_dtype == DType::kBF16) xt2 = xt2.to(DType::kBF16);
+  const CrossEntropyResult loss_only = cross_entropy_columns(xt2, targets, scale, nullptr, nullptr);
   EXPECT_EQ(loss_only.loss_sum, got.loss_sum);
   const auto g = gradient_of(e, k, targets, scale);
   const auto w = values(want_d);
   // f32: the reference's tolerance; bf16 exps: one rounding (2^-9 relative) of the softmax part.
-  const double rel = exps_dtype == DType::kBF16 && !in_place ? 1.0 / 256 : 1e-5;
+  const double rel = exps_dtype == DType::kBF16 && (!in_place || logits_dtype == DType::kBF16) ? 1.0 / 256 : 1e-5;
   int bad = 0;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < V; ++v) {
@@ -75,6 +81,8 @@ TEST(CrossEntropyColumnsTest, MatchesReference) {
         check(logits, targets, DType::kF32, false);
         check(logits, targets, DType::kBF16, false);
         check(logits, targets, DType::kF32, /*in_place=*/true);
+        check(logits, targets, DType::kBF16, /*in_place=*/true, DType::kBF16);
+        check(logits, targets, DType::kF32, false, DType::kBF16);
       }
 }
 
@@ -88,6 +96,7 @@ TEST(CrossEntropyColumnsTest, GptVocabularyAcrossBlocks) {
       Tensor targets = targets_for(n, 50257, rng);
       check(logits, targets, DType::kBF16, false);
       check(logits, targets, DType::kF32, true);
+      check(logits, targets, DType::kBF16, true, DType::kBF16);
     }
 }
 

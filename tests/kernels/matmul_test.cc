@@ -167,6 +167,38 @@ TEST(Matmul, BiasInTheEpilogueMatchesReferencePlusBias) {
   EXPECT_THROW(matmul_bias(a, b, wrong, c), Error);
 }
 
+// A bf16 c (the native head's logits): the f32 reference product rounded once to bf16,
+// through every backend (oneDNN writes it; the others round an f32 product), with ta/tb
+// and strided operands; the contract's limits are one-line errors.
+TEST(Matmul, Bf16OutputIsTheProductRoundedOnce) {
+  uint32_t seed = 900;
+  for (const Dims& d : kShapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Tensor a = strided_view(random_tensor(ta ? d.k : d.m, ta ? d.m : d.k, DType::kBF16, seed += 3));
+        Tensor b = random_tensor(tb ? d.n : d.k, tb ? d.k : d.n, DType::kBF16, seed + 1);
+        Tensor want = Tensor::empty({d.m, d.n}, DType::kF32);
+        reference::matmul(a, b, want, ta, tb, 0.5f, 0.f);
+        Tensor zero = Tensor::zeros({d.m, d.n}, DType::kF32);
+        const Tensor mag = magnitude(a, b, zero, ta, tb, 0.5f, 0.f);
+        for (int i = 0; i < 3; ++i) {
+          if (kBackends[i] == MatmulBackend::kSkinny && !tb) continue;
+          Tensor c = Tensor::empty({d.m, d.n}, DType::kBF16);
+          matmul_with(kBackends[i], a, b, c, ta, tb, 0.5f, 0.f);
+          // One bf16 rounding (2^-9 relative) on top of the f32 product's own tolerance.
+          expect_close(c.to(DType::kF32), want, mag, 1.f / 256,
+                       std::string(kBackendNames[i]) + " bf16 c M=" + std::to_string(d.m) + " N=" +
+                           std::to_string(d.n) + " K=" + std::to_string(d.k));
+        }
+        if (::testing::Test::HasFailure()) return;
+      }
+  Tensor a16 = random_tensor(2, 3, DType::kBF16, 1), b16 = random_tensor(3, 4, DType::kBF16, 2);
+  Tensor a32 = random_tensor(2, 3, DType::kF32, 3), c16 = Tensor::empty({2, 4}, DType::kBF16);
+  EXPECT_THROW(matmul(a16, b16, c16, false, false, 1.f, 1.f), Error);  // beta: c is not read in bf16
+  EXPECT_THROW(matmul(a32, b16, c16), Error);                          // an f32 operand
+  EXPECT_THROW(matmul_bias(a16, b16, Tensor::zeros({4}, DType::kF32), c16), Error);
+}
+
 // The skinny kernel's instruction-set variants, each forced, including the AVX2 and
 // scalar fallbacks that production on this CPU never reaches.
 TEST(Matmul, SkinnyEveryIsaMatchesReference) {

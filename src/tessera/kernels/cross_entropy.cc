@@ -39,7 +39,9 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Te
 CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
                                          float grad_scale, Tensor* exps_t, Tensor* col_scale) {
   const char* op = "cross_entropy_columns";
-  detail::check_rows(logits_t, op, "logits_t", DType::kF32);
+  TESSERA_CHECK(logits_t.dtype() == DType::kF32 || logits_t.dtype() == DType::kBF16, op,
+                ": logits_t ", logits_t.describe(), " must be f32 or bf16");
+  detail::check_rows(logits_t, op, "logits_t", logits_t.dtype());
   const int64_t V = logits_t.size(0), N = logits_t.size(1);
   TESSERA_CHECK(V >= 1, op, ": logits_t ", logits_t.describe(), " has an empty vocabulary");
   detail::check_vector(targets, op, "targets", N, {DType::kI32});

@@ -46,14 +46,16 @@ CrossEntropyResult shard_cross_entropy(const Tensor& logits, const Tensor& targe
 
 namespace tessera::kernels {
 
-// The same loss over vocabulary-major logits: logits_t (V, N) f32 is the transpose of
+// The same loss over vocabulary-major logits: logits_t (V, N) f32 or bf16 (autocast's
+// logits: the head's bf16 product rounded once) is the transpose of
 // cross_entropy's (N, V), as the head's product W h^T writes it (the layout whose bf16
 // GEMMs run fastest on AMX: W is the plain A operand). The gradient comes in factors, so
 // that each logit costs one exp and the (V, N) gradient is written once, in bf16:
 //   dlogits_t[v][n] = exps_t[v][n] * col_scale[n] - grad_scale * (v == targets[n])
 // with exps_t (V, N) f32 or bf16 written with exp(logit - max over the token's column)
 // and col_scale (N) f32 = grad_scale / sum (0 for ignored targets, whose exps are 0).
-// exps_t and col_scale go together (both or neither). The loss is summed in token order
+// exps_t and col_scale go together (both or neither); exps_t may be logits_t itself (the
+// same dtype), written over. The loss is summed in token order
 // in double and does not depend on the thread count.
 CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
                                          float grad_scale, Tensor* exps_t, Tensor* col_scale);

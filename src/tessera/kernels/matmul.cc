@@ -180,7 +180,12 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
   for (const Tensor* t : {&a, &b})
     TESSERA_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16, "matmul: ",
                   t == &a ? "a" : "b", " must be f32 or bf16, got ", t->describe());
-  TESSERA_CHECK(c.dtype() == DType::kF32, "matmul: c must be f32, got ", c.describe());
+  // A bf16 c (bf16 a and b, beta 0, no bias): the product rounded once as oneDNN writes it.
+  const bool c_bf16 = c.dtype() == DType::kBF16;
+  TESSERA_CHECK(c.dtype() == DType::kF32 || (c_bf16 && a.dtype() == DType::kBF16 &&
+                                             b.dtype() == DType::kBF16 && beta == 0.f && !bias),
+                "matmul: c must be f32 (or bf16 for a bf16 product with beta 0 and no bias), got ",
+                c.describe());
   TESSERA_CHECK(std::isfinite(alpha) && std::isfinite(beta), "matmul: alpha (", alpha,
                 ") and beta (", beta, ") must be finite");
 
@@ -203,6 +208,17 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
 
   cpu::GemmArgs g;
   g.bias = bias ? bias->data<float>() : nullptr;
+  // oneDNN writes a bf16 c itself where it multiplies bf16 natively; elsewhere (another
+  // backend, or a CPU without AVX512-BF16) the f32 product is rounded once.
+  const bool direct_bf16_c =
+      c_bf16 && (backend == MatmulBackend::kAuto || backend == MatmulBackend::kOneDnn) && native_bf16();
+  if (direct_bf16_c) backend = MatmulBackend::kOneDnn;
+  if (c_bf16 && !direct_bf16_c) {  // through f32, rounded once
+    Tensor wide = Tensor::empty(c.shape(), DType::kF32);
+    run_matmul(backend, a, b, nullptr, wide, trans_a, trans_b, alpha, 0.f);
+    c.copy_from(wide);
+    return;
+  }
   if (backend == MatmulBackend::kReference) {
     reference::matmul(a, b, c, trans_a, trans_b, alpha, beta);
     if (bias) {
@@ -215,12 +231,16 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
   g.m = m, g.n = n, g.k = k;
   g.a = a.raw_data(), g.a_dtype = a.dtype(), g.lda = row_stride(a, "a"), g.trans_a = trans_a;
   g.b = b.raw_data(), g.b_dtype = b.dtype(), g.ldb = row_stride(b, "b"), g.trans_b = trans_b;
-  g.c = static_cast<float*>(c.raw_data()), g.ldc = row_stride(c, "c");
+  g.c = static_cast<float*>(c.raw_data()), g.ldc = row_stride(c, "c"), g.c_dtype = c.dtype();
   g.alpha = alpha, g.beta = beta;
   TESSERA_CHECK(!overlaps(c, g.ldc, a, g.lda) && !overlaps(c, g.ldc, b, g.ldb),
                 "matmul: c ", c.describe(), " overlaps an input (a ", a.describe(), ", b ",
                 b.describe(), "); write to a separate tensor");
   if (m == 0 || n == 0) return;
+  if (k == 0 && c_bf16) {  // empty sum, beta 0
+    for (int64_t i = 0; i < m; ++i) std::memset(static_cast<char*>(c.raw_data()) + i * g.ldc * 2, 0, n * 2);
+    return;
+  }
   if (k == 0) {  // empty sum: c = beta * c, without reading c when beta == 0
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
@@ -253,7 +273,7 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
       cpu::gemm_skinny(g);
       if (g.bias) cpu::add_bias_rows(g);
     }
-    else if ((auto_backend || !native_bf16()) && widen_bf16(g))
+    else if ((auto_backend || !native_bf16()) && g.c_dtype == DType::kF32 && widen_bf16(g))
       cpu::gemm_onednn_widened(g);
     else
       cpu::gemm_onednn(g);

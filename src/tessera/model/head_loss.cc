@@ -29,13 +29,11 @@ kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& 
   // dlogits^T = E diag(k) - grad_scale * onehot^T, E (V, N) the exps (kernels::
   // cross_entropy_columns): the per-token scale k and the targets' -grad_scale are
   // applied to the (N, H) sides of the products, not to the (V, N) gradient.
+  // The logits in bf16, as autocast's head writes them (rounded once by the GEMM): half
+  // the bytes to write and read back, and the exps then go over them in place.
   Tensor exps_t = Tensor::empty({V, N}, DType::kBF16), k = Tensor::empty({N}, DType::kF32);
-  kernels::CrossEntropyResult ce;
-  {
-    Tensor logits_t = Tensor::empty({V, N}, DType::kF32);
-    kernels::matmul(W, h16, logits_t, false, true);
-    ce = kernels::cross_entropy_columns(logits_t, targets, grad_scale, &exps_t, &k);
-  }
+  kernels::matmul(W, h16, exps_t, false, true);
+  const kernels::CrossEntropyResult ce = kernels::cross_entropy_columns(exps_t, targets, grad_scale, &exps_t, &k);
   const float* ks = k.data<float>();
   const int32_t* t = targets.data<int32_t>();
   const bf16* w = W.data<bf16>();

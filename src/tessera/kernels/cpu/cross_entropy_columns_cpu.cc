@@ -27,13 +27,20 @@ namespace av = avx512;
 constexpr int64_t kBlockRows = 2048;
 constexpr int64_t kChunkRows = 16;
 
+inline float value(float x) { return x; }
+inline float value(bf16 x) { return bf16_to_f32(x.bits); }
+TESSERA_AVX512 inline __m512 load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+TESSERA_AVX512 inline __m512 load16(const bf16* p, __mmask16 k) { return av::load(p, k); }
+
 // m[n] = max(m[n], rows [v0, v1) of column n).
-void block_max_scalar(const Rows<float>& X, int64_t v0, int64_t v1, float* m) {
+template <typename S>
+void block_max_scalar(const Rows<S>& X, int64_t v0, int64_t v1, float* m) {
   for (int64_t v = v0; v < v1; ++v)
-    for (int64_t n = 0; n < X.cols; ++n) m[n] = std::max(m[n], X.row(v)[n]);
+    for (int64_t n = 0; n < X.cols; ++n) m[n] = std::max(m[n], value(X.row(v)[n]));
 }
 
-TESSERA_AVX512 void block_max_avx512(const Rows<float>& X, int64_t v0, int64_t v1, float* m) {
+template <typename S>
+TESSERA_AVX512 void block_max_avx512(const Rows<S>& X, int64_t v0, int64_t v1, float* m) {
   const int64_t N = X.cols;
   for (int64_t v = v0; v < v1; v += kChunkRows) {
     const int64_t ve = std::min(v1, v + kChunkRows);
@@ -42,10 +49,10 @@ TESSERA_AVX512 void block_max_avx512(const Rows<float>& X, int64_t v0, int64_t v
       __m512 a = _mm512_maskz_loadu_ps(k, m + n), b = a;
       int64_t r = v;
       for (; r + 2 <= ve; r += 2) {
-        a = _mm512_max_ps(a, _mm512_maskz_loadu_ps(k, X.row(r) + n));
-        b = _mm512_max_ps(b, _mm512_maskz_loadu_ps(k, X.row(r + 1) + n));
+        a = _mm512_max_ps(a, load16(X.row(r) + n, k));
+        b = _mm512_max_ps(b, load16(X.row(r + 1) + n, k));
       }
-      if (r < ve) a = _mm512_max_ps(a, _mm512_maskz_loadu_ps(k, X.row(r) + n));
+      if (r < ve) a = _mm512_max_ps(a, load16(X.row(r) + n, k));
       _mm512_mask_storeu_ps(m + n, k, _mm512_max_ps(a, b));
     }
   }
@@ -55,12 +62,12 @@ inline void put(float* p, float v) { *p = v; }
 inline void put(bf16* p, float v) { p->bits = f32_to_bf16(v); }
 
 // s[n] += sum over rows [v0, v1) of exp(x - mx[n]), each exp stored to E when given.
-template <typename D>
-void block_exps_scalar(const Rows<float>& X, const Rows<D>* E, int64_t v0, int64_t v1,
+template <typename S, typename D>
+void block_exps_scalar(const Rows<S>& X, const Rows<D>* E, int64_t v0, int64_t v1,
                        const float* mx, float* s) {
   for (int64_t v = v0; v < v1; ++v)
     for (int64_t n = 0; n < X.cols; ++n) {
-      const float e = std::exp(X.row(v)[n] - mx[n]);
+      const float e = std::exp(value(X.row(v)[n]) - mx[n]);
       if (E) put(E->row(v) + n, e);
       s[n] += e;
     }
@@ -76,8 +83,8 @@ TESSERA_AVX512 inline __m256i to_bf16(__m512 v) {
 TESSERA_AVX512 inline void put(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
 TESSERA_AVX512 inline void put(bf16* p, __m512 v, __mmask16 k) { _mm256_mask_storeu_epi16(p, k, to_bf16(v)); }
 
-template <typename D>
-TESSERA_AVX512 void block_exps_avx512(const Rows<float>& X, const Rows<D>* E, int64_t v0,
+template <typename S, typename D>
+TESSERA_AVX512 void block_exps_avx512(const Rows<S>& X, const Rows<D>* E, int64_t v0,
                                       int64_t v1, const float* mx, float* s) {
   const int64_t N = X.cols;
   for (int64_t v = v0; v < v1; v += kChunkRows) {
@@ -87,7 +94,7 @@ TESSERA_AVX512 void block_exps_avx512(const Rows<float>& X, const Rows<D>* E, in
       const __m512 m = _mm512_maskz_loadu_ps(k, mx + n);
       __m512 a = _mm512_maskz_loadu_ps(k, s + n), b = _mm512_setzero_ps();
       for (int64_t r = v; r < ve; ++r) {
-        const __m512 e = av::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, X.row(r) + n), m));
+        const __m512 e = av::exp(_mm512_sub_ps(load16(X.row(r) + n, k), m));
         if (E) put(E->row(r) + n, e, k);
         if ((r - v) & 1)
           b = _mm512_add_ps(b, e);
@@ -108,8 +115,8 @@ void for_blocks(int64_t V, Fn&& fn) {
   });
 }
 
-template <typename D>
-void block_sums(const Rows<float>& X, Tensor* exps, const std::vector<float>& mx,
+template <typename S, typename D>
+void block_sums(const Rows<S>& X, Tensor* exps, const std::vector<float>& mx,
                 std::vector<float>& bs, bool vec) {
   const int64_t N = X.cols;
   Rows<D> E;
@@ -117,17 +124,16 @@ void block_sums(const Rows<float>& X, Tensor* exps, const std::vector<float>& mx
   const Rows<D>* e = exps ? &E : nullptr;
   for_blocks(X.rows, [&](int64_t i, int64_t v0, int64_t v1) {
     if (vec)
-      block_exps_avx512<D>(X, e, v0, v1, mx.data(), &bs[i * N]);
+      block_exps_avx512<S, D>(X, e, v0, v1, mx.data(), &bs[i * N]);
     else
-      block_exps_scalar<D>(X, e, v0, v1, mx.data(), &bs[i * N]);
+      block_exps_scalar<S, D>(X, e, v0, v1, mx.data(), &bs[i * N]);
   });
 }
 
-}  // namespace
-
-CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
-                                         float grad_scale, Tensor* exps_t, Tensor* col_scale) {
-  const auto X = rows_of<float>(logits_t);
+template <typename S>
+CrossEntropyResult columns(const Tensor& logits_t, const Tensor& targets, float grad_scale,
+                           Tensor* exps_t, Tensor* col_scale) {
+  const auto X = rows_of<S>(logits_t);
   const int64_t V = X.rows, N = X.cols;
   const int32_t* t = targets.data<int32_t>();
   const int64_t blocks = (V + kBlockRows - 1) / kBlockRows;
@@ -148,13 +154,13 @@ CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& t
     float m = lowest;
     for (int64_t i = 0; i < blocks; ++i) m = std::max(m, bm[i * N + n]);
     mx[n] = m;
-    xt[n] = X.row(t[n])[n];
+    xt[n] = value(X.row(t[n])[n]);
   }
   std::vector<float> bs(blocks * N, 0.f);
   if (exps_t && exps_t->dtype() == DType::kBF16)
-    block_sums<bf16>(X, exps_t, mx, bs, vec);
+    block_sums<S, bf16>(X, exps_t, mx, bs, vec);
   else
-    block_sums<float>(X, exps_t, mx, bs, vec);
+    block_sums<S, float>(X, exps_t, mx, bs, vec);
   // Per token the loss log(sum) - (x_target - max), as torch's log_softmax, summed in
   // token order in double.
   CrossEntropyResult r;
@@ -169,6 +175,14 @@ CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& t
     ++r.count;
   }
   return r;
+}
+
+}  // namespace
+
+CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
+                                         float grad_scale, Tensor* exps_t, Tensor* col_scale) {
+  return logits_t.dtype() == DType::kBF16 ? columns<bf16>(logits_t, targets, grad_scale, exps_t, col_scale)
+                                          : columns<float>(logits_t, targets, grad_scale, exps_t, col_scale);
 }
 
 }  // namespace tessera::kernels::cpu

@@ -25,6 +25,8 @@ struct GemmArgs {
   bool trans_b = false;
   float* c = nullptr;
   int64_t ldc = 0;
+  // kBF16: c points at bf16 values (oneDNN only: beta 0, no bias; kernels::matmul routes it).
+  DType c_dtype = DType::kF32;
   float alpha = 1.f;
   float beta = 0.f;
   // c[i, :] += bias after alpha * op(a) @ op(b) + beta * c; null: none. f32, N values.

@@ -26,7 +26,7 @@ using dnnl::memory;
 // (static output scale / sum post-op scale) because runtime scales push oneDNN 2.6
 // onto slower reference paths for some shapes.
 using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                                int, int, float, float, bool>;
+                                int, int, float, float, bool, int>;
 
 // Serving varies M every step, so the cache would grow without bound (each primitive holds
 // JIT code, tens of KB): it keeps the most recently used entries (~1 ms to re-create one).
@@ -125,7 +125,7 @@ memory::desc bias_desc(int64_t n) { return memory::desc({1, n}, memory::data_typ
 CachedPrimitive create_primitive(const GemmArgs& g) {
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
   const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
-  const memory::desc c_md({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+  const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // oneDNN 2.x: dst = oscale * (a @ b) + sum_scale * dst, i.e. scales apply before post-ops.
@@ -158,7 +158,7 @@ void gemm_onednn(const GemmArgs& g) {
   TESSERA_CHECK(g.a_dtype == g.b_dtype, "matmul (oneDNN): a is ", dtype_name(g.a_dtype),
                 " but b is ", dtype_name(g.b_dtype), "; unify dtypes first");
   base::num_threads();  // applies TESSERA_NUM_THREADS to the OpenMP team oneDNN uses
-  if (prefer_sgemm(g)) {
+  if (prefer_sgemm(g) && g.c_dtype == DType::kF32) {
     // Row-major, as ours: op(a) is (M, K), op(b) (K, N); beta == 0 never reads c.
     const dnnl_status_t st =
         dnnl_sgemm(g.trans_a ? 'T' : 'N', 'N', g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a),
@@ -170,7 +170,7 @@ void gemm_onednn(const GemmArgs& g) {
   }
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
-                         g.beta, g.bias != nullptr};
+                         g.beta, g.bias != nullptr, static_cast<int>(g.c_dtype)};
   CachedPrimitive prim;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
@@ -185,7 +185,7 @@ void gemm_onednn(const GemmArgs& g) {
     }
     const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
     const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
-    const memory::desc c_md({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+    const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
     const dnnl::engine& eng = global_engine();
     memory a_mem(a_md, eng, const_cast<void*>(g.a));
     memory b_mem(b_md, eng, const_cast<void*>(g.b));
