@@ -2,8 +2,9 @@
 // DataParallel::piece_copies): checked against the formula, weight = its master rounded
 // to the compute precision and every native bf16 compute copy = that weight's bf16 bits,
 // after each step, on one process and on 2 ranks under ZeRO 1 and 2 (whose copies of the
-// other rank's part come from the gather), for native and emulated bf16 and fp16; and the
-// run follows the separate passes (in-place clip, step, publish_params) bit for bit.
+// other rank's part come from the gather), for native and emulated bf16 and fp16, AdamW
+// and Muon; and the run follows the separate passes (in-place clip, step, publish_params)
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -41,7 +42,7 @@ float rounded(float x, DType format) {
 // Trains 3 steps and checks the formula after each (on every rank); `fused`: the
 // trainer's update_weights, else the separate passes.
 void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Request mode, bool fused,
-           Outcome& out) {
+           Outcome& out, const std::string& optimizer = "adamw") {
   const model::ModelConfig c = model::ModelConfig::named_shape("tiny");
   model::Model m = model::Model::random(c, DType::kF32, 5);
   parallel::DataParallelConfig dc;
@@ -50,8 +51,9 @@ void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Reques
   dc.compute_dtype = compute;
   dc.bf16_request = mode;
   parallel::DataParallel dp(m, comm, dc);
-  auto refs = dp_param_refs(dp, param_flags(m), "adamw");
+  auto refs = dp_param_refs(dp, param_flags(m), optimizer);
   OptimizerConfig oc;
+  oc.name = optimizer;
   oc.lr = 0.01;
   Optimizer opt(oc, refs);
   const bool native = m.bf16_mode() == model::Bf16Mode::kNative && compute == DType::kBF16;
@@ -102,12 +104,13 @@ void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Reques
     out.masters.push_back(piece.master.to_f32_vector());
 }
 
-Outcome run(int ranks, int stage, DType compute, model::Bf16Request mode, bool fused) {
+Outcome run(int ranks, int stage, DType compute, model::Bf16Request mode, bool fused,
+            const std::string& optimizer = "adamw") {
   Outcome r0;
   std::mutex mu;
   comm::run_local(ranks, [&](comm::Communicator& comm) {
     Outcome r;
-    train(comm, stage, compute, mode, fused, r);
+    train(comm, stage, compute, mode, fused, r, optimizer);
     std::lock_guard<std::mutex> lock(mu);
     if (comm.rank() == 0) r0 = std::move(r);
   });
@@ -126,6 +129,14 @@ TEST(FusedUpdate, Bf16WeightsAndCopiesAreTheRoundedMastersOnEveryStage) {
       ASSERT_EQ(std::memcmp(fused.masters[i].data(), separate.masters[i].data(), fused.masters[i].size() * 4), 0)
           << "piece " << i;
   }
+}
+
+// Muon's matrices are updated outside the AdamW pass: their copies come from write_copies.
+TEST(FusedUpdate, Bf16MuonWeightsAndCopiesAreTheRoundedMasters) {
+  const Outcome fused = run(1, 0, DType::kBF16, model::Bf16Request::kNative, true, "muon");
+  EXPECT_GT(fused.checked_copies, 0);
+  const Outcome separate = run(1, 0, DType::kBF16, model::Bf16Request::kNative, false, "muon");
+  ASSERT_EQ(fused.masters, separate.masters);
 }
 
 TEST(FusedUpdate, EmulatedBf16AndFp16WeightsAreTheRoundedMasters) {
