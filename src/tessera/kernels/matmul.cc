@@ -209,9 +209,9 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
   cpu::GemmArgs g;
   g.bias = bias ? bias->data<float>() : nullptr;
   // oneDNN writes a bf16 c itself where it multiplies bf16 natively; elsewhere (another
-  // backend, or a CPU without AVX512-BF16) the f32 product is rounded once.
-  const bool direct_bf16_c =
-      c_bf16 && (backend == MatmulBackend::kAuto || backend == MatmulBackend::kOneDnn) && native_bf16();
+  // backend, a CPU without AVX512-BF16, an empty sum) the f32 product is rounded once.
+  const bool direct_bf16_c = c_bf16 && k > 0 && native_bf16() &&
+                             (backend == MatmulBackend::kAuto || backend == MatmulBackend::kOneDnn);
   if (direct_bf16_c) backend = MatmulBackend::kOneDnn;
   if (c_bf16 && !direct_bf16_c) {  // through f32, rounded once
     Tensor wide = Tensor::empty(c.shape(), DType::kF32);
@@ -237,10 +237,6 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
                 "matmul: c ", c.describe(), " overlaps an input (a ", a.describe(), ", b ",
                 b.describe(), "); write to a separate tensor");
   if (m == 0 || n == 0) return;
-  if (k == 0 && c_bf16) {  // empty sum, beta 0
-    for (int64_t i = 0; i < m; ++i) std::memset(static_cast<char*>(c.raw_data()) + i * g.ldc * 2, 0, n * 2);
-    return;
-  }
   if (k == 0) {  // empty sum: c = beta * c, without reading c when beta == 0
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {

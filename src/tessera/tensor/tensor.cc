@@ -14,6 +14,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/base/trace.h"
+#include "tessera/tensor/bf16_avx512.h"
 
 namespace tessera {
 
@@ -329,18 +330,8 @@ namespace {
 __attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(const float* s, uint16_t* d,
                                                                      int64_t n) {
   int64_t i = 0;
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_loadu_ps(s + i);
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), bf16_pack(_mm512_loadu_ps(s + i)));
   for (; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 
@@ -398,19 +389,9 @@ void convert_serial(const void* src, DType sd, void* dst, DType dd, int64_t n) {
 namespace {
 
 __attribute__((target("avx512f"))) void round_bf16_avx512(const float* s, float* d, int64_t n) {
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(s + i);
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), hi);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, u);
-    _mm512_storeu_ps(d + i, _mm512_castsi512_ps(r));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_castsi512_ps(bf16_round_bits(_mm512_loadu_ps(s + i))));
   for (; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
 }
 

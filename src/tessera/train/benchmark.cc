@@ -63,13 +63,10 @@ StepBench bench_train_step(model::Model& model, const TrainConfig& config, const
     // As the trainer's step: the clip and the update (one process), a tiny lr keeping the
     // weights sane over the repeats.
     const GradClip clip = grad_clip(refs, config.training.max_grad_norm);
-    if (dp) {
+    if (dp)
       update_weights(opt, *dp, 1e-3, clip.coef);
-    } else {
-      StepOptions so;
-      so.grad_scale = clip.coef;
-      opt.step(1e-3, so);
-    }
+    else
+      lora->update(1e-3, clip.coef);
   };
   StepBench r;
   r.compute = model::describe_compute(model.compute_dtype(), model.bf16_mode());

@@ -135,9 +135,7 @@ class LoraRun {
       const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
       if (finite) {
         base::TraceScope opt("optimizer_step");
-        StepOptions so;
-        so.grad_scale = clip.coef;
-        opt_->step(lr_scale, so);
+        step_state_->update(lr_scale, clip.coef);
       } else {
         ++result.skipped_steps;
         TESSERA_LOG(kWarn, "step ", step_ + 1, ": non-finite loss or gradient; the step is skipped");
@@ -352,6 +350,12 @@ LoraStep::LoraStep(model::Model& m, const TrainConfig& c) : model(m) {
 }
 
 LoraStep::~LoraStep() { model.set_lora(nullptr); }
+
+void LoraStep::update(double lr_scale, float clip_coef) {
+  StepOptions so;
+  so.grad_scale = clip_coef;
+  opt->step(lr_scale, so);
+}
 
 void LoraStep::zero_grads() {
   for (Tensor* t : grads->tensors()) t->zero();

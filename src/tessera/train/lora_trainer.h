@@ -44,6 +44,8 @@ struct LoraStep {
   void zero_grads();
   // One micro-batch's forward and backward; gradients accumulate, scaled by `scale`.
   model::Model::LossResult micro_batch(const model::TokenBatch& b, float scale, uint64_t dropout_seed);
+  // AdamW over the adapters with clip_coef (grad_clip's) applied as it reads each gradient.
+  void update(double lr_scale, float clip_coef);
 
   model::Model& model;
   std::unique_ptr<model::LoraWeights> weights, grads;

@@ -222,7 +222,6 @@ class Run {
         if (tp_) finite = parallel::exact_sum(mesh_->group(parallel::Axis::kTp), finite ? 0.0 : 1.0) == 0.0;
         if (pipe_) finite = over_pp(finite ? 0.0 : 1.0) == 0.0;
       }
-      double grad_norm = 0;
       GradClip clip;
       {
         base::TraceScope clip_scope("clip_grad_norm");
@@ -237,9 +236,8 @@ class Run {
             return dp_.sharded() ? dp_.sum_over_ranks(x) : x;
           };
         clip = grad_clip(refs_, tr.max_grad_norm, across);  // applied by the update
-        grad_norm = clip.norm;
       }
-      finite = finite && std::isfinite(grad_norm);  // a non-finite gradient makes the norm so
+      finite = finite && std::isfinite(clip.norm);  // a non-finite gradient makes the norm so
       const bool spike = finite && spikes_.is_spike(loss);
       if (spike && c_.spike_guard.policy == "rollback" && try_rollback(before, after, loss, metrics.get())) {
         ++result.rollbacks;
@@ -274,7 +272,7 @@ class Run {
       sm.step = st_.step;
       sm.loss = loss;
       sm.lr = c_.optimizer.lr * lr_scale;
-      sm.grad_norm = grad_norm;
+      sm.grad_norm = clip.norm;
       sm.loss_scale = scaler_.enabled() ? scale : 1.0;
       sm.tokens_per_s = static_cast<double>(B * T * accum) / secs;
       sm.mfu = lead ? model_flops_utilization(flops_per_token_, sm.tokens_per_s / world_, peak) : 0;

@@ -18,6 +18,7 @@
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/cross_entropy_cpu.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/tensor/bf16_avx512.h"
 
 namespace tessera::kernels::cpu {
 namespace {
@@ -73,15 +74,8 @@ void block_exps_scalar(const Rows<S>& X, const Rows<D>* E, int64_t v0, int64_t v
     }
 }
 
-// Round to nearest even (finite values: exps in [0, 1]).
-TESSERA_AVX512 inline __m256i to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
 TESSERA_AVX512 inline void put(float* p, __m512 v, __mmask16 k) { _mm512_mask_storeu_ps(p, k, v); }
-TESSERA_AVX512 inline void put(bf16* p, __m512 v, __mmask16 k) { _mm256_mask_storeu_epi16(p, k, to_bf16(v)); }
+TESSERA_AVX512 inline void put(bf16* p, __m512 v, __mmask16 k) { _mm256_mask_storeu_epi16(p, k, bf16_pack(v)); }
 
 template <typename S, typename D>
 TESSERA_AVX512 void block_exps_avx512(const Rows<S>& X, const Rows<D>* E, int64_t v0,

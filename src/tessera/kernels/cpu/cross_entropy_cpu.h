@@ -8,10 +8,6 @@ namespace tessera::kernels::cpu {
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* losses,
                                  Tensor* dlogits, float grad_scale);
 
-}  // namespace tessera::kernels::cpu
-
-namespace tessera::kernels::cpu {
-
 CrossEntropyResult cross_entropy_columns(const Tensor& logits_t, const Tensor& targets,
                                          float grad_scale, Tensor* exps_t, Tensor* col_scale);
 

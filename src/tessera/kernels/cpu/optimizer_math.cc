@@ -10,6 +10,7 @@
 #include "tessera/base/error.h"
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
+#include "tessera/tensor/bf16_avx512.h"
 #include "tessera/tensor/dtype.h"
 
 namespace tessera::kernels {
@@ -26,6 +27,15 @@ constexpr int64_t kPrefetchRead = 4096;    // in a single read stream (the norm,
 
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
+// extras' copies of n values p, one element at a time.
+void write_copies_portable(const float* p, int64_t n, const UpdateExtras& x) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (x.rounded)
+      x.rounded[i] = x.round_f16 ? f16_to_f32(f32_to_f16(p[i])) : bf16_to_f32(f32_to_bf16(p[i]));
+    if (x.bf16) x.bf16[i] = f32_to_bf16(p[i]);
+  }
+}
+
 // torch 1.13's _single_tensor_adamw, op by op, with the roundings torch's CPU kernels
 // use (checked element by element against torch on 1M random values):
 //   param.mul_(1 - lr*wd)                          p * decay
@@ -35,14 +45,6 @@ inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*
 //   param.addcdiv_(exp_avg, denom, value=-step)    (-step*m) / denom + p
 // The portable loop relies on the baseline x86-64 build having no FMA to contract
 // p * decay into the final add; std::fma marks the two places torch does fuse.
-void write_copies_portable(const float* p, int64_t n, const UpdateExtras& x) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (x.rounded)
-      x.rounded[i] = x.round_f16 ? f16_to_f32(f32_to_f16(p[i])) : bf16_to_f32(f32_to_bf16(p[i]));
-    if (x.bf16) x.bf16[i] = f32_to_bf16(p[i]);
-  }
-}
-
 void adamw_portable(float* p, const float* g, float* m, float* v, int64_t n,
                     const AdamWScalars& s, const UpdateExtras& x) {
   for (int64_t i = 0; i < n; ++i) {
@@ -65,17 +67,6 @@ TESSERA_AVX512 inline __m512 mul_rn(__m512 a, __m512 b) {
   return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-// v rounded to bf16 and widened back: round to nearest even on the bits, a NaN kept a
-// quiet NaN (f32_to_bf16's results, 16 lanes at a time).
-TESSERA_AVX512 inline __m512i round_bf16_bits(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_and_si512(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000))),
-                          _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
 // Elements [i, i + 16) of extras' copies from the new values pv (lanes k when partial).
 // stream_r / stream_b: that copy's address is aligned (64 / 32 bytes) and the store goes
 // around the cache: nothing reads the copies before the next forward, long after the
@@ -89,7 +80,7 @@ TESSERA_AVX512 inline void copies_vec(__m512 pv, int64_t i, __mmask16 k, bool fu
     else full ? av::store(x.rounded + i, r) : av::store(x.rounded + i, r, k);
     return;
   }
-  const __m512i r = round_bf16_bits(pv);
+  const __m512i r = bf16_round_bits(pv);
   if (stream_r) _mm512_stream_ps(x.rounded + i, _mm512_castsi512_ps(r));
   else if (x.rounded) full ? av::store(x.rounded + i, _mm512_castsi512_ps(r))
                            : av::store(x.rounded + i, _mm512_castsi512_ps(r), k);
