@@ -1,7 +1,10 @@
 // Times every matmul shape of one GPT-2 124M training step (batch 4 x 64) through
 // kernels::matmul, to show where the step's time goes: f32 operands, or bf16 operands as
 // native bf16 training multiplies them (AMX where the CPU has it).
-// Usage: train_matmul_shapes [f32|bf16] [VOCAB=50257]
+// With "cold", every timed call finds its operands out of cache (a 512 MB sweep before
+// each), as a training step does: its weights, activations and gradients were last touched
+// a whole layer stack earlier.
+// Usage: train_matmul_shapes [f32|bf16] [VOCAB=50257] [cold]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +19,12 @@ using namespace tessera;
 namespace {
 
 DType g_dtype = DType::kF32;
+bool g_cold = false;
+
+void evict_caches() {
+  static std::vector<char> sweep(size_t{512} << 20);
+  for (size_t i = 0; i < sweep.size(); i += 64) sweep[i] = static_cast<char>(sweep[i] + 1);
+}
 
 double time_shape(const char* what, int64_t m, int64_t n, int64_t k, bool ta, bool tb, float beta) {
   Tensor a = Tensor::empty(ta ? Shape{k, m} : Shape{m, k}, DType::kF32);
@@ -28,6 +37,7 @@ double time_shape(const char* what, int64_t m, int64_t n, int64_t k, bool ta, bo
   kernels::matmul(a, b, c, ta, tb, 1.f, beta);  // warm-up: primitive creation
   std::vector<double> s;
   for (int i = 0; i < 5; ++i) {
+    if (g_cold) evict_caches();
     base::Timer t;
     kernels::matmul(a, b, c, ta, tb, 1.f, beta);
     s.push_back(t.seconds());
@@ -49,6 +59,7 @@ int main(int argc, char** argv) {
   }
   const int64_t N = 256, H = 768, F = 3072, L = 12;
   const int64_t V = argc > 2 ? std::atoll(argv[2]) : 50257;  // vocabulary (lm_head) size
+  g_cold = argc > 3 && std::strcmp(argv[3], "cold") == 0;
   double total = 0;
   total += L * time_shape("fwd c_attn", N, 3 * H, H, false, false, 0);
   total += L * time_shape("fwd attn.c_proj", N, H, H, false, false, 0);
