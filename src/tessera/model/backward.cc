@@ -323,7 +323,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       input_grad(*this, Lo, l, op, datt, datt, pm);
       lora_backward(*this, l, Lo.which, A.att, dres_all, datt);
       if (G.linear(Lo.which).weight.defined()) weight_grad(matmul_operand(A.att, mode), dres_all, op, G.linear(Lo.which));
-      const QkvViews v = qkv_views(d, A.qkv, B, T);
+      // (Under Ulysses the layer kept no q, k, v, A.cp has them: these views give shapes.)
+      const QkvViews v = qkv_views(d, A.qkv.defined() ? A.qkv : dqkv, B, T);
       QkvViews dv = qkv_views(d, dqkv, B, T);
       if (cp_comm_)  // context parallelism: the attention crosses the cp group's tokens
         cp_attention_backward(*cp_comm_, cp_method_, v.q, v.k, v.v, A.att.view({B, T, d.heads, d.head_dim}), A.lse,

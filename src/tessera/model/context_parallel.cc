@@ -243,7 +243,7 @@ Tensor cp_local_tokens(const Tensor& batch, CpMethod method, int rank, int size)
 
 int64_t CpSaved::bytes() const {
   int64_t n = 0;
-  for (const Tensor* t : {&q, &k, &v, &out, &lse})
+  for (const Tensor* t : {&q, &k, &v, &lse})
     if (t->defined()) n += static_cast<int64_t>(t->nbytes());
   return n;
 }
@@ -257,13 +257,16 @@ void cp_attention_forward(CpComm& cp, CpMethod method, const Tensor& q, const Te
                   " query and ", Hk, " key/value heads this rank holds");
     auto full = to_heads(cp, {&q, &k, &v});
     saved.q = full[0], saved.k = full[1], saved.v = full[2];
-    saved.out = Tensor::empty({B, Tl * P, Hq / P, D}, DType::kF32);
+    // The head-split output is not kept: it is `out` again, in the other split, and the
+    // backward brings it back with dout's all-to-all (P - 1) / P of out's bytes, instead of
+    // holding the same activation twice.
+    Tensor out_heads = Tensor::empty({B, Tl * P, Hq / P, D}, DType::kF32);
     saved.lse = Tensor::empty({B, Hq / P, Tl * P}, DType::kF32);
     {
       Timed a{cp.attention_s};
-      kernels::attention_forward(saved.q, saved.k, saved.v, saved.out, &saved.lse, params_of(scale, true));
+      kernels::attention_forward(saved.q, saved.k, saved.v, out_heads, &saved.lse, params_of(scale, true));
     }
-    to_tokens(cp, {&saved.out}, {&out});
+    to_tokens(cp, {&out_heads}, {&out});
     lse = Tensor();  // (the head-split lse is saved.lse)
     return;
   }
@@ -298,12 +301,13 @@ void cp_attention_backward(CpComm& cp, CpMethod method, const Tensor& q, const T
   const int P = cp.size(), r = cp.rank();
   const int64_t B = q.size(0), Tl = q.size(1), Hq = q.size(2), D = q.size(3), Hk = k.size(2);
   if (method == CpMethod::kUlysses) {
-    const Tensor dfull = to_heads(cp, {&dout})[0];
+    const auto got = to_heads(cp, {&dout, &out});  // (a permutation: the forward's values exactly)
+    const Tensor &dfull = got[0], &out_heads = got[1];
     Tensor dqf = Tensor::empty(saved.q.shape(), DType::kF32), dkf = Tensor::empty(saved.k.shape(), DType::kF32),
            dvf = Tensor::empty(saved.v.shape(), DType::kF32);
     {
       Timed a{cp.attention_s};
-      kernels::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dfull, dqf, dkf, dvf,
+      kernels::attention_backward(saved.q, saved.k, saved.v, out_heads, saved.lse, dfull, dqf, dkf, dvf,
                                   params_of(scale, true));
     }
     to_tokens(cp, {&dqf, &dkf, &dvf}, {&dq, &dk, &dv});

@@ -62,9 +62,12 @@ Tensor cp_local_tokens(const Tensor& batch, CpMethod method, int rank, int size)
 
 // What the backward needs beyond the layer's own q, k, v, out and lse.
 struct CpSaved {
-  // Ulysses: the head-split whole-sequence q, k, v, out (B, T, heads / cp, D) and their
-  // lse (B, heads / cp, T). Ring: nothing (the rank's own lse is the layer's).
-  Tensor q, k, v, out, lse;
+  // Ulysses: the head-split whole-sequence q, k, v (B, T, heads / cp, D) and the lse
+  // (B, heads / cp, T). The layer then keeps no q, k, v of its own (its backward reads
+  // these), and the head-split output comes back from the layer's own output (one more
+  // tensor in the backward's all-to-all): the same bytes as one process's / cp.
+  // Ring: nothing (the rank's own lse is the layer's).
+  Tensor q, k, v, lse;
   int64_t bytes() const;
 };
 
@@ -75,6 +78,7 @@ struct CpSaved {
 void cp_attention_forward(CpComm& cp, CpMethod method, const Tensor& q, const Tensor& k, const Tensor& v,
                           Tensor& out, Tensor& lse, CpSaved& saved, float scale);
 // The gradients dq, dk, dv (overwritten; views like q, k, v) from dout (B, Tl, Hq, D).
+// Ulysses reads q, k, v for their shapes only (`saved` holds the values).
 void cp_attention_backward(CpComm& cp, CpMethod method, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& out, const Tensor& lse, const CpSaved& saved, const Tensor& dout,
                            Tensor& dq, Tensor& dk, Tensor& dv, float scale);

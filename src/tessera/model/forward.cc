@@ -238,6 +238,10 @@ void layer_forward_train(const Model& m, int64_t l, const Activations& acts, Blo
     A.att = Tensor();
     A.lse = Tensor();
     A.cp = CpSaved();
+  } else if (A.cp.q.defined()) {
+    // Ulysses keeps its heads' whole-sequence q, k, v for the backward: the layer's own
+    // tokens' q, k, v would be the same bytes again, and nothing reads them.
+    A.qkv = Tensor();
   }
 }
 
