@@ -277,7 +277,8 @@ TEST_P(DeepseekModel, WhatIsNotSupportedYetIsAOneLineError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, DeepseekModel,
-                         ::testing::Values("deepseek_v2", "deepseek_v3", "deepseek_v2_yarn", "deepseek_v3_yarn"));
+                         ::testing::Values("deepseek_v2", "deepseek_v3", "deepseek_v2_yarn", "deepseek_v3_yarn",
+                                           "deepseek_v2_aux"));
 
 }  // namespace
 }  // namespace tessera

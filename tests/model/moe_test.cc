@@ -36,6 +36,12 @@ struct Case {
   int64_t n_group = 1, topk_group = 1;
   bool top2 = false;
   double scaling = 1.0;
+  // DeepSeek-V2's per-layer balancing loss (MoeBalance::group_loss): alpha > 0 trains it over
+  // ds_groups sequences (sequence-wise), or the whole batch (ds_groups 1, batch-wise).
+  double ds_alpha = 0.0;
+  int64_t ds_groups = 1;
+  bool ds_seq_aux = true;
+  bool zero_dout = false;  // the loss is the balancing loss alone: its gradient is all there is
 };
 
 void check_against_pytorch(const Case& c) {
@@ -72,6 +78,7 @@ void check_against_pytorch(const Case& c) {
     }
     h[L] = randn({N, H}, rng, 1.f);
     dout[L] = randn({N, H}, rng, 1.f);
+    if (c.zero_dout) dout[L].zero();
     in.insert(in.end(), {{p + "h", h[L]}, {p + "gate", w[L].router}, {p + "w1", w1}, {p + "w3", w3},
                          {p + "w2", w[L].down}, {p + "dout", dout[L]}});
     if (c.bias) {  // large enough to overrule the scores now and then (sigmoid: keeps them > 0)
@@ -92,7 +99,10 @@ void check_against_pytorch(const Case& c) {
                         {"topk_group", std::to_string(c.topk_group)},
                         {"group_score", c.top2 ? "top2" : "max"},
                         {"scaling", std::to_string(c.scaling)},
-                        {"layers", std::to_string(layers)}});
+                        {"layers", std::to_string(layers)},
+                        {"ds_alpha", std::to_string(c.ds_alpha)},
+                        {"ds_groups", std::to_string(c.ds_groups)},
+                        {"ds_seq_aux", c.ds_seq_aux ? "true" : "false"}});
   const auto r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
                                       "/tests/parity/moe_reference.py " + in_path + " " + out_path);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -116,11 +126,15 @@ void check_against_pytorch(const Case& c) {
       EXPECT_EQ(saved[L].routing.dropped(), ref->get(p + "dropped").data<int32_t>()[0]) << "layer " << L;
       EXPECT_GT(saved[L].routing.dropped(), 0) << "layer " << L;  // the limit is in play
     }
-    balance.add(saved[L].routing);
+    if (c.ds_alpha > 0)
+      balance.add(saved[L].routing, c.ds_seq_aux ? c.ds_groups : 1);
+    else
+      balance.add(saved[L].routing);
   }
+  if (c.ds_alpha > 0) EXPECT_NEAR(balance.group_loss(c.ds_alpha), ref->get("ds_aux").data<float>()[0], 1e-6);
   const bool plain = !c.bias && c.capacity == 0 && !c.sigmoid && c.n_group == 1 && c.scaling == 1.0;
   if (plain) EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
-  const std::vector<float> aux = balance.score_grad(c.coef);
+  const std::vector<float> mixtral_aux = balance.score_grad(c.coef);
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";
     model::MoeWeights g;
@@ -128,6 +142,7 @@ void check_against_pytorch(const Case& c) {
     g.gate_up = Tensor::zeros({E, 2 * F, H}, DType::kF32);
     g.down = Tensor::zeros({E, H, F}, DType::kF32);
     Tensor dh = Tensor::empty({N, H}, DType::kF32);
+    const std::vector<float> aux = c.ds_alpha > 0 ? balance.group_score_grad(L, c.ds_alpha, 1.0) : mixtral_aux;
     model::moe_backward(spec, w[L], h[L], saved[L], dout[L], dh, g, &aux);
     EXPECT_LT(max_rel_diff(dh, ref->get(p + "dh")), 1e-5f) << "layer " << L;
     EXPECT_LT(max_rel_diff(g.router, ref->get(p + "dgate")), 1e-5f) << "layer " << L;
@@ -158,6 +173,23 @@ TEST(Moe, DeepSeekGatesMatchTheReference) {
   Case v3_capacity = v3;
   v3_capacity.capacity = 1.0;
   for (const Case& c : {v2, v3, v3_capacity}) check_against_pytorch(c);
+}
+
+// DeepSeek-V2's balancing loss, per layer, against its MoEGate's training branch: over 4
+// sequences of 10 tokens (seq_aux), over the whole batch (seq_aux false), and with the
+// plain greedy gate over 5 sequences; then the first two with the layers' outputs out of
+// the loss, so that the router's and the inputs' gradients are the balancing loss's alone.
+TEST(Moe, DeepSeekV2BalancingLossMatchesTheReference) {
+  Case seq{8, 2, 32, 48, 40, false, 0.0};
+  seq.n_group = 4, seq.topk_group = 2, seq.scaling = 16.0;
+  seq.ds_alpha = 0.3, seq.ds_groups = 4;
+  Case batch = seq;
+  batch.ds_seq_aux = false;
+  Case greedy{6, 2, 24, 32, 40, true, 0.0};
+  greedy.ds_alpha = 0.3, greedy.ds_groups = 5;
+  Case seq_alone = seq, batch_alone = batch;
+  seq_alone.zero_dout = batch_alone.zero_dout = true;
+  for (const Case& c : {seq, batch, greedy, seq_alone, batch_alone}) check_against_pytorch(c);
 }
 
 // DeepSeek-V3's selection bias (chooses, does not weigh) and an expert capacity (training:

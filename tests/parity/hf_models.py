@@ -825,8 +825,9 @@ class DeepseekV2Attention(nn.Module):
 
 
 class DeepseekV2MoEGate(nn.Module):
-    """modeling_deepseek.py MoEGate without the auxiliary loss (aux_loss_alpha is only used in
-    training mode; the fixtures set it to 0). Logits in f32 (F.linear of both operands cast
+    """modeling_deepseek.py MoEGate's routing (its training-only auxiliary loss, when
+    aux_loss_alpha > 0, is DeepseekV2MoE's last_aux, through moe_reference.deepseek_v2_aux).
+    Logits in f32 (F.linear of both operands cast
     to f32), choice through moe_reference.deepseek_gate:
       V2 (topk_method greedy | group_limited_greedy, group score = best expert): weights
          renormalised when top_k > 1 and norm_topk_prob, otherwise times routed_scaling_factor;
@@ -885,6 +886,9 @@ class DeepseekV2MoE(nn.Module):
         self.experts = nn.ModuleList([DeepseekV2MLP(cfg, cfg["moe_intermediate_size"])
                                       for _ in range(cfg["n_routed_experts"])])
         self.gate = DeepseekV2MoEGate(cfg)
+        # DeepSeek-V2's MoEGate adds alpha x its balancing loss in training (V3's code has none).
+        self.aux_alpha = float(cfg.get("aux_loss_alpha") or 0.0) if cfg["model_type"] == "deepseek_v2" else 0.0
+        self.seq_aux = bool(cfg.get("seq_aux", True))
         if cfg.get("n_shared_experts"):
             self.shared_experts = DeepseekV2MLP(cfg, cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
 
@@ -894,6 +898,10 @@ class DeepseekV2MoE(nn.Module):
         x = hidden_states.reshape(-1, orig_shape[-1])
         topk_idx, topk_weight = self.gate(x)
         self.last_topk_idx = topk_idx.detach()  # the routing, for the reference (make_reference.py)
+        if self.aux_alpha > 0:  # MoEGate.forward's training branch (its scores: f32 softmax of the logits)
+            scores = F.linear(x.to(torch.float32), self.gate.weight.to(torch.float32), None).softmax(dim=-1)
+            self.last_aux = moe_reference.deepseek_v2_aux(scores, topk_idx, self.aux_alpha, orig_shape[0], self.seq_aux,
+                                                          self.gate.n_routed_experts, self.gate.top_k)
         flat_topk_idx = topk_idx.reshape(-1)
         xr = x.repeat_interleave(self.num_experts_per_tok, dim=0)  # slot s = token s // k, choice s % k
         y = torch.zeros_like(xr)

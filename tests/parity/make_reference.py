@@ -187,7 +187,9 @@ VARIANTS = {
     "gpt2": {"default": {}, "n_inner": {"n_inner": 96}},
     "mixtral": {"default": {}},
     "qwen2_moe": {"default": {}},
-    "deepseek_v2": {"default": {}, "yarn": {"rope_scaling": _DEEPSEEK_YARN}},
+    "deepseek_v2": {"default": {}, "yarn": {"rope_scaling": _DEEPSEEK_YARN},
+                    # its balancing loss trained, per sequence (large alpha: visible in every gradient)
+                    "aux": {"aux_loss_alpha": 0.3, "seq_aux": True}},
     # (V3's: mscale apart from mscale_all_dim, so cos and sin are scaled too)
     "deepseek_v3": {"default": {}, "yarn": {"rope_scaling": {**_DEEPSEEK_YARN, "mscale": 1.0}}},
 }
@@ -289,9 +291,13 @@ def main():
         loss = hf_models.lm_loss(logits, targets)
     if cfg.get("output_router_logits"):  # MixtralForCausalLM: + router_aux_loss_coef x balancing loss
         loss = loss + cfg["router_aux_loss_coef"] * hf_models.load_balancing_loss(model)
+    for module in model.modules():  # DeepSeek-V2 with aux_loss_alpha: + each MoE layer's balancing loss
+        if hasattr(module, "last_aux"):
+            loss = loss + module.last_aux
     loss.backward()
     for module in model.modules():  # router logits kept for the balancing loss (graph tensors)
         module.__dict__.pop("last_router_logits", None)
+        module.__dict__.pop("last_aux", None)
     ref = {
         "input_ids": ids, "targets": targets,
         "logits": logits.detach().float(),

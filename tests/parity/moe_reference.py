@@ -14,9 +14,14 @@ Optional: L.bias (E) a selection bias, chosen on softmax + bias and weighted by 
 each expert takes at most ceil(c N top_k / E) slots, first come (token, then choice) first
 served (GShard / Switch), the rest dropped. Either one routes through
 capacity_routed_experts (coef must then be 0).
-Loss: sum_L sum(out_L * dout_L) + coef * load_balancing_loss(all layers' logits).
+Optional: metadata "ds_alpha" > 0 adds DeepSeek-V2's balancing loss of every layer
+(modeling_deepseek.py MoEGate.forward in training, deepseek_v2_aux below) over "ds_groups"
+sequences of N / ds_groups tokens, sequence-wise when "ds_seq_aux" is "true".
+Loss: sum_L sum(out_L * dout_L) + coef * load_balancing_loss(all layers' logits)
+(+ sum_L deepseek_v2_aux_L).
 OUT: per layer L.out, L.experts (N, top_k) i32 (torch.topk order), and the gradients
-L.dh, L.dgate, L.dw1, L.dw2, L.dw3; aux (1) the balancing loss.
+L.dh, L.dgate, L.dw1, L.dw2, L.dw3; aux (1) the balancing loss; ds_aux (1) the sum of the
+layers' DeepSeek-V2 losses (alpha included).
 """
 import math
 import sys
@@ -71,6 +76,24 @@ def deepseek_gate(router_logits, top_k, norm_topk_prob, bias, scoring, n_group, 
     return selected, weights * scaling
 
 
+def deepseek_v2_aux(scores, topk_idx, alpha, bsz, seq_aux, n_routed_experts, top_k):
+    """DeepSeek-V2's MoEGate.forward (modeling_deepseek.py), its training branch with
+    alpha > 0: the auxiliary loss from the scores (N, E) and the chosen experts (N, k)."""
+    seq_len = scores.shape[0] // bsz
+    topk_idx_for_aux_loss = topk_idx.view(bsz, -1)
+    if seq_aux:
+        scores_for_seq_aux = scores.view(bsz, seq_len, -1)
+        ce = torch.zeros(bsz, n_routed_experts, dtype=scores.dtype)
+        ce.scatter_add_(1, topk_idx_for_aux_loss,
+                        torch.ones(bsz, seq_len * top_k, dtype=scores.dtype)).div_(seq_len * top_k / n_routed_experts)
+        return (ce * scores_for_seq_aux.mean(dim=1)).sum(dim=1).mean() * alpha
+    mask_ce = F.one_hot(topk_idx_for_aux_loss.view(-1), num_classes=n_routed_experts)
+    ce = mask_ce.to(scores.dtype).mean(0)
+    Pi = scores.mean(0)
+    fi = ce * n_routed_experts
+    return (Pi * fi).sum() * alpha
+
+
 def capacity_routed_experts(h, router_logits, experts, top_k, norm_topk_prob, bias, capacity, **gate):
     """Routing with a selection bias and an expert capacity, token by token."""
     selected, weights = deepseek_gate(router_logits, top_k, norm_topk_prob, bias, **gate)
@@ -98,8 +121,11 @@ def main(inp, outp):
             "topk_group": int(meta.get("topk_group", "1")), "group_score": meta.get("group_score", "max"),
             "scaling": float(meta.get("scaling", "1"))}
     plain = gate == {"scoring": "softmax", "n_group": 1, "topk_group": 1, "group_score": "max", "scaling": 1.0}
+    ds_alpha, ds_groups = float(meta.get("ds_alpha", "0")), int(meta.get("ds_groups", "1"))
+    ds_seq_aux = meta.get("ds_seq_aux", "true") == "true"
     params, outs, logits, out = [], [], [], {}
     loss = torch.zeros((), dtype=torch.float64)
+    ds_aux = torch.zeros((), dtype=torch.float64)
     for L in range(layers):
         p = {k: torch.tensor(t[f"{L}.{k}"], dtype=torch.float64, requires_grad=k != "dout")
              for k in ("h", "gate", "w1", "w2", "w3", "dout")}
@@ -113,16 +139,20 @@ def main(inp, outp):
             y, sel, dropped = capacity_routed_experts(p["h"], lg, experts, top_k, norm, bias, capacity, **gate)
             out[f"{L}.dropped"] = np.array([dropped], dtype=np.int32)
         loss = loss + (y * p["dout"]).sum()
+        if ds_alpha > 0:
+            scores = F.softmax(lg, dim=-1) if gate["scoring"] == "softmax" else lg.sigmoid()
+            ds_aux = ds_aux + deepseek_v2_aux(scores, sel, ds_alpha, ds_groups, ds_seq_aux, p["gate"].shape[0], top_k)
         params.append(p)
         logits.append(lg)
         out[f"{L}.out"] = y.detach().numpy().astype(np.float32)
         out[f"{L}.experts"] = sel.numpy().astype(np.int32)
     aux = hf_models.balancing_loss(logits, params[0]["gate"].shape[0], top_k)
-    (loss + coef * aux).backward()
+    (loss + coef * aux + ds_aux).backward()
     for L, p in enumerate(params):
         for k in ("h", "gate", "w1", "w2", "w3"):
             out[f"{L}.d{k}"] = p[k].grad.numpy().astype(np.float32)
     out["aux"] = np.array([aux.item()], dtype=np.float32)
+    out["ds_aux"] = np.array([ds_aux.item()], dtype=np.float32)
     save(out, outp)
     print("ok")
 

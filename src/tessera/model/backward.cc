@@ -220,6 +220,12 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   const Bf16Mode mode = bf16_mode_, pm = prepared_mode(mode);
 
   std::vector<float> moe_score_grad;  // the balancing loss's gradient per expert, when trained
+  // DeepSeek-V2's per-layer balancing loss: its gradient per (group, expert) for each of this
+  // chunk's MoE layers in order (its value joins the loss where the head is).
+  std::vector<std::vector<float>> moe_group_grad;
+  if (acts.moe_balance && c.trains_seq_aux())
+    for (size_t i = 0; i < acts.moe_balance->layer_groups.size(); ++i)
+      moe_group_grad.push_back(acts.moe_balance->group_score_grad(i, c.aux_loss_alpha, grad_scale));
   Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
@@ -281,6 +287,11 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       // gradients accumulate (prepare cleared them under kAssign).
       const MoeWeights& E = compute_moe(l);
       const std::vector<float>* aux = moe_score_grad.empty() ? nullptr : &moe_score_grad;
+      if (!moe_group_grad.empty()) {  // this layer's place among the chunk's MoE layers
+        size_t i = 0;
+        for (int64_t j = l0; j < l; ++j) i += c.layer_is_moe(j) ? 1 : 0;
+        aux = &moe_group_grad.at(i);
+      }
       Tensor dh_moe = dh;
       if (c.shared_expert) {
         // qwen2_moe: + sigmoid(z) y, z = h2 . g, y the shared expert (the dense MLP):
@@ -452,6 +463,13 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     if (acts.moe_balance && c.output_router_logits && c.router_aux_loss_coef > 0) {
       result.loss += c.router_aux_loss_coef * result.aux_loss;
       moe_score_grad = acts.moe_balance->score_grad(c.router_aux_loss_coef * grad_scale);
+    }
+    // DeepSeek-V2 (modeling_deepseek.py's MoEGate adds alpha x its loss per layer): this
+    // chunk's layers' terms (under pipeline parallelism the other stages' are not in the
+    // logged loss; their gradients are, on their own stage).
+    if (acts.moe_balance && c.trains_seq_aux()) {
+      result.aux_loss = acts.moe_balance->group_loss(1.0);
+      result.loss += acts.moe_balance->group_loss(c.aux_loss_alpha);
     }
     // Vocab-parallel head: each rank's part from its rows, summed over the group.
     if (sp)

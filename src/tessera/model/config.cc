@@ -243,6 +243,7 @@ void parse_deepseek(const json& j, const std::string& source, ModelConfig& c) {
     }
     c.routed_scaling_factor = get_positive(j, source, "routed_scaling_factor", 1.0, 1e6);
     c.aux_loss_alpha = get_nonnegative(j, source, "aux_loss_alpha", 0.0, 1e6);
+    c.seq_aux = get_bool(j, source, "seq_aux", true);
   }
   c.mtp_layers = get_int(j, source, "num_nextn_predict_layers", 0, 1, 0, false);
 }
@@ -574,6 +575,7 @@ json ModelConfig::to_json() const {
       j["topk_group"] = topk_group;
       j["routed_scaling_factor"] = routed_scaling_factor;
       j["aux_loss_alpha"] = aux_loss_alpha;
+      j["seq_aux"] = seq_aux;
     } else {
       j["n_routed_experts"] = nullptr;
     }

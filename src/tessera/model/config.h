@@ -80,7 +80,13 @@ struct ModelConfig {
   std::string topk_method = "greedy";   // greedy | group_limited_greedy | noaux_tc
   int64_t n_group = 1, topk_group = 1;
   double routed_scaling_factor = 1.0;
-  double aux_loss_alpha = 0.0;          // DeepSeek's sequence-wise balancing loss: not trained (kept for to_json)
+  // DeepSeek-V2's balancing loss (its modeling code's MoEGate in training): alpha times, per
+  // MoE layer, sum_e f_e P_e over each sequence (seq_aux) or the whole batch, f_e the share
+  // of the top-k slots routed to e times E, P_e e's mean score. Trained for deepseek_v2
+  // (trains_seq_aux); DeepSeek-V3's code has none (it balances with the selection bias).
+  double aux_loss_alpha = 0.0;
+  bool seq_aux = true;
+  bool trains_seq_aux() const { return model_type == "deepseek_v2" && num_experts > 0 && aux_loss_alpha > 0; }
   // Multi-token prediction modules (DeepSeek-V3 num_nextn_predict_layers; 0 or 1): stored
   // as layer num_layers (model.layers.{L}.*), run by training (its loss weighted by
   // [training] mtp_loss_weight) and by --speculative mtp.

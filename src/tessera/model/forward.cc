@@ -325,6 +325,14 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
                   ") f32 residual stream, got ", input.defined() ? input.describe() : "nothing");
     s.x = input.contiguous().clone();
   }
+  // Each MoE layer's routing, for the balancing losses (DeepSeek-V2's per layer and per
+  // sequence: the batch's B sequences are the groups).
+  auto count_routing = [&](const MoeRouting& r) {
+    if (c.trains_seq_aux())
+      acts.moe_balance->add(r, c.seq_aux ? acts.B : 1);
+    else
+      acts.moe_balance->add(r);
+  };
   for (int64_t l = l0; l < l1; ++l) {
     const int unit = static_cast<int>(l) + 1;
     if (hooks) hooks->acquire(unit);
@@ -333,10 +341,10 @@ Tensor forward_train_chunk(const Model& m, int chunk, const Tensor& ids2d, const
       LayerActivations scratch;
       layer_forward_train(m, l, acts, s, scratch, false);
       A.x_in = std::move(scratch.x_in);
-      if (acts.moe_balance && c.layer_is_moe(l)) acts.moe_balance->add(scratch.moe.routing);
+      if (acts.moe_balance && c.layer_is_moe(l)) count_routing(scratch.moe.routing);
     } else {
       layer_forward_train(m, l, acts, s, A, rc == Recompute::kNone);
-      if (acts.moe_balance && c.layer_is_moe(l)) acts.moe_balance->add(A.moe.routing);
+      if (acts.moe_balance && c.layer_is_moe(l)) count_routing(A.moe.routing);
     }
     if (hooks) hooks->release(unit);
   }

@@ -303,6 +303,47 @@ void MoeBalance::add(const MoeRouting& r) {
   tokens += r.tokens;
 }
 
+void MoeBalance::add(const MoeRouting& r, int64_t groups) {
+  add(r);
+  const int64_t E = static_cast<int64_t>(routed.size()), k = r.top_k;
+  TESSERA_CHECK(groups > 0 && r.tokens % groups == 0, "MoeBalance: ", r.tokens, " tokens do not split in ", groups,
+                " equal groups");
+  GroupStats g;
+  g.groups = groups, g.tokens_per_group = r.tokens / groups, g.top_k = k;
+  g.slots.assign(static_cast<size_t>(groups * E), 0.0);
+  g.prob.assign(static_cast<size_t>(groups * E), 0.0);
+  const float* p = r.scores.data<float>();
+  for (int64_t n = 0; n < r.tokens; ++n) {
+    const int64_t b = n / g.tokens_per_group;
+    for (int64_t j = 0; j < k; ++j) g.slots[b * E + r.expert[n * k + j]] += 1.0;
+    for (int64_t e = 0; e < E; ++e) g.prob[b * E + e] += p[n * E + e];
+  }
+  layer_groups.push_back(std::move(g));
+}
+
+double MoeBalance::group_loss(double alpha) const {
+  const double E = static_cast<double>(routed.size());
+  double total = 0;
+  for (const GroupStats& g : layer_groups) {
+    const double T = static_cast<double>(g.tokens_per_group), k = static_cast<double>(g.top_k);
+    double s = 0;
+    for (size_t i = 0; i < g.slots.size(); ++i) s += (g.slots[i] * E / (T * k)) * (g.prob[i] / T);
+    total += alpha * s / static_cast<double>(g.groups);
+  }
+  return total;
+}
+
+std::vector<float> MoeBalance::group_score_grad(size_t layer, double alpha, double coef) const {
+  TESSERA_CHECK(layer < layer_groups.size(), "MoeBalance: no group statistics for MoE layer ", layer);
+  const GroupStats& g = layer_groups[layer];
+  const double E = static_cast<double>(routed.size()), T = static_cast<double>(g.tokens_per_group);
+  std::vector<float> out(g.slots.size());
+  for (size_t i = 0; i < g.slots.size(); ++i)
+    out[i] = static_cast<float>(coef * alpha * (g.slots[i] * E / (T * static_cast<double>(g.top_k))) /
+                                (static_cast<double>(g.groups) * T));
+  return out;
+}
+
 double MoeBalance::loss() const {
   if (tokens == 0) return 0.0;
   const double T = static_cast<double>(tokens);
@@ -328,8 +369,11 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k;
   TESSERA_CHECK(r.tokens == N && r.top_k == k, "moe_backward: the saved routing is of another forward");
-  TESSERA_CHECK(!aux_score_grad || static_cast<int64_t>(aux_score_grad->size()) == E,
-                "moe_backward: aux_score_grad has ", aux_score_grad ? aux_score_grad->size() : 0, " entries, expected ", E);
+  const int64_t aux_groups = aux_score_grad ? static_cast<int64_t>(aux_score_grad->size()) / E : 0;
+  TESSERA_CHECK(!aux_score_grad || (aux_groups > 0 && aux_groups * E == static_cast<int64_t>(aux_score_grad->size()) &&
+                                    N % aux_groups == 0),
+                "moe_backward: aux_score_grad has ", aux_score_grad ? aux_score_grad->size() : 0,
+                " entries, expected ", E, " per group of the ", N, " tokens");
 
   // Each slot's output gradient (its weight times the token's) and its weight's gradient.
   Tensor dy = Tensor::empty({S, H}, DType::kF32);
@@ -389,8 +433,10 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
   float* ds = dscores.data<float>();
   for (int64_t n = 0; n < N; ++n) {
     float* d = ds + n * E;
-    if (aux_score_grad)
-      for (int64_t e = 0; e < E; ++e) d[e] = (*aux_score_grad)[e];
+    if (aux_score_grad) {
+      const float* a = aux_score_grad->data() + n / (N / aux_groups) * E;
+      for (int64_t e = 0; e < E; ++e) d[e] = a[e];
+    }
     const float c = static_cast<float>(spec.routed_scaling_factor);
     if (spec.norm_topk_prob) {
       // w_j = c p_j / S: d p_j = (c dw_j - sum_i dw_i w_i) / S.

@@ -158,10 +158,29 @@ struct MoeBalance {
   std::vector<float> score_grad(double coef) const;
   std::vector<double> routed, prob;  // per expert: slots routed, summed probability
   int64_t tokens = 0;
+
+  // DeepSeek-V2's per-layer balancing loss (ModelConfig::aux_loss_alpha): each layer's
+  // tokens in `groups` consecutive equal groups (seq_aux: the batch's sequences; else one
+  // group), per group g and expert e the top-k slots choosing e (all of them, before any
+  // capacity) and the summed scores. Filled by add(r, groups) with groups > 0.
+  struct GroupStats {
+    int64_t groups = 0, tokens_per_group = 0, top_k = 0;
+    std::vector<double> slots, prob;  // (groups, E)
+  };
+  std::vector<GroupStats> layer_groups;
+  void add(const MoeRouting& r, int64_t groups);
+  // alpha sum_layers mean_g sum_e ce[g][e] P[g][e]: ce = slots E / (tokens_per_group k),
+  // P = prob / tokens_per_group (modeling_deepseek.py MoEGate, seq_aux or not).
+  double group_loss(double alpha) const;
+  // d(coef * that loss) / d scores[n][e] for layer i's tokens: (groups, E), the same for
+  // every token of a group: coef alpha ce[g][e] / (groups tokens_per_group).
+  std::vector<float> group_score_grad(size_t layer, double alpha, double coef) const;
 };
 
 // dh (N, H) = d out / d h (overwritten); grads' tensors (shaped as w's, f32) += the weight
-// gradients. aux_score_grad (E, optional): MoeBalance::score_grad, added for every token.
+// gradients. aux_score_grad (optional): added to each token's score gradient, (E) for every
+// token (MoeBalance::score_grad) or (G, E) for G consecutive equal groups of the N tokens
+// (MoeBalance::group_score_grad).
 // With `ep` (as in the forward), grads holds this rank's experts' gradients from every
 // rank's tokens routed to them.
 void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const MoeSaved& saved,
