@@ -415,8 +415,9 @@ namespace {
 // Draft-model speculation: with the target itself as the draft every greedy proposal is
 // accepted; with an unrelated draft few are; both give plain greedy's outputs.
 // DeepSeek-V3's multi-token prediction module proposes the token after next from the
-// main model's hidden states: greedy outputs stay those of plain decoding, and seeded
-// samples those of sampling without proposals.
+// main model's hidden states (and, chained on its own output, the ones after that):
+// greedy outputs stay those of plain decoding, and seeded samples those of sampling
+// without proposals.
 TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
   model::Model m = [] {
     model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
@@ -465,11 +466,60 @@ TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
     EXPECT_GT(after.spec_proposed, before.spec_proposed);
     EXPECT_EQ(got.at(id * 1000), dense_greedy(m, prompt, 20));
   }
-  // A model without the module, or more than one token per step: one-line errors.
-  EngineConfig bad = ec;
-  bad.num_speculative_tokens = 2;
-  EXPECT_THROW(Engine(m, bad), Error);
+  // Three tokens per step: the module chained on its own output proposes the two after its
+  // first; greedy and seeded outputs unchanged, and more proposed per step than with one.
+  {
+    EngineConfig c3 = ec;
+    c3.num_speculative_tokens = 3;
+    const auto [greedy3, s3] = run_prompts(m, c3, prompts, 20, false);
+    EXPECT_EQ(greedy3, greedy);
+    EXPECT_GT(s3.spec_proposed, s0.spec_proposed);
+    EXPECT_EQ(run_prompts(m, c3, prompts, 20, true).first, sampled);
+  }
+  // A model without the module: a one-line error.
   EXPECT_THROW(Engine(make_model(model::Arch::kLlama, 5), ec), Error);
+}
+
+// A module that is always right: every block's output projections are zero (the residual
+// stream is the token's embedding, so the main model's next token is a function f of the
+// current one), every norm weight 1, and the module's eh_proj takes the embedding half (it
+// predicts f of the token it is given). Then every proposal, the chained ones included,
+// is the main model's own next token: all accepted, 3 per step with k = 3.
+TEST(Engine, MtpChainedProposalsAreAllAcceptedWhenTheModuleIsRight) {
+  model::Model m = [] {
+    model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
+    c.mtp_layers = 1;
+    c.tie_word_embeddings = false;
+    return model::Model::random(c, DType::kF32, 12);
+  }();
+  auto& w = m.weights();
+  const int64_t H = m.config().hidden_size;
+  for (auto& L : w.layers) {
+    for (Tensor* t : {&L.mla.o, &L.down.weight, &L.moe.down})
+      if (t->defined()) t->zero();
+  }
+  for (Tensor* t : {&w.final_norm_w, &w.mtp.enorm, &w.mtp.hnorm, &w.mtp.head_norm}) t->fill(1.f);
+  w.mtp.eh_proj.zero();
+  for (int64_t i = 0; i < H; ++i) w.mtp.eh_proj.data<float>()[i * 2 * H + i] = 1.f;
+  for (float& v : std::span(w.lm_head.data<float>(), w.lm_head.numel())) v *= 8.f;
+  std::mt19937 rng(4);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(random_tokens(rng, 6 + rng() % 10));
+  EngineConfig ec;
+  ec.block_size = 8;
+  ec.max_model_len = 128;
+  ec.kv_cache_memory = 64 * KvPool::bytes_per_block(m.config(), ec.block_size);
+  ec.speculative_method = "mtp";
+  for (const int64_t k : {1, 3}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    ec.num_speculative_tokens = k;
+    const auto [got, st] = run_prompts(m, ec, prompts, 24, false);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], dense_greedy(m, prompts[i], 24)) << "request " << i;
+    EXPECT_GT(st.spec_proposed, 0);
+    EXPECT_EQ(st.spec_accepted, st.spec_proposed);
+    // Each step after the prompt's verifies k proposals and adds k + 1 tokens.
+    EXPECT_GE(st.spec_proposed, static_cast<int64_t>(prompts.size()) * k * (24 / (k + 1) - 1));
+  }
 }
 
 TEST(Engine, DraftModelSpeculationKeepsGreedyOutputs) {

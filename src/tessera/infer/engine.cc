@@ -39,10 +39,13 @@ struct Engine::Seq {
   std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
   std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
   int64_t draft_valid = 0;                      // its tokens that are still the sequence's
-  // --speculative mtp: the module's latent rows of positions [0, mtp_cache->length) and
-  // its proposal for the token after them + 1 (-1: none).
+  // --speculative mtp: the module's latent rows; those of positions before mtp_valid came
+  // from the main model's hidden states (rows past it, from chaining the module on its own
+  // output, are rewritten by the next advance_mtp). mtp_next: its proposals for the tokens
+  // at mtp_valid + 1, + 2, ... (empty: none).
   std::unique_ptr<model::KVCache> mtp_cache;
-  int32_t mtp_next = -1;
+  int64_t mtp_valid = 0;
+  std::vector<int32_t> mtp_next;
 };
 
 std::string Engine::kv_cache_summary() const {
@@ -82,8 +85,6 @@ void EngineConfig::validate() const {
   TESSERA_CHECK(speculative_method.empty() || speculative_method == "ngram" ||
                     speculative_method == "draft" || speculative_method == "mtp",
                 "speculative method must be ngram, draft or mtp, got '", speculative_method, "'");
-  TESSERA_CHECK(speculative_method != "mtp" || num_speculative_tokens == 1, "--speculative mtp proposes one token "
-                "per step (one prediction module), got --num-speculative-tokens ", num_speculative_tokens);
   TESSERA_CHECK(num_speculative_tokens >= 0 && num_speculative_tokens <= 16,
                 "num_speculative_tokens must be in [0, 16], got ", num_speculative_tokens);
   TESSERA_CHECK(speculative_method.empty() || num_speculative_tokens > 0,
@@ -341,9 +342,9 @@ std::vector<int32_t> Engine::propose(Seq& s) {
   if (config_.speculative_method == "draft") return propose_draft(s);
   if (config_.speculative_method == "mtp") {  // the module's proposal from the last step, if current
     const int64_t len = static_cast<int64_t>(s.prompt.size() + s.output.size());
-    if (s.mtp_cache && s.mtp_next >= 0 && s.mtp_cache->first_position + s.mtp_cache->length == len - 1)
-      return {s.mtp_next};
-    return {};
+    if (!s.mtp_cache || s.mtp_next.empty() || s.mtp_valid != len - 1) return {};
+    const int64_t k = std::min<int64_t>(static_cast<int64_t>(s.mtp_next.size()), max_len_ - len);
+    return {s.mtp_next.begin(), s.mtp_next.begin() + std::max<int64_t>(k, 0)};
   }
   if (config_.speculative_method != "ngram") return {};
   // Prompt lookup: the longest suffix n-gram (ngram_max down to ngram_min) that occurred
@@ -404,7 +405,7 @@ void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor
   const int64_t P = static_cast<int64_t>(s.prompt.size());
   const int64_t total = P + static_cast<int64_t>(s.output.size());
   const int64_t n = std::min(num_tokens, total - 1 - start);
-  s.mtp_next = -1;
+  s.mtp_next.clear();
   if (!s.mtp_cache) s.mtp_cache = std::make_unique<model::KVCache>(model::KVCache::create_mtp(model_.config(), max_len_));
   model::KVCache& cache = *s.mtp_cache;
   if (n <= 0) return;
@@ -412,19 +413,28 @@ void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor
   // never computed (a prefix-cache hit skipped them), it starts afresh at `start`: its
   // proposals then see less context, and the output stays exact. Positions from `start`
   // on are recomputed (preemption).
-  if (cache.first_position + cache.length < start || cache.first_position > start) {
+  if (s.mtp_valid < start || cache.first_position > start) {
     cache.first_position = start;
     cache.length = 0;
   }
-  cache.length = start - cache.first_position;
+  cache.length = start - cache.first_position;  // (also drops rows chained past mtp_valid)
   std::vector<int32_t> next(n);  // token i + 1 of each position i
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = start + 1 + i;
     next[i] = t < P ? s.prompt[t] : s.output[t - P];
   }
-  const Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache);
-  const float* x = logits.data<float>();
-  s.mtp_next = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);
+  Tensor h;
+  Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache, &h);
+  s.mtp_valid = cache.first_position + cache.length;
+  // One proposal per call; for k > 1 the module runs again one position on, on its own
+  // output and its last proposal (its rows there are rewritten once the main model has
+  // been there).
+  for (int64_t j = 0; j < config_.num_speculative_tokens; ++j) {
+    const float* x = logits.data<float>();
+    s.mtp_next.push_back(static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x));
+    if (j + 1 == config_.num_speculative_tokens || cache.length + 1 > cache.capacity) break;
+    logits = model_.mtp_forward({s.mtp_next.back()}, h, cache, &h);
+  }
 }
 
 std::vector<RequestOutput> Engine::step() {

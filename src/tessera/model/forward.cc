@@ -86,7 +86,8 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   return head_logits(*this, all_logits ? h : h.slice(0, T - 1, T), false);
 }
 
-Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache) const {
+Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache,
+                          Tensor* out_hidden) const {
   const auto& c = config_;
   const int64_t n = static_cast<int64_t>(next.size()), L = cache.length, H = c.hidden_size;
   TESSERA_CHECK(c.mtp_layers > 0 && static_cast<int64_t>(cache.k.size()) > c.num_layers, "mtp_forward: ",
@@ -110,6 +111,7 @@ Tensor Model::mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden
   block_forward(*this, c.num_layers, s, opt, nullptr);
   cache.length = L + n;
   kernels::add_inplace(s.x, s.delta);
+  if (out_hidden) *out_hidden = s.x.slice(0, n - 1, n).clone();
   Tensor h = Tensor::empty({1, H}, DType::kF32);
   norm_forward(c, P.head_norm, Tensor(), s.x.slice(0, n - 1, n), h, nullptr, nullptr);
   return head_logits(*this, h, false);

@@ -250,8 +250,11 @@ class Model {
   // starts mid-sequence attends over its own positions only) with the main model's final hidden
   // states `hidden` (n, H) there and each position's next token `next` (n), appends the
   // module's latent rows to `cache` (KVCache::create_mtp) and returns its logits (1, V) for
-  // the last position: the distribution of the token two ahead of it.
-  Tensor mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache) const;
+  // the last position: the distribution of the token two ahead of it. out_hidden: the
+  // module's own output there (1, H), before the head's norm: the `hidden` a further call
+  // takes to predict one more token ahead (as vLLM chains one MTP layer for k > 1).
+  Tensor mtp_forward(const std::vector<int32_t>& next, const Tensor& hidden, KVCache& cache,
+                     Tensor* out_hidden = nullptr) const;
 
   // Serving forward over the flattened tokens of several sequences: ids, positions (N)
   // i32; attention through `kv`. Returns logits (logit_rows.size(), V) for the listed rows.
