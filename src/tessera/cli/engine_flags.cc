@@ -26,7 +26,8 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
   cmd->add_flag("--no-prefix-caching", no_prefix_caching, "Do not reuse cached prompt prefixes");
   cmd->add_flag("--batch-invariant", e.batch_invariant,
                 "Logits independent of the rest of the batch (bit for bit; slower)");
-  // --speculative alone proposes 4 tokens per step (mtp: 1, its one module); an explicit
+  // --speculative alone proposes 4 tokens per step (mtp: 1, its one module's own token;
+  // more chain the module on its own output); an explicit
   // --num-speculative-tokens wins (it is processed after this flag, and this one never
   // overrides a value already set).
   cmd->add_option_function<std::string>(
