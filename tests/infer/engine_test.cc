@@ -418,22 +418,32 @@ namespace {
 // main model's hidden states (and, chained on its own output, the ones after that):
 // greedy outputs stay those of plain decoding, and seeded samples those of sampling
 // without proposals.
-TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
-  model::Model m = [] {
-    model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
-    c.mtp_layers = 1;
-    return model::Model::random(c, DType::kF32, 11);
-  }();
-  for (float& v : std::span(m.weights().lm_head.data<float>(), m.weights().lm_head.numel())) v *= 8.f;
-  std::mt19937 rng(3);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(rng, 5 + rng() % 30));
+// A random tiny DeepSeek-V3 with its prediction module (untied: a head of its own).
+model::Model mtp_model(uint32_t seed, bool tied = true) {
+  model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
+  c.mtp_layers = 1;
+  if (!tied) c.tie_word_embeddings = false;
+  return model::Model::random(c, DType::kF32, seed);
+}
+
+// An engine of 64 blocks of 8 that proposes with the module.
+EngineConfig mtp_engine(const model::Model& m, int64_t k) {
   EngineConfig ec;
   ec.block_size = 8;
   ec.max_model_len = 128;
   ec.kv_cache_memory = 64 * KvPool::bytes_per_block(m.config(), ec.block_size);
   ec.speculative_method = "mtp";
-  ec.num_speculative_tokens = 1;
+  ec.num_speculative_tokens = k;
+  return ec;
+}
+
+TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
+  model::Model m = mtp_model(11);
+  for (float& v : std::span(m.weights().lm_head.data<float>(), m.weights().lm_head.numel())) v *= 8.f;
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(rng, 5 + rng() % 30));
+  const EngineConfig ec = mtp_engine(m, 1);
   auto run = [&](bool spec, bool sample) {
     EngineConfig c = ec;
     if (!spec) c.speculative_method.clear(), c.num_speculative_tokens = 0;
@@ -486,12 +496,7 @@ TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
 // predicts f of the token it is given). Then every proposal, the chained ones included,
 // is the main model's own next token: all accepted, 3 per step with k = 3.
 TEST(Engine, MtpChainedProposalsAreAllAcceptedWhenTheModuleIsRight) {
-  model::Model m = [] {
-    model::ModelConfig c = make_model(model::Arch::kLlama, 5, true, true).config();
-    c.mtp_layers = 1;
-    c.tie_word_embeddings = false;
-    return model::Model::random(c, DType::kF32, 12);
-  }();
+  model::Model m = mtp_model(12, false);
   auto& w = m.weights();
   const int64_t H = m.config().hidden_size;
   for (auto& L : w.layers) {
@@ -505,14 +510,9 @@ TEST(Engine, MtpChainedProposalsAreAllAcceptedWhenTheModuleIsRight) {
   std::mt19937 rng(4);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 3; ++i) prompts.push_back(random_tokens(rng, 6 + rng() % 10));
-  EngineConfig ec;
-  ec.block_size = 8;
-  ec.max_model_len = 128;
-  ec.kv_cache_memory = 64 * KvPool::bytes_per_block(m.config(), ec.block_size);
-  ec.speculative_method = "mtp";
   for (const int64_t k : {1, 3}) {
     SCOPED_TRACE("k = " + std::to_string(k));
-    ec.num_speculative_tokens = k;
+    const EngineConfig ec = mtp_engine(m, k);
     const auto [got, st] = run_prompts(m, ec, prompts, 24, false);
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], dense_greedy(m, prompts[i], 24)) << "request " << i;
     EXPECT_GT(st.spec_proposed, 0);
