@@ -148,6 +148,8 @@ CachedPrimitive create_primitive(const GemmArgs& g) {
 // 1.0-1.4x slower on every other (K, N) shape of a training step; where b is (N, K),
 // brgemm is 1.0-1.25x faster (docs/performance.md, "Choosing the GEMM library"). The
 // choice is by layout, not by timing, so a product's rounding never depends on the run.
+constexpr int64_t kBf16RowBlock = 256;  // oneDNN 2.6 bf16 brgemm matmul's rows per block
+
 bool prefer_sgemm(const GemmArgs& g) {
   return g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && !g.trans_b;
 }
@@ -166,6 +168,22 @@ void gemm_onednn(const GemmArgs& g) {
     TESSERA_CHECK(st == dnnl_success, "matmul (oneDNN sgemm) failed for M=", g.m, " N=", g.n,
                   " K=", g.k, ": status ", static_cast<int>(st));
     if (g.bias) add_bias_rows(g);
+    return;
+  }
+  if (g.a_dtype == DType::kBF16 && g.m > kBf16RowBlock && g.m < 2 * kBf16RowBlock) {
+    // oneDNN 2.6's bf16 brgemm matmul cuts M into blocks of 256 rows and gives the blocks to
+    // the threads: 257-511 rows become a full block and a short one, and the full one runs
+    // on one thread while the other idles (2 cores, AMX: 257 x 5632 x 1024 took 2.70 ms,
+    // 256 rows 1.40, 512 rows 2.60). Two calls of half the rows each split every block over
+    // the threads instead (mixture-of-experts layers: each expert's ~N k / E rows).
+    const int64_t m0 = (g.m + 1) / 2;
+    GemmArgs lo = g, hi = g;
+    lo.m = m0, hi.m = g.m - m0;
+    hi.a = static_cast<const uint16_t*>(g.a) + (g.trans_a ? m0 : m0 * g.lda);
+    hi.c = g.c_dtype == DType::kBF16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(g.c) + m0 * g.ldc)
+                                     : g.c + m0 * g.ldc;
+    gemm_onednn(lo);
+    gemm_onednn(hi);
     return;
   }
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
