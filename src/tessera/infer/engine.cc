@@ -1,7 +1,9 @@
 // Engine: request bookkeeping around the scheduler, the flattened model step over the
 // paged KV cache, sampling, stop conditions, incremental detokenization, n > 1 samples
-// by forking (copy-on-write blocks). Beam search's part is in engine_beam.cc.
+// by forking (copy-on-write blocks). Beam search's part is in engine_beam.cc, the
+// speculative proposers in engine_speculative.cc, a sequence's state in engine_seq.h.
 #include "tessera/infer/engine.h"
+#include "tessera/infer/engine_seq.h"
 
 #include "tessera/base/strings.h"
 #include "tessera/infer/attention_sinks.h"
@@ -19,34 +21,6 @@
 
 namespace tessera::infer {
 
-struct Engine::Seq {
-  RequestId id = 0;     // scheduler id of this sequence
-  RequestId group = 0;  // the request's id (= id of sample 0)
-  int64_t index = 0;    // sample index
-  int64_t n = 1;        // samples of the request (sample 0 forks the others)
-  int32_t adapter = -1; // index into the model's lora_bank() (-1: the base model)
-  std::vector<int32_t> prompt, output;
-  SamplingParams params;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<StopChecker> stop;
-  std::shared_ptr<structured::GuidedSeq> guided;  // structured outputs: the automaton's state
-  std::string pending;       // decoded bytes of an incomplete UTF-8 character
-  int64_t cached_tokens = -1;  // prefix-cache hit of the first admission (-1 unknown)
-  bool forked = false;         // sample 0 has created its siblings
-  bool scheduled = true;       // known to the scheduler (false: a fork that ended at once)
-  bool finished = false;
-  bool pooling = false;        // an embedding request: nothing is sampled (engine_prompt.cc)
-  std::vector<int32_t> spec;   // proposals handed to the scheduler for this step
-  std::unique_ptr<model::KVCache> draft_cache;  // the draft model's view of this sequence
-  int64_t draft_valid = 0;                      // its tokens that are still the sequence's
-  // --speculative mtp: the module's latent rows; those of positions before mtp_valid came
-  // from the main model's hidden states (rows past it, from chaining the module on its own
-  // output, are rewritten by the next advance_mtp). mtp_next: its proposals for the tokens
-  // at mtp_valid + 1, + 2, ... (empty: none).
-  std::unique_ptr<model::KVCache> mtp_cache;
-  int64_t mtp_valid = 0;
-  std::vector<int32_t> mtp_next;
-};
 
 std::string Engine::kv_cache_summary() const {
   const int64_t per_block = KvPool::bytes_per_block(model_.config(), pool_.block_size, model_.dims().kv_heads,
@@ -336,105 +310,6 @@ void Engine::resume_seq(Seq& s, const std::vector<int32_t>& generated, RequestOu
   stats_.generation_tokens -= static_cast<int64_t>(generated.size());  // the other engine's
   if (!s.params.is_greedy()) s.sampler->skip_draws(static_cast<int64_t>(generated.size()));
   if (primed) *primed = std::move(o);
-}
-
-std::vector<int32_t> Engine::propose(Seq& s) {
-  if (config_.speculative_method == "draft") return propose_draft(s);
-  if (config_.speculative_method == "mtp") {  // the module's proposal from the last step, if current
-    const int64_t len = static_cast<int64_t>(s.prompt.size() + s.output.size());
-    if (!s.mtp_cache || s.mtp_next.empty() || s.mtp_valid != len - 1) return {};
-    const int64_t k = std::min<int64_t>(static_cast<int64_t>(s.mtp_next.size()), max_len_ - len);
-    return {s.mtp_next.begin(), s.mtp_next.begin() + std::max<int64_t>(k, 0)};
-  }
-  if (config_.speculative_method != "ngram") return {};
-  // Prompt lookup: the longest suffix n-gram (ngram_max down to ngram_min) that occurred
-  // earlier in prompt + output proposes the tokens that followed its latest occurrence.
-  std::vector<int32_t> seq = s.prompt;
-  seq.insert(seq.end(), s.output.begin(), s.output.end());
-  const int64_t len = static_cast<int64_t>(seq.size());
-  // Among the occurrences of the longest matching n-gram, the latest one that is followed
-  // by a full num_speculative_tokens continuation wins (a latest match right before the end
-  // would propose only a token or two); failing that, the longest continuation.
-  for (int64_t n = std::min(config_.ngram_max, len - 1); n >= config_.ngram_min; --n) {
-    int64_t best_from = -1, best_k = 0;
-    for (int64_t start = len - n - 1; start >= 0; --start) {
-      if (!std::equal(seq.begin() + start, seq.begin() + start + n, seq.end() - n)) continue;
-      const int64_t from = start + n;
-      const int64_t k = std::min(config_.num_speculative_tokens, len - from);
-      if (k > best_k) {
-        best_from = from;
-        best_k = k;
-      }
-      if (k == config_.num_speculative_tokens) break;
-    }
-    if (best_k > 0) return {seq.begin() + best_from, seq.begin() + best_from + best_k};
-  }
-  return {};
-}
-
-// The draft model proposes greedily, continuing from what its own dense KV cache holds of
-// the sequence. Greedy proposals are a point mass q, so the standard acceptance rule
-// min(1, p/q) keeps a proposal with probability p(x): exactly what verification does.
-std::vector<int32_t> Engine::propose_draft(Seq& s) {
-  std::vector<int32_t> seq = s.prompt;
-  seq.insert(seq.end(), s.output.begin(), s.output.end());
-  const int64_t len = static_cast<int64_t>(seq.size());
-  const int64_t k = std::min(config_.num_speculative_tokens, max_len_ - len);
-  if (k <= 0) return {};
-  if (!s.draft_cache)
-    s.draft_cache = std::make_unique<model::KVCache>(model::KVCache::create(draft_->config(), max_len_));
-  model::KVCache& cache = *s.draft_cache;
-  cache.length = std::min(cache.length, s.draft_valid);  // drop rejected proposals
-  std::vector<int32_t> feed(seq.begin() + cache.length, seq.end());
-  std::vector<int32_t> out;
-  for (int64_t i = 0; i < k; ++i) {
-    const Tensor logits = draft_->forward(feed, cache);
-    const float* x = logits.data<float>();
-    const int32_t t = static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x);
-    out.push_back(t);
-    feed = {t};
-    if (cache.length + 1 >= cache.capacity) break;
-  }
-  s.draft_valid = len;  // raised by the accepted proposals after verification
-  return out;
-}
-
-void Engine::advance_mtp(Seq& s, int64_t start, int64_t num_tokens, const Tensor& hidden, int64_t row0) {
-  // Position i needs the main model's hidden state at i (a row of this step whose input
-  // token was the sequence's: a rejected proposal's row is past total - 2) and token i + 1.
-  const int64_t P = static_cast<int64_t>(s.prompt.size());
-  const int64_t total = P + static_cast<int64_t>(s.output.size());
-  const int64_t n = std::min(num_tokens, total - 1 - start);
-  s.mtp_next.clear();
-  if (!s.mtp_cache) s.mtp_cache = std::make_unique<model::KVCache>(model::KVCache::create_mtp(model_.config(), max_len_));
-  model::KVCache& cache = *s.mtp_cache;
-  if (n <= 0) return;
-  // The module attends over the positions it has seen. When some before `start` were
-  // never computed (a prefix-cache hit skipped them), it starts afresh at `start`: its
-  // proposals then see less context, and the output stays exact. Positions from `start`
-  // on are recomputed (preemption).
-  if (s.mtp_valid < start || cache.first_position > start) {
-    cache.first_position = start;
-    cache.length = 0;
-  }
-  cache.length = start - cache.first_position;  // (also drops rows chained past mtp_valid)
-  std::vector<int32_t> next(n);  // token i + 1 of each position i
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = start + 1 + i;
-    next[i] = t < P ? s.prompt[t] : s.output[t - P];
-  }
-  Tensor h;
-  Tensor logits = model_.mtp_forward(next, hidden.slice(0, row0, row0 + n), cache, &h);
-  s.mtp_valid = cache.first_position + cache.length;
-  // One proposal per call; for k > 1 the module runs again one position on, on its own
-  // output and its last proposal (its rows there are rewritten once the main model has
-  // been there).
-  for (int64_t j = 0; j < config_.num_speculative_tokens; ++j) {
-    const float* x = logits.data<float>();
-    s.mtp_next.push_back(static_cast<int32_t>(std::max_element(x, x + logits.numel()) - x));
-    if (j + 1 == config_.num_speculative_tokens || cache.length + 1 > cache.capacity) break;
-    logits = model_.mtp_forward({s.mtp_next.back()}, h, cache, &h);
-  }
 }
 
 std::vector<RequestOutput> Engine::step() {
