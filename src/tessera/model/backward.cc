@@ -225,7 +225,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   std::vector<std::vector<float>> moe_group_grad;
   if (acts.moe_balance && c.trains_seq_aux())
     for (size_t i = 0; i < acts.moe_balance->layer_groups.size(); ++i)
-      moe_group_grad.push_back(acts.moe_balance->group_score_grad(i, c.aux_loss_alpha, grad_scale));
+      moe_group_grad.push_back(acts.moe_balance->group_score_grad(i, c.aux_loss_alpha * grad_scale));
   Tensor dres = Tensor::empty({Nl, H}, DType::kF32);  // gradient w.r.t. the residual stream
   Tensor dh = Tensor::empty({Nl, H}, DType::kF32);
   Tensor dh_full = sp ? Tensor::empty({N, H}, DType::kF32) : dh;
@@ -468,8 +468,8 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     // chunk's layers' terms (under pipeline parallelism the other stages' are not in the
     // logged loss; their gradients are, on their own stage).
     if (acts.moe_balance && c.trains_seq_aux()) {
-      result.aux_loss = acts.moe_balance->group_loss(1.0);
-      result.loss += acts.moe_balance->group_loss(c.aux_loss_alpha);
+      result.aux_loss = acts.moe_balance->group_loss();
+      result.loss += c.aux_loss_alpha * result.aux_loss;
     }
     // Vocab-parallel head: each rank's part from its rows, summed over the group.
     if (sp)

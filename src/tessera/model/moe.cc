@@ -321,26 +321,27 @@ void MoeBalance::add(const MoeRouting& r, int64_t groups) {
   layer_groups.push_back(std::move(g));
 }
 
-double MoeBalance::group_loss(double alpha) const {
-  const double E = static_cast<double>(routed.size());
+double MoeBalance::GroupStats::ce(size_t i) const {
+  const double E = static_cast<double>(slots.size() / static_cast<size_t>(groups));
+  return slots[i] * E / (static_cast<double>(tokens_per_group) * static_cast<double>(top_k));
+}
+
+double MoeBalance::group_loss() const {
   double total = 0;
   for (const GroupStats& g : layer_groups) {
-    const double T = static_cast<double>(g.tokens_per_group), k = static_cast<double>(g.top_k);
     double s = 0;
-    for (size_t i = 0; i < g.slots.size(); ++i) s += (g.slots[i] * E / (T * k)) * (g.prob[i] / T);
-    total += alpha * s / static_cast<double>(g.groups);
+    for (size_t i = 0; i < g.slots.size(); ++i) s += g.ce(i) * (g.prob[i] / static_cast<double>(g.tokens_per_group));
+    total += s / static_cast<double>(g.groups);
   }
   return total;
 }
 
-std::vector<float> MoeBalance::group_score_grad(size_t layer, double alpha, double coef) const {
+std::vector<float> MoeBalance::group_score_grad(size_t layer, double coef) const {
   TESSERA_CHECK(layer < layer_groups.size(), "MoeBalance: no group statistics for MoE layer ", layer);
   const GroupStats& g = layer_groups[layer];
-  const double E = static_cast<double>(routed.size()), T = static_cast<double>(g.tokens_per_group);
+  const double per = coef / static_cast<double>(g.groups * g.tokens_per_group);
   std::vector<float> out(g.slots.size());
-  for (size_t i = 0; i < g.slots.size(); ++i)
-    out[i] = static_cast<float>(coef * alpha * (g.slots[i] * E / (T * static_cast<double>(g.top_k))) /
-                                (static_cast<double>(g.groups) * T));
+  for (size_t i = 0; i < g.slots.size(); ++i) out[i] = static_cast<float>(per * g.ce(i));
   return out;
 }
 

@@ -166,15 +166,17 @@ struct MoeBalance {
   struct GroupStats {
     int64_t groups = 0, tokens_per_group = 0, top_k = 0;
     std::vector<double> slots, prob;  // (groups, E)
+    // ce[g][e] at i = g E + e: the slots choosing e over their expected share, slots E / (T k).
+    double ce(size_t i) const;
   };
   std::vector<GroupStats> layer_groups;
   void add(const MoeRouting& r, int64_t groups);
-  // alpha sum_layers mean_g sum_e ce[g][e] P[g][e]: ce = slots E / (tokens_per_group k),
-  // P = prob / tokens_per_group (modeling_deepseek.py MoEGate, seq_aux or not).
-  double group_loss(double alpha) const;
+  // sum_layers mean_g sum_e ce[g][e] P[g][e], P = prob / tokens_per_group (modeling_deepseek.py
+  // MoEGate's loss, seq_aux or not, before its alpha).
+  double group_loss() const;
   // d(coef * that loss) / d scores[n][e] for layer i's tokens: (groups, E), the same for
-  // every token of a group: coef alpha ce[g][e] / (groups tokens_per_group).
-  std::vector<float> group_score_grad(size_t layer, double alpha, double coef) const;
+  // every token of a group: coef ce[g][e] / (groups tokens_per_group).
+  std::vector<float> group_score_grad(size_t layer, double coef) const;
 };
 
 // dh (N, H) = d out / d h (overwritten); grads' tensors (shaped as w's, f32) += the weight

@@ -142,14 +142,14 @@ CachedPrimitive create_primitive(const GemmArgs& g) {
   return {dnnl::matmul(pd), pd.scratchpad_desc()};
 }
 
+constexpr int64_t kBf16RowBlock = 256;  // oneDNN 2.6 bf16 brgemm matmul's rows per block
+
 // oneDNN 2.6 runs f32 matmul primitives with its brgemm kernels, which are 1.5-2.6x
 // slower than its BLAS-style sgemm (gemm:jit) when b is (K, N) row-major for some N
 // (3072, 5632: GPT-2's c_fc forward, Llama's down-projection input gradient), and
 // 1.0-1.4x slower on every other (K, N) shape of a training step; where b is (N, K),
 // brgemm is 1.0-1.25x faster (docs/performance.md, "Choosing the GEMM library"). The
 // choice is by layout, not by timing, so a product's rounding never depends on the run.
-constexpr int64_t kBf16RowBlock = 256;  // oneDNN 2.6 bf16 brgemm matmul's rows per block
-
 bool prefer_sgemm(const GemmArgs& g) {
   return g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && !g.trans_b;
 }
