@@ -33,6 +33,9 @@ struct GemmArgs {
   // oneDNN's matmul primitive adds it in its epilogue (a post-op of the same pass); the
   // other GEMMs with add_bias_rows.
   const float* bias = nullptr;
+  // b is bf16 in oneDNN's blocked BA16a64b2a layout of (K, N) (kernels/packed_b.h); ldb
+  // and trans_b are unused. oneDNN only.
+  bool b_packed = false;
 };
 
 // c[i, :] += g.bias for each of the M rows (the GEMMs without a bias epilogue).
@@ -46,6 +49,14 @@ void gemm_onednn(const GemmArgs& g);
 // b is widened in blocks of N holding at most max_b_floats (at least 64 rows) so a huge
 // weight (an LM head) needs bounded scratch.
 void gemm_onednn_widened(const GemmArgs& g, int64_t max_b_floats = int64_t{16} << 20);
+// The blocked layout of a packed b (packed_b_cpu.cc): op(b)[kk, nn]'s position for K
+// rounded up to 32 (kp), the elements of a (K, N), and the packer of stored rows
+// [r0, r1) of w ((K, N), or (N, K) when trans; row stride ld) into dst.
+int64_t packed_index(int64_t kk, int64_t nn, int64_t kp);
+int64_t packed_elements(int64_t k, int64_t n);
+void pack_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n, bool trans,
+               uint16_t* dst);
+
 // Number of cached oneDNN primitives (for tests of the cache).
 int64_t onednn_cache_size();
 

@@ -26,7 +26,7 @@ using dnnl::memory;
 // (static output scale / sum post-op scale) because runtime scales push oneDNN 2.6
 // onto slower reference paths for some shapes.
 using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                                int, int, float, float, bool, int>;
+                                int, int, float, float, bool, int, bool>;
 
 // Serving varies M every step, so the cache would grow without bound (each primitive holds
 // JIT code, tens of KB): it keeps the most recently used entries (~1 ms to re-create one).
@@ -120,11 +120,17 @@ memory::desc strided_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, DT
   return memory::desc({rows, cols}, to_dnnl(dt), {1, ld});
 }
 
+// b as the product reads it: strided, or kept in the primitive's own blocked layout.
+memory::desc b_desc(const GemmArgs& g) {
+  if (g.b_packed) return memory::desc({g.k, g.n}, memory::data_type::bf16, memory::format_tag::BA16a64b2a);
+  return strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
+}
+
 memory::desc bias_desc(int64_t n) { return memory::desc({1, n}, memory::data_type::f32, {n, 1}); }
 
 CachedPrimitive create_primitive(const GemmArgs& g) {
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
-  const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
+  const memory::desc b_md = b_desc(g);
   const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -151,7 +157,7 @@ constexpr int64_t kBf16RowBlock = 256;  // oneDNN 2.6 bf16 brgemm matmul's rows 
 // brgemm is 1.0-1.25x faster (docs/performance.md, "Choosing the GEMM library"). The
 // choice is by layout, not by timing, so a product's rounding never depends on the run.
 bool prefer_sgemm(const GemmArgs& g) {
-  return g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && !g.trans_b;
+  return g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && !g.trans_b && !g.b_packed;
 }
 
 }  // namespace
@@ -188,7 +194,7 @@ void gemm_onednn(const GemmArgs& g) {
   }
   const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
-                         g.beta, g.bias != nullptr, static_cast<int>(g.c_dtype)};
+                         g.beta, g.bias != nullptr, static_cast<int>(g.c_dtype), g.b_packed};
   CachedPrimitive prim;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
@@ -202,7 +208,7 @@ void gemm_onednn(const GemmArgs& g) {
       cache().insert(key, prim);
     }
     const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
-    const memory::desc b_md = strided_desc(g.k, g.n, g.ldb, g.trans_b, g.b_dtype);
+    const memory::desc b_md = b_desc(g);
     const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
     const dnnl::engine& eng = global_engine();
     memory a_mem(a_md, eng, const_cast<void*>(g.a));

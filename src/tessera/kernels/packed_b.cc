@@ -1,0 +1,101 @@
+// Packed matmul weights (packed_b.h): checks, the parallel whole-weight packer, and the
+// product through oneDNN with b in its own layout.
+#include "tessera/kernels/packed_b.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "tessera/base/error.h"
+#include "tessera/base/thread_pool.h"
+#include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/dispatch.h"
+
+namespace tessera::kernels {
+
+int64_t packed_b_elements(int64_t k, int64_t n) { return cpu::packed_elements(k, n); }
+
+int64_t packed_b_index(int64_t kk, int64_t nn, int64_t k) {
+  return cpu::packed_index(kk, nn, (k + 31) / 32 * 32);
+}
+
+PackedB packed_b_like(int64_t k, int64_t n, bool trans) {
+  TESSERA_CHECK(k >= 1 && n >= 1, "packed weight: (K, N) = (", k, ", ", n, ") must be positive");
+  PackedB p;
+  p.data = Tensor::zeros({packed_b_elements(k, n)}, DType::kBF16);
+  p.k = k, p.n = n, p.trans = trans;
+  return p;
+}
+
+void pack_b_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, PackedB& p) {
+  const int64_t rows = p.trans ? p.n : p.k, cols = p.trans ? p.k : p.n;
+  TESSERA_CHECK(p.defined() && 0 <= r0 && r0 <= r1 && r1 <= rows && ld >= cols,
+                "packed weight: rows [", r0, ", ", r1, ") of a (", rows, ", ", cols, ") weight with row stride ",
+                ld);
+  cpu::pack_rows(w, ld, r0, r1, p.k, p.n, p.trans, static_cast<uint16_t*>(p.data.raw_data()));
+}
+
+void pack_b(const Tensor& w, bool trans, PackedB& p) {
+  TESSERA_CHECK(w.defined() && w.dim() == 2 && w.dtype() == DType::kBF16 &&
+                    (w.size(1) <= 1 || w.stride(1) == 1),
+                "packed weight: needs a 2-D bf16 weight with a contiguous last dim, got ",
+                w.defined() ? w.describe() : std::string("an undefined tensor"));
+  const int64_t k = trans ? w.size(1) : w.size(0), n = trans ? w.size(0) : w.size(1);
+  if (!p.defined() || p.k != k || p.n != n || p.trans != trans) p = packed_b_like(k, n, trans);
+  const auto* src = static_cast<const uint16_t*>(w.raw_data());
+  const int64_t ld = w.size(0) <= 1 ? w.size(1) : w.stride(0);
+  // 64-row grains keep every 16-row group (and pair of rows) in one call.
+  const int64_t rows = w.size(0);
+  base::parallel_for((rows + 63) / 64, 1, [&](int64_t g0, int64_t g1) {
+    pack_b_rows(src, ld, g0 * 64, std::min(rows, g1 * 64), p);
+  });
+}
+
+bool packed_weights_enabled() {
+  static const bool on = [] {
+    if (const char* v = std::getenv("TESSERA_PACKED_WEIGHTS")) {
+      const std::string s = v;
+      TESSERA_CHECK(s == "on" || s == "off" || s.empty(), "TESSERA_PACKED_WEIGHTS = '", s,
+                    "' is not one of on, off");
+      if (s == "on") {
+        TESSERA_CHECK(cpu_has(IsaLevel::kAvx512Bf16), "TESSERA_PACKED_WEIGHTS = on needs a CPU with AVX512-BF16 "
+                      "or AMX (this one runs ", isa_level_name(cpu_isa_level()), ")");
+        return true;
+      }
+      if (s == "off") return false;
+    }
+    return cpu_has(IsaLevel::kAmx);
+  }();
+  return on;
+}
+
+void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* bias, float beta) {
+  TESSERA_CHECK(b.defined(), "matmul (packed b): b is not packed");
+  TESSERA_CHECK(a.defined() && a.dim() == 2 && (a.dtype() == DType::kF32 || a.dtype() == DType::kBF16) &&
+                    (a.size(1) <= 1 || a.stride(1) == 1),
+                "matmul (packed b): a must be 2-D f32 or bf16 with a contiguous last dim, got ",
+                a.defined() ? a.describe() : std::string("an undefined tensor"));
+  TESSERA_CHECK(a.size(1) == b.k, "matmul (packed b): a is ", a.describe(), " but b is (", b.k, ", ", b.n, ")");
+  TESSERA_CHECK(c.defined() && c.dim() == 2 && c.size(0) == a.size(0) && c.size(1) == b.n &&
+                    (c.size(1) <= 1 || c.stride(1) == 1),
+                "matmul (packed b): c must be (", a.size(0), ", ", b.n, ") with a contiguous last dim, got ",
+                c.defined() ? c.describe() : std::string("an undefined tensor"));
+  const bool c_bf16 = c.dtype() == DType::kBF16;
+  TESSERA_CHECK(c.dtype() == DType::kF32 || (c_bf16 && beta == 0.f && !bias),
+                "matmul (packed b): c must be f32 (or bf16 with beta 0 and no bias), got ", c.describe());
+  if (bias)
+    TESSERA_CHECK(bias->defined() && bias->dtype() == DType::kF32 && bias->dim() == 1 && bias->size(0) == b.n &&
+                      bias->is_contiguous(),
+                  "matmul (packed b): bias must be a contiguous f32 (", b.n, ")");
+  if (a.size(0) == 0) return;
+  const Tensor a16 = a.dtype() == DType::kBF16 ? a : a.to(DType::kBF16);  // autocast rounding
+  cpu::GemmArgs g;
+  g.m = a.size(0), g.n = b.n, g.k = b.k;
+  g.a = a16.raw_data(), g.a_dtype = DType::kBF16, g.lda = a16.size(0) <= 1 ? b.k : a16.stride(0);
+  g.b = b.data.raw_data(), g.b_dtype = DType::kBF16, g.b_packed = true;
+  g.c = static_cast<float*>(c.raw_data()), g.c_dtype = c.dtype(), g.ldc = c.size(0) <= 1 ? b.n : c.stride(0);
+  g.beta = beta;
+  g.bias = bias ? bias->data<float>() : nullptr;
+  TESSERA_KERNEL("matmul", cpu::gemm_onednn(g), a, c);
+}
+
+}  // namespace tessera::kernels
