@@ -436,7 +436,9 @@ void block_forward(const Model& m, int64_t l, BlockState& s, const BlockOptions&
   add_norm_forward(c, W.norm2_w, W.norm2_b, s.x, o, h2, mean, rstd);
   if (A) {
     A->x_mid = s.x.clone();
-    round_matmul_input_in_place(h2, mode);
+    // Native bf16 would make h2 a bf16 tensor; a mixture-of-experts layer routes and
+    // gathers f32 rows, and its products round them to bf16 as they read them.
+    if (!c.layer_is_moe(l) || mode != Bf16Mode::kNative) round_matmul_input_in_place(h2, mode);
   }
   if (c.layer_is_moe(l)) {  // (tp = 1: no sequence parallelism, N rows throughout)
     Tensor& out = scratch(s.delta, N, H);
