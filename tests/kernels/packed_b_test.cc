@@ -134,3 +134,40 @@ TEST(PackedB, BadArgumentsAreOneLineErrors) {
 
 }  // namespace
 }  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+TEST(PackedB, PublishedElementRangesFillBothCopiesOfStackedWeights) {
+  // Three stacked (40, 33) weights (an expert layer's), published in ranges that start and
+  // end mid-row and cross from one weight into the next.
+  const int64_t E = 3, rows = 40, cols = 33;
+  const Tensor all = random_bf16(E * rows, cols, 9);
+  std::vector<PackedB> fwd(E), dx(E), want_fwd(E), want_dx(E);
+  PackTargets t;
+  t.rows = rows, t.cols = cols;
+  for (int64_t e = 0; e < E; ++e) {
+    fwd[e] = packed_b_like(cols, rows, true);  // x W^T: stored (N, K)
+    dx[e] = packed_b_like(rows, cols, false);  // dy W: stored (K, N)
+    const Tensor w = all.slice(0, e * rows, (e + 1) * rows).contiguous();
+    pack_b(w, true, want_fwd[e]);
+    pack_b(w, false, want_dx[e]);
+    t.fwd.push_back(&fwd[e]);
+    t.dx.push_back(&dx[e]);
+  }
+  const auto* v = static_cast<const uint16_t*>(all.raw_data());
+  const int64_t total = E * rows * cols;
+  for (int64_t b = 0; b < total;) {
+    const int64_t n = std::min<int64_t>(total - b, 17 * cols + 5);  // whole rows and parts of rows
+    publish_packed(t, b, v + b, n);
+    b += n;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_TRUE(bits(fwd[e]) == bits(want_fwd[e])) << "expert " << e << " forward copy";
+    EXPECT_TRUE(bits(dx[e]) == bits(want_dx[e])) << "expert " << e << " input-gradient copy";
+  }
+  EXPECT_THROW(publish_packed(t, total - 3, v, 4), Error);  // past the stack
+}
+
+}  // namespace
+}  // namespace tessera::kernels

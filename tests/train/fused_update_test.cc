@@ -11,7 +11,10 @@
 #include <mutex>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/comm/communicator.h"
+#include "tessera/kernels/packed_b.h"
 #include "tessera/model/model.h"
 #include "tessera/parallel/data_parallel.h"
 #include "tessera/train/grad_utils.h"
@@ -23,7 +26,37 @@ namespace {
 struct Outcome {
   std::vector<std::vector<float>> masters;  // rank 0's pieces after the last step
   int checked_copies = 0;                   // compute-copy elements compared (rank 0)
+  int checked_packed = 0;                   // packed copies compared (rank 0)
 };
+
+// A mixture-of-experts model (Mixtral-style: 4 experts, top-2) for the experts' stacked
+// packed copies.
+model::ModelConfig moe_config() {
+  return model::ModelConfig::from_json(
+      nlohmann::json::parse(R"({"model_type": "mixtral", "vocab_size": 64, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": false})"),
+      "fused_update_test");
+}
+
+// Every packed copy the model keeps of `weight` equals its compute copy packed afresh.
+int check_packed(model::Model& m, const Tensor& weight, const std::string& name, int step) {
+  const auto targets = m.packed_targets_of(weight);
+  if (!targets) return 0;
+  const Tensor copy = m.compute_copy_of(weight);
+  EXPECT_TRUE(copy.defined()) << name;
+  if (!copy.defined()) return 0;
+  const Tensor stacked = copy.view({static_cast<int64_t>(targets->fwd.size()), targets->rows, targets->cols});
+  for (size_t i = 0; i < targets->fwd.size(); ++i)
+    for (const kernels::PackedB* p : {targets->fwd[i], targets->dx[i]}) {
+      kernels::PackedB want;
+      kernels::pack_b(stacked.select(0, static_cast<int64_t>(i)), p->trans, want);
+      EXPECT_EQ(std::memcmp(want.data.raw_data(), p->data.raw_data(), want.data.numel() * 2), 0)
+          << name << " matrix " << i << (p->trans ? " forward" : " input-gradient") << " copy, step " << step;
+    }
+  return static_cast<int>(targets->fwd.size());
+}
 
 model::TokenBatch batch(const model::ModelConfig& c, int rank) {
   std::mt19937 rng(100 + rank);
@@ -42,14 +75,15 @@ float rounded(float x, DType format) {
 // Trains 3 steps and checks the formula after each (on every rank); `fused`: the
 // trainer's update_weights, else the separate passes.
 void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Request mode, bool fused,
-           Outcome& out, const std::string& optimizer = "adamw") {
-  const model::ModelConfig c = model::ModelConfig::named_shape("tiny");
+           Outcome& out, const std::string& optimizer = "adamw", bool packed = false, bool moe = false) {
+  const model::ModelConfig c = moe ? moe_config() : model::ModelConfig::named_shape("tiny");
   model::Model m = model::Model::random(c, DType::kF32, 5);
   parallel::DataParallelConfig dc;
   dc.zero_stage = stage;
   dc.bucket_bytes = 20000;  // several buckets, so a shard boundary falls inside tensors
   dc.compute_dtype = compute;
   dc.bf16_request = mode;
+  dc.packed_weights = packed;
   parallel::DataParallel dp(m, comm, dc);
   auto refs = dp_param_refs(dp, param_flags(m), optimizer);
   OptimizerConfig oc;
@@ -98,6 +132,8 @@ void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Reques
         for (int64_t i = 0; i < t->numel(); ++i)
           ASSERT_EQ(b[i], f32_to_bf16(w[i])) << name << " element " << i << " step " << step;
         if (comm.rank() == 0) out.checked_copies += static_cast<int>(t->numel());
+        const int packs = check_packed(m, *t, name, step);
+        if (comm.rank() == 0) out.checked_packed += packs;
       }
   }
   for (const auto& piece : dp.pieces())
@@ -105,12 +141,12 @@ void train(comm::Communicator& comm, int stage, DType compute, model::Bf16Reques
 }
 
 Outcome run(int ranks, int stage, DType compute, model::Bf16Request mode, bool fused,
-            const std::string& optimizer = "adamw") {
+            const std::string& optimizer = "adamw", bool packed = false, bool moe = false) {
   Outcome r0;
   std::mutex mu;
   comm::run_local(ranks, [&](comm::Communicator& comm) {
     Outcome r;
-    train(comm, stage, compute, mode, fused, r, optimizer);
+    train(comm, stage, compute, mode, fused, r, optimizer, packed, moe);
     std::lock_guard<std::mutex> lock(mu);
     if (comm.rank() == 0) r0 = std::move(r);
   });
@@ -146,6 +182,31 @@ TEST(FusedUpdate, EmulatedBf16AndFp16WeightsAreTheRoundedMasters) {
     EXPECT_EQ(fused.checked_copies, 0);  // emulated modes keep no copies
     const Outcome separate = run(2, 1, compute, model::Bf16Request::kEmulated, false);
     ASSERT_EQ(fused.masters, separate.masters);
+  }
+}
+
+// Weights kept packed (DataParallelConfig::packed_weights): the optimizer's pass writes
+// them (chunked on whole groups of rows; ZeRO 1 and 2 shards start mid-row and their
+// gathered parts are packed after the gather), Muon's and the experts' stacked copies too.
+// Every packed copy equals its compute copy packed afresh after each step, and the run
+// equals the plain weights' bit for bit: a packed product is the plain one's (these
+// products have 32 rows, which oneDNN multiplies natively either way).
+TEST(FusedUpdate, PackedWeightsFollowTheCopiesAndTheRunIsUnchanged) {
+  if (!kernels::packed_products_supported()) GTEST_SKIP() << "packed products need AVX512-BF16 or AMX";
+  struct Case {
+    int ranks, stage;
+    const char* optimizer;
+    bool moe;
+  };
+  for (const Case k : {Case{1, 0, "adamw", false}, Case{2, 1, "adamw", false}, Case{2, 2, "adamw", false},
+                       Case{1, 0, "muon", false}, Case{1, 0, "adamw", true}, Case{2, 2, "adamw", true}}) {
+    SCOPED_TRACE(std::string("ranks ") + std::to_string(k.ranks) + " stage " + std::to_string(k.stage) + " " +
+                 k.optimizer + (k.moe ? " moe" : ""));
+    const Outcome packed = run(k.ranks, k.stage, DType::kBF16, model::Bf16Request::kNative, true, k.optimizer, true, k.moe);
+    EXPECT_GT(packed.checked_packed, 0);
+    const Outcome plain = run(k.ranks, k.stage, DType::kBF16, model::Bf16Request::kNative, true, k.optimizer, false, k.moe);
+    EXPECT_EQ(plain.checked_packed, 0);
+    ASSERT_EQ(packed.masters, plain.masters);
   }
 }
 

@@ -279,17 +279,22 @@ void add_bench(CLI::App& app, Action& action) {
   moe->add_option("--tokens", mo->tokens, "Tokens per step")->capture_default_str();
   moe->add_option("--dtype", *dtype, "Weight dtype (bf16 or f32)")->capture_default_str();
   moe->add_option("--repeats", mo->repeats, "Runs; the median is reported")->capture_default_str();
+  moe->add_flag("--packed", mo->packed,
+                "Both sides' weights kept in oneDNN's packed layout (bf16; TESSERA_PACKED_WEIGHTS)");
   moe->callback([&action, mo, dtype] {
     action = [mo, dtype] {
       mo->dtype = parse_dtype(*dtype);
       TESSERA_CHECK(mo->dtype == DType::kF32 || mo->dtype == DType::kBF16, "--dtype ", *dtype,
                     ": the experts' weights are f32 or bf16");
+      TESSERA_CHECK(!mo->packed || mo->dtype == DType::kBF16, "--packed: packed weights are bf16, not --dtype ",
+                    *dtype);
       const auto r = model::bench_moe(*mo);
       std::printf("moe: %lld experts, top-%lld, hidden %lld, ffn %lld, %lld tokens, %s weights; %.2f GFLOP of "
-                  "expert GEMMs per forward, routed load max/mean %.2f\n",
+                  "expert GEMMs per forward, routed load max/mean %.2f%s\n",
                   static_cast<long long>(mo->experts), static_cast<long long>(mo->top_k),
                   static_cast<long long>(mo->hidden), static_cast<long long>(mo->ffn),
-                  static_cast<long long>(mo->tokens), dtype_name(mo->dtype), r.expert_gflop, r.max_over_mean_load);
+                  static_cast<long long>(mo->tokens), dtype_name(mo->dtype), r.expert_gflop, r.max_over_mean_load,
+                  mo->packed ? "; weights packed" : "");
       std::printf("forward:  moe %.2f ms, dense %.2f ms: moe at %.2f of dense (%.1f GFLOP/s)\n", r.moe_forward_s * 1e3,
                   r.dense_forward_s * 1e3, r.forward_ratio, r.expert_gflop / r.moe_forward_s);
       std::printf("backward: moe %.2f ms, dense %.2f ms: moe at %.2f of dense\n", r.moe_backward_s * 1e3,

@@ -4,6 +4,9 @@
 #pragma once
 #include <cstdint>
 
+#include <memory>
+
+#include "tessera/kernels/packed_b.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::kernels {
@@ -27,6 +30,8 @@ struct UpdateExtras {
   float* rounded = nullptr;   // n floats: the new value rounded to bf16 (f16 when round_f16), widened
   bool round_f16 = false;
   uint16_t* bf16 = nullptr;   // n bf16 bits of the new value (round to nearest even)
+  // The caller reads bf16 next (a scratch it packs from): plain stores, not streamed.
+  bool cache_bf16 = false;
   bool copies() const { return rounded != nullptr || bf16 != nullptr; }
 };
 // The same copies as tensors, for one parameter of an optimizer step: where a wrapper keeps
@@ -35,8 +40,18 @@ struct ParamCopies {
   Tensor rounded;               // f32, the parameter's numel: its value rounded to `format`
   DType format = DType::kBF16;  // kBF16 or kF16
   Tensor bf16;                  // bf16, the parameter's numel
-  bool any() const { return rounded.defined() || bf16.defined(); }
+  // Packed copies of the weights the parameter is part of (kernels/packed_b.h): its
+  // element i is the stacked weights' element packed_first + i. Null: none.
+  std::shared_ptr<const PackTargets> packed;
+  int64_t packed_first = 0;
+  bool any() const { return rounded.defined() || bf16.defined() || packed; }
 };
+// Writes n new values p (f32) into `copies`' elements [begin, begin + n): the rounded and
+// bf16 copies, and the packed ones from a bf16 scratch that stays in cache.
+void publish_values(const ParamCopies& copies, const float* p, int64_t begin, int64_t n);
+// The same from the values' bf16 bits (an update pass's cached scratch): into the bf16
+// copy (streamed) and the packed copies.
+void publish_bf16(const ParamCopies& copies, int64_t begin, const uint16_t* bits, int64_t n);
 // extras for `copies`' elements [begin, begin + n) (grad_scale 1).
 UpdateExtras extras_of(const ParamCopies& copies, int64_t begin);
 

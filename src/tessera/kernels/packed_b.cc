@@ -2,8 +2,10 @@
 // product through oneDNN with b in its own layout.
 #include "tessera/kernels/packed_b.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
@@ -31,7 +33,7 @@ void pack_b_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, PackedB&
   TESSERA_CHECK(p.defined() && 0 <= r0 && r0 <= r1 && r1 <= rows && ld >= cols,
                 "packed weight: rows [", r0, ", ", r1, ") of a (", rows, ", ", cols, ") weight with row stride ",
                 ld);
-  cpu::pack_rows(w, ld, r0, r1, p.k, p.n, p.trans, static_cast<uint16_t*>(p.data.raw_data()));
+  cpu::pack_rows(w + r0 * ld, ld, r0, r1, p.k, p.n, p.trans, static_cast<uint16_t*>(p.data.raw_data()));
 }
 
 void pack_b(const Tensor& w, bool trans, PackedB& p) {
@@ -50,6 +52,37 @@ void pack_b(const Tensor& w, bool trans, PackedB& p) {
   });
 }
 
+void publish_packed(const PackTargets& t, int64_t first, const uint16_t* values, int64_t n) {
+  const int64_t size = t.rows * t.cols;
+  TESSERA_CHECK(size > 0 && t.fwd.size() == t.dx.size() && first >= 0 &&
+                    first + n <= size * static_cast<int64_t>(t.fwd.size()),
+                "packed weight: elements [", first, ", ", first + n, ") of ", t.fwd.size(), " stacked (", t.rows,
+                ", ", t.cols, ") weights");
+  int64_t e = first;
+  const int64_t end = first + n;
+  const uint16_t* v = values;
+  while (e < end) {
+    const int64_t w = e / size, base = w * size, stop = std::min(end, base + size);
+    const int64_t e0 = e - base, e1 = stop - base;
+    const int64_t r0 = (e0 + t.cols - 1) / t.cols, r1 = e1 / t.cols;
+    for (PackedB* p : {t.fwd[w], t.dx[w]}) {
+      if (!p) continue;
+      TESSERA_CHECK(p->defined() && (p->trans ? p->n == t.rows && p->k == t.cols : p->k == t.rows && p->n == t.cols),
+                    "packed weight: a target of (", p->k, ", ", p->n, ") for (", t.rows, ", ", t.cols, ") weights");
+      auto* dst = static_cast<uint16_t*>(p->data.raw_data());
+      if (r0 >= r1) {
+        cpu::pack_elements(v, e0, e1, t.cols, p->k, p->trans, dst);
+        continue;
+      }
+      cpu::pack_elements(v, e0, r0 * t.cols, t.cols, p->k, p->trans, dst);
+      cpu::pack_rows(v + (r0 * t.cols - e0), t.cols, r0, r1, p->k, p->n, p->trans, dst);
+      cpu::pack_elements(v + (r1 * t.cols - e0), r1 * t.cols, e1, t.cols, p->k, p->trans, dst);
+    }
+    v += stop - e;
+    e = stop;
+  }
+}
+
 bool packed_weights_enabled() {
   static const bool on = [] {
     if (const char* v = std::getenv("TESSERA_PACKED_WEIGHTS")) {
@@ -57,19 +90,22 @@ bool packed_weights_enabled() {
       TESSERA_CHECK(s == "on" || s == "off" || s.empty(), "TESSERA_PACKED_WEIGHTS = '", s,
                     "' is not one of on, off");
       if (s == "on") {
-        TESSERA_CHECK(cpu_has(IsaLevel::kAvx512Bf16), "TESSERA_PACKED_WEIGHTS = on needs a CPU with AVX512-BF16 "
+        TESSERA_CHECK(packed_products_supported(), "TESSERA_PACKED_WEIGHTS = on needs a CPU with AVX512-BF16 "
                       "or AMX (this one runs ", isa_level_name(cpu_isa_level()), ")");
         return true;
       }
-      if (s == "off") return false;
     }
-    return cpu_has(IsaLevel::kAmx);
+    return false;
   }();
   return on;
 }
 
+bool packed_products_supported() { return cpu_has(IsaLevel::kAvx512Bf16); }
+
 void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* bias, float beta) {
   TESSERA_CHECK(b.defined(), "matmul (packed b): b is not packed");
+  TESSERA_CHECK(packed_products_supported(), "matmul (packed b): needs AVX512-BF16 or AMX; this CPU runs ",
+                isa_level_name(cpu_isa_level()));
   TESSERA_CHECK(a.defined() && a.dim() == 2 && (a.dtype() == DType::kF32 || a.dtype() == DType::kBF16) &&
                     (a.size(1) <= 1 || a.stride(1) == 1),
                 "matmul (packed b): a must be 2-D f32 or bf16 with a contiguous last dim, got ",
@@ -87,10 +123,16 @@ void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* b
                       bias->is_contiguous(),
                   "matmul (packed b): bias must be a contiguous f32 (", b.n, ")");
   if (a.size(0) == 0) return;
-  const Tensor a16 = a.dtype() == DType::kBF16 ? a : a.to(DType::kBF16);  // autocast rounding
   cpu::GemmArgs g;
   g.m = a.size(0), g.n = b.n, g.k = b.k;
-  g.a = a16.raw_data(), g.a_dtype = DType::kBF16, g.lda = a16.size(0) <= 1 ? b.k : a16.stride(0);
+  g.a = a.raw_data(), g.a_dtype = DType::kBF16, g.lda = a.size(0) <= 1 ? b.k : a.stride(0);
+  if (a.dtype() == DType::kF32) {  // autocast: rounded to bf16, into a scratch that only grows
+    thread_local std::vector<uint16_t> scratch;
+    if (scratch.size() < static_cast<size_t>(g.m * g.k)) scratch.resize(g.m * g.k);
+    for (int64_t i = 0; i < g.m; ++i)
+      convert_elements(a.data<float>() + i * g.lda, DType::kF32, scratch.data() + i * g.k, DType::kBF16, g.k);
+    g.a = scratch.data(), g.lda = g.k;
+  }
   g.b = b.data.raw_data(), g.b_dtype = DType::kBF16, g.b_packed = true;
   g.c = static_cast<float*>(c.raw_data()), g.c_dtype = c.dtype(), g.ldc = c.size(0) <= 1 ? b.n : c.stride(0);
   g.beta = beta;

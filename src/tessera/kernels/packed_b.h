@@ -14,6 +14,7 @@
 // N to 64) is zero from allocation and never written.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "tessera/tensor/tensor.h"
 
@@ -41,10 +42,28 @@ void pack_b_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, PackedB&
 // (re)allocated unless it already has the shape.
 void pack_b(const Tensor& w, bool trans, PackedB& p);
 
-// Whether products take packed weights on this CPU: oneDNN multiplies bf16 natively
-// with AMX (AVX512-BF16 without AMX runs plain weights as fast: not worth the memory).
-// TESSERA_PACKED_WEIGHTS=on|off overrides (on needs AVX512-BF16 or AMX).
+// The packed copies a weight's new values go to as an optimizer publishes them: `count`
+// stacked row-major (rows, cols) weights (a Linear's one, or a mixture-of-experts layer's
+// experts), weight i packed for the forward product into fwd[i] and for the input
+// gradient's into dx[i] (null: not kept).
+struct PackTargets {
+  int64_t rows = 0, cols = 0;
+  std::vector<PackedB*> fwd, dx;
+};
+// Writes n bf16 values, the stacked weights' row-major elements [first, first + n), into
+// every packed copy. Whole rows go through the row packer (streamed, 16 rows at a time
+// where the rows allow); the partial rows at either end one element at a time.
+void publish_packed(const PackTargets& t, int64_t first, const uint16_t* values, int64_t n);
+
+// Whether training keeps its native bf16 weights packed (the optimizer writes them so):
+// TESSERA_PACKED_WEIGHTS=on (needs AVX512-BF16 or AMX); off by default. Measured on a
+// 2-core AMX Xeon (docs/performance.md): a GPT-2 124M step's GEMMs 1.6% faster, its
+// optimizer pass 10 ms slower (two more copies to write), the step 3.5% slower, and
+// still 2% slower with 4 micro-batches per step.
 bool packed_weights_enabled();
+// Whether this CPU multiplies packed weights: oneDNN's bf16 brgemm (AVX512-BF16 or AMX,
+// as capped by TESSERA_ISA).
+bool packed_products_supported();
 
 // c = op(a) @ op(b) (+ bias per row) (+ beta c) with b packed: a (M, K) f32 or bf16
 // (f32 is rounded to bf16, autocast semantics), c (M, N) f32, or bf16 with beta 0 and no

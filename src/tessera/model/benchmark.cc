@@ -9,6 +9,7 @@
 #include "tessera/base/timer.h"
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/matmul.h"
+#include "tessera/kernels/packed_b.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/model/moe.h"
 
@@ -119,18 +120,36 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
   Tensor u = Tensor::empty({N, 2 * k * F}, DType::kF32), a = Tensor::empty({N, k * F}, DType::kF32);
   Tensor da = a.clone(), du = u.clone(), gdgu = Tensor::zeros({2 * k * F, H}, DType::kF32),
          gdd = Tensor::zeros({H, k * F}, DType::kF32);
+  // Packed weights (o.packed): each expert's and the dense peer's, as a model keeping them
+  // packed holds them between updates.
+  kernels::PackedB dgu_fwd, dgu_dx, ddown_fwd, ddown_dx;
+  if (o.packed) {
+    for (auto* v : {&w.gate_up_fwd, &w.gate_up_dx, &w.down_fwd, &w.down_dx}) v->resize(E);
+    for (int64_t e = 0; e < E; ++e) {
+      kernels::pack_b(w.gate_up.select(0, e), true, w.gate_up_fwd[e]);
+      kernels::pack_b(w.gate_up.select(0, e), false, w.gate_up_dx[e]);
+      kernels::pack_b(w.down.select(0, e), true, w.down_fwd[e]);
+      kernels::pack_b(w.down.select(0, e), false, w.down_dx[e]);
+    }
+    kernels::pack_b(dgu, true, dgu_fwd), kernels::pack_b(dgu, false, dgu_dx);
+    kernels::pack_b(ddown, true, ddown_fwd), kernels::pack_b(ddown, false, ddown_dx);
+  }
+  const auto product = [&](const Tensor& x, const Tensor& wt, const kernels::PackedB& p, Tensor& c, bool trans) {
+    if (p.defined()) return kernels::matmul_packed(x, p, c);
+    kernels::matmul(x, wt, c, false, trans);
+  };
   const auto dense_forward = [&] {
-    kernels::matmul(h, dgu, u, false, true);
+    product(h, dgu, dgu_fwd, u, true);
     kernels::swiglu_forward(u.slice(1, 0, k * F), u.slice(1, k * F, 2 * k * F), a);
-    kernels::matmul(a, ddown, out, false, true);
+    product(a, ddown, ddown_fwd, out, true);
   };
   const auto dense_backward = [&] {
-    kernels::matmul(dout, ddown, da, false, false);
+    product(dout, ddown, ddown_dx, da, false);
     kernels::matmul(dout, a, gdd, true, false, 1.f, 1.f);
     Tensor dg = du.slice(1, 0, k * F), dup = du.slice(1, k * F, 2 * k * F);
     kernels::swiglu_backward(da, u.slice(1, 0, k * F), u.slice(1, k * F, 2 * k * F), dg, dup);
     kernels::matmul(du, h, gdgu, true, false, 1.f, 1.f);
-    kernels::matmul(du, dgu, dh, false, false);
+    product(du, dgu, dgu_dx, dh, false);
   };
   MoeSaved saved;
   std::vector<double> mf, mb, df, db;

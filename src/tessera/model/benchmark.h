@@ -43,6 +43,8 @@ struct MoeBenchOptions {
   int64_t experts = 8, top_k = 2, hidden = 1024, ffn = 2816, tokens = 1024;
   DType dtype = DType::kBF16;  // the experts' weights (bf16: multiplied as bf16, as training does)
   int repeats = 5;             // median of this many
+  // Both sides' weights kept packed in oneDNN's layout (kernels/packed_b.h; bf16 only).
+  bool packed = false;
 };
 struct MoeBench {
   double moe_forward_s = 0, moe_backward_s = 0, dense_forward_s = 0, dense_backward_s = 0;

@@ -236,6 +236,16 @@ class Model {
   // weights() tensor; the embedding's is the tied head's copy), or an undefined tensor when
   // it has none (emulated or f32 compute, not a matmul weight, a unit not present).
   Tensor compute_copy_of(const Tensor& weight) const;
+  // Native bf16: keeps the block linears' and the experts' compute copies also packed in
+  // the layout oneDNN multiplies from (kernels/packed_b.h), for the forward product and
+  // the input gradient's, refreshed with the copies (not the LM head: its products gain
+  // nothing). A wrapper that writes new weights into the copies itself (the optimizer's
+  // pass) writes them packed through packed_targets_of. Off by default.
+  void set_packed_weights(bool on);
+  bool packed_weights() const { return packed_weights_; }
+  // Where new values of `weight` (a weights() storage tensor) go packed; null when the
+  // model keeps no packed copy of it.
+  std::shared_ptr<const kernels::PackTargets> packed_targets_of(const Tensor& weight);
   DType compute_dtype() const { return compute_dtype_; }
   Bf16Mode bf16_mode() const { return bf16_mode_; }
 
@@ -396,6 +406,8 @@ class Model {
   DType compute_dtype_ = DType::kF32;
   Params compute_;  // matmul weights in compute_dtype_ (only Linear weights + lm_head set)
   bool has_compute_copy_ = false;
+  bool packed_weights_ = false;
+  void pack_layer(int64_t l);  // compute_.layers[l]'s packed copies, made or dropped
   Bf16Mode bf16_mode_ = Bf16Mode::kOff;
   bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
   std::vector<int64_t> unit_layers(int unit) const;  // the blocks a TrainHooks unit holds

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/logging.h"
@@ -509,8 +510,67 @@ void Model::refresh_compute_unit(int unit) {
     dst.o.bias = src.o.bias;
     dst.up.bias = src.up.bias;
     dst.down.bias = src.down.bias;
+    pack_layer(l);
   }
   if (unit_holds_lm_head(unit)) convert(weights_.lm_head, compute_.lm_head);
+}
+
+void Model::pack_layer(int64_t l) {
+  LayerParams& d = compute_.layers[l];
+  const bool on = packed_weights_ && has_compute_copy_ && bf16_mode_ == Bf16Mode::kNative &&
+                  kernels::packed_products_supported();
+  for (Linear* lin : {&d.qkv, &d.o, &d.up, &d.down}) {
+    if (!on || !lin->weight.defined() || lin->quant || lin->weight.dtype() != DType::kBF16) {
+      lin->packed_fwd = lin->packed_dx = kernels::PackedB();
+      continue;
+    }
+    // (out, in): x W^T reads it as (N, K); dy W as (K, N). GPT-2's (in, out) the other way.
+    kernels::pack_b(lin->weight, !lin->in_out, lin->packed_fwd);
+    kernels::pack_b(lin->weight, lin->in_out, lin->packed_dx);
+  }
+  MoeWeights& m = d.moe;
+  const bool experts = on && m.gate_up.defined() && m.gate_up.dtype() == DType::kBF16 && m.down.defined();
+  const size_t E = experts ? static_cast<size_t>(m.gate_up.size(0)) : 0;
+  for (auto* v : {&m.gate_up_fwd, &m.gate_up_dx, &m.down_fwd, &m.down_dx}) v->resize(E);
+  for (size_t e = 0; e < E; ++e) {
+    const auto i = static_cast<int64_t>(e);
+    kernels::pack_b(m.gate_up.select(0, i), true, m.gate_up_fwd[e]);
+    kernels::pack_b(m.gate_up.select(0, i), false, m.gate_up_dx[e]);
+    kernels::pack_b(m.down.select(0, i), true, m.down_fwd[e]);
+    kernels::pack_b(m.down.select(0, i), false, m.down_dx[e]);
+  }
+}
+
+void Model::set_packed_weights(bool on) {
+  packed_weights_ = on;
+  for (size_t l = 0; l < compute_.layers.size(); ++l) pack_layer(static_cast<int64_t>(l));
+}
+
+std::shared_ptr<const kernels::PackTargets> Model::packed_targets_of(const Tensor& weight) {
+  if (!packed_weights_ || !weight.defined() || weight.dim() < 2) return nullptr;
+  const auto same = [&](const Tensor& t) {
+    return t.defined() && t.raw_data() == weight.raw_data() && t.numel() == weight.numel();
+  };
+  auto t = std::make_shared<kernels::PackTargets>();
+  t->rows = weight.size(weight.dim() - 2), t->cols = weight.size(weight.dim() - 1);
+  for (size_t l = 0; l < weights_.layers.size() && l < compute_.layers.size(); ++l) {
+    const LayerParams& src = weights_.layers[l];
+    LayerParams& dst = compute_.layers[l];
+    for (int which = 0; which < 4; ++which) {
+      Linear& lin = dst.linear(which);
+      if (!same(src.linear(which).weight) || !lin.packed_fwd.defined()) continue;
+      t->fwd = {&lin.packed_fwd};
+      t->dx = {&lin.packed_dx};
+      return t;
+    }
+    for (const auto& [w, fwd, dx] : {std::tuple{&src.moe.gate_up, &dst.moe.gate_up_fwd, &dst.moe.gate_up_dx},
+                                     std::tuple{&src.moe.down, &dst.moe.down_fwd, &dst.moe.down_dx}}) {
+      if (!same(*w) || fwd->empty()) continue;
+      for (size_t e = 0; e < fwd->size(); ++e) t->fwd.push_back(&(*fwd)[e]), t->dx.push_back(&(*dx)[e]);
+      return t;
+    }
+  }
+  return nullptr;
 }
 
 void Model::release_compute_unit(int unit) {
@@ -521,6 +581,7 @@ void Model::release_compute_unit(int unit) {
     auto& dst = compute_.layers[l];
     dst.qkv.weight = dst.o.weight = dst.up.weight = dst.down.weight = Tensor();
     dst.qkv.bias = dst.o.bias = dst.up.bias = dst.down.bias = Tensor();
+    for (Linear* lin : {&dst.qkv, &dst.o, &dst.up, &dst.down}) lin->packed_fwd = lin->packed_dx = kernels::PackedB();
     dst.moe = MoeWeights();
   }
   if (unit_holds_lm_head(unit)) compute_.lm_head = Tensor();

@@ -9,9 +9,20 @@
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/matmul.h"
+#include "tessera/kernels/packed_b.h"
 
 namespace tessera::model {
 namespace {
+
+// c = x W^T (trans) or x W with expert e's weight W, from its packed copy when the model
+// keeps one (MoeWeights::gate_up_fwd, ...) and the product has more rows than the skinny
+// decode kernel takes (matmul's own choice for the plain weight).
+void expert_product(const Tensor& x, const Tensor& w, const std::vector<kernels::PackedB>& packed, int64_t e,
+                    Tensor& c, bool trans) {
+  if (static_cast<size_t>(e) < packed.size() && packed[e].defined() && x.size(0) > 4)
+    return kernels::matmul_packed(x, packed[e], c);
+  kernels::matmul(x, w, c, false, trans);
+}
 
 void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const EpComm* ep) {
   const int64_t E = spec.num_experts, H = h.size(1);
@@ -232,9 +243,9 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
     const int64_t i0 = sv.local_offsets[e], i1 = sv.local_offsets[e + 1];
     if (i0 == i1) continue;
     Tensor u = sv.u.slice(0, i0, i1), a = sv.a.slice(0, i0, i1), ye = y.slice(0, i0, i1);
-    kernels::matmul(sv.x.slice(0, i0, i1), w.gate_up.select(0, e), u, false, true);
+    expert_product(sv.x.slice(0, i0, i1), w.gate_up.select(0, e), w.gate_up_fwd, e, u, true);
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
-    kernels::matmul(a, w.down.select(0, e), ye, false, true);
+    expert_product(a, w.down.select(0, e), w.down_fwd, e, ye, true);
   }
   // The outputs back to the ranks whose tokens they are (the dropped slots' are 0).
   sv.y = pad_rows(ep ? ep->all_to_allv(permute_rows(y, sv.group, true), sv.recv_rows, nullptr) : y, S);
@@ -414,12 +425,12 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
     const Tensor dye = dyg.slice(0, i0, i1), u = sv.u.slice(0, i0, i1);
     Tensor dae = da.slice(0, i0, i1), due = du.slice(0, i0, i1), dxe = dxg.slice(0, i0, i1);
     Tensor gdown = grads.down.select(0, e), ggu = grads.gate_up.select(0, e);
-    kernels::matmul(dye, w.down.select(0, e), dae, false, false);
+    expert_product(dye, w.down.select(0, e), w.down_dx, e, dae, false);
     kernels::matmul(dye, sv.a.slice(0, i0, i1), gdown, true, false, 1.f, 1.f);
     Tensor dgate = due.slice(1, 0, F), dup = due.slice(1, F, 2 * F);
     kernels::swiglu_backward(dae, u.slice(1, 0, F), u.slice(1, F, 2 * F), dgate, dup);
     kernels::matmul(due, sv.x.slice(0, i0, i1), ggu, true, false, 1.f, 1.f);
-    kernels::matmul(due, w.gate_up.select(0, e), dxe, false, false);
+    expert_product(due, w.gate_up.select(0, e), w.gate_up_dx, e, dxe, false);
   }
 
   // dh = the slots' input gradients summed per token (choice order), then the router's.

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "tessera/kernels/packed_b.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::model {
@@ -59,6 +60,10 @@ struct MoeWeights {
   // nowhere else (DeepSeek-V3's auxiliary-loss-free balancing, gate.e_score_correction_bias);
   // the combine weights stay the unbiased probabilities. Not trained by gradients.
   Tensor bias;
+  // Native bf16 with packed weights (Model::set_packed_weights): each expert's gate_up and
+  // down also in the layout oneDNN multiplies from, for the forward (x W^T) and the input
+  // gradient (dy W). Empty otherwise.
+  std::vector<kernels::PackedB> gate_up_fwd, gate_up_dx, down_fwd, down_dx;
 };
 
 // Which experts each token went to, and how the slots are grouped by expert.

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/kernels/packed_b.h"
 #include "tessera/kernels/quant.h"
 #include "tessera/model/config.h"
 #include "tessera/model/mla.h"
@@ -28,6 +29,9 @@ struct Linear {
   // Inference only: the weight quantized (Model::quantize or a quantized checkpoint).
   // Shared by the model's compute copy; never changed once set.
   std::shared_ptr<const kernels::QuantWeight> quant;
+  // Native bf16 with packed weights (Model::set_packed_weights): the compute copy also in
+  // the layout oneDNN multiplies from, for y = x op(W) and for dx = dy op(W)^T.
+  kernels::PackedB packed_fwd, packed_dx;
 };
 
 struct LayerParams {

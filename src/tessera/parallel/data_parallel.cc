@@ -51,6 +51,10 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& comm, DataPa
   }
   // First, so that binding a unit's weights below also makes its native bf16 copy.
   model_.set_compute_dtype_in_place(config_.compute_dtype, config_.bf16_request);
+  // Weights kept packed where asked and the optimizer's own pass writes them (stages 0-2
+  // without offload); elsewhere each gather would pack them again.
+  model_.set_packed_weights(config_.packed_weights && optimizer_publishes() &&
+                            model_.bf16_mode() == model::Bf16Mode::kNative);
   build_layout();
   broadcast_and_shard();
   build_pieces();

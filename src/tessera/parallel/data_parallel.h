@@ -31,6 +31,10 @@ struct DataParallelConfig {
   // experts' gradients, summed over the ep ranks' tokens by the MoE backward, are reduced
   // and sharded over these ranks only; everything else over the whole group.
   comm::Communicator* expert_comm = nullptr;
+  // Native bf16: the model also keeps its matmul weights packed in oneDNN's layout, which
+  // the optimizer's pass writes (model::Model::set_packed_weights; stages 0-2 without
+  // offload). The trainer sets it from kernels::packed_weights_enabled().
+  bool packed_weights = false;
 };
 
 // A piece of one trainable tensor that this rank updates: the whole tensor (stage 0), or
@@ -114,6 +118,11 @@ class DataParallel final : public model::TrainHooks {
   // weight; ZeRO-3; offload): publish_params() then does it all.
   std::vector<kernels::ParamCopies> piece_copies() const;
   bool optimizer_publishes() const;
+  // Piece i's optimizer chunks start on whole groups of 16 rows of its storage tensor
+  // (ParamRef::chunk_align, chunk_phase), so a weight kept packed is packed from each
+  // chunk 16 rows at a time: (16 x the row length, the piece's first element in the
+  // tensor); (1, 0) for 1-D tensors.
+  std::pair<int64_t, int64_t> piece_chunk_alignment(size_t i) const;
   // With piece_copies() in use: writes piece i's copies again after its master changed
   // outside the optimizer (the router-bias update). No-op otherwise.
   void publish_piece(size_t i);

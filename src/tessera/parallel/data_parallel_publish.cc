@@ -10,6 +10,13 @@
 
 namespace tessera::parallel {
 
+std::pair<int64_t, int64_t> DataParallel::piece_chunk_alignment(size_t i) const {
+  TESSERA_CHECK(i < pieces_.size(), "data parallel: no piece ", i);
+  const Slot& s = slot_at(piece_flat_[i]);
+  if (s.shape.size() < 2) return {1, 0};
+  return {16 * s.shape.back(), piece_flat_[i] - s.flat};
+}
+
 bool DataParallel::optimizer_publishes() const {
   // The weights are a rounded copy of this rank's masters in this rank's memory: stages
   // 0-2 with 16-bit compute. (ZeRO-3 publishes into shards it gathers per unit; offload
@@ -39,7 +46,10 @@ kernels::ParamCopies DataParallel::copies_of_piece(size_t i) const {
   const int64_t lo = piece_flat_[i], hi = lo + pieces_[i].master.numel();
   c.rounded = params_.slice(0, lo, hi);
   c.format = config_.compute_dtype;
-  c.bf16 = compute_copy_range(slot_at(lo), lo, hi);
+  const Slot& s = slot_at(lo);
+  c.bf16 = compute_copy_range(s, lo, hi);
+  c.packed = model_.packed_targets_of(*s.w);
+  c.packed_first = lo - s.flat;
   return c;
 }
 
@@ -55,7 +65,7 @@ void DataParallel::publish_piece(size_t i) {
   if (!optimizer_publishes()) return;  // publish_params() copies every piece
   const kernels::ParamCopies c = copies_of_piece(i);
   Tensor master = pieces_[i].master.view({pieces_[i].master.numel()});
-  kernels::write_copies(master.data<float>(), master.numel(), kernels::extras_of(c, 0));
+  kernels::publish_values(c, master.data<float>(), 0, master.numel());
 }
 
 void DataParallel::refresh_copies(int64_t lo, int64_t hi) {
@@ -63,7 +73,11 @@ void DataParallel::refresh_copies(int64_t lo, int64_t hi) {
     const Slot& s = slot_at(lo);
     const int64_t end = std::min(hi, s.flat + s.numel);
     Tensor copy = compute_copy_range(s, lo, end);
-    if (copy.defined()) copy.copy_from(params_.slice(0, lo, end));
+    if (copy.defined()) {
+      copy.copy_from(params_.slice(0, lo, end));
+      if (const auto packed = model_.packed_targets_of(*s.w))
+        kernels::publish_packed(*packed, lo - s.flat, reinterpret_cast<const uint16_t*>(copy.data<bf16>()), end - lo);
+    }
     lo = end;
   }
 }

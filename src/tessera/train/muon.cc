@@ -162,7 +162,7 @@ void Optimizer::step_muon(double lr, const StepOptions& opts) {
     base::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t k = i0; k < i1; ++k) p[k] = std::fma(op[k] * shape_scale, neg_lr, p[k] * decay);
       if (opts.copies && (*opts.copies)[i].any())
-        kernels::write_copies(p + i0, i1 - i0, kernels::extras_of((*opts.copies)[i], i0));
+        kernels::publish_values((*opts.copies)[i], p + i0, i0, i1 - i0);
     });
   }
 }

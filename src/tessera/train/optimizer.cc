@@ -93,9 +93,16 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamRef> params)
     }
     st.exp_avg = Tensor::zeros(r.param.shape(), DType::kF32);
     st.exp_avg_sq = Tensor::zeros(r.param.shape(), DType::kF32);
-    for (int64_t b = 0; b < r.param.numel(); b += kChunkElements)
-      adamw_chunks_.push_back({static_cast<int64_t>(i), b,
-                               std::min(r.param.numel(), b + kChunkElements)});
+    // Chunk edges on the parameter's whole groups of rows where it asks (a weight kept
+    // packed is packed 16 rows at a time from each chunk's values).
+    const int64_t align = std::max<int64_t>(1, r.chunk_align), n = r.param.numel();
+    const int64_t step = align > 1 ? std::max(align, kChunkElements / align * align) : kChunkElements;
+    const int64_t phase = ((r.chunk_phase % align) + align) % align;
+    for (int64_t b = 0, next = phase ? align - phase : step; b < n; next = b + step) {
+      const int64_t e = std::min(n, next);
+      adamw_chunks_.push_back({static_cast<int64_t>(i), b, e});
+      b = e;
+    }
   }
 }
 
@@ -138,12 +145,22 @@ void Optimizer::step_adamw(double lr, const StepOptions& o) {
       const Chunk& ch = adamw_chunks_[c];
       const ParamRef& r = params_[ch.param];
       const State& st = state_[ch.param];
+      const ParamCopies* pc = o.copies ? &(*o.copies)[ch.param] : nullptr;
       kernels::UpdateExtras x;
-      if (o.copies) x = kernels::extras_of((*o.copies)[ch.param], ch.begin);
+      if (pc) x = kernels::extras_of(*pc, ch.begin);
       x.grad_scale = grad_scale;
+      // Weights kept packed: the bf16 values go to a scratch that stays in cache, then
+      // from there to the bf16 copy and the packed ones (kernels::publish_bf16).
+      thread_local std::vector<uint16_t> scratch;
+      const bool packed = pc && pc->packed;
+      if (packed) {
+        if (scratch.size() < static_cast<size_t>(ch.end - ch.begin)) scratch.resize(ch.end - ch.begin);
+        x.bf16 = scratch.data(), x.cache_bf16 = true;
+      }
       adamw_update(r.param.data<float>() + ch.begin, r.grad.data<float>() + ch.begin,
                    st.exp_avg.data<float>() + ch.begin, st.exp_avg_sq.data<float>() + ch.begin,
                    ch.end - ch.begin, r.decay ? with_decay : no_decay, x);
+      if (packed) kernels::publish_bf16(*pc, ch.begin, scratch.data(), ch.end - ch.begin);
     }
   });
 }

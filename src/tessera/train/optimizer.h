@@ -28,6 +28,10 @@ struct ParamRef {
   // Its share of the global gradient norm's sum of squares: 1, or 1/tp for a tensor every
   // tensor-parallel rank holds whole (the sum over the tp group then counts it once).
   double norm_share = 1.0;
+  // The update's chunks (its units of parallel work, ~64K elements) start where
+  // (chunk_phase + element) is a multiple of chunk_align: 16 rows of a weight kept packed
+  // (kernels/packed_b.h) whose element 0 is element chunk_phase of the weight.
+  int64_t chunk_align = 1, chunk_phase = 0;
   // Under tensor parallelism, a Muon matrix split over the tp group: param is this rank's
   // block of the whole (full_shape) matrix at block_offset; Muon orthogonalises the whole
   // update (gathered from the group's blocks) and keeps this block of it, as one process

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
 #include "tessera/io/json_file.h"
+#include "tessera/kernels/packed_b.h"
 #include "tessera/parallel/pipeline_schedule.h"
 #include "tessera/train/token_shard.h"
 #include "tessera/train/sharded_state.h"
@@ -290,6 +292,7 @@ parallel::DataParallelConfig dp_config(const TrainConfig& c) {
   const auto& p = c.training.precision;
   d.compute_dtype = p == "bf16" ? DType::kBF16 : p == "fp16" ? DType::kF16 : DType::kF32;
   d.bf16_request = model::parse_bf16_request(c.training.bf16_mode, "training.bf16_mode");
+  d.packed_weights = kernels::packed_weights_enabled();
   return d;
 }
 
@@ -315,6 +318,8 @@ std::vector<ParamRef> dp_param_refs(const parallel::DataParallel& dp,
     r.grad = piece.grad;
     r.decay = f.decay;
     r.muon = f.muon;
+    std::tie(r.chunk_align, r.chunk_phase) =
+        dp.piece_chunk_alignment(static_cast<size_t>(&piece - dp.pieces().data()));
     // (Summed over the data-parallel ranks too when their pieces differ: each copy counts
     // its share.)
     r.norm_share = f.tied_copy ? 0.0

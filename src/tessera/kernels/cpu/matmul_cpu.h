@@ -50,12 +50,14 @@ void gemm_onednn(const GemmArgs& g);
 // weight (an LM head) needs bounded scratch.
 void gemm_onednn_widened(const GemmArgs& g, int64_t max_b_floats = int64_t{16} << 20);
 // The blocked layout of a packed b (packed_b_cpu.cc): op(b)[kk, nn]'s position for K
-// rounded up to 32 (kp), the elements of a (K, N), and the packer of stored rows
-// [r0, r1) of w ((K, N), or (N, K) when trans; row stride ld) into dst.
+// rounded up to 32 (kp), the elements of a (K, N), the packer of stored rows [r0, r1) of a
+// weight ((K, N), or (N, K) when trans; row stride ld; w points at row r0) into dst, and
+// of its row-major elements [e0, e1) (w at element e0; rows of `cols`), one at a time.
 int64_t packed_index(int64_t kk, int64_t nn, int64_t kp);
 int64_t packed_elements(int64_t k, int64_t n);
 void pack_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n, bool trans,
                uint16_t* dst);
+void pack_elements(const uint16_t* w, int64_t e0, int64_t e1, int64_t cols, int64_t k, bool trans, uint16_t* dst);
 
 // Number of cached oneDNN primitives (for tests of the cache).
 int64_t onednn_cache_size();

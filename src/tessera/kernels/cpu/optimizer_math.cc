@@ -2,7 +2,10 @@
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/optimizer_math.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <vector>
 #include <cstdint>
 #include <cmath>
 
@@ -142,7 +145,7 @@ TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, i
                                    : (16 - int64_t(reinterpret_cast<uintptr_t>(x.bf16) % 32 / 2)) % 16;
     if (aligned(x.rounded, 4) && aligned(x.bf16, 2)) {
       stream_r = x.rounded && aligned(x.rounded + head, 64);
-      stream_b = x.bf16 && aligned(x.bf16 + head, 32);
+      stream_b = x.bf16 && !x.cache_bf16 && aligned(x.bf16 + head, 32);
     }
     if (head > 0)
       adamw_vec(p, g, m, v, 0, av::tail_mask(head), false, decay, b1, omb1, b2, omb2, bc2s, nss, eps, x);
@@ -303,6 +306,46 @@ UpdateExtras extras_of(const ParamCopies& c, int64_t begin) {
   if (c.rounded.defined()) x.rounded = c.rounded.data<float>() + begin;
   if (c.bf16.defined()) x.bf16 = reinterpret_cast<uint16_t*>(c.bf16.data<bf16>()) + begin;
   return x;
+}
+
+namespace {
+
+TESSERA_AVX512 void stream_bf16_avx512(uint16_t* dst, const uint16_t* src, int64_t n) {
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = src[i];
+  for (; i + 32 <= n; i += 32)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
+}  // namespace
+
+void publish_bf16(const ParamCopies& c, int64_t begin, const uint16_t* bits, int64_t n) {
+  if (c.bf16.defined()) {
+    TESSERA_CHECK(begin >= 0 && begin + n <= c.bf16.numel(), "publish_bf16: elements [", begin, ", ", begin + n,
+                  ") of a ", c.bf16.numel(), "-element copy");
+    uint16_t* dst = reinterpret_cast<uint16_t*>(c.bf16.data<bf16>()) + begin;
+    if (cpu::use_avx512())
+      stream_bf16_avx512(dst, bits, n);
+    else
+      std::memcpy(dst, bits, n * sizeof(uint16_t));
+  }
+  if (c.packed) publish_packed(*c.packed, c.packed_first + begin, bits, n);
+}
+
+void publish_values(const ParamCopies& c, const float* p, int64_t begin, int64_t n) {
+  if (!c.packed) return write_copies(p, n, extras_of(c, begin));
+  thread_local std::vector<uint16_t> scratch;
+  constexpr int64_t kPiece = int64_t{1} << 16;
+  if (scratch.size() < static_cast<size_t>(kPiece)) scratch.resize(kPiece);
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = std::min(kPiece, n - i);
+    UpdateExtras x = extras_of(c, begin + i);
+    x.bf16 = scratch.data(), x.cache_bf16 = true;
+    write_copies(p + i, m, x);
+    publish_bf16(c, begin + i, scratch.data(), m);
+  }
 }
 
 void write_copies(const float* p, int64_t n, const UpdateExtras& extras) {

@@ -1,9 +1,14 @@
 // The packer of kernels/packed_b.h: weights stored row-major in bf16 into oneDNN's
 // BA16a64b2a blocked layout of the matmul's b operand, by stored rows.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/dispatch.h"
+
+#define TESSERA_TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
 
 namespace tessera::kernels::cpu {
 
@@ -13,11 +18,58 @@ constexpr int64_t kBlockK = 32, kBlockN = 64;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// A whole 64-byte line of the packed copy. Streamed around the cache where aligned: the
+// copy is read by the next products, long after, and a plain store would first read the
+// line it overwrites.
+TESSERA_TARGET_AVX512 inline void store_line(void* d, __m512i v) {
+  if (reinterpret_cast<uintptr_t>(d) % 64 == 0)
+    _mm512_stream_si512(static_cast<__m512i*>(d), v);
+  else
+    _mm512_storeu_si512(d, v);
+}
+
+// 16 rows' 16 pairs each (rows[i] + 2 p0) as 16 lines, one per pair, of the 16 rows'
+// dwords: a 16 x 16 transpose of 32-bit values in registers.
+TESSERA_TARGET_AVX512 void transpose_16_pairs(const uint16_t* const* rows, int64_t p0, uint32_t* const* lines) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i] + 2 * p0);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4q + j], 128-bit lane l: rows 4q..4q+3 at pair 4l + j.
+  for (int q = 0; q < 4; ++q) {
+    r[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    r[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    r[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    r[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  // Pair 4l + j gathers lane l of r[j], r[4 + j], r[8 + j], r[12 + j].
+  for (int j = 0; j < 4; ++j) {
+    const __m512i s0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), s1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44),
+                  s3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+    store_line(lines[j], _mm512_shuffle_i32x4(s0, s2, 0x88));
+    store_line(lines[4 + j], _mm512_shuffle_i32x4(s0, s2, 0xDD));
+    store_line(lines[8 + j], _mm512_shuffle_i32x4(s1, s3, 0x88));
+    store_line(lines[12 + j], _mm512_shuffle_i32x4(s1, s3, 0xDD));
+  }
+}
+
+// 16 columns of two rows interleaved: d[2 j] = a[j], d[2 j + 1] = b[j].
+TESSERA_TARGET_AVX512 void interleave_16(const uint16_t* a, const uint16_t* b, uint16_t* d) {
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  store_line(d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+}
+
 // Stored (N, K): a Linear weight (out, in) for x W^T. Rows are N; each row's K values
 // go to pairs (k, k+1) that sit 64 pairs apart within a block. 16 whole rows starting at
 // a multiple of 16 fill one 64-byte line per pair: those are written line by line.
 void pack_trans_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, uint16_t* dst) {
+  w -= r0 * ld;  // (row r at w + r ld; only rows [r0, r1) are read)
   const int64_t kp = round_up(k, kBlockK), pairs = k / 2;
+  const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int64_t r = r0;
   const auto one_row = [&](int64_t n) {
     const uint16_t* src = w + n * ld;
@@ -29,7 +81,14 @@ void pack_trans_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int6
     const uint16_t* rows[16];
     for (int i = 0; i < 16; ++i) rows[i] = w + (r + i) * ld;
     uint32_t* base = d32 + (r / kBlockN) * (kp * kBlockN / 2) + (r % kBlockN);
-    for (int64_t p = 0; p < pairs; ++p) {
+    int64_t p = 0;
+    if (avx512)
+      for (; p + 16 <= pairs; p += 16) {
+        uint32_t* lines[16];
+        for (int j = 0; j < 16; ++j) lines[j] = base + (p >> 4) * (kBlockK * kBlockN / 2) + j * kBlockN;
+        transpose_16_pairs(rows, p, lines);
+      }
+    for (; p < pairs; ++p) {
       uint32_t* line = base + (p >> 4) * (kBlockK * kBlockN / 2) + (p & 15) * kBlockN;
       for (int i = 0; i < 16; ++i) {
         uint32_t v;
@@ -47,7 +106,9 @@ void pack_trans_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int6
 // values per 64 columns.
 void pack_plain_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n,
                      uint16_t* dst) {
+  w -= r0 * ld;
   const int64_t kp = round_up(k, kBlockK);
+  const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int64_t r = r0;
   const auto one_row = [&](int64_t kk) {
     const uint16_t* src = w + kk * ld;
@@ -60,7 +121,10 @@ void pack_plain_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int6
     for (int64_t j0 = 0; j0 < n; j0 += kBlockN) {
       uint16_t* d = dst + packed_index(r, j0, kp);
       const int64_t cols = std::min(kBlockN, n - j0);
-      for (int64_t j = 0; j < cols; ++j) {
+      int64_t j = 0;
+      if (avx512)
+        for (; j + 16 <= cols; j += 16) interleave_16(a + j0 + j, b + j0 + j, d + 2 * j);
+      for (; j < cols; ++j) {
         d[2 * j] = a[j0 + j];
         d[2 * j + 1] = b[j0 + j];
       }
@@ -80,10 +144,20 @@ int64_t packed_elements(int64_t k, int64_t n) { return round_up(k, kBlockK) * ro
 
 void pack_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n, bool trans,
                uint16_t* dst) {
+  if (r0 >= r1) return;
   if (trans)
     pack_trans_rows(w, ld, r0, r1, k, dst);
   else
     pack_plain_rows(w, ld, r0, r1, k, n, dst);
+  if (cpu_has(IsaLevel::kAvx512)) _mm_sfence();  // the streamed lines before anyone reads them
+}
+
+void pack_elements(const uint16_t* w, int64_t e0, int64_t e1, int64_t cols, int64_t k, bool trans, uint16_t* dst) {
+  const int64_t kp = round_up(k, kBlockK);
+  for (int64_t e = e0; e < e1; ++e) {
+    const int64_t r = e / cols, c = e % cols;
+    dst[trans ? packed_index(c, r, kp) : packed_index(r, c, kp)] = w[e - e0];
+  }
 }
 
 }  // namespace tessera::kernels::cpu
