@@ -168,6 +168,33 @@ TEST(ExpertParallel, TrainerEpAxisMatchesOneProcess) {
   fs::remove_all(root);  // (checkpoints and data: leave nothing in /tmp)
 }
 
+// Mixed precision (bf16 products, fp32 masters), native and emulated: ep2 and dp2 x ep2
+// (ZeRO-1) train a Mixtral model to the single process's losses within 1e-3 (the same
+// rounded operands; only the products' f32 summation order may differ), and it learns.
+TEST(ExpertParallel, TrainsInBf16LikeOneProcess) {
+  const std::string root = tt::temp_dir("ep_bf16");
+  const std::string data = tt::make_data(root);
+  const std::string json = mixtral_json(root, false);
+  for (const std::string mode : {"native", "emulated"}) {
+    SCOPED_TRACE(mode);
+    const auto bf16 = [&](std::string c) {
+      c.replace(c.find("precision = \"fp32\""), 18, "precision = \"bf16\"\nbf16_mode = \"" + mode + "\"");
+      return c;
+    };
+    const tt::RunOut ref = tt::train(bf16(ep_config(root, "single_" + mode, data, json, 4, 1, "zero_stage = 0")), 0);
+    ASSERT_EQ(ref.losses.size(), 20u);
+    EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5);
+    for (const auto& [name, parallel, ranks] :
+         {std::tuple{std::string("ep2"), std::string("ep = 2"), 2},
+          std::tuple{std::string("dp2_ep2_z1"), std::string("ep = 2\nzero_stage = 1"), 4}}) {
+      SCOPED_TRACE(name);
+      const tt::RunOut got = tt::train(bf16(ep_config(root, name + "_" + mode, data, json, 4, 1, parallel)), ranks);
+      tt::expect_close(got.losses, ref.losses, 1e-3, name + " loss");
+    }
+  }
+  fs::remove_all(root);
+}
+
 // Tensor parallelism on the attention of a mixture-of-experts model (the router and
 // experts replicated over the tp group), alone and with the experts split over ep: tp2
 // and tp2 x ep2 (4 ranks) train to the single process's losses within 1e-5; the saved
