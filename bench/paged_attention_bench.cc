@@ -1,6 +1,8 @@
 // Paged attention speed against the dense attention_forward on the same shapes (keys in
 // one contiguous cache per sequence): decodes at batch 1 / 16 over contexts 512 / 2048
-// (GB/s of K + V read) and a 256-token prefill chunk over 1024 cached tokens (GFLOP/s).
+// (GB/s of K + V read) and a 256-token prefill chunk over 1024 cached tokens (GFLOP/s);
+// then the batch-16 decodes from each KV cache dtype (f32, bf16, int8, fp8: bytes as
+// stored, and time per call against f32's).
 // Usage: paged_attention_bench [min_seconds_per_measurement=0.1] [rounds=7]
 // Every figure is the median over `rounds` runs of each run's median call.
 #include <algorithm>
@@ -123,6 +125,33 @@ int main(int argc, char** argv) {
           (long long)B, (long long)ctx, t.paged * 1e6, bytes / t.paged * 1e-9, t.invariant * 1e6,
           bytes / t.invariant * 1e-9, t.dense * 1e6, bytes / t.dense * 1e-9, t.dense / t.paged);
     }
+
+  // The cache dtypes: the same keys and values written into each form.
+  for (int64_t ctx : {512, 2048}) {
+    const int64_t B = 16;
+    Setup s = make_setup(B, 1, ctx);
+    const int64_t nb = s.k_cache.size(0);
+    // Every block's rows as one sequence of keys in block order, to write them.
+    std::vector<int32_t> all(nb);
+    std::iota(all.begin(), all.end(), 0);
+    const std::vector<tk::PagedSequence> whole{{0, nb * kBlock, nb * kBlock, all.data()}};
+    const Tensor k = s.k_cache.view({nb * kBlock, kHkv, kD}), v = s.v_cache.view({nb * kBlock, kHkv, kD});
+    tk::PagedAttentionParams p;
+    p.scale = 1.f / std::sqrt(float(kD));
+    double f32_time = 0;
+    for (auto dt : {tk::KvCacheDtype::kF32, tk::KvCacheDtype::kBF16, tk::KvCacheDtype::kInt8, tk::KvCacheDtype::kFp8}) {
+      Tensor kc = tk::make_kv_cache(nb, kBlock, kHkv, kD, dt), vc = tk::make_kv_cache(nb, kBlock, kHkv, kD, dt);
+      tk::write_kv_cache(k, v, whole, kc, vc);
+      std::vector<double> t;
+      for (int r = 0; r < rounds; ++r)
+        t.push_back(time_call([&] { tk::paged_attention(s.q, kc, vc, s.seqs, s.out, p); }, min_s));
+      const double sec = tessera::base::median(t);
+      if (dt == tk::KvCacheDtype::kF32) f32_time = sec;
+      const double bytes = 2.0 * B * ctx * kHkv * tk::kv_cache_row_bytes(dt, kD);
+      std::printf("decode B=16 ctx=%-4lld kv %-4s %8.1f us %5.1f GB/s as stored | %.2fx f32's time\n", (long long)ctx,
+                  tk::kv_cache_dtype_name(dt), sec * 1e6, bytes / sec * 1e-9, sec / f32_time);
+    }
+  }
 
   {
     const int64_t chunk = 256, cached = 1024, ctx = cached + chunk;
