@@ -67,19 +67,19 @@ TESSERA_TARGET_AVX512 void interleave_16(const uint16_t* a, const uint16_t* b, u
 // go to pairs (k, k+1) that sit 64 pairs apart within a block. 16 whole rows starting at
 // a multiple of 16 fill one 64-byte line per pair: those are written line by line.
 void pack_trans_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, uint16_t* dst) {
-  w -= r0 * ld;  // (row r at w + r ld; only rows [r0, r1) are read)
+  const auto row = [&](int64_t r) { return w + (r - r0) * ld; };  // w is row r0
   const int64_t kp = round_up(k, kBlockK), pairs = k / 2;
   const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int64_t r = r0;
   const auto one_row = [&](int64_t n) {
-    const uint16_t* src = w + n * ld;
+    const uint16_t* src = row(n);
     for (int64_t kk = 0; kk < k; ++kk) dst[packed_index(kk, n, kp)] = src[kk];
   };
   for (; r < r1 && r % 16 != 0; ++r) one_row(r);
   auto* d32 = reinterpret_cast<uint32_t*>(dst);
   for (; r + 16 <= r1; r += 16) {
     const uint16_t* rows[16];
-    for (int i = 0; i < 16; ++i) rows[i] = w + (r + i) * ld;
+    for (int i = 0; i < 16; ++i) rows[i] = row(r + i);
     uint32_t* base = d32 + (r / kBlockN) * (kp * kBlockN / 2) + (r % kBlockN);
     int64_t p = 0;
     if (avx512)
@@ -106,17 +106,17 @@ void pack_trans_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int6
 // values per 64 columns.
 void pack_plain_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n,
                      uint16_t* dst) {
-  w -= r0 * ld;
+  const auto row = [&](int64_t r) { return w + (r - r0) * ld; };  // w is row r0
   const int64_t kp = round_up(k, kBlockK);
   const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int64_t r = r0;
   const auto one_row = [&](int64_t kk) {
-    const uint16_t* src = w + kk * ld;
+    const uint16_t* src = row(kk);
     for (int64_t j = 0; j < n; ++j) dst[packed_index(kk, j, kp)] = src[j];
   };
   if (r < r1 && r % 2) one_row(r++);
   for (; r + 2 <= r1; r += 2) {
-    const uint16_t* a = w + r * ld;
+    const uint16_t* a = row(r);
     const uint16_t* b = a + ld;
     for (int64_t j0 = 0; j0 < n; j0 += kBlockN) {
       uint16_t* d = dst + packed_index(r, j0, kp);
