@@ -18,6 +18,7 @@
 
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/cpu/paged_attention_cpu.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/paged_attention_ref.h"
 
 namespace tessera::kernels {
@@ -583,6 +584,41 @@ TEST(PagedAttention, PartitionSizeDependsOnlyOnOwnLength) {
   EXPECT_EQ(cpu::paged_partition_keys(100000, p), 256);
   p.decode_split = 96;
   EXPECT_EQ(cpu::paged_partition_keys(100000, p), 96);
+}
+
+}  // namespace
+}  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+// A stored row widened by the AVX-512 path equals the portable one bit for bit (NaN where
+// NaN): every fp8 code and int8 code, bf16 patterns, under several scales.
+TEST(PagedAttention, KvRowWideningIsTheSameOnEveryPath) {
+  if (!cpu_has(IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  const int64_t D = 256 + 5;  // every byte value, and a tail
+  for (auto kv : {KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
+    for (float scale : {1.f, 0.0123f, 3.5e-3f, 771.25f}) {
+      std::vector<uint8_t> row(kv_cache_row_bytes(kv, D));
+      const int64_t codes = kv == KvCacheDtype::kBF16 ? 2 * D : D;
+      for (int64_t i = 0; i < codes; ++i) row[i] = static_cast<uint8_t>(i * 37 + 11);
+      for (int64_t i = 0; i < 256 && kv != KvCacheDtype::kBF16; ++i) row[i] = static_cast<uint8_t>(i);
+      if (kv != KvCacheDtype::kBF16) std::memcpy(row.data() + D, &scale, sizeof scale);
+      std::vector<float> fast(D), slow(D);
+      cpu::kv_row_to_f32(kv, row.data(), D, fast.data(), true);
+      cpu::kv_row_to_f32(kv, row.data(), D, slow.data(), false);
+      for (int64_t e = 0; e < D; ++e) {
+        if (std::isnan(slow[e])) {
+          EXPECT_TRUE(std::isnan(fast[e])) << kv_cache_dtype_name(kv) << " element " << e;
+          continue;
+        }
+        uint32_t a, b;
+        std::memcpy(&a, &fast[e], 4);
+        std::memcpy(&b, &slow[e], 4);
+        EXPECT_EQ(a, b) << kv_cache_dtype_name(kv) << " element " << e << " scale " << scale << ": " << fast[e]
+                        << " against " << slow[e];
+      }
+    }
 }
 
 }  // namespace
