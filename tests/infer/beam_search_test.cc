@@ -17,6 +17,7 @@
 #include "tessera/infer/engine.h"
 #include "tessera/infer/sampling_json.h"
 #include "test_util/run_command.h"
+#include "test_util/scratch_dir.h"
 
 namespace tessera::infer {
 namespace {
@@ -170,8 +171,7 @@ model::ModelConfig tiny_config() {
 // saved in the Hugging Face layout for the PyTorch reference.
 const std::string& model_dir() {
   static const std::string dir = [] {
-    const std::string d = (fs::temp_directory_path() / ("tessera_beam_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
+    const std::string d = testing::scratch_dir("tessera_beam_");
     const model::ModelConfig c = tiny_config();
     model::Model m = model::Model::random(c, DType::kF32, 23);
     auto& w = m.weights();

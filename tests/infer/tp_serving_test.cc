@@ -15,6 +15,7 @@
 #include "tessera/infer/tp_serving.h"
 #include "tessera/model/model.h"
 #include "test_util/deepseek_config.h"
+#include "test_util/scratch_dir.h"
 
 namespace tessera::infer {
 namespace {
@@ -24,8 +25,7 @@ namespace fs = std::filesystem;
 // A random model of config c saved under a temp dir, its weights scaled up (norms aside):
 // peaked logits, so greedy choices are clear.
 std::string saved_model(const model::ModelConfig& c, const std::string& tag, uint64_t seed) {
-  const std::string d = (fs::temp_directory_path() / (tag + std::to_string(::getpid()))).string();
-  fs::remove_all(d);
+  const std::string d = testing::scratch_dir(tag);
   model::Model m = model::Model::random(c, DType::kF32, seed);
   for (auto& [name, t] : m.weights().named(c)) {
     Tensor f = t;

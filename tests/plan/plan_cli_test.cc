@@ -11,6 +11,7 @@
 
 #include "tessera/train/config.h"
 #include "test_util/run_command.h"
+#include "test_util/scratch_dir.h"
 
 namespace tessera::plan {
 namespace {
@@ -18,12 +19,7 @@ namespace {
 using testing::run_cli;
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = fs::temp_directory_path() / ("tessera_plan_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string temp_dir(const std::string& name) { return testing::scratch_dir("tessera_plan_" + name + "_"); }
 
 TEST(PlanCli, TrainJsonHasEveryPartPerLayout) {
   const auto r = run_cli("plan train --model llama2-7b --gpu h100-80g --gpus 16 --seq 4096 "

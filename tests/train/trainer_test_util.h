@@ -17,6 +17,7 @@
 #include "tessera/train/metrics.h"
 #include "tessera/train/token_shard.h"
 #include "tessera/train/trainer.h"
+#include "test_util/scratch_dir.h"
 
 namespace tessera::train {
 
@@ -26,12 +27,9 @@ inline void io_write(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
+// Removed when the test process exits (test_util/scratch_dir.h).
 inline std::string temp_dir(const std::string& name) {
-  const std::string d = fs::temp_directory_path() / ("tessera_trainer_" + name + "_" +
-                                                     std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return testing::scratch_dir("tessera_trainer_" + name + "_");
 }
 
 // A learnable synthetic corpus: a noisy first-order pattern over 64 of 256 token ids.
