@@ -25,6 +25,7 @@
 #include "tessera/io/tokenizer.h"
 #include "tessera/model/model.h"
 #include "test_util/run_command.h"
+#include "test_util/scratch_dir.h"
 
 namespace tessera::infer::structured {
 namespace {
@@ -32,12 +33,10 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+// This test's scratch directory, removed at exit (test_util/scratch_dir.h).
 fs::path temp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path d = fs::temp_directory_path() /
-                     ("tessera_structured_" + std::to_string(::getpid()) + "_" + info->name());
-  fs::create_directories(d);
-  return d;
+  return testing::scratch_dir("tessera_structured_" + std::string(info->name()) + "_");
 }
 
 // Runs the Python oracle; its stdout.

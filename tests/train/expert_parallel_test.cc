@@ -383,17 +383,9 @@ TEST(ExpertParallel, TrainerRefusesLayoutsItCannotRun) {
 }
 
 // A DeepSeek-V3 model (latent attention, a dense first layer, then 4 routed experts with a
-// shared one, sigmoid noaux_tc routing, a multi-token prediction module trained at weight
-// 0.3) trains with its experts split over ep2 and under ZeRO-3 over dp2 (and, without the
-// module, with its heads and dense / shared MLPs split over tp2 and tp2 x ep2) to the
-// single process's losses within 1e-5; metrics.jsonl carries the module's loss and the saved model
-// holds every tensor the checkpoint names (the module's included).
-// The same DeepSeek-V3 model in mixed precision (bf16 products, fp32 masters), native and
-// emulated: ep2, ZeRO-3 over dp2 and tp2 (without the module) train to the single process's
-// losses within 1e-3, and it learns.
-TEST(ExpertParallel, DeepSeekTrainsInBf16OnEveryLayout) {
-  const std::string root = tt::temp_dir("ds_bf16");
-  const std::string data = tt::make_data(root);
+// shared one, sigmoid noaux_tc routing, a multi-token prediction module) as config.json
+// under root.
+std::string deepseek_v3_json(const std::string& root) {
   const std::string json = root + "/deepseek.json";
   std::ofstream(json) << R"({"model_type": "deepseek_v3", "vocab_size": 256, "hidden_size": 64,
       "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128,
@@ -401,6 +393,16 @@ TEST(ExpertParallel, DeepSeekTrainsInBf16OnEveryLayout) {
       "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
       "first_k_dense_replace": 1, "n_group": 2, "topk_group": 2, "routed_scaling_factor": 2.5,
       "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  return json;
+}
+
+// The same DeepSeek-V3 model in mixed precision (bf16 products, fp32 masters), native and
+// emulated: ep2, ZeRO-3 over dp2 and tp2 (without the module) train to the single process's
+// losses within 1e-3, and it learns.
+TEST(ExpertParallel, DeepSeekTrainsInBf16OnEveryLayout) {
+  const std::string root = tt::temp_dir("ds_bf16");
+  const std::string data = tt::make_data(root);
+  const std::string json = deepseek_v3_json(root);
   for (const std::string mode : {"native", "emulated"}) {
     SCOPED_TRACE(mode);
     auto config = [&](const std::string& name, const std::string& parallel, double mtp) {
@@ -424,16 +426,15 @@ TEST(ExpertParallel, DeepSeekTrainsInBf16OnEveryLayout) {
   fs::remove_all(root);
 }
 
+// The DeepSeek-V3 model, its module trained at weight 0.3, trains with its experts split
+// over ep2 and under ZeRO-3 over dp2 (and, without the module, with its heads and dense /
+// shared MLPs split over tp2 and tp2 x ep2) to the single process's losses within 1e-5;
+// metrics.jsonl carries the module's loss and the saved model holds every tensor the
+// checkpoint names (the module's included).
 TEST(ExpertParallel, DeepSeekWithMultiTokenPredictionTrainsOnEveryLayout) {
   const std::string root = tt::temp_dir("ds_train");
   const std::string data = tt::make_data(root);
-  const std::string json = root + "/deepseek.json";
-  std::ofstream(json) << R"({"model_type": "deepseek_v3", "vocab_size": 256, "hidden_size": 64,
-      "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128,
-      "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-      "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
-      "first_k_dense_replace": 1, "n_group": 2, "topk_group": 2, "routed_scaling_factor": 2.5,
-      "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  const std::string json = deepseek_v3_json(root);
   auto config = [&](const std::string& name, const std::string& parallel, double mtp = 0.3) {
     std::string c = ep_config(root, name, data, json, 4, 1, parallel);
     const std::string tr = "[training]\n";
