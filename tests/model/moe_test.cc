@@ -131,9 +131,13 @@ void check_against_pytorch(const Case& c) {
     else
       balance.add(saved[L].routing);
   }
-  if (c.ds_alpha > 0) EXPECT_NEAR(c.ds_alpha * balance.group_loss(), ref->get("ds_aux").data<float>()[0], 1e-6);
+  if (c.ds_alpha > 0) {
+    EXPECT_NEAR(c.ds_alpha * balance.group_loss(), ref->get("ds_aux").data<float>()[0], 1e-6);
+  }
   const bool plain = !c.bias && c.capacity == 0 && !c.sigmoid && c.n_group == 1 && c.scaling == 1.0;
-  if (plain) EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
+  if (plain) {
+    EXPECT_NEAR(balance.loss(), ref->get("aux").data<float>()[0], 1e-5);
+  }
   const std::vector<float> mixtral_aux = balance.score_grad(c.coef);
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";

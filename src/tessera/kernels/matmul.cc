@@ -14,6 +14,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/packed_b.h"
 #include "tessera/kernels/reference/matmul_ref.h"
 
 namespace tessera::kernels {
@@ -249,7 +250,7 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
 
   const bool auto_backend = backend == MatmulBackend::kAuto;
   if (auto_backend) {
-    const bool skinny = m <= 4 && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
+    const bool skinny = m <= kSkinnyMaxRows && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
     backend = skinny ? MatmulBackend::kSkinny : MatmulBackend::kOneDnn;
   }
   TESSERA_CHECK(backend != MatmulBackend::kSkinny || trans_b, "matmul: the ",
@@ -278,5 +279,38 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
 }
 
 }  // namespace
+
+// The packed product shares matmul's checks and its autocast rounding of an f32 a; b is
+// already in oneDNN's layout, so oneDNN is the only backend.
+void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* bias, float beta) {
+  TESSERA_CHECK(b.defined(), "matmul (packed b): b is not packed");
+  TESSERA_CHECK(packed_products_supported(), "matmul (packed b): needs AVX512-BF16 or AMX; this CPU runs ",
+                isa_level_name(cpu_isa_level()));
+  check_operand(a, "a");
+  check_operand(c, "c");
+  TESSERA_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kBF16, "matmul: a must be f32 or bf16, got ",
+                a.describe());
+  TESSERA_CHECK(a.size(1) == b.k, "matmul (packed b): a is ", a.describe(), " but b is (", b.k, ", ", b.n, ")");
+  TESSERA_CHECK(c.size(0) == a.size(0) && c.size(1) == b.n, "matmul: c is ", c.describe(), " but a @ b is (",
+                a.size(0), ", ", b.n, ")");
+  TESSERA_CHECK(c.dtype() == DType::kF32 || (c.dtype() == DType::kBF16 && beta == 0.f && !bias),
+                "matmul (packed b): c must be f32 (or bf16 with beta 0 and no bias), got ", c.describe());
+  if (bias)
+    TESSERA_CHECK(bias->defined() && bias->dtype() == DType::kF32 && bias->dim() == 1 && bias->size(0) == b.n &&
+                      bias->is_contiguous(),
+                  "matmul (packed b): bias must be a contiguous f32 (", b.n, ")");
+  if (a.size(0) == 0) return;
+  cpu::GemmArgs g;
+  g.m = a.size(0), g.n = b.n, g.k = b.k;
+  g.a = a.raw_data(), g.a_dtype = DType::kBF16, g.lda = row_stride(a, "a");
+  if (a.dtype() == DType::kF32) g.a = round_to_bf16(a, g.lda);  // autocast
+  g.b = b.data.raw_data(), g.b_dtype = DType::kBF16, g.b_packed = true;
+  g.c = static_cast<float*>(c.raw_data()), g.c_dtype = c.dtype(), g.ldc = row_stride(c, "c");
+  g.beta = beta;
+  g.bias = bias ? bias->data<float>() : nullptr;
+  TESSERA_KERNEL("matmul", cpu::gemm_onednn(g), a, c);
+}
+
+bool takes_packed(const PackedB& p, int64_t rows) { return p.defined() && rows > kSkinnyMaxRows; }
 
 }  // namespace tessera::kernels

@@ -6,6 +6,9 @@
 
 namespace tessera::kernels {
 
+// Products of at most this many rows with an (N, K) weight go to the skinny decode kernel.
+constexpr int64_t kSkinnyMaxRows = 4;
+
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32.
 //   op(a): (M, K); a is (M, K), or (K, M) when trans_a.
 //   op(b): (K, N); b is (K, N), or (N, K) when trans_b (a Linear weight (out, in)).

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
@@ -102,42 +101,5 @@ bool packed_weights_enabled() {
 
 bool packed_products_supported() { return cpu_has(IsaLevel::kAvx512Bf16); }
 
-void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* bias, float beta) {
-  TESSERA_CHECK(b.defined(), "matmul (packed b): b is not packed");
-  TESSERA_CHECK(packed_products_supported(), "matmul (packed b): needs AVX512-BF16 or AMX; this CPU runs ",
-                isa_level_name(cpu_isa_level()));
-  TESSERA_CHECK(a.defined() && a.dim() == 2 && (a.dtype() == DType::kF32 || a.dtype() == DType::kBF16) &&
-                    (a.size(1) <= 1 || a.stride(1) == 1),
-                "matmul (packed b): a must be 2-D f32 or bf16 with a contiguous last dim, got ",
-                a.defined() ? a.describe() : std::string("an undefined tensor"));
-  TESSERA_CHECK(a.size(1) == b.k, "matmul (packed b): a is ", a.describe(), " but b is (", b.k, ", ", b.n, ")");
-  TESSERA_CHECK(c.defined() && c.dim() == 2 && c.size(0) == a.size(0) && c.size(1) == b.n &&
-                    (c.size(1) <= 1 || c.stride(1) == 1),
-                "matmul (packed b): c must be (", a.size(0), ", ", b.n, ") with a contiguous last dim, got ",
-                c.defined() ? c.describe() : std::string("an undefined tensor"));
-  const bool c_bf16 = c.dtype() == DType::kBF16;
-  TESSERA_CHECK(c.dtype() == DType::kF32 || (c_bf16 && beta == 0.f && !bias),
-                "matmul (packed b): c must be f32 (or bf16 with beta 0 and no bias), got ", c.describe());
-  if (bias)
-    TESSERA_CHECK(bias->defined() && bias->dtype() == DType::kF32 && bias->dim() == 1 && bias->size(0) == b.n &&
-                      bias->is_contiguous(),
-                  "matmul (packed b): bias must be a contiguous f32 (", b.n, ")");
-  if (a.size(0) == 0) return;
-  cpu::GemmArgs g;
-  g.m = a.size(0), g.n = b.n, g.k = b.k;
-  g.a = a.raw_data(), g.a_dtype = DType::kBF16, g.lda = a.size(0) <= 1 ? b.k : a.stride(0);
-  if (a.dtype() == DType::kF32) {  // autocast: rounded to bf16, into a scratch that only grows
-    thread_local std::vector<uint16_t> scratch;
-    if (scratch.size() < static_cast<size_t>(g.m * g.k)) scratch.resize(g.m * g.k);
-    for (int64_t i = 0; i < g.m; ++i)
-      convert_elements(a.data<float>() + i * g.lda, DType::kF32, scratch.data() + i * g.k, DType::kBF16, g.k);
-    g.a = scratch.data(), g.lda = g.k;
-  }
-  g.b = b.data.raw_data(), g.b_dtype = DType::kBF16, g.b_packed = true;
-  g.c = static_cast<float*>(c.raw_data()), g.c_dtype = c.dtype(), g.ldc = c.size(0) <= 1 ? b.n : c.stride(0);
-  g.beta = beta;
-  g.bias = bias ? bias->data<float>() : nullptr;
-  TESSERA_KERNEL("matmul", cpu::gemm_onednn(g), a, c);
-}
 
 }  // namespace tessera::kernels

@@ -70,5 +70,8 @@ bool packed_products_supported();
 // bias. The product equals matmul's on the plain weight bit for bit.
 void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* bias = nullptr,
                    float beta = 0.f);
+// Whether a product of `rows` rows takes p rather than the plain weight: p is kept, and
+// the rows are more than the skinny decode kernel takes (which reads the plain weight).
+bool takes_packed(const PackedB& p, int64_t rows);
 
 }  // namespace tessera::kernels

@@ -124,18 +124,12 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
   // packed holds them between updates.
   kernels::PackedB dgu_fwd, dgu_dx, ddown_fwd, ddown_dx;
   if (o.packed) {
-    for (auto* v : {&w.gate_up_fwd, &w.gate_up_dx, &w.down_fwd, &w.down_dx}) v->resize(E);
-    for (int64_t e = 0; e < E; ++e) {
-      kernels::pack_b(w.gate_up.select(0, e), true, w.gate_up_fwd[e]);
-      kernels::pack_b(w.gate_up.select(0, e), false, w.gate_up_dx[e]);
-      kernels::pack_b(w.down.select(0, e), true, w.down_fwd[e]);
-      kernels::pack_b(w.down.select(0, e), false, w.down_dx[e]);
-    }
+    pack_expert_weights(w, true);
     kernels::pack_b(dgu, true, dgu_fwd), kernels::pack_b(dgu, false, dgu_dx);
     kernels::pack_b(ddown, true, ddown_fwd), kernels::pack_b(ddown, false, ddown_dx);
   }
   const auto product = [&](const Tensor& x, const Tensor& wt, const kernels::PackedB& p, Tensor& c, bool trans) {
-    if (p.defined()) return kernels::matmul_packed(x, p, c);
+    if (kernels::takes_packed(p, x.size(0))) return kernels::matmul_packed(x, p, c);
     kernels::matmul(x, wt, c, false, trans);
   };
   const auto dense_forward = [&] {

@@ -34,14 +34,9 @@ Bf16Mode prepared_mode(Bf16Mode mode) {
   return mode == Bf16Mode::kEmulated || mode == Bf16Mode::kEmulatedF16 ? Bf16Mode::kOff : mode;
 }
 
-bool takes_packed(const kernels::PackedB& p, const Tensor& x) {
-  // Up to 4 rows the skinny kernel reads the plain weight (matmul's own choice).
-  return p.defined() && x.size(0) > 4;
-}
-
 void linear_matmul(const Linear& lin, const Tensor& x, Tensor& y, Bf16Mode mode, bool with_bias) {
   const bool bias = with_bias && lin.bias.defined();
-  if (takes_packed(lin.packed_fwd, x) && (!bias || lin.bias.dtype() == DType::kF32))
+  if (kernels::takes_packed(lin.packed_fwd, x.size(0)) && (!bias || lin.bias.dtype() == DType::kF32))
     return kernels::matmul_packed(x, lin.packed_fwd, y, bias ? &lin.bias : nullptr);
   if (lin.quant)  // activations stay f32 (W8A16 / W4A16; W8A8 quantizes them itself)
     kernels::quant_matmul(x.dtype() == DType::kF32 ? x : x.to(DType::kF32), *lin.quant, y);
@@ -68,7 +63,7 @@ void linear_backward_input(const Linear& lin, const Tensor& dy, Tensor& dx, Bf16
     }
     return;
   }
-  if (takes_packed(lin.packed_dx, dy)) return kernels::matmul_packed(dy, lin.packed_dx, dx);
+  if (kernels::takes_packed(lin.packed_dx, dy.size(0))) return kernels::matmul_packed(dy, lin.packed_dx, dx);
   kernels::matmul(matmul_input(dy, mode), lin.weight, dx, false, lin.in_out);
 }
 

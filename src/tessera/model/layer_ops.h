@@ -42,9 +42,6 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dy_
 void matmul_weight_grad(const Tensor& a, const Tensor& b, Tensor& dw, Bf16Mode mode,
                         bool accumulate = true);
 int64_t linear_out_features(const Linear& lin);
-// Whether a product of x's rows takes the packed copy p (defined, and more rows than the
-// skinny decode kernel takes).
-bool takes_packed(const kernels::PackedB& p, const Tensor& x);
 
 // out = norm(x); mean/rstd saved when given (mean only for LayerNorm).
 void norm_forward(const ModelConfig& c, const Tensor& w, const Tensor& b, const Tensor& x,

@@ -529,16 +529,7 @@ void Model::pack_layer(int64_t l) {
     kernels::pack_b(lin->weight, lin->in_out, lin->packed_dx);
   }
   MoeWeights& m = d.moe;
-  const bool experts = on && m.gate_up.defined() && m.gate_up.dtype() == DType::kBF16 && m.down.defined();
-  const size_t E = experts ? static_cast<size_t>(m.gate_up.size(0)) : 0;
-  for (auto* v : {&m.gate_up_fwd, &m.gate_up_dx, &m.down_fwd, &m.down_dx}) v->resize(E);
-  for (size_t e = 0; e < E; ++e) {
-    const auto i = static_cast<int64_t>(e);
-    kernels::pack_b(m.gate_up.select(0, i), true, m.gate_up_fwd[e]);
-    kernels::pack_b(m.gate_up.select(0, i), false, m.gate_up_dx[e]);
-    kernels::pack_b(m.down.select(0, i), true, m.down_fwd[e]);
-    kernels::pack_b(m.down.select(0, i), false, m.down_dx[e]);
-  }
+  pack_expert_weights(m, on && m.gate_up.defined() && m.gate_up.dtype() == DType::kBF16 && m.down.defined());
 }
 
 void Model::set_packed_weights(bool on) {

@@ -15,14 +15,29 @@ namespace tessera::model {
 namespace {
 
 // c = x W^T (trans) or x W with expert e's weight W, from its packed copy when the model
-// keeps one (MoeWeights::gate_up_fwd, ...) and the product has more rows than the skinny
-// decode kernel takes (matmul's own choice for the plain weight).
+// keeps one (MoeWeights::gate_up_fwd, ...) and the product takes it.
 void expert_product(const Tensor& x, const Tensor& w, const std::vector<kernels::PackedB>& packed, int64_t e,
                     Tensor& c, bool trans) {
-  if (static_cast<size_t>(e) < packed.size() && packed[e].defined() && x.size(0) > 4)
+  if (static_cast<size_t>(e) < packed.size() && kernels::takes_packed(packed[e], x.size(0)))
     return kernels::matmul_packed(x, packed[e], c);
   kernels::matmul(x, w, c, false, trans);
 }
+
+}  // namespace
+
+void pack_expert_weights(MoeWeights& w, bool on) {
+  const size_t E = on ? static_cast<size_t>(w.gate_up.size(0)) : 0;
+  for (auto* v : {&w.gate_up_fwd, &w.gate_up_dx, &w.down_fwd, &w.down_dx}) v->resize(E);
+  for (size_t e = 0; e < E; ++e) {  // (E, out, in): x W^T reads each as (N, K), dy W as (K, N)
+    const auto i = static_cast<int64_t>(e);
+    kernels::pack_b(w.gate_up.select(0, i), true, w.gate_up_fwd[e]);
+    kernels::pack_b(w.gate_up.select(0, i), false, w.gate_up_dx[e]);
+    kernels::pack_b(w.down.select(0, i), true, w.down_fwd[e]);
+    kernels::pack_b(w.down.select(0, i), false, w.down_dx[e]);
+  }
+}
+
+namespace {
 
 void check_shapes(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, const EpComm* ep) {
   const int64_t E = spec.num_experts, H = h.size(1);

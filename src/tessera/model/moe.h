@@ -65,6 +65,8 @@ struct MoeWeights {
   // gradient (dy W). Empty otherwise.
   std::vector<kernels::PackedB> gate_up_fwd, gate_up_dx, down_fwd, down_dx;
 };
+// Fills those packed copies from gate_up and down (bf16), or drops them (on = false).
+void pack_expert_weights(MoeWeights& w, bool on);
 
 // Which experts each token went to, and how the slots are grouped by expert.
 struct MoeRouting {

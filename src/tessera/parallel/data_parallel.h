@@ -119,9 +119,9 @@ class DataParallel final : public model::TrainHooks {
   std::vector<kernels::ParamCopies> piece_copies() const;
   bool optimizer_publishes() const;
   // Piece i's optimizer chunks start on whole groups of 16 rows of its storage tensor
-  // (ParamRef::chunk_align, chunk_phase), so a weight kept packed is packed from each
-  // chunk 16 rows at a time: (16 x the row length, the piece's first element in the
-  // tensor); (1, 0) for 1-D tensors.
+  // (ParamRef::chunk_align, chunk_phase) when the model keeps it packed, so it is packed
+  // from each chunk 16 rows at a time: (16 x the row length, the piece's first element in
+  // the tensor); (1, 0) for the others.
   std::pair<int64_t, int64_t> piece_chunk_alignment(size_t i) const;
   // With piece_copies() in use: writes piece i's copies again after its master changed
   // outside the optimizer (the router-bias update). No-op otherwise.

@@ -13,8 +13,9 @@ namespace tessera::parallel {
 std::pair<int64_t, int64_t> DataParallel::piece_chunk_alignment(size_t i) const {
   TESSERA_CHECK(i < pieces_.size(), "data parallel: no piece ", i);
   const Slot& s = slot_at(piece_flat_[i]);
-  if (s.shape.size() < 2) return {1, 0};
-  return {16 * s.shape.back(), piece_flat_[i] - s.flat};
+  const auto packed = model_.packed_targets_of(*s.w);
+  if (!packed) return {1, 0};
+  return {16 * packed->cols, piece_flat_[i] - s.flat};
 }
 
 bool DataParallel::optimizer_publishes() const {

@@ -26,6 +26,15 @@ TESSERA_AVX512 inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
 TESSERA_AVX512 inline __m512 load(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
+// 16 fp8 e4m3 codes as f32 values divided by 256, exactly: s.eeee.mmm placed in an f16 as
+// s.0eeee.mmm0000000 (subnormals included; vcvtph2ps widens them whatever the DAZ flag).
+// Code 0x7F (0xFF) comes out as 480 / 256, not NaN: callers that can meet it mask it.
+TESSERA_AVX512 inline __m512 e4m3_over_256(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80);
+  return _mm512_cvtph_ps(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, m7f), 7),
+                                         _mm256_slli_epi16(_mm256_and_si256(b, m80), 8)));
+}
 // bf16 -> f32 is exact: the 16 bits become the high half of the float.
 TESSERA_AVX512 inline __m512 load(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

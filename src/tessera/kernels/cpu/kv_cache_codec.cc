@@ -50,21 +50,17 @@ TESSERA_AVX512 void int8_to_f32_avx512(const int8_t* src, int64_t D, float scale
   for (; e < D; ++e) dst[e] = scale * src[e];
 }
 
-// e4m3 s.eeee.mmm placed in an f16 as s.0eeee.mmm0000000 is the value / 256, exactly
-// (subnormals included, which vcvtph2ps widens whatever the process's DAZ), so the scale
-// is applied times 256: the same single rounding of scale x value as the table's. Code
-// 0x7F (and 0xFF) is NaN, as the table has it.
+// Values / 256 (avx512::e4m3_over_256) times scale x 256: the same single rounding of
+// scale x value as the table's. Code 0x7F (and 0xFF) is NaN, as the table has it.
 TESSERA_AVX512 void fp8_to_f32_avx512(const uint8_t* src, int64_t D, float scale, float* dst) {
   const __m512 vs = _mm512_set1_ps(scale * 256.f);
-  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80);
+  const __m128i m7f = _mm_set1_epi8(0x7F);
   const __m512 nan = _mm512_set1_ps(std::nanf(""));
   int64_t e = 0;
   for (; e + 16 <= D; e += 16) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + e)));
-    const __m256i low = _mm256_and_si256(b, m7f);
-    const __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(low, 7), _mm256_slli_epi16(_mm256_and_si256(b, m80), 8));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(f16), vs);
-    const __mmask16 is_nan = _mm256_cmpeq_epi16_mask(low, m7f);
+    const __m512 v = _mm512_mul_ps(avx512::e4m3_over_256(src + e), vs);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + e));
+    const __mmask16 is_nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, m7f), m7f);
     _mm512_storeu_ps(dst + e, _mm512_mask_mov_ps(v, is_nan, nan));
   }
   const float* t = fp8_table().v;

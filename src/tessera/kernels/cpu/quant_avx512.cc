@@ -13,6 +13,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/quant_rows.h"
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/quant_ref.h"
@@ -38,15 +39,9 @@ TESSERA_TARGET_AVX512 inline void unpack32(const uint8_t* p, __m512& v0, __m512&
     const __m128i mask = _mm_set1_epi8(0x0F);
     v0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
     v1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
-  } else {  // kFp8: e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 256, exact)
-    const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80);
-    __m512* out[2] = {&v0, &v1};
-    for (int h = 0; h < 2; ++h) {
-      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
-      const __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, m7f), 7),
-                                          _mm256_slli_epi16(_mm256_and_si256(b, m80), 8));
-      *out[h] = _mm512_cvtph_ps(f16);
-    }
+  } else {  // kFp8: value / 256, exact (avx512::e4m3_over_256)
+    v0 = avx512::e4m3_over_256(p);
+    v1 = avx512::e4m3_over_256(p + 16);
   }
 }
 
