@@ -292,5 +292,22 @@ TEST_F(TokenizerParity, ConcurrentEncodesAgree) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(got[t], want) << "thread " << t;
 }
 
+// The per-thread pre-token cache is bounded (a server gives each HTTP thread a small share):
+// with no cache, a cache that starts over every few hundred pre-tokens, and the default, the
+// 100 kB text still encodes to the reference's ids.
+TEST_F(TokenizerParity, SmallPreTokenCachesGiveTheSameIds) {
+  const size_t index = tricky_strings().size();
+  for (const char* style : {"llama3", "gpt2"}) {
+    const auto tok = Tokenizer::load(style_path(style));
+    const auto want = ref_ids(style, "ids", index);
+    for (int64_t budget : {int64_t{0}, int64_t{8} << 10, int64_t{20} << 10, int64_t{32} << 20}) {
+      tok.set_piece_cache_bytes(budget);
+      const auto got = tok.encode(*mixed_);
+      EXPECT_EQ(got, want) << style << " with a " << budget << "-byte cache: " << first_difference(got, want);
+    }
+  }
+  EXPECT_THROW(Tokenizer::load(style_path("llama3")).set_piece_cache_bytes(-1), Error);
+}
+
 }  // namespace
 }  // namespace tessera::io

@@ -46,8 +46,14 @@ class PieceCache {
       }
     }
   }
-  void insert(std::string_view piece, uint64_t hash, const int32_t* ids, uint32_t n) {
-    if (ids_.size() + n > kMaxIds || keys_.size() + piece.size() > kMaxKeyBytes) reset(serial);
+  // Adds piece -> ids, keeping the cache within budget bytes (slots, keys and ids): when full
+  // it starts over (pre-tokens follow Zipf's law; the frequent ones come back first).
+  void insert(std::string_view piece, uint64_t hash, const int32_t* ids, uint32_t n, size_t budget) {
+    const size_t slot_bytes = slots_.size() * sizeof(Slot) * ((size_ + 1) * 2 > slots_.size() ? 2 : 1);
+    if (slot_bytes + keys_.size() + piece.size() + (ids_.size() + n) * sizeof(int32_t) > budget) {
+      reset(serial);
+      if (kInitialSlots * sizeof(Slot) + piece.size() + n * sizeof(int32_t) > budget) return;
+    }
     if ((size_ + 1) * 2 > slots_.size()) grow();
     size_t i = hash & (slots_.size() - 1);
     while (slots_[i].hash != 0) i = (i + 1) & (slots_.size() - 1);
@@ -67,7 +73,8 @@ class PieceCache {
     uint32_t key_off = 0, ids_off = 0;
     uint16_t key_len = 0, n_ids = 0;
   };
-  static constexpr size_t kInitialSlots = 1 << 12, kMaxIds = 1 << 24, kMaxKeyBytes = 1 << 26;
+  // Small to start: every thread that tokenizes (a server has ~100) holds one per tokenizer.
+  static constexpr size_t kInitialSlots = 1 << 8;
   void grow() {
     std::vector<Slot> old = std::move(slots_);
     slots_.assign(old.size() * 2, Slot{});
@@ -221,7 +228,8 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>*
   }
   const size_t before = out->size();
   merge_word(piece, out);
-  cache.insert(piece, hash, out->data() + before, static_cast<uint32_t>(out->size() - before));
+  cache.insert(piece, hash, out->data() + before, static_cast<uint32_t>(out->size() - before),
+               static_cast<size_t>(piece_cache_bytes.load(std::memory_order_relaxed)));
 }
 
 // `at_start`: text begins the input (for Metaspace's prepend_scheme "first").
@@ -295,6 +303,11 @@ std::string Tokenizer::decode_token(int32_t id) const {
   TESSERA_CHECK(id >= 0 && id < vocab_size() && impl_->id_used[id], "tokenizer decode: token id ", id,
                 " is not in the vocabulary of ", impl_->source, " (size ", vocab_size(), ")");
   return impl_->id_bytes[id];
+}
+
+void Tokenizer::set_piece_cache_bytes(int64_t bytes) const {
+  TESSERA_CHECK(bytes >= 0, "tokenizer: the pre-token cache budget must be >= 0 bytes, got ", bytes);
+  impl_->piece_cache_bytes.store(bytes, std::memory_order_relaxed);
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_token.size()); }

@@ -41,6 +41,10 @@ class Tokenizer {
   int32_t eos_id() const;  // -1 when none
   bool add_bos() const;    // encode(..., true) starts with bos_id()
   bool is_special(int32_t id) const;
+  // Bounds the pre-token -> ids cache each thread keeps for this tokenizer (32 MiB by
+  // default; 0 turns it off). Only speed depends on it, so it may change at any time: a
+  // server with a hundred HTTP threads gives each a small share.
+  void set_piece_cache_bytes(int64_t bytes) const;
 
   nlohmann::json to_json() const;  // Hugging Face tokenizer.json schema
   nlohmann::json config_json() const;  // tokenizer_config.json

@@ -228,6 +228,8 @@ struct Tokenizer::Impl {
   std::vector<int32_t> prefix, suffix;  // added around the text when add_special_tokens
   int32_t bos = -1, eos = -1;
   uint64_t serial = detail::next_serial++;
+  // Per thread: each thread keeps its own pre-token -> ids cache of at most this many bytes.
+  mutable std::atomic<int64_t> piece_cache_bytes{int64_t{32} << 20};
 
   void merge_word(std::string_view piece, std::vector<int32_t>* out) const;
   void merge_ids(std::vector<int32_t>& ids, std::vector<int32_t>* out) const;

@@ -347,6 +347,9 @@ int Server::Impl::run(bool handle_signals) {
   const int64_t threads = config_.http_threads > 0 ? config_.http_threads
                                                     : engine_.config().max_num_seqs + config_.max_queue + 16;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // Every HTTP thread that tokenizes keeps its own pre-token cache: 32 MiB among them all
+  // (at least 64 KiB each, a few thousand pre-tokens), not 32 MiB each.
+  if (tokenizer_) tokenizer_->set_piece_cache_bytes(std::max<int64_t>(int64_t{64} << 10, (int64_t{32} << 20) / threads));
   http_.set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
   http_.set_tcp_nodelay(true);  // SSE chunks are small: no Nagle delay between tokens
   http_.set_keep_alive_timeout(2);  // bounds how long an idle connection delays the drain

@@ -29,8 +29,20 @@ using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int
                                 int, int, float, float, bool, int, bool>;
 
 // Serving varies M every step, so the cache would grow without bound (each primitive holds
-// JIT code, tens of KB): it keeps the most recently used entries (~1 ms to re-create one).
-constexpr size_t kMaxCachedPrimitives = 512;
+// JIT code, ~10 KB of heap): it keeps the most recently used entries (~1 ms to re-create
+// one), 512 unless TESSERA_GEMM_CACHE_ENTRIES says otherwise.
+size_t max_cached_primitives() {
+  static const size_t n = [] {
+    const char* text = std::getenv("TESSERA_GEMM_CACHE_ENTRIES");
+    if (!text || !*text) return size_t{512};
+    char* end = nullptr;
+    const long long v = std::strtoll(text, &end, 10);
+    TESSERA_CHECK(*end == '\0' && v >= 1 && v <= (1 << 20), "TESSERA_GEMM_CACHE_ENTRIES: '", text,
+                  "' is not a whole number of primitives in [1, 1048576]");
+    return static_cast<size_t>(v);
+  }();
+  return n;
+}
 
 dnnl::engine& global_engine() {
   static dnnl::engine engine = [] {
@@ -90,7 +102,7 @@ struct Cache {
   }
   void insert(const PrimitiveKey& key, const CachedPrimitive& prim) {
     if (prims.count(key)) return;
-    while (prims.size() >= kMaxCachedPrimitives) {
+    while (prims.size() >= max_cached_primitives()) {
       prims.erase(lru.back());
       lru.pop_back();
     }
