@@ -266,7 +266,9 @@ TEST(EngineEmbeddings, MeanOfTheFinalNormHiddenStates) {
       expect_mean_hidden(m, inputs[i], o.embedding, what);
     }
     for (RequestId id : gen) EXPECT_EQ(c.tokens[std::make_pair(id, int64_t{0})].size(), 12u);
-    if (!spec) EXPECT_GT(e.stats().preemptions, 0) << "the tiny pool should have forced preemption";
+    if (!spec) {
+      EXPECT_GT(e.stats().preemptions, 0) << "the tiny pool should have forced preemption";
+    }
     EXPECT_EQ(e.stats().kv_blocks_used, 0);
   }
 }

@@ -165,7 +165,9 @@ void check_against_alone(model::Arch arch, bool moe = false, bool deepseek = fal
   const auto got = run_all(e);
   const EngineStats st = e.stats();
   // (Under a sliding window the released blocks keep the same pool from running short.)
-  if (window == 0) EXPECT_GT(st.preemptions, 0) << "the tiny pool should have forced preemption";
+  if (window == 0) {
+    EXPECT_GT(st.preemptions, 0) << "the tiny pool should have forced preemption";
+  }
   EXPECT_GT(st.prefix_hit_blocks, 0) << "the shared prefix should hit the cache";
   EXPECT_EQ(st.kv_blocks_used, 0) << "blocks leaked";
   const std::vector<int64_t> load = m.expert_load();  // before dense_greedy adds its own

@@ -469,7 +469,9 @@ TEST(KvTiers, SwapPreemptionGivesTheOutputsOfRecompute) {
       if (e.kv_tiers()) e.kv_tiers()->host()->check_invariants();
     }
     *st = e.stats();
-    if (e.kv_tiers()) EXPECT_EQ(e.kv_tiers()->host()->num_swapped_blocks(), 0) << "swap slots leaked";
+    if (e.kv_tiers()) {
+      EXPECT_EQ(e.kv_tiers()->host()->num_swapped_blocks(), 0) << "swap slots leaked";
+    }
     return outs;
   };
   for (auto dt : {kernels::KvCacheDtype::kF32, kernels::KvCacheDtype::kInt8}) {
@@ -492,8 +494,11 @@ TEST(KvTiers, SwapPreemptionGivesTheOutputsOfRecompute) {
     ec.kv_host_memory = KvPool::bytes_per_block(m.config(), 8, 0, dt);
     EXPECT_EQ(run(ec, &tight_stats), recompute);
     EXPECT_LT(tight_stats.swapped_preemptions, tight_stats.preemptions);
-    if (dt == kernels::KvCacheDtype::kF32)
-      for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(swapped[i], dense_greedy(m, prompts[i], lens[i])) << i;
+    if (dt == kernels::KvCacheDtype::kF32) {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(swapped[i], dense_greedy(m, prompts[i], lens[i])) << i;
+      }
+    }
   }
 }
 

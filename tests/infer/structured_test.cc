@@ -431,7 +431,9 @@ TEST(StructuredEngine, SamplesSpeculationRegexAndChoice) {
     const fs::path d = temp_dir();
     const json v = json::parse(oracle("validate " + write(d / "cases.json", cases.dump())));
     for (int k = 0; k < 4; ++k) EXPECT_TRUE(v[0][k].is_null()) << run.texts[k] << " " << v[0][k];
-    if (run.reasons[6] == "stop") EXPECT_TRUE(v[1][0].is_null()) << run.texts[6] << " " << v[1][0];
+    if (run.reasons[6] == "stop") {
+      EXPECT_TRUE(v[1][0].is_null()) << run.texts[6] << " " << v[1][0];
+    }
     const json rcase = json::array({{{"regex", "(ab|c){2,4}-[0-9]{1,3}"}, {"strings", {run.texts[4]}}}});
     EXPECT_TRUE(json::parse(oracle("regex " + write(d / "r.json", rcase.dump())))[0][0].get<bool>()) << run.texts[4];
     EXPECT_TRUE(run.texts[5] == "yes" || run.texts[5] == "no" || run.texts[5] == "maybe") << run.texts[5];

@@ -82,8 +82,9 @@ BatchRun run_batch(const std::string& dir, int tp, int ep = 1) {
   BatchRun r;
   run_tensor_parallel(tp, dir, DType::kF32, [&](const model::Model& m, TpGroup* g) {
     EXPECT_EQ(g != nullptr, ep * tp > 1);
-    if (m.config().is_moe())  // only its experts
+    if (m.config().is_moe()) {  // only its experts
       EXPECT_EQ(m.weights().layers[m.config().num_layers - 1].moe.gate_up.size(0), 4 / ep);
+    }
     EngineConfig ec;
     ec.block_size = 4;
     ec.kv_cache_memory = 512 * KvPool::bytes_per_block(m.config(), 4, m.dims().kv_heads);

@@ -331,7 +331,9 @@ TEST(DataPrepare, DocumentsFromJsonlAndSeparatorsAndAValidationSplitOfWholeDocum
   EXPECT_GT(val_docs, 1);
   // 300 vocabulary entries for a few thousand tokens: the warning.
   ASSERT_EQ(r.warnings.size(), total < 6000 ? 1u : 0u);
-  if (!r.warnings.empty()) EXPECT_NE(r.warnings[0].find("is large for a corpus of"), std::string::npos);
+  if (!r.warnings.empty()) {
+    EXPECT_NE(r.warnings[0].find("is large for a corpus of"), std::string::npos);
+  }
   // Another seed draws other documents; the same seed the same ones.
   o.out_dir = d.file("out2");
   o.split_seed = 7;
