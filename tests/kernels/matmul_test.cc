@@ -289,6 +289,52 @@ TEST(Matmul, OneDnnCachesPrimitives) {
   EXPECT_EQ(cpu::onednn_cache_size(), after_first);
 }
 
+// Inside a VaryingShapes scope, products of every shape (both transposes of a and b, strided
+// views, alpha, beta, a bias, a bf16 c) equal the reference, and they share one primitive per
+// layout: a mixture-of-experts layer's row counts do not each create one.
+TEST(Matmul, VaryingShapesEqualTheReferenceWithOnePrimitivePerLayout) {
+  VaryingShapes varying;
+  ASSERT_TRUE(VaryingShapes::active());
+  int64_t created = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t before = cpu::onednn_cache_size();
+      for (int64_t m : {5, 17, 64, 250, 300, 257}) {
+        const int64_t n = 33 + m % 7, k = 40 + m % 5;
+        Tensor a = strided_view(random_tensor(ta ? k : m, ta ? m : k, DType::kBF16, static_cast<uint32_t>(m)));
+        Tensor b = random_tensor(tb ? n : k, tb ? k : n, DType::kBF16, static_cast<uint32_t>(m + 1));
+        Tensor c0 = random_tensor(m, n, DType::kF32, static_cast<uint32_t>(m + 2));
+        Tensor c = strided_view(c0), want = c0.clone();
+        matmul(a, b, c, ta, tb, 0.5f, 0.25f);
+        reference::matmul(a, b, want, ta, tb, 0.5f, 0.25f);
+        expect_close(c, want, magnitude(a, b, c0, ta, tb, 0.5f, 0.25f), 1e-5f,
+                     "varying m=" + std::to_string(m) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
+      created += cpu::onednn_cache_size() - before;
+    }
+  EXPECT_LE(created, 4) << "one primitive per (ta, tb) layout, whatever the shapes";
+  // A bias in the epilogue, and a bf16 c.
+  for (int64_t m : {9, 130}) {
+    Tensor a = random_tensor(m, 48, DType::kBF16, 3), w = random_tensor(24, 48, DType::kBF16, 4);
+    std::vector<float> bias_values(24);
+    for (int j = 0; j < 24; ++j) bias_values[j] = 0.1f * static_cast<float>(j) - 1.f;
+    Tensor bias = Tensor::from_vector(bias_values, {24});
+    Tensor c = Tensor::empty({m, 24}, DType::kF32), want = Tensor::empty({m, 24}, DType::kF32);
+    matmul_bias(a, w, bias, c, true);
+    reference::matmul(a, w, want, false, true, 1.f, 0.f);
+    std::vector<float> wv = want.to_f32_vector();
+    const std::vector<float> bv = bias.to_f32_vector();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < 24; ++j) wv[i * 24 + j] += bv[j];
+    const Tensor wb = Tensor::from_vector(wv, {m, 24});
+    expect_close(c, wb, magnitude(a, w, Tensor::zeros({m, 24}, DType::kF32), false, true, 1, 0), 1e-5f, "bias");
+    Tensor c16 = Tensor::empty({m, 24}, DType::kBF16);
+    matmul(a, w, c16, false, true);
+    expect_close(c16.to(DType::kF32), want, magnitude(a, w, Tensor::zeros({m, 24}, DType::kF32), false, true, 1, 0),
+                 1e-2f, "bf16 c");
+  }
+}
+
 // Expects tessera::Error whose message contains `needle`.
 template <typename Fn>
 void expect_error(Fn fn, const std::string& needle) {

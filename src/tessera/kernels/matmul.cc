@@ -234,6 +234,7 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
   g.b = b.raw_data(), g.b_dtype = b.dtype(), g.ldb = row_stride(b, "b"), g.trans_b = trans_b;
   g.c = static_cast<float*>(c.raw_data()), g.ldc = row_stride(c, "c"), g.c_dtype = c.dtype();
   g.alpha = alpha, g.beta = beta;
+  g.any_shape = VaryingShapes::active();
   TESSERA_CHECK(!overlaps(c, g.ldc, a, g.lda) && !overlaps(c, g.ldc, b, g.ldb),
                 "matmul: c ", c.describe(), " overlaps an input (a ", a.describe(), ", b ",
                 b.describe(), "); write to a separate tensor");
@@ -312,5 +313,13 @@ void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* b
 }
 
 bool takes_packed(const PackedB& p, int64_t rows) { return p.defined() && rows > kSkinnyMaxRows; }
+
+namespace {
+thread_local int varying_shapes_depth = 0;
+}  // namespace
+
+VaryingShapes::VaryingShapes() { ++varying_shapes_depth; }
+VaryingShapes::~VaryingShapes() { --varying_shapes_depth; }
+bool VaryingShapes::active() { return varying_shapes_depth > 0; }
 
 }  // namespace tessera::kernels

@@ -32,4 +32,19 @@ void matmul_with(MatmulBackend backend, const Tensor& a, const Tensor& b, Tensor
 void matmul_bias_with(MatmulBackend backend, const Tensor& a, const Tensor& b, const Tensor& bias,
                       Tensor& c, bool trans_b);
 
+// While one is alive on a thread, that thread's oneDNN products run primitives whose M, N
+// and K are given at each call (oneDNN's runtime dimensions): one primitive per operand
+// layout and dtype instead of one per shape. For callers whose shapes change every call,
+// where creating a primitive (0.2-4 ms, a JIT compile) costs as much as the product: a
+// mixture-of-experts layer, whose router sends each expert a different number of rows every
+// step. Deterministic: the same shape always takes the same kernel inside a scope.
+class VaryingShapes {
+ public:
+  VaryingShapes();
+  ~VaryingShapes();
+  VaryingShapes(const VaryingShapes&) = delete;
+  VaryingShapes& operator=(const VaryingShapes&) = delete;
+  static bool active();  // on this thread
+};
+
 }  // namespace tessera::kernels

@@ -113,7 +113,8 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
   g.router = Tensor::zeros({E, H}, DType::kF32);
   g.gate_up = Tensor::zeros({E, 2 * F, H}, DType::kF32);
   g.down = Tensor::zeros({E, H, F}, DType::kF32);
-  const Tensor h = randn({N, H}, 1.f), dout = randn({N, H}, 1.f);
+  Tensor h = randn({N, H}, 1.f);
+  const Tensor dout = randn({N, H}, 1.f);
   Tensor out = Tensor::empty({N, H}, DType::kF32), dh = Tensor::empty({N, H}, DType::kF32);
   // The dense peer: one MLP of k F features, the same FLOPs as the k experts per token.
   const Tensor dgu = randn({2 * k * F, H}, 0.02f).to(o.dtype), ddown = randn({H, k * F}, 0.02f).to(o.dtype);
@@ -148,6 +149,10 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
   MoeSaved saved;
   std::vector<double> mf, mb, df, db;
   for (int rep = 0; rep <= o.repeats; ++rep) {  // the first is a warm-up
+    // Fresh tokens every repeat, so the router gives each expert another row count, as
+    // every training step and serving batch does (a fixed input would time shapes whose
+    // GEMM primitives are already cached).
+    if (rep > 0) h = randn({N, H}, 1.f);
     base::Timer t;
     moe_forward(spec, w, h, out, &saved);
     const double f = t.seconds();

@@ -194,6 +194,8 @@ Tensor permute_rows(const Tensor& in, const std::vector<int32_t>& idx, bool inve
 void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save,
                  EpComm* ep) {
   check_shapes(spec, w, h, ep);
+  // Each expert's row count changes every step: one GEMM primitive per layout, not per count.
+  kernels::VaryingShapes varying;
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k, El = w.gate_up.size(0);
   Tensor logits = Tensor::empty({N, E}, DType::kF32);
@@ -392,6 +394,7 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
                   const Tensor& dout, Tensor& dh, MoeWeights& grads, const std::vector<float>* aux_score_grad,
                   EpComm* ep) {
   check_shapes(spec, w, h, ep);
+  kernels::VaryingShapes varying;  // as in moe_forward
   const MoeRouting& r = sv.routing;
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k;

@@ -36,6 +36,9 @@ struct GemmArgs {
   // b is bf16 in oneDNN's blocked BA16a64b2a layout of (K, N) (kernels/packed_b.h); ldb
   // and trans_b are unused. oneDNN only.
   bool b_packed = false;
+  // One oneDNN primitive for every M, N, K and row stride of this layout (runtime
+  // dimensions; kernels::VaryingShapes). Ignored with b_packed.
+  bool any_shape = false;
 };
 
 // c[i, :] += g.bias for each of the M rows (the GEMMs without a bias epilogue).

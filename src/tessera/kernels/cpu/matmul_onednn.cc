@@ -140,7 +140,16 @@ memory::desc b_desc(const GemmArgs& g) {
 
 memory::desc bias_desc(int64_t n) { return memory::desc({1, n}, memory::data_type::f32, {n, 1}); }
 
-CachedPrimitive create_primitive(const GemmArgs& g) {
+// With g.any_shape the primitive is created for DNNL_RUNTIME_DIM_VAL dimensions and row
+// strides (every field of the key that names a size is -1) and each call passes its own.
+GemmArgs runtime_shape(GemmArgs g) {
+  const int64_t rt = DNNL_RUNTIME_DIM_VAL;
+  g.m = g.n = g.k = g.lda = g.ldb = g.ldc = rt;
+  return g;
+}
+
+CachedPrimitive create_primitive(const GemmArgs& given) {
+  const GemmArgs g = given.any_shape ? runtime_shape(given) : given;
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
   const memory::desc b_md = b_desc(g);
   const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
@@ -174,7 +183,8 @@ bool prefer_sgemm(const GemmArgs& g) {
 
 }  // namespace
 
-void gemm_onednn(const GemmArgs& g) {
+void gemm_onednn(const GemmArgs& given) {
+  GemmArgs g = given;
   TESSERA_CHECK(g.a_dtype == g.b_dtype, "matmul (oneDNN): a is ", dtype_name(g.a_dtype),
                 " but b is ", dtype_name(g.b_dtype), "; unify dtypes first");
   base::num_threads();  // applies TESSERA_NUM_THREADS to the OpenMP team oneDNN uses
@@ -188,7 +198,8 @@ void gemm_onednn(const GemmArgs& g) {
     if (g.bias) add_bias_rows(g);
     return;
   }
-  if (g.a_dtype == DType::kBF16 && g.m > kBf16RowBlock && g.m < 2 * kBf16RowBlock) {
+  if (g.b_packed) g.any_shape = false;  // the blocked layout's descriptor needs K and N
+  if (g.a_dtype == DType::kBF16 && g.m > kBf16RowBlock && g.m < 2 * kBf16RowBlock && !g.any_shape) {
     // oneDNN 2.6's bf16 brgemm matmul cuts M into blocks of 256 rows and gives the blocks to
     // the threads: 257-511 rows become a full block and a short one, and the full one runs
     // on one thread while the other idles (2 cores, AMX: 257 x 5632 x 1024 took 2.70 ms,
@@ -204,7 +215,8 @@ void gemm_onednn(const GemmArgs& g) {
     gemm_onednn(hi);
     return;
   }
-  const PrimitiveKey key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.trans_a, g.trans_b,
+  const GemmArgs keyed = g.any_shape ? runtime_shape(g) : g;
+  const PrimitiveKey key{keyed.m, keyed.n, keyed.k, keyed.lda, keyed.ldb, keyed.ldc, g.trans_a, g.trans_b,
                          static_cast<int>(g.a_dtype), static_cast<int>(g.b_dtype), g.alpha,
                          g.beta, g.bias != nullptr, static_cast<int>(g.c_dtype), g.b_packed};
   CachedPrimitive prim;
