@@ -171,6 +171,17 @@ CachedPrimitive create_primitive(const GemmArgs& given) {
 
 constexpr int64_t kBf16RowBlock = 256;  // oneDNN 2.6 bf16 brgemm matmul's rows per block
 
+// Rows [r0, r1) of the product: op(a)'s rows and c's rows (and nothing of b).
+GemmArgs row_range(const GemmArgs& g, int64_t r0, int64_t r1) {
+  GemmArgs h = g;
+  h.m = r1 - r0;
+  const size_t a_elem = g.a_dtype == DType::kF32 ? 4 : 2;
+  h.a = static_cast<const char*>(g.a) + static_cast<size_t>(g.trans_a ? r0 : r0 * g.lda) * a_elem;
+  h.c = g.c_dtype == DType::kBF16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(g.c) + r0 * g.ldc)
+                                  : g.c + r0 * g.ldc;
+  return h;
+}
+
 // oneDNN 2.6 runs f32 matmul primitives with its brgemm kernels, which are 1.5-2.6x
 // slower than its BLAS-style sgemm (gemm:jit) when b is (K, N) row-major for some N
 // (3072, 5632: GPT-2's c_fc forward, Llama's down-projection input gradient), and
@@ -206,13 +217,8 @@ void gemm_onednn(const GemmArgs& given) {
     // 256 rows 1.40, 512 rows 2.60). Two calls of half the rows each split every block over
     // the threads instead (mixture-of-experts layers: each expert's ~N k / E rows).
     const int64_t m0 = (g.m + 1) / 2;
-    GemmArgs lo = g, hi = g;
-    lo.m = m0, hi.m = g.m - m0;
-    hi.a = static_cast<const uint16_t*>(g.a) + (g.trans_a ? m0 : m0 * g.lda);
-    hi.c = g.c_dtype == DType::kBF16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(g.c) + m0 * g.ldc)
-                                     : g.c + m0 * g.ldc;
-    gemm_onednn(lo);
-    gemm_onednn(hi);
+    gemm_onednn(row_range(g, 0, m0));
+    gemm_onednn(row_range(g, m0, g.m));
     return;
   }
   const GemmArgs keyed = g.any_shape ? runtime_shape(g) : g;
