@@ -62,7 +62,10 @@ kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& 
       for (int64_t j = j0; j < j1; ++j)
         hd[n * H + j].bits = f32_to_bf16(ks[n] * bf16_to_f32(hs[n * h16.stride(0) + j].bits));
   });
-  kernels::matmul(exps_t, hk, *dw, false, false, 1.f, accumulate ? 1.f : 0.f);
+  if (accumulate)
+    kernels::matmul(exps_t, hk, *dw, false, false, 1.f, 1.f);
+  else  // (V, H) f32, ~150 MB at GPT-2's shape: written around the cache
+    kernels::matmul_streamed_rows(exps_t, hk, *dw);
   float* g = dw->data<float>();
   over_columns([&](int64_t j0, int64_t j1) {
     for (int64_t n = 0; n < N; ++n) {  // in token order: the same bits for any thread count

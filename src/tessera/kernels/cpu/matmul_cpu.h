@@ -62,6 +62,10 @@ void pack_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k,
                uint16_t* dst);
 void pack_elements(const uint16_t* w, int64_t e0, int64_t e1, int64_t cols, int64_t k, bool trans, uint16_t* dst);
 
+// dst rows = src rows (f32, row strides lds / ldd), written with streaming stores where the
+// CPU has AVX-512 (stream_copy.cc), over the threads.
+void stream_copy_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows, int64_t cols);
+
 // Number of cached oneDNN primitives (for tests of the cache).
 int64_t onednn_cache_size();
 
