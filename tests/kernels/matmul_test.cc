@@ -339,19 +339,20 @@ TEST(Matmul, VaryingShapesEqualTheReferenceWithOnePrimitivePerLayout) {
 // stores into c (a strided view here, so the rows start off 64-byte lines too), equal the
 // reference for a row count that is not a multiple of the block, with b either way round.
 TEST(Matmul, StreamedRowsEqualTheReference) {
-  for (bool tb : {false, true}) {
-    const int64_t m = 1000, n = 37, k = 48;
-    Tensor a = random_tensor(m, k, DType::kBF16, 11);
-    Tensor b = random_tensor(tb ? n : k, tb ? k : n, DType::kBF16, 12);
-    Tensor c = strided_view(Tensor::zeros({m, n}, DType::kF32)), want = Tensor::zeros({m, n}, DType::kF32);
-    matmul_streamed_rows(a, b, c, tb, 96);
-    reference::matmul(a, b, want, false, tb, 1.f, 0.f);
-    expect_close(c, want, magnitude(a, b, Tensor::zeros({m, n}, DType::kF32), false, tb, 1, 0), 1e-5f,
-                 "streamed tb=" + std::to_string(tb));
-  }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t m = 1000, n = 37, k = 48;
+      Tensor a = random_tensor(ta ? k : m, ta ? m : k, DType::kBF16, 11);
+      Tensor b = random_tensor(tb ? n : k, tb ? k : n, DType::kBF16, 12);
+      Tensor c = strided_view(Tensor::zeros({m, n}, DType::kF32)), want = Tensor::zeros({m, n}, DType::kF32);
+      matmul_streamed_rows(a, b, c, ta, tb, 96);
+      reference::matmul(a, b, want, ta, tb, 1.f, 0.f);
+      expect_close(c, want, magnitude(a, b, Tensor::zeros({m, n}, DType::kF32), ta, tb, 1, 0), 1e-5f,
+                   "streamed ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
   Tensor a = random_tensor(8, 4, DType::kF32, 1), b = random_tensor(4, 3, DType::kF32, 2);
   Tensor c = Tensor::empty({8, 3}, DType::kF32);
-  EXPECT_THROW(matmul_streamed_rows(a, b, c, false, 0), Error);
+  EXPECT_THROW(matmul_streamed_rows(a, b, c, false, false, 0), Error);
 }
 
 // Expects tessera::Error whose message contains `needle`.

@@ -314,21 +314,21 @@ void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* b
 
 bool takes_packed(const PackedB& p, int64_t rows) { return p.defined() && rows > kSkinnyMaxRows; }
 
-void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool trans_b, int64_t block_rows) {
+void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, int64_t block_rows) {
   TESSERA_CHECK(block_rows >= 1, "matmul_streamed_rows: block_rows must be >= 1, got ", block_rows);
   TESSERA_CHECK(a.defined() && a.dim() == 2 && c.defined() && c.dim() == 2 && c.dtype() == DType::kF32 &&
-                    c.size(0) == a.size(0),
-                "matmul_streamed_rows: a ", a.describe(), " and c ", c.describe(),
+                    c.size(0) == a.size(trans_a ? 1 : 0),
+                "matmul_streamed_rows: op(a) of ", a.describe(), " and c ", c.describe(),
                 " must be 2-D with the same rows, c f32");
-  const int64_t M = a.size(0);
-  if (M <= block_rows) return matmul(a, b, c, false, trans_b);
+  const int64_t M = c.size(0);
+  if (M <= block_rows) return matmul(a, b, c, trans_a, trans_b);
   const int64_t N = c.size(1);
   thread_local Tensor scratch;  // reused: its lines stay in cache from block to block
   if (!scratch.defined() || scratch.numel() < block_rows * N) scratch = Tensor::empty({block_rows * N}, DType::kF32);
   for (int64_t r0 = 0; r0 < M; r0 += block_rows) {
     const int64_t rn = std::min(block_rows, M - r0);
     Tensor block = scratch.slice(0, 0, rn * N).view({rn, N});
-    matmul(a.slice(0, r0, r0 + rn), b, block, false, trans_b);
+    matmul(a.slice(trans_a ? 1 : 0, r0, r0 + rn), b, block, trans_a, trans_b);
     cpu::stream_copy_rows(block.data<float>(), N, static_cast<float*>(c.raw_data()) + r0 * c.stride(0), c.stride(0),
                           rn, N);
   }

@@ -36,8 +36,8 @@ void matmul_bias_with(MatmulBackend backend, const Tensor& a, const Tensor& b, c
 // read long after (the training head's (vocabulary, hidden) weight gradient): c is computed
 // `block_rows` rows at a time into a scratch that stays in cache, and each block is written
 // to c with streaming stores, so c's lines are not first read from memory (with the plain
-// product that read is a third of the traffic). a not transposed; arguments as matmul's.
-void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool trans_b = false,
+// product that read is a third of the traffic). Arguments as matmul's.
+void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a = false, bool trans_b = false,
                           int64_t block_rows = 768);
 
 // While one is alive on a thread, that thread's oneDNN products run primitives whose M, N
