@@ -2,6 +2,7 @@
 #include "tessera/base/memory.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -51,6 +52,11 @@ bool reset_peak_rss() {
   const bool ok = ::write(fd, "5", 1) == 1;
   ::close(fd);
   return ok;
+}
+
+int64_t heap_bytes_in_use() {
+  const struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
 }  // namespace tessera::base

@@ -1,4 +1,5 @@
-// Resident memory of this process (Linux /proc), for the metrics log and memory tests.
+// Resident memory of this process (Linux /proc) and its heap in use, for the metrics log,
+// /stats and memory tests.
 #pragma once
 #include <cstdint>
 
@@ -11,6 +12,10 @@ int64_t peak_rss_bytes();
 
 // Resident memory now in bytes: VmRSS from /proc/self/status (0 where /proc is not readable).
 int64_t current_rss_bytes();
+
+// Bytes the heap hands out now (glibc's mallinfo2 over all arenas, mmapped blocks included):
+// what a leak grows, unlike RSS, which also holds freed pages the allocator keeps.
+int64_t heap_bytes_in_use();
 
 // Resets the high-water mark to the current RSS by writing "5" to /proc/self/clear_refs
 // (Linux >= 4.0), so peak_rss_bytes() afterwards measures a phase (one training step)

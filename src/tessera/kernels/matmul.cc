@@ -14,6 +14,7 @@
 #include "tessera/base/cpu_features.h"
 #include "tessera/kernels/bf16_speed.h"
 #include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/cpu/stream_copy.h"
 #include "tessera/kernels/packed_b.h"
 #include "tessera/kernels/reference/matmul_ref.h"
 

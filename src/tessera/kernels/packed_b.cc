@@ -101,5 +101,4 @@ bool packed_weights_enabled() {
 
 bool packed_products_supported() { return cpu_has(IsaLevel::kAvx512Bf16); }
 
-
 }  // namespace tessera::kernels

@@ -1,10 +1,9 @@
 // The server's HTTP routes: OpenAI completions and chat (full and SSE streaming), models,
 // health, metrics, stats, tokenize / detokenize, the chat page; auth and error bodies.
-#include <malloc.h>
-
 #include <cstdio>
 
 #include "tessera/base/logging.h"
+#include "tessera/base/memory.h"
 #include "tessera/serve/chat_page.h"
 #include "tessera/serve/http_reply.h"
 #include "tessera/serve/openai_echo.h"
@@ -16,13 +15,6 @@ namespace {
 using nlohmann::json;
 
 json body_json(const httplib::Request& req) { return parse_body(req.body); }
-
-// Bytes the process's heap hands out now (glibc, all arenas, mmapped blocks included): what
-// a leak grows, unlike RSS, which also holds freed-but-kept pages.
-int64_t heap_bytes_in_use() {
-  const struct mallinfo2 mi = mallinfo2();
-  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
-}
 
 // The "data:" payloads of SSE text this file wrote.
 std::vector<std::string> sse_payloads(const std::string& sse) {
@@ -408,7 +400,7 @@ void Server::Impl::setup_routes() {
                {"requests_total", next_job_.load() - 1},
                {"in_flight", in_flight_.load()},
                {"engine_steps", s.steps},
-               {"heap_bytes_in_use", heap_bytes_in_use()},
+               {"heap_bytes_in_use", base::heap_bytes_in_use()},
                {"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()}});
   });
   http_.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {

@@ -37,7 +37,8 @@ struct GemmArgs {
   // and trans_b are unused. oneDNN only.
   bool b_packed = false;
   // One oneDNN primitive for every M, N, K and row stride of this layout (runtime
-  // dimensions; kernels::VaryingShapes). Ignored with b_packed.
+  // dimensions; kernels::VaryingShapes). Not with b_packed (matmul_packed never sets it:
+  // the blocked layout's descriptor needs K and N).
   bool any_shape = false;
 };
 
@@ -61,10 +62,6 @@ int64_t packed_elements(int64_t k, int64_t n);
 void pack_rows(const uint16_t* w, int64_t ld, int64_t r0, int64_t r1, int64_t k, int64_t n, bool trans,
                uint16_t* dst);
 void pack_elements(const uint16_t* w, int64_t e0, int64_t e1, int64_t cols, int64_t k, bool trans, uint16_t* dst);
-
-// dst rows = src rows (f32, row strides lds / ldd), written with streaming stores where the
-// CPU has AVX-512 (stream_copy.cc), over the threads.
-void stream_copy_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows, int64_t cols);
 
 // Number of cached oneDNN primitives (for tests of the cache).
 int64_t onednn_cache_size();

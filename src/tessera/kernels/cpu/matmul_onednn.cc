@@ -148,8 +148,8 @@ GemmArgs runtime_shape(GemmArgs g) {
   return g;
 }
 
-CachedPrimitive create_primitive(const GemmArgs& given) {
-  const GemmArgs g = given.any_shape ? runtime_shape(given) : given;
+// g: the product's sizes, or runtime_shape's for a primitive that takes any.
+CachedPrimitive create_primitive(const GemmArgs& g) {
   const memory::desc a_md = strided_desc(g.m, g.k, g.lda, g.trans_a, g.a_dtype);
   const memory::desc b_md = b_desc(g);
   const memory::desc c_md({g.m, g.n}, to_dnnl(g.c_dtype), {g.ldc, 1});
@@ -194,8 +194,7 @@ bool prefer_sgemm(const GemmArgs& g) {
 
 }  // namespace
 
-void gemm_onednn(const GemmArgs& given) {
-  GemmArgs g = given;
+void gemm_onednn(const GemmArgs& g) {
   TESSERA_CHECK(g.a_dtype == g.b_dtype, "matmul (oneDNN): a is ", dtype_name(g.a_dtype),
                 " but b is ", dtype_name(g.b_dtype), "; unify dtypes first");
   base::num_threads();  // applies TESSERA_NUM_THREADS to the OpenMP team oneDNN uses
@@ -209,7 +208,6 @@ void gemm_onednn(const GemmArgs& given) {
     if (g.bias) add_bias_rows(g);
     return;
   }
-  if (g.b_packed) g.any_shape = false;  // the blocked layout's descriptor needs K and N
   if (g.a_dtype == DType::kBF16 && g.m > kBf16RowBlock && g.m < 2 * kBf16RowBlock && !g.any_shape) {
     // oneDNN 2.6's bf16 brgemm matmul cuts M into blocks of 256 rows and gives the blocks to
     // the threads: 257-511 rows become a full block and a short one, and the full one runs
@@ -233,7 +231,7 @@ void gemm_onednn(const GemmArgs& given) {
   try {
     if (!prim.prim) {
       // Created outside the lock: JIT compilation should not serialise other callers.
-      prim = create_primitive(g);
+      prim = create_primitive(keyed);
       std::lock_guard<std::mutex> lock(cache().mu);
       cache().insert(key, prim);
     }

@@ -1,10 +1,10 @@
 // The optimizer's element passes (optimizer_math.h).
+#include "tessera/kernels/cpu/stream_copy.h"
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/optimizer_math.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <vector>
 #include <cstdint>
 #include <cmath>
@@ -308,28 +308,11 @@ UpdateExtras extras_of(const ParamCopies& c, int64_t begin) {
   return x;
 }
 
-namespace {
-
-TESSERA_AVX512 void stream_bf16_avx512(uint16_t* dst, const uint16_t* src, int64_t n) {
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = src[i];
-  for (; i + 32 <= n; i += 32)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-  _mm_sfence();
-}
-
-}  // namespace
-
 void publish_bf16(const ParamCopies& c, int64_t begin, const uint16_t* bits, int64_t n) {
   if (c.bf16.defined()) {
     TESSERA_CHECK(begin >= 0 && begin + n <= c.bf16.numel(), "publish_bf16: elements [", begin, ", ", begin + n,
                   ") of a ", c.bf16.numel(), "-element copy");
-    uint16_t* dst = reinterpret_cast<uint16_t*>(c.bf16.data<bf16>()) + begin;
-    if (cpu::use_avx512())
-      stream_bf16_avx512(dst, bits, n);
-    else
-      std::memcpy(dst, bits, n * sizeof(uint16_t));
+    cpu::stream_copy(c.bf16.data<bf16>() + begin, bits, sizeof(uint16_t) * static_cast<size_t>(n));
   }
   if (c.packed) publish_packed(*c.packed, c.packed_first + begin, bits, n);
 }
