@@ -42,6 +42,9 @@ struct Case {
   int64_t ds_groups = 1;
   bool ds_seq_aux = true;
   bool zero_dout = false;  // the loss is the balancing loss alone: its gradient is all there is
+  // bf16 experts (products in bf16, each expert's rows in a padded block; moe.h MoeSaved)
+  // against the reference on the same bf16-rounded weights.
+  bool bf16 = false;
 };
 
 void check_against_pytorch(const Case& c) {
@@ -49,7 +52,7 @@ void check_against_pytorch(const Case& c) {
                (c.norm_topk_prob ? " renormalised" : " raw") + " coef " + std::to_string(c.coef) +
                (c.bias ? " biased" : "") + " capacity " + std::to_string(c.capacity) + (c.sigmoid ? " sigmoid" : "") +
                " groups " + std::to_string(c.topk_group) + "/" + std::to_string(c.n_group) + " scaling " +
-               std::to_string(c.scaling));
+               std::to_string(c.scaling) + (c.bf16 ? " bf16 experts" : ""));
   const int layers = 2;
   std::mt19937 rng(static_cast<uint32_t>(c.experts * 131 + c.top_k * 7 + c.tokens));
   model::MoeSpec spec;
@@ -71,6 +74,8 @@ void check_against_pytorch(const Case& c) {
     w[L].router = randn({E, H}, rng, c.sigmoid ? 0.1f : 0.5f);  // (sigmoid: scores away from 0 and 1)
     Tensor w1 = randn({E, F, H}, rng, 0.2f), w3 = randn({E, F, H}, rng, 0.2f);
     w[L].down = randn({E, H, F}, rng, 0.2f);
+    if (c.bf16)
+      for (Tensor* t : {&w1, &w3, &w[L].down}) *t = t->to(DType::kBF16).to(DType::kF32);
     w[L].gate_up = Tensor::empty({E, 2 * F, H}, DType::kF32);
     for (int64_t e = 0; e < E; ++e) {
       w[L].gate_up.select(0, e).slice(0, 0, F).copy_from(w1.select(0, e));
@@ -81,6 +86,10 @@ void check_against_pytorch(const Case& c) {
     if (c.zero_dout) dout[L].zero();
     in.insert(in.end(), {{p + "h", h[L]}, {p + "gate", w[L].router}, {p + "w1", w1}, {p + "w3", w3},
                          {p + "w2", w[L].down}, {p + "dout", dout[L]}});
+    if (c.bf16) {  // the reference has the rounded values in f32
+      w[L].gate_up = w[L].gate_up.to(DType::kBF16);
+      w[L].down = w[L].down.to(DType::kBF16);
+    }
     if (c.bias) {  // large enough to overrule the scores now and then (sigmoid: keeps them > 0)
       w[L].bias = randn({E}, rng, c.sigmoid ? 0.03f : 0.3f);
       in.emplace_back(p + "bias", w[L].bias);
@@ -108,14 +117,16 @@ void check_against_pytorch(const Case& c) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto ref = io::SafetensorsFile::open(out_path);
 
-  // Forward both layers, the balance over both, then backward.
+  // Forward both layers, the balance over both, then backward. bf16 experts: their inputs
+  // and activations are rounded to bf16 before each product, as autocast's are.
+  const float tol = c.bf16 ? 2e-2f : 1e-5f;
   std::vector<model::MoeSaved> saved(layers);
   model::MoeBalance balance(E);
   for (int L = 0; L < layers; ++L) {
     const std::string p = std::to_string(L) + ".";
     Tensor out = Tensor::empty({N, H}, DType::kF32);
     model::moe_forward(spec, w[L], h[L], out, &saved[L]);
-    EXPECT_LT(max_rel_diff(out, ref->get(p + "out")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(out, ref->get(p + "out")), tol) << "layer " << L;
     // The same experts, in the same order of preference.
     const Tensor experts = ref->get(p + "experts");
     for (int64_t n = 0; n < N; ++n)
@@ -148,11 +159,11 @@ void check_against_pytorch(const Case& c) {
     Tensor dh = Tensor::empty({N, H}, DType::kF32);
     const std::vector<float> aux = c.ds_alpha > 0 ? balance.group_score_grad(L, c.ds_alpha) : mixtral_aux;
     model::moe_backward(spec, w[L], h[L], saved[L], dout[L], dh, g, &aux);
-    EXPECT_LT(max_rel_diff(dh, ref->get(p + "dh")), 1e-5f) << "layer " << L;
-    EXPECT_LT(max_rel_diff(g.router, ref->get(p + "dgate")), 1e-5f) << "layer " << L;
-    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, 0, F), ref->get(p + "dw1")), 1e-5f) << "layer " << L;
-    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, F, 2 * F), ref->get(p + "dw3")), 1e-5f) << "layer " << L;
-    EXPECT_LT(max_rel_diff(g.down, ref->get(p + "dw2")), 1e-5f) << "layer " << L;
+    EXPECT_LT(max_rel_diff(dh, ref->get(p + "dh")), tol) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.router, ref->get(p + "dgate")), tol) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, 0, F), ref->get(p + "dw1")), tol) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.gate_up.slice(1, F, 2 * F), ref->get(p + "dw3")), tol) << "layer " << L;
+    EXPECT_LT(max_rel_diff(g.down, ref->get(p + "dw2")), tol) << "layer " << L;
   }
   fs::remove_all(dir);
 }
@@ -202,6 +213,17 @@ TEST(Moe, SelectionBiasAndCapacityMatchTheReference) {
   for (const Case& c : {Case{8, 2, 32, 48, 40, true, 0.0, true, 0.0}, Case{8, 2, 32, 48, 40, true, 0.0, false, 1.0},
                         Case{6, 3, 24, 40, 33, false, 0.0, true, 1.25}, Case{4, 1, 16, 24, 9, false, 0.0, false, 0.5}})
     check_against_pytorch(c);
+}
+
+// bf16 experts run in padded row blocks (moe.h MoeSaved): row counts that are not
+// multiples of the padding, dropped slots (capacity), experts without tokens, a wide top-k.
+TEST(Moe, Bf16ExpertsInPaddedBlocksMatchTheReference) {
+  Case mixtral{8, 2, 32, 48, 40, true, 0.02}, capacity{8, 2, 32, 48, 40, true, 0.0, false, 1.0},
+      sparse{16, 2, 16, 24, 5, true, 0.1}, wide{8, 3, 24, 40, 33, true, 0.5};
+  for (Case* c : {&mixtral, &capacity, &sparse, &wide}) {
+    c->bf16 = true;
+    check_against_pytorch(*c);
+  }
 }
 
 TEST(Moe, ExpertsWithoutTokensAndBadShapesAreHandled) {

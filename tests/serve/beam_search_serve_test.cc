@@ -77,7 +77,9 @@ TEST_F(ServeBeams, CompletionChoicesAreTheRankedHypotheses) {
     EXPECT_EQ(ch["text"], json::parse(json(want[k].new_text).dump(-1, ' ', false, json::error_handler_t::replace)));
     EXPECT_EQ(ch["finish_reason"], want[k].finish_reason);
     completion += static_cast<int64_t>(want[k].new_tokens.size());
-    if (k > 0) EXPECT_GE(want[k - 1].beam_score, want[k].beam_score);
+    if (k > 0) {
+      EXPECT_GE(want[k - 1].beam_score, want[k].beam_score);
+    }
   }
   EXPECT_NE(want[0].new_tokens, want[1].new_tokens);
   EXPECT_EQ(j["usage"]["completion_tokens"], completion);

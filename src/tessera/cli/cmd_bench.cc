@@ -279,6 +279,7 @@ void add_bench(CLI::App& app, Action& action) {
   moe->add_option("--tokens", mo->tokens, "Tokens per step")->capture_default_str();
   moe->add_option("--dtype", *dtype, "Weight dtype (bf16 or f32)")->capture_default_str();
   moe->add_option("--repeats", mo->repeats, "Runs; the median is reported")->capture_default_str();
+  moe->add_option("--trace", mo->trace, "Write a Chrome trace of the timed repeats (chrome://tracing, Perfetto)");
   moe->add_flag("--packed", mo->packed,
                 "Both sides' weights kept in oneDNN's packed layout (bf16; TESSERA_PACKED_WEIGHTS)");
   moe->callback([&action, mo, dtype] {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/base/timer.h"
+#include "tessera/base/trace.h"
 #include "tessera/kernels/activation.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/packed_b.h"
@@ -153,21 +154,21 @@ MoeBench bench_moe(const MoeBenchOptions& o) {
     // every training step and serving batch does (a fixed input would time shapes whose
     // GEMM primitives are already cached).
     if (rep > 0) h = randn({N, H}, 1.f);
-    base::Timer t;
-    moe_forward(spec, w, h, out, &saved);
-    const double f = t.seconds();
-    t = base::Timer();
-    moe_backward(spec, w, h, saved, dout, dh, g);
-    const double b = t.seconds();
-    t = base::Timer();
-    dense_forward();
-    const double f2 = t.seconds();
-    t = base::Timer();
-    dense_backward();
-    const double b2 = t.seconds();
+    if (rep == 1 && !o.trace.empty()) base::start_trace(o.trace);  // the timed repeats only
+    const auto timed = [](const char* name, const auto& fn) {
+      const base::TraceScope span(name, "bench");
+      base::Timer t;
+      fn();
+      return t.seconds();
+    };
+    const double f = timed("moe_forward_pass", [&] { moe_forward(spec, w, h, out, &saved); });
+    const double b = timed("moe_backward_pass", [&] { moe_backward(spec, w, h, saved, dout, dh, g); });
+    const double f2 = timed("dense_forward_pass", dense_forward);
+    const double b2 = timed("dense_backward_pass", dense_backward);
     if (rep == 0) continue;
     mf.push_back(f), mb.push_back(b), df.push_back(f2), db.push_back(b2);
   }
+  if (!o.trace.empty()) base::stop_trace();
   MoeBench r;
   r.moe_forward_s = median(mf), r.moe_backward_s = median(mb);
   r.dense_forward_s = median(df), r.dense_backward_s = median(db);

@@ -45,6 +45,7 @@ struct MoeBenchOptions {
   int repeats = 5;             // median of this many
   // Both sides' weights kept packed in oneDNN's layout (kernels/packed_b.h; bf16 only).
   bool packed = false;
+  std::string trace;  // non-empty: a Chrome trace of the timed repeats (base/trace.h)
 };
 struct MoeBench {
   double moe_forward_s = 0, moe_backward_s = 0, dense_forward_s = 0, dense_backward_s = 0;

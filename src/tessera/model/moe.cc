@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
@@ -150,12 +151,14 @@ Tensor pad_rows(const Tensor& rows, int64_t S) {
   return out;
 }
 
-// out[n] (overwritten) = the sum over token n's k slots, in choice order, of `rows` (in
-// sorted-slot order), each times its combine weight when `weighted`.
-void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& out) {
+// out[n] (overwritten) = the sum over token n's k slots, in choice order, of `rows`, each
+// times its combine weight when `weighted`. Sorted slot i's row is row_of[i] (-1: none, a
+// dropped slot), or i when row_of is empty.
+void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& out,
+               const std::vector<int32_t>& row_of) {
   const int64_t N = r.tokens, k = r.top_k, H = rows.size(1);
   std::vector<int32_t> pos(N * k);
-  for (int64_t i = 0; i < N * k; ++i) pos[r.order[i]] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < N * k; ++i) pos[r.order[i]] = row_of.empty() ? static_cast<int32_t>(i) : row_of[i];
   const float* src = rows.data<float>();
   float* op = out.data<float>();
   const int64_t ldo = out.stride(0);
@@ -164,8 +167,9 @@ void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& o
       float* o = op + n * ldo;
       std::fill_n(o, H, 0.f);
       for (int64_t j = 0; j < k; ++j) {
+        if (pos[n * k + j] < 0) continue;
         const float wt = weighted ? r.weight[n * k + j] : 1.f;
-        const float* y = src + pos[n * k + j] * H;
+        const float* y = src + static_cast<int64_t>(pos[n * k + j]) * H;
         for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
       }
     }
@@ -189,13 +193,77 @@ Tensor permute_rows(const Tensor& in, const std::vector<int32_t>& idx, bool inve
   return out;
 }
 
+// sv's padded blocks from its local_offsets: each expert's rows rounded up to `pad`.
+// `bound`: the most padded rows any routing of this layer's shape can give (0: unknown).
+void pad_blocks(MoeSaved& sv, int64_t pad, int64_t bound) {
+  const size_t El = sv.local_offsets.size() - 1;
+  sv.pad_offsets.assign(El + 1, 0);
+  sv.padded_row.resize(static_cast<size_t>(sv.local_offsets[El]));
+  for (size_t e = 0; e < El; ++e) {
+    const int64_t lo = sv.local_offsets[e], hi = sv.local_offsets[e + 1];
+    sv.pad_offsets[e + 1] = sv.pad_offsets[e] + (hi - lo + pad - 1) / pad * pad;
+    for (int64_t i = lo; i < hi; ++i) sv.padded_row[i] = static_cast<int32_t>(sv.pad_offsets[e] + i - lo);
+  }
+  // The row counts change every step, and the tensor allocator recycles blocks by exact
+  // size (base::allocate_cached): buffers of `row_capacity` rows come back from it every
+  // step instead of fresh pages (a 1,024-token layer's ~80 MB page-faulted in per forward).
+  const int64_t Rp = sv.pad_offsets[El];
+  sv.row_capacity = bound >= Rp ? bound : (Rp + 255) / 256 * 256;
+}
+
+// (Rp, W) rows of a (row_capacity, W) block: the padded blocks' buffers.
+Tensor block_rows(const MoeSaved& sv, int64_t W) {
+  return Tensor::empty({sv.row_capacity, W}, DType::kF32).slice(0, 0, sv.pad_offsets.back());
+}
+
+// (Rp, W) in sv's padded blocks, its padding rows zero and the others uninitialised.
+Tensor padded_blocks(const MoeSaved& sv, int64_t W) {
+  Tensor out = block_rows(sv, W);
+  for (size_t e = 0; e + 1 < sv.pad_offsets.size(); ++e) {
+    const int64_t used = sv.pad_offsets[e] + sv.local_offsets[e + 1] - sv.local_offsets[e];
+    if (used < sv.pad_offsets[e + 1]) out.slice(0, used, sv.pad_offsets[e + 1]).zero();
+  }
+  return out;
+}
+
+// padded_blocks with grouped row i from src(i) (W floats).
+template <typename Src>
+Tensor scatter_padded(const MoeSaved& sv, int64_t W, const Src& src) {
+  Tensor out = padded_blocks(sv, W);
+  float* dst = out.data<float>();
+  base::parallel_for(static_cast<int64_t>(sv.padded_row.size()), 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) std::copy_n(src(i), W, dst + static_cast<int64_t>(sv.padded_row[i]) * W);
+  });
+  return out;
+}
+
+// The grouped rows (R, W) of a padded (Rp, W).
+Tensor gather_unpadded(const MoeSaved& sv, const Tensor& padded) {
+  const int64_t R = static_cast<int64_t>(sv.padded_row.size()), W = padded.size(1);
+  Tensor out = Tensor::empty({R, W}, DType::kF32);
+  const float* src = padded.data<float>();
+  float* dst = out.data<float>();
+  base::parallel_for(R, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) std::copy_n(src + static_cast<int64_t>(sv.padded_row[i]) * W, W, dst + i * W);
+  });
+  return out;
+}
+
+// Row padding for the experts' products: bf16 experts run oneDNN primitives made for their
+// exact shapes, so their row counts are kept to multiples of kMoeRowPad (MoeSaved); f32
+// experts (sgemm, or primitives taking runtime sizes) are not padded.
+int64_t row_pad(const MoeWeights& w) { return w.gate_up.dtype() == DType::kBF16 ? kMoeRowPad : 1; }
+
 }  // namespace
 
 void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tensor& out, MoeSaved* save,
                  EpComm* ep) {
   check_shapes(spec, w, h, ep);
-  // Each expert's row count changes every step: one GEMM primitive per layout, not per count.
-  kernels::VaryingShapes varying;
+  // Each expert's row count changes every step. bf16: padded to a few counts (row_pad);
+  // f32: one GEMM primitive per layout, not per count.
+  const int64_t pad = row_pad(w);
+  std::optional<kernels::VaryingShapes> varying;
+  if (pad == 1) varying.emplace();
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k, El = w.gate_up.size(0);
   Tensor logits = Tensor::empty({N, E}, DType::kF32);
@@ -215,17 +283,18 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   const int64_t K = r.kept();  // the slots the experts compute
 
   // The kept slots' input rows in expert order.
-  Tensor xs = Tensor::empty({K, H}, DType::kF32);
   const float* hp = h.data<float>();
-  float* xp = xs.data<float>();
   const int64_t ldh = h.stride(0);
-  base::parallel_for(K, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) std::copy_n(hp + (r.order[i] / k) * ldh, H, xp + i * H);
-  });
   if (!ep) {
-    sv.x = xs;
     sv.local_offsets = r.offsets;
+    pad_blocks(sv, pad, S + El * (pad - 1));
+    sv.x = scatter_padded(sv, H, [&](int64_t i) { return hp + (r.order[i] / k) * ldh; });
   } else {
+    Tensor xs = Tensor::empty({K, H}, DType::kF32);
+    float* xp = xs.data<float>();
+    base::parallel_for(K, 64, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) std::copy_n(hp + (r.order[i] / k) * ldh, H, xp + i * H);
+    });
     // Each rank's experts are consecutive, so are their slots: send them, with their
     // experts, and group what arrives by local expert (stable: by sender, then order).
     const int P = ep->size();
@@ -248,29 +317,39 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
     sv.group.resize(R);
     std::vector<int64_t> next(sv.local_offsets.begin(), sv.local_offsets.end() - 1);
     for (int64_t i = 0; i < R; ++i) sv.group[next[er.data<int32_t>()[i] - first]++] = static_cast<int32_t>(i);
-    sv.x = permute_rows(xr, sv.group, false);
+    pad_blocks(sv, pad, 0);
+    const float* xrp = xr.data<float>();
+    sv.x = scatter_padded(sv, H, [&](int64_t i) { return xrp + static_cast<int64_t>(sv.group[i]) * H; });
   }
 
-  // One GEMM per linear per expert held here.
-  const int64_t R = sv.x.size(0);
-  sv.u = Tensor::empty({R, 2 * F}, DType::kF32);
-  sv.a = Tensor::empty({R, F}, DType::kF32);
-  Tensor y = Tensor::empty({R, H}, DType::kF32);
+  // One GEMM per linear per expert held here, over its padded block (zero rows give zeros).
+  const int64_t Rp = sv.x.size(0);
+  sv.u = block_rows(sv, 2 * F);
+  sv.a = block_rows(sv, F);
+  Tensor y = block_rows(sv, H);
   for (int64_t e = 0; e < El; ++e) {
-    const int64_t i0 = sv.local_offsets[e], i1 = sv.local_offsets[e + 1];
+    const int64_t i0 = sv.pad_offsets[e], i1 = sv.pad_offsets[e + 1];
     if (i0 == i1) continue;
     Tensor u = sv.u.slice(0, i0, i1), a = sv.a.slice(0, i0, i1), ye = y.slice(0, i0, i1);
     expert_product(sv.x.slice(0, i0, i1), w.gate_up.select(0, e), w.gate_up_fwd, e, u, true);
     kernels::swiglu_forward(u.slice(1, 0, F), u.slice(1, F, 2 * F), a);
     expert_product(a, w.down.select(0, e), w.down_fwd, e, ye, true);
   }
-  // The outputs back to the ranks whose tokens they are (the dropped slots' are 0).
-  sv.y = pad_rows(ep ? ep->all_to_allv(permute_rows(y, sv.group, true), sv.recv_rows, nullptr) : y, S);
+  if (!ep) {
+    // The slots' outputs stay in the padded blocks (a dropped slot has none).
+    sv.y = y;
+    sv.y_row.assign(S, -1);
+    std::copy(sv.padded_row.begin(), sv.padded_row.end(), sv.y_row.begin());
+  } else {
+    // The outputs back to the ranks whose tokens they are (the dropped slots' are 0).
+    sv.y = pad_rows(ep->all_to_allv(permute_rows(gather_unpadded(sv, y), sv.group, true), sv.recv_rows, nullptr), S);
+    sv.y_row.clear();
+  }
 
   // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
   TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
                 ", expected (", N, ", ", H, ") f32");
-  sum_slots(r, sv.y, true, out);
+  sum_slots(r, sv.y, true, out, sv.y_row);
 }
 
 Tensor EpComm::all_gather_rows(const Tensor& in) {
@@ -394,7 +473,11 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
                   const Tensor& dout, Tensor& dh, MoeWeights& grads, const std::vector<float>* aux_score_grad,
                   EpComm* ep) {
   check_shapes(spec, w, h, ep);
-  kernels::VaryingShapes varying;  // as in moe_forward
+  // Runtime-size products over each expert's own rows, padded experts too: for the
+  // backward's shapes (dY W2, the weight gradients' K = rows, dU Wgu) oneDNN's runtime-size
+  // kernels matched or beat the static ones of the padded counts (a layer's backward
+  // 144.9 ms against 155.2, 2 cores with AMX).
+  kernels::VaryingShapes varying;
   const MoeRouting& r = sv.routing;
   const int64_t N = h.size(0), H = h.size(1), E = spec.num_experts, k = spec.top_k;
   const int64_t F = w.gate_up.size(1) / 2, S = N * k;
@@ -406,39 +489,45 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
                 " entries, expected ", E, " per group of the ", N, " tokens");
 
   // Each slot's output gradient (its weight times the token's) and its weight's gradient.
-  Tensor dy = Tensor::empty({S, H}, DType::kF32);
-  std::vector<float> dweight(S);
+  // One process: each kept slot's straight into its padded row (a dropped slot has none:
+  // its output was 0). Expert parallelism: in sorted-slot order, sent to the ranks holding
+  // the experts, grouped there as the forward grouped the rows.
+  const int64_t K = r.kept();
+  Tensor dy = ep ? Tensor::empty({K, H}, DType::kF32) : block_rows(sv, H);
+  std::vector<float> dweight(S, 0.f);
   const float* dop = dout.data<float>();
   const int64_t ldd = dout.stride(0);
   const float* yp = sv.y.data<float>();
   float* dyp = dy.data<float>();
-  base::parallel_for(S, 64, [&](int64_t i0, int64_t i1) {
+  base::parallel_for(K, 64, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int32_t slot = r.order[i];
       const float* g = dop + (slot / k) * ldd;
-      const float* y = yp + i * H;
+      const int64_t row = sv.y_row.empty() ? i : sv.y_row[i];
+      const float* y = yp + row * H;
+      float* d_out = dyp + (ep ? i : static_cast<int64_t>(sv.padded_row[i])) * H;
       const float wt = r.weight[slot];
       double d = 0;
       for (int64_t c = 0; c < H; ++c) {
-        dyp[i * H + c] = wt * g[c];
+        d_out[c] = wt * g[c];
         d += static_cast<double>(g[c]) * y[c];
       }
       dweight[slot] = static_cast<float>(d);
     }
   });
+  Tensor dyg = dy;
+  if (ep) {
+    const Tensor got = ep->all_to_allv(dy, sv.send_rows, nullptr);
+    const float* gp = got.data<float>();
+    dyg = scatter_padded(sv, H, [&](int64_t i) { return gp + static_cast<int64_t>(sv.group[i]) * H; });
+  }
 
-  // To the ranks holding the experts (grouped as the forward grouped the rows there); the
-  // dropped slots' (after the kept ones) go nowhere.
-  const Tensor dyk = dy.slice(0, 0, r.kept());
-  const Tensor dyg = ep ? permute_rows(ep->all_to_allv(dyk, sv.send_rows, nullptr), sv.group, false) : dyk;
-
-  // The experts, one block of rows each: dA = dY W2, dW2 += dY^T A, dU by SwiGLU,
-  // dWgu += dU^T X, dX = dU Wgu.
-  const int64_t R = sv.x.size(0), El = w.gate_up.size(0);
-  Tensor da = Tensor::empty({R, F}, DType::kF32), du = Tensor::empty({R, 2 * F}, DType::kF32);
-  Tensor dxg = Tensor::empty({R, H}, DType::kF32);
+  // The experts, one block of rows each (its rows of the padded blocks, without the
+  // padding): dA = dY W2, dW2 += dY^T A, dU by SwiGLU, dWgu += dU^T X, dX = dU Wgu.
+  const int64_t El = w.gate_up.size(0);
+  Tensor da = block_rows(sv, F), du = block_rows(sv, 2 * F), dxg = block_rows(sv, H);
   for (int64_t e = 0; e < El; ++e) {
-    const int64_t i0 = sv.local_offsets[e], i1 = sv.local_offsets[e + 1];
+    const int64_t i0 = sv.pad_offsets[e], i1 = i0 + sv.local_offsets[e + 1] - sv.local_offsets[e];
     if (i0 == i1) continue;
     const Tensor dye = dyg.slice(0, i0, i1), u = sv.u.slice(0, i0, i1);
     Tensor dae = da.slice(0, i0, i1), due = du.slice(0, i0, i1), dxe = dxg.slice(0, i0, i1);
@@ -453,8 +542,13 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
 
   // dh = the slots' input gradients summed per token (choice order), then the router's.
   TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
-  const Tensor dx = pad_rows(ep ? ep->all_to_allv(permute_rows(dxg, sv.group, true), sv.recv_rows, nullptr) : dxg, S);
-  sum_slots(r, dx, false, dh);
+  if (!ep) {
+    sum_slots(r, dxg, false, dh, sv.y_row);  // the padded rows, as the forward's outputs
+  } else {
+    const Tensor dx =
+        pad_rows(ep->all_to_allv(permute_rows(gather_unpadded(sv, dxg), sv.group, true), sv.recv_rows, nullptr), S);
+    sum_slots(r, dx, false, dh, {});
+  }
 
   // d scores: the chosen ones' through the (renormalised) weights, plus the balance
   // loss's for every expert; then through the softmax to the logits.

@@ -214,7 +214,9 @@ void gemm_onednn(const GemmArgs& g) {
     // on one thread while the other idles (2 cores, AMX: 257 x 5632 x 1024 took 2.70 ms,
     // 256 rows 1.40, 512 rows 2.60). Two calls of half the rows each split every block over
     // the threads instead (mixture-of-experts layers: each expert's ~N k / E rows).
-    const int64_t m0 = (g.m + 1) / 2;
+    // A multiple of 16 rows splits on a multiple of 16 (mixture-of-experts blocks are padded
+    // to one, so both halves keep shapes whose primitives are cached).
+    const int64_t m0 = g.m % 16 == 0 ? (g.m / 2 + 15) / 16 * 16 : (g.m + 1) / 2;
     gemm_onednn(row_range(g, 0, m0));
     gemm_onednn(row_range(g, m0, g.m));
     return;
