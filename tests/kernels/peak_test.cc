@@ -2,6 +2,9 @@
 #include "tessera/kernels/peak.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 namespace tessera::kernels {
 namespace {
@@ -10,7 +13,20 @@ TEST(Peak, StreamTriadReturnsPositiveBandwidth) {
   const double gbps = measure_stream_triad_gbps(1 << 20, 2);
   EXPECT_GT(gbps, 0.1);
   EXPECT_LT(gbps, 1e5);
-  EXPECT_THROW(measure_stream_triad_gbps(0, 1), Error);
+  EXPECT_THROW(measure_stream_triad_gbps(-1, 1), Error);
+  EXPECT_THROW(measure_stream_triad_gbps(1 << 20, 0), Error);
+}
+
+// STREAM's rule: each array at least 4x the last-level cache (unless that would take more
+// than 1/16 of the memory per array), never below 32 Mi floats.
+TEST(Peak, StreamArraysAreFourTimesTheLastLevelCache) {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const double mem = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const int64_t n = stream_array_elements();
+  EXPECT_GE(n, std::min<double>(int64_t{32} << 20, mem / 16 / 4));
+  EXPECT_LE(static_cast<double>(n) * 4, mem / 16 + 4);
+  if (llc > 0 && 4.0 * static_cast<double>(llc) <= mem / 16) EXPECT_GE(n * 4, 4 * static_cast<int64_t>(llc));
 }
 
 TEST(Peak, MatmulMeasurementDescribesTheProblem) {

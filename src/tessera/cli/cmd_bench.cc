@@ -224,6 +224,7 @@ void add_bench(CLI::App& app, Action& action) {
   model_flags(decode);
   decode->add_option("--tokens", o->decode_tokens, "Tokens decoded per run")->capture_default_str();
   decode->add_option("--dtype", *dtype, "Weight dtype")->capture_default_str();
+  decode->add_option("--trace", o->trace, "Write a Chrome trace of the first run's tokens (chrome://tracing, Perfetto)");
   weights_flag(decode);
   decode->callback([&action, o, dtype] {
     action = [o, dtype] {

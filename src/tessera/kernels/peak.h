@@ -13,9 +13,13 @@ namespace tessera::kernels {
 // STREAM triad a[i] = b[i] + s * c[i] over three f32 arrays of n elements each, on all
 // base::num_threads() workers. Counts 3 * 4 bytes per element (STREAM's convention:
 // the write-allocate read of a is not counted) and returns the best of `reps` runs in
-// GB/s (1e9 bytes), as STREAM does. The default 32M floats (3 x 128 MiB) is larger
-// than any L3 we expect; pass more on machines with bigger caches.
-double measure_stream_triad_gbps(int64_t n_elements_per_array = int64_t{32} << 20, int reps = 10);
+// GB/s (1e9 bytes), as STREAM does. n = 0: stream_array_elements().
+double measure_stream_triad_gbps(int64_t n_elements_per_array = 0, int reps = 10);
+// Elements per array for a triad that measures memory, not cache: STREAM's rule, each
+// array at least 4x the last-level cache (sysconf), and at least 32 Mi floats; at most
+// 1/16 of physical memory each. (A 300 MiB L3 served a triad of 3 x 128 MiB at 28-60
+// GB/s, depending on the neighbours' use of it, against 25-27 GB/s from memory.)
+int64_t stream_array_elements();
 
 struct GemmMeasurement {
   int64_t m = 0, n = 0, k = 0;

@@ -54,13 +54,16 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   for (int rep = 0; rep < o.repeats; ++rep) {
     KVCache cache = KVCache::create(c, prompt + o.decode_tokens + 1);
     Tensor logits = model.forward(random_tokens(prompt, c.vocab_size, rep + 1), cache);
+    if (rep == 0 && !o.trace.empty()) base::start_trace(o.trace);
     base::Timer t;
     int32_t tok = 1;
     for (int64_t i = 0; i < o.decode_tokens; ++i) {
+      const base::TraceScope span("decode_token", "bench");
       logits = model.forward({tok}, cache);
       tok = static_cast<int32_t>(i % c.vocab_size);
     }
     rates.push_back(o.decode_tokens / t.seconds());
+    if (rep == 0 && !o.trace.empty()) base::stop_trace();
   }
   r.tokens_per_second = median(rates);
   r.weight_bytes = static_cast<double>(model.matmul_weight_bytes());

@@ -16,6 +16,7 @@ struct BenchOptions {
   int64_t decode_tokens = 64;
   int repeats = 3;              // median of this many runs
   int64_t batch = 4, seq = 64;  // training step shape (`bench train`)
+  std::string trace;            // decode: a Chrome trace of the timed tokens (base/trace.h)
 };
 
 struct DecodeBench {

@@ -132,8 +132,9 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
   }
 
   // Memory bandwidth per device: STREAM triad with one device's threads alone, and on
-  // every device at once (each its own triad, best of 10 repetitions); the smaller.
-  const int64_t n = int64_t{16} << 20;  // 3 x 64 MiB per device: beyond the caches
+  // every device at once (each its own triad, best of 10 repetitions); the smaller. The
+  // devices' arrays together are STREAM's size (4x the last-level cache each): beyond it.
+  const int64_t n = std::max<int64_t>(int64_t{16} << 20, kernels::stream_array_elements() / devices);
   const double alone = kernels::measure_stream_triad_gbps(n) * 1e9;
   std::vector<double> each = on_all_devices(devices, [n](int) {
     return kernels::measure_stream_triad_gbps(n) * 1e9;

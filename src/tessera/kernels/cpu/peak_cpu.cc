@@ -1,4 +1,6 @@
 // STREAM triad and matmul timing (see peak.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <regex>
@@ -36,7 +38,24 @@ struct Buffer {
 
 }  // namespace
 
+int64_t stream_array_elements() {
+  int64_t llc = 0;
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long v = sysconf(name);
+    if (v > 0) {
+      llc = v;
+      break;
+    }
+  }
+  int64_t n = std::max<int64_t>(int64_t{32} << 20, 4 * llc / static_cast<int64_t>(sizeof(float)));
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0)
+    n = std::min<int64_t>(n, static_cast<int64_t>(pages) * page / 16 / static_cast<int64_t>(sizeof(float)));
+  return n;
+}
+
 double measure_stream_triad_gbps(int64_t n, int reps) {
+  if (n == 0) n = stream_array_elements();
   TESSERA_CHECK(n > 0 && reps > 0, "measure_stream_triad_gbps: n (", n, ") and reps (", reps,
                 ") must be positive");
   Buffer ab(n * sizeof(float)), bb(n * sizeof(float)), cb(n * sizeof(float));
