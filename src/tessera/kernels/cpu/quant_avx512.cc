@@ -233,6 +233,7 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     const float* sc = w.scales.data<float>() + o * G;                                            \
     const float* zp = w.zeros.data<float>() + o * G;                                             \
     const __m512i vidx = _mm512_loadu_si512(idx);                                                \
+    const bool one_group = gs >= kChunk;                                                         \
     const __m512i nib = _mm512_set1_epi8(0x0F);                                                  \
     __m512 total[NR][MB];                                                                        \
     float tail[NR][MB] = {};                                                                     \
@@ -252,7 +253,10 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
         const uint8_t* p = rows[r] + (kInt4 ? j0 / 2 : j0);                                      \
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead), _MM_HINT_T1);            \
         const __m512i wv = _mm512_loadu_si512(p);                                                \
-        const __m512 ws = _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + j0 / gs)); \
+        /* A chunk inside one group (per-channel int8, int4 g >= 128): its scale broadcast;  \
+           else each lane's group scale. */                                                   \
+        const __m512 ws = one_group ? _mm512_set1_ps(sc[r * G + j0 / gs])                      \
+                                    : _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + j0 / gs)); \
         __m512i lo = wv, hi = wv;                                                                \
         if (kInt4) {                                                                             \
           lo = _mm512_and_si512(wv, nib);                                                        \
