@@ -6,8 +6,11 @@
 
 namespace tessera::kernels {
 
-// Products of at most this many rows with an (N, K) weight go to the skinny decode kernel.
+// Products of at most this many rows with an (N, K) weight go to the skinny decode kernel:
+// 4 for bf16 weights (from 8 rows oneDNN's AMX kernels read them faster), 8 for f32 ones
+// (1.05-1.5x faster than oneDNN's at 5-8 rows; equal from 12; docs/performance.md).
 constexpr int64_t kSkinnyMaxRows = 4;
+constexpr int64_t kSkinnyMaxRowsF32 = 8;
 
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32.
 //   op(a): (M, K); a is (M, K), or (K, M) when trans_a.

@@ -323,7 +323,6 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   }
 
   // One GEMM per linear per expert held here, over its padded block (zero rows give zeros).
-  const int64_t Rp = sv.x.size(0);
   sv.u = block_rows(sv, 2 * F);
   sv.a = block_rows(sv, F);
   Tensor y = block_rows(sv, H);
