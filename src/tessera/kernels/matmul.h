@@ -1,6 +1,6 @@
 // Matrix multiply, the op that dominates every model. Backed by oneDNN (AMX /
 // AVX-512 BF16 / AVX-512 / AVX2 picked at run time) with a hand-written
-// bandwidth-bound kernel for skinny products (decode: M <= 4, bf16 weights).
+// bandwidth-bound kernel for skinny products (decode: M <= 4 with bf16 weights, <= 8 f32).
 #pragma once
 #include "tessera/tensor/tensor.h"
 
