@@ -252,9 +252,7 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
 
   const bool auto_backend = backend == MatmulBackend::kAuto;
   if (auto_backend) {
-    const bool f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32;  // (mixed: b rounded to bf16)
-    const int64_t most = f32 ? kSkinnyMaxRowsF32 : kSkinnyMaxRows;
-    const bool skinny = m <= most && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
+    const bool skinny = m <= kSkinnyMaxRows && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
     backend = skinny ? MatmulBackend::kSkinny : MatmulBackend::kOneDnn;
   }
   TESSERA_CHECK(backend != MatmulBackend::kSkinny || trans_b, "matmul: the ",

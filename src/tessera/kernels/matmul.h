@@ -1,16 +1,16 @@
 // Matrix multiply, the op that dominates every model. Backed by oneDNN (AMX /
 // AVX-512 BF16 / AVX-512 / AVX2 picked at run time) with a hand-written
-// bandwidth-bound kernel for skinny products (decode: M <= 4 with bf16 weights, <= 8 f32).
+// bandwidth-bound kernel for skinny products (decode: M <= 4).
 #pragma once
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::kernels {
 
-// Products of at most this many rows with an (N, K) weight go to the skinny decode kernel:
-// 4 for bf16 weights (from 8 rows oneDNN's AMX kernels read them faster), 8 for f32 ones
-// (1.05-1.5x faster than oneDNN's at 5-8 rows; equal from 12; docs/performance.md).
+// Products of at most this many rows with an (N, K) weight go to the skinny decode kernel.
+// (For f32 weights it is 1.05-1.5x faster than oneDNN's at 5-8 rows too, but a row's
+// result must not depend on the rows batched with it: a sequence's embedding or logits
+// are the same bits alone or in any batch, and the boundary moves with this limit.)
 constexpr int64_t kSkinnyMaxRows = 4;
-constexpr int64_t kSkinnyMaxRowsF32 = 8;
 
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32.
 //   op(a): (M, K); a is (M, K), or (K, M) when trans_a.
