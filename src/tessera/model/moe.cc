@@ -152,13 +152,16 @@ Tensor pad_rows(const Tensor& rows, int64_t S) {
 }
 
 // out[n] (overwritten) = the sum over token n's k slots, in choice order, of `rows`, each
-// times its combine weight when `weighted`. Sorted slot i's row is row_of[i] (-1: none, a
-// dropped slot), or i when row_of is empty.
+// times its combine weight when `weighted`. Sorted slot i's row is (*row_of)[i], and slots
+// past row_of's end (the dropped ones) have none; without row_of, row i.
 void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& out,
-               const std::vector<int32_t>& row_of) {
+               const std::vector<int32_t>* row_of) {
   const int64_t N = r.tokens, k = r.top_k, H = rows.size(1);
   std::vector<int32_t> pos(N * k);
-  for (int64_t i = 0; i < N * k; ++i) pos[r.order[i]] = row_of.empty() ? static_cast<int32_t>(i) : row_of[i];
+  for (int64_t i = 0; i < N * k; ++i) {
+    const bool dropped = row_of && i >= static_cast<int64_t>(row_of->size());
+    pos[r.order[i]] = !row_of ? static_cast<int32_t>(i) : dropped ? -1 : (*row_of)[i];
+  }
   const float* src = rows.data<float>();
   float* op = out.data<float>();
   const int64_t ldo = out.stride(0);
@@ -174,23 +177,6 @@ void sum_slots(const MoeRouting& r, const Tensor& rows, bool weighted, Tensor& o
       }
     }
   });
-}
-
-// Rows `rows` reordered: out[i] = in[idx[i]] (inverse: out[idx[i]] = in[i]).
-Tensor permute_rows(const Tensor& in, const std::vector<int32_t>& idx, bool inverse) {
-  const int64_t R = in.size(0), W = in.size(1);
-  Tensor out = Tensor::empty({R, W}, DType::kF32);
-  const float* src = in.data<float>();
-  float* dst = out.data<float>();
-  base::parallel_for(R, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (inverse)
-        std::copy_n(src + i * W, W, dst + static_cast<int64_t>(idx[i]) * W);
-      else
-        std::copy_n(src + static_cast<int64_t>(idx[i]) * W, W, dst + i * W);
-    }
-  });
-  return out;
 }
 
 // sv's padded blocks from its local_offsets: each expert's rows rounded up to `pad`.
@@ -237,14 +223,16 @@ Tensor scatter_padded(const MoeSaved& sv, int64_t W, const Src& src) {
   return out;
 }
 
-// The grouped rows (R, W) of a padded (Rp, W).
-Tensor gather_unpadded(const MoeSaved& sv, const Tensor& padded) {
+// Expert parallelism: the rows of a padded (Rp, W) back in the order they arrived (R, W),
+// ready to return to their senders: out[group[i]] = padded[padded_row[i]], one copy.
+Tensor rows_as_received(const MoeSaved& sv, const Tensor& padded) {
   const int64_t R = static_cast<int64_t>(sv.padded_row.size()), W = padded.size(1);
   Tensor out = Tensor::empty({R, W}, DType::kF32);
   const float* src = padded.data<float>();
   float* dst = out.data<float>();
   base::parallel_for(R, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) std::copy_n(src + static_cast<int64_t>(sv.padded_row[i]) * W, W, dst + i * W);
+    for (int64_t i = i0; i < i1; ++i)
+      std::copy_n(src + static_cast<int64_t>(sv.padded_row[i]) * W, W, dst + static_cast<int64_t>(sv.group[i]) * W);
   });
   return out;
 }
@@ -337,18 +325,15 @@ void moe_forward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, Tens
   if (!ep) {
     // The slots' outputs stay in the padded blocks (a dropped slot has none).
     sv.y = y;
-    sv.y_row.assign(S, -1);
-    std::copy(sv.padded_row.begin(), sv.padded_row.end(), sv.y_row.begin());
   } else {
     // The outputs back to the ranks whose tokens they are (the dropped slots' are 0).
-    sv.y = pad_rows(ep->all_to_allv(permute_rows(gather_unpadded(sv, y), sv.group, true), sv.recv_rows, nullptr), S);
-    sv.y_row.clear();
+    sv.y = pad_rows(ep->all_to_allv(rows_as_received(sv, y), sv.recv_rows, nullptr), S);
   }
 
   // out[n] = sum_j weight * y[slot], each token's k slots summed in choice order.
   TESSERA_CHECK(out.shape() == (Shape{N, H}) && out.dtype() == DType::kF32, "moe: out is ", out.describe(),
                 ", expected (", N, ", ", H, ") f32");
-  sum_slots(r, sv.y, true, out, sv.y_row);
+  sum_slots(r, sv.y, true, out, ep ? nullptr : &sv.padded_row);
 }
 
 Tensor EpComm::all_gather_rows(const Tensor& in) {
@@ -502,9 +487,9 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
     for (int64_t i = i0; i < i1; ++i) {
       const int32_t slot = r.order[i];
       const float* g = dop + (slot / k) * ldd;
-      const int64_t row = sv.y_row.empty() ? i : sv.y_row[i];
+      const int64_t row = ep ? i : static_cast<int64_t>(sv.padded_row[i]);  // as moe_forward keeps y
       const float* y = yp + row * H;
-      float* d_out = dyp + (ep ? i : static_cast<int64_t>(sv.padded_row[i])) * H;
+      float* d_out = dyp + row * H;
       const float wt = r.weight[slot];
       double d = 0;
       for (int64_t c = 0; c < H; ++c) {
@@ -542,11 +527,11 @@ void moe_backward(const MoeSpec& spec, const MoeWeights& w, const Tensor& h, con
   // dh = the slots' input gradients summed per token (choice order), then the router's.
   TESSERA_CHECK(dh.shape() == (Shape{N, H}) && dh.dtype() == DType::kF32, "moe_backward: dh is ", dh.describe());
   if (!ep) {
-    sum_slots(r, dxg, false, dh, sv.y_row);  // the padded rows, as the forward's outputs
+    sum_slots(r, dxg, false, dh, &sv.padded_row);  // the padded rows, as the forward's outputs
   } else {
     const Tensor dx =
-        pad_rows(ep->all_to_allv(permute_rows(gather_unpadded(sv, dxg), sv.group, true), sv.recv_rows, nullptr), S);
-    sum_slots(r, dx, false, dh, {});
+        pad_rows(ep->all_to_allv(rows_as_received(sv, dxg), sv.recv_rows, nullptr), S);
+    sum_slots(r, dx, false, dh, nullptr);
   }
 
   // d scores: the chosen ones' through the (renormalised) weights, plus the balance

@@ -119,11 +119,10 @@ struct MoeSaved {
   Tensor x;  // (Rp, H): the rows this rank's experts ran on, grouped by expert
   Tensor u;  // (Rp, 2F): gate | up
   Tensor a;  // (Rp, F): silu(gate) * up
-  // Each of this rank's slots' expert output, before its weight: one forward's padded
-  // blocks (y_row[i]: sorted slot i's row, -1 for a dropped slot), or, under expert
-  // parallelism, (N k, H) in sorted-slot order (y_row empty).
+  // Each of this rank's slots' expert output, before its weight: one process, the padded
+  // blocks (kept sorted slot i's row is padded_row[i]); under expert parallelism, (N k, H)
+  // in sorted-slot order.
   Tensor y;
-  std::vector<int32_t> y_row;
   // Expert parallelism: rows sent to / received from each rank, the received rows' local
   // experts' block offsets, and which received row each grouped row is.
   std::vector<int64_t> send_rows, recv_rows, local_offsets;

@@ -308,9 +308,10 @@ void gemm_skinny(const GemmArgs& g, SkinnyIsa isa) {
   const int64_t row_bytes = std::max<int64_t>(1, g.k * static_cast<int64_t>(dtype_size(g.b_dtype)));
   // At least ~32 KiB of weights per worker, so tiny products do not pay for a fork.
   const int64_t grain = std::max<int64_t>(4, (32 << 10) / row_bytes);
-  // More than 4 rows of a pass over b in groups of 4, one block of weight rows at a time
-  // (256 KiB: it stays in L2 between the groups), so b is read from memory once.
-  const int64_t block = std::max<int64_t>(16, (256 << 10) / row_bytes);
+  // More than 4 rows of a (explicit calls: matmul's own choice stops at kSkinnyMaxRows) pass
+  // over b in groups of 4, one block of weight rows at a time (256 KiB: it stays in L2
+  // between the groups), so b is read from memory once. One group: the whole range at once.
+  const int64_t block = g.m > 4 ? std::max<int64_t>(16, (256 << 10) / row_bytes) : g.n;
   base::parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t b0 = n0; b0 < n1; b0 += block) {
       const int64_t b1 = std::min(n1, b0 + block);
