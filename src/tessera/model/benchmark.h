@@ -20,11 +20,15 @@ struct BenchOptions {
 };
 
 struct DecodeBench {
+  // 1 / the median time of one token over every run's tokens (median TPOT): robust, like
+  // the triad's best-of-trials, to neighbours that slow a shared machine down in bursts.
   double tokens_per_second = 0;
+  double run_tokens_per_second = 0;  // the median run's tokens / its wall time (bursts included)
   double weight_bytes = 0;       // matmul weight bytes read per token
   double achieved_gbps = 0;      // weight_bytes * tokens/s
-  double stream_triad_gbps = 0;  // measured in the same run
+  double stream_triad_gbps = 0;  // measured in the same run (STREAM: the best of 10 trials)
   double ratio = 0;              // achieved / stream
+  double run_ratio = 0;          // weight_bytes * run_tokens_per_second / stream
 };
 DecodeBench bench_decode(const Model& model, const BenchOptions& o);
 
