@@ -1,0 +1,139 @@
+// AMX-BF16 tile products and their packings (amx_tiles.h).
+#include "tessera/kernels/cpu/amx_tiles.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "tessera/tensor/bf16_avx512.h"
+#include "tessera/tensor/dtype.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+#define TESSERA_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+
+// Tiles 0-3: c (16 rows x 16 f32); 4-5: a (16 rows x 32 bf16); 6-7: b (16 pair rows x 16 pairs).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TESSERA_AMX void load_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// One (16 MI) x (16 NJ) block of c.
+template <int MI, int NJ>
+TESSERA_AMX void block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
+                       int64_t ldc, bool accumulate) {
+  const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, c, sc);
+    if (NJ > 1) _tile_loadd(1, c + 16, sc);
+    if (MI > 1) _tile_loadd(2, c + 16 * ldc, sc);
+    if (MI > 1 && NJ > 1) _tile_loadd(3, c + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if (NJ > 1) _tile_zero(1);
+    if (MI > 1) _tile_zero(2);
+    if (MI > 1 && NJ > 1) _tile_zero(3);
+  }
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(4, a + k, sa);
+    if (MI > 1) _tile_loadd(5, a + 16 * lda + k, sa);
+    _tile_loadd(6, b + (k / 2) * ldb, sb);
+    if (NJ > 1) _tile_loadd(7, b + (k / 2) * ldb + 32, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    if (NJ > 1) _tile_dpbf16ps(1, 4, 7);
+    if (MI > 1) _tile_dpbf16ps(2, 5, 6);
+    if (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, sc);
+  if (NJ > 1) _tile_stored(1, c + 16, sc);
+  if (MI > 1) _tile_stored(2, c + 16 * ldc, sc);
+  if (MI > 1 && NJ > 1) _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+}  // namespace
+
+TESSERA_AMX void amx_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
+                               int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  // oneDNN's kernels load their own tile configuration on this thread: set ours each call.
+  load_config();
+  for (int64_t i = 0; i < M; i += 32)
+    for (int64_t j = 0; j < N; j += 32) {
+      const bool two_i = i + 32 <= M, two_j = j + 32 <= N;
+      const uint16_t* ai = a + i * lda;
+      const uint16_t* bj = b + 2 * j;
+      float* cij = c + i * ldc + j;
+      if (two_i && two_j)
+        block<2, 2>(K, ai, lda, bj, ldb, cij, ldc, accumulate);
+      else if (two_i)
+        block<2, 1>(K, ai, lda, bj, ldb, cij, ldc, accumulate);
+      else if (two_j)
+        block<1, 2>(K, ai, lda, bj, ldb, cij, ldc, accumulate);
+      else
+        block<1, 1>(K, ai, lda, bj, ldb, cij, ldc, accumulate);
+    }
+  _tile_release();
+}
+
+TESSERA_AMX void amx_pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                               int64_t rows_pad, int64_t cols_pad) {
+  for (int64_t r = 0; r < rows_pad; ++r) {
+    uint16_t* d = dst + r * cols_pad;
+    int64_t c = 0;
+    if (r < rows) {
+      const float* s = x + r * ldx;
+      for (; c + 16 <= cols; c += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c), bf16_pack(_mm512_loadu_ps(s + c)));
+      for (; c < cols; ++c) d[c] = f32_to_bf16(s[c]);
+    }
+    std::memset(d + c, 0, sizeof(uint16_t) * (cols_pad - c));
+  }
+}
+
+void amx_pack_rows_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                              int64_t cols_pad, int64_t rows_pad) {
+  std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows_pad + r] = f32_to_bf16(x[r * ldx + c]);
+}
+
+TESSERA_AMX void amx_pack_vnni(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                               int64_t rows_pad, int64_t cols_pad) {
+  const __m512i lo16 = _mm512_set1_epi32(0xffff);
+  for (int64_t p = 0; p < rows_pad / 2; ++p) {
+    uint16_t* d = dst + p * 2 * cols_pad;
+    const int64_t r0 = 2 * p, r1 = 2 * p + 1;
+    if (r1 < rows) {  // both rows: 16 columns at a time, the pair's words as (row 2p, row 2p + 1)
+      const float *s0 = x + r0 * ldx, *s1 = x + r1 * ldx;
+      int64_t c = 0;
+      for (; c + 16 <= cols; c += 16) {
+        const __m512i w0 = _mm512_and_si512(_mm512_srli_epi32(bf16_round_bits(_mm512_loadu_ps(s0 + c)), 16), lo16);
+        const __m512i w1 = bf16_round_bits(_mm512_loadu_ps(s1 + c));
+        _mm512_storeu_si512(d + 2 * c, _mm512_or_si512(w0, w1));
+      }
+      for (; c < cols; ++c) d[2 * c] = f32_to_bf16(s0[c]), d[2 * c + 1] = f32_to_bf16(s1[c]);
+      std::memset(d + 2 * cols, 0, sizeof(uint16_t) * 2 * (cols_pad - cols));
+      continue;
+    }
+    std::memset(d, 0, sizeof(uint16_t) * 2 * cols_pad);
+    if (r0 < rows)
+      for (int64_t c = 0; c < cols; ++c) d[2 * c] = f32_to_bf16(x[r0 * ldx + c]);
+  }
+}
+
+void amx_pack_vnni_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                              int64_t cols_pad, int64_t rows_pad) {
+  std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t k = 0; k < cols; ++k) dst[(k / 2) * 2 * rows_pad + 2 * j + (k & 1)] = f32_to_bf16(x[j * ldx + k]);
+}
+
+}  // namespace tessera::kernels::cpu
