@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "tessera/kernels/cpu/attention_amx.h"
 #include "tessera/kernels/cpu/attention_cpu.h"
 
 namespace tessera::kernels {
@@ -101,6 +102,10 @@ LseView check_lse(const Tensor& lse, const AttnDims& d) {
 
 AttnView view_of(const Tensor& t) { return AttnView{t.data<float>(), t.stride(0), t.stride(1)}; }
 
+bool runs_on_amx(const AttnDims& d, const AttentionParams& p) {
+  return p.bf16_products && cpu_has(IsaLevel::kAmx) && cpu::amx_attention_supports(d);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor* lse,
@@ -109,6 +114,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   check_bthd(out, "out");
   check_same_shape(out, "out", q, "q");
   const LseView lv = lse ? check_lse(*lse, d) : LseView{};
+  if (runs_on_amx(d, params)) {
+    TESSERA_KERNEL("attention_forward",
+                   cpu::attention_forward_amx(d, view_of(q), view_of(k), view_of(v), view_of(out), lv, params),
+                   q, k, v, out);
+    return;
+  }
   TESSERA_KERNEL("attention_forward",
                  cpu::attention_forward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv,
                                             params, cpu::best_attention_isa()),
@@ -130,6 +141,13 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_bthd(dv, "dv");
   check_same_shape(dv, "dv", v, "v");
   const LseView lv = check_lse(lse, d);
+  if (runs_on_amx(d, params)) {
+    TESSERA_KERNEL("attention_backward",
+                   cpu::attention_backward_amx(d, view_of(q), view_of(k), view_of(v), view_of(out), lv, view_of(dout),
+                                               view_of(dq), view_of(dk), view_of(dv), params),
+                   q, k, v, out, dout, dq, dk, dv);
+    return;
+  }
   TESSERA_KERNEL("attention_backward",
                  cpu::attention_backward_cpu(d, view_of(q), view_of(k), view_of(v), view_of(out), lv,
                                              view_of(dout), view_of(dq), view_of(dk), view_of(dv),

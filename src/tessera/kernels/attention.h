@@ -27,6 +27,12 @@ struct AttentionParams {
   // query block's earliest document start are skipped, so short documents are cheap.
   const int32_t* doc_positions = nullptr;
   int64_t doc_positions_stride = 0;
+  // Multiply in bf16, as autocast does (what native bf16 training asks for): where the CPU
+  // has AMX and the head dim is a multiple of 32 (up to 256), every product of a key tile
+  // runs on AMX-BF16 tiles with its operands rounded to bf16 (q scaled first), accumulated
+  // in f32; the softmax stays f32. Elsewhere the f32 kernels run (on a CPU without AMX, bf16
+  // products would be no faster).
+  bool bf16_products = false;
 };
 
 // q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq % Hkv == 0 (query head h reads kv head

@@ -203,6 +203,7 @@ void train_attention(const Model& m, int64_t l, const Activations& acts, const T
 
 kernels::AttentionParams train_attention_params(const Model& m, int64_t l, const Activations& acts) {
   kernels::AttentionParams p = attention_params(m.config(), 0, l);
+  p.bf16_products = m.bf16_mode() == Bf16Mode::kNative;  // as autocast multiplies attention
   if (acts.packed) {
     p.doc_positions = acts.positions.data<int32_t>();
     p.doc_positions_stride = acts.T;

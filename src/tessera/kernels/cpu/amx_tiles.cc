@@ -1,10 +1,13 @@
 // AMX-BF16 tile products and their packings (amx_tiles.h).
 #include "tessera/kernels/cpu/amx_tiles.h"
+#include "tessera/kernels/cpu/transpose16.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "tessera/base/error.h"
 #include "tessera/tensor/bf16_avx512.h"
 #include "tessera/tensor/dtype.h"
 
@@ -21,10 +24,17 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-TESSERA_AMX void load_config() {
+TileConfig make_config() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  return cfg;
+}
+
+// From static storage: _tile_loadconfig's asm names only the first 8 bytes of its operand,
+// so a stack copy's other stores may be dropped as dead.
+TESSERA_AMX void load_config() {
+  static const TileConfig config = make_config();
+  _tile_loadconfig(&config);
 }
 
 // One (16 MI) x (16 NJ) block of c.
@@ -59,12 +69,22 @@ TESSERA_AMX void block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t
   if (MI > 1 && NJ > 1) _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
+thread_local int tile_scope_depth = 0;
+
+TESSERA_AMX void release_tiles() { _tile_release(); }
+
 }  // namespace
+
+AmxTileScope::AmxTileScope() {
+  if (tile_scope_depth++ == 0) load_config();
+}
+AmxTileScope::~AmxTileScope() {
+  if (--tile_scope_depth == 0) release_tiles();
+}
 
 TESSERA_AMX void amx_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
                                int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  // oneDNN's kernels load their own tile configuration on this thread: set ours each call.
-  load_config();
+  TESSERA_CHECK(tile_scope_depth > 0, "amx_gemm_bf16: call inside an AmxTileScope");
   for (int64_t i = 0; i < M; i += 32)
     for (int64_t j = 0; j < N; j += 32) {
       const bool two_i = i + 32 <= M, two_j = j + 32 <= N;
@@ -80,7 +100,6 @@ TESSERA_AMX void amx_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* 
       else
         block<1, 1>(K, ai, lda, bj, ldb, cij, ldc, accumulate);
     }
-  _tile_release();
 }
 
 TESSERA_AMX void amx_pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
@@ -129,11 +148,44 @@ TESSERA_AMX void amx_pack_vnni(const float* x, int64_t ldx, int64_t rows, int64_
   }
 }
 
-void amx_pack_vnni_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
-                              int64_t cols_pad, int64_t rows_pad) {
+TESSERA_AMX void amx_pack_vnni_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                                          int64_t cols_pad, int64_t rows_pad) {
+  // Row j's bf16 values are 32-bit words (pairs of columns); word p of row j goes to column j
+  // of pair row p: a transpose of words, 16 x 16 at a time.
   std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
-  for (int64_t j = 0; j < rows; ++j)
-    for (int64_t k = 0; k < cols; ++k) dst[(k / 2) * 2 * rows_pad + 2 * j + (k & 1)] = f32_to_bf16(x[j * ldx + k]);
+  uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
+  const int64_t words = (cols + 1) / 2, wpad = (words + 15) / 16 * 16;
+  alignas(64) uint16_t block[16 * 2 * 256];  // 16 rows of up to 256 words
+  if (wpad > 256) {  // wider than the tiles take: the plain loop
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t k = 0; k < cols; ++k) dst[(k / 2) * 2 * rows_pad + 2 * j + (k & 1)] = f32_to_bf16(x[j * ldx + k]);
+    return;
+  }
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t jn = std::min<int64_t>(16, rows - j0);
+    for (int64_t r = 0; r < 16; ++r) {
+      uint16_t* row = block + r * 2 * wpad;
+      std::memset(row, 0, sizeof(uint16_t) * 2 * wpad);
+      if (r >= jn) continue;
+      const float* src = x + (j0 + r) * ldx;
+      int64_t c = 0;
+      for (; c + 16 <= cols; c += 16)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(row + c), bf16_pack(_mm512_loadu_ps(src + c)));
+      for (; c < cols; ++c) row[c] = f32_to_bf16(src[c]);
+    }
+    for (int64_t p0 = 0; p0 < wpad; p0 += 16) {
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) v[r] = _mm512_load_ps(reinterpret_cast<const float*>(block + r * 2 * wpad) + p0);
+      transpose16(v);  // v[i]: word p0 + i of the 16 rows
+      for (int64_t i = 0; i < 16 && p0 + i < words; ++i) {
+        uint32_t* d = d32 + (p0 + i) * rows_pad + j0;
+        if (jn == 16)
+          _mm512_storeu_ps(reinterpret_cast<float*>(d), v[i]);
+        else
+          _mm512_mask_storeu_ps(reinterpret_cast<float*>(d), static_cast<__mmask16>((1u << jn) - 1), v[i]);
+      }
+    }
+  }
 }
 
 }  // namespace tessera::kernels::cpu

@@ -11,7 +11,18 @@
 
 namespace tessera::kernels::cpu {
 
-// c (M x N) f32, row stride ldc floats: c = (accumulate ? c : 0) + A B.
+// While one is alive on a thread, that thread's tiles hold amx_gemm_bf16's configuration
+// (loaded once: it costs as much as a small product). Nothing else may use the tiles on the
+// thread meanwhile (no oneDNN call inside one).
+class AmxTileScope {
+ public:
+  AmxTileScope();
+  ~AmxTileScope();
+  AmxTileScope(const AmxTileScope&) = delete;
+  AmxTileScope& operator=(const AmxTileScope&) = delete;
+};
+
+// c (M x N) f32, row stride ldc floats: c = (accumulate ? c : 0) + A B. Inside an AmxTileScope.
 void amx_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
                    int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
