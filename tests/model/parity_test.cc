@@ -251,7 +251,7 @@ TEST_P(Parity, PerplexityMatchesPyTorchTo4Digits) {
 INSTANTIATE_TEST_SUITE_P(Archs, Parity,
                          ::testing::Values("llama", "qwen2", "qwen3", "gemma2", "gpt2", "llama_rope_llama3", "llama_rope_linear",
                                            "llama_rope_dynamic", "llama_partial_rotary", "qwen2_rope_yarn",
-                                           "llama_mistral_window", "qwen2_sliding_window"));
+                                           "llama_mistral_window", "qwen2_sliding_window", "llama_hd32"));
 
 }  // namespace
 }  // namespace tessera

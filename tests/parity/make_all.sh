@@ -15,7 +15,7 @@ for arch in llama qwen2 qwen3 gemma2 gpt2 mixtral qwen2_moe deepseek_v2 deepseek
   mv "$OUT/$arch.tmp" "$OUT/$arch"
 done
 for av in deepseek_v2:yarn deepseek_v2:aux deepseek_v3:yarn llama:rope_llama3 llama:rope_linear llama:rope_dynamic \
-          llama:partial_rotary llama:mistral_window qwen2:rope_yarn qwen2:sliding_window; do
+          llama:partial_rotary llama:hd32 llama:mistral_window qwen2:rope_yarn qwen2:sliding_window; do
   arch=${av%%:*} variant=${av#*:}
   rm -rf "$OUT/${arch}_$variant.tmp"
   "$PY" "$HERE/make_reference.py" --arch "$arch" --variant "$variant" --out "$OUT/${arch}_$variant.tmp"

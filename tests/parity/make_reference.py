@@ -171,6 +171,9 @@ VARIANTS = {
               "rope_linear": {"rope_scaling": {"type": "linear", "factor": 4.0}},
               "rope_dynamic": {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 12},
               "partial_rotary": {"partial_rotary_factor": 0.5},
+              # head_dim 32 (2 query heads over 1 kv head): the size native bf16 training
+              # runs on AMX tiles (kernels/cpu/attention_amx.cc); the others' 16 and 24 stay f32.
+              "hd32": {"num_attention_heads": 2, "num_key_value_heads": 1},
               # Mistral: every layer sees the last 5 positions (the batch's 17, the 128-token
               # eval windows).
               "mistral_window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
