@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/base/timer.h"
 #include "tessera/kernels/attention.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/peak.h"
 #include "tessera/tensor/tensor.h"
@@ -145,9 +147,12 @@ int main(int argc, char** argv) {
                 bytes / t * 1e-9);
   }
 
-  // Training shape: B=4, T=256, H=12 (MHA), D=64, causal forward and backward.
-  {
-    const int64_t B = 4, T = 256, H = 12, D = 64;
+  // Training shapes (MHA, D=64, causal forward and backward): GPT-2's 4 x 256 and 1 x 1024,
+  // in f32 and with bf16 products (native bf16 training: AMX tiles where the CPU has them).
+  for (const auto [B, T, bf16] : {std::tuple<int64_t, int64_t, bool>{4, 256, false}, {4, 256, true},
+                                  {1, 1024, false}, {1, 1024, true}}) {
+    if (bf16 && !tk::cpu_has(tk::IsaLevel::kAmx)) continue;  // the f32 kernels run there
+    const int64_t H = 12, D = 64;
     Fused f = make_fused(B, T, H, H, D);
     Tensor out = Tensor::empty({B, T, H, D}, DType::kF32);
     Tensor lse = Tensor::empty({B, H, T}, DType::kF32);
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
     Tensor dv = dqkv.as_strided({B, T, H, D}, {T * W, W, D, 1}, 2 * H * D);
     tk::AttentionParams p;
     p.scale = 1.f / std::sqrt(float(D));
+    p.bf16_products = bf16;
     const double fwd_flops = 4.0 * B * T * T * D * H / 2, bwd_flops = 2.5 * fwd_flops;
     const double fwd = median_of_rounds(rounds, [&] {
       return time_call([&] { tk::attention_forward(f.q, f.k, f.v, out, &lse, p); }, min_s);
@@ -168,9 +174,10 @@ int main(int argc, char** argv) {
           [&] { tk::attention_backward(f.q, f.k, f.v, out, lse, dout, dq, dk, dv, p); }, min_s);
     });
     std::printf(
-        "train B=%lld T=%lld H=%lld D=%lld causal: fwd %.2f ms (%.1f GFLOP/s), "
+        "train B=%lld T=%lld H=%lld D=%lld causal, %s: fwd %.2f ms (%.1f GFLOP/s), "
         "bwd %.2f ms (%.1f GFLOP/s)\n",
-        (long long)B, (long long)T, (long long)H, (long long)D, fwd * 1e3, fwd_flops / fwd * 1e-9,
+        (long long)B, (long long)T, (long long)H, (long long)D, bf16 ? "bf16 products (AMX)" : "f32",
+        fwd * 1e3, fwd_flops / fwd * 1e-9,
         bwd * 1e3, bwd_flops / bwd * 1e-9);
   }
   return 0;
