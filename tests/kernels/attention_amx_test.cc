@@ -12,6 +12,7 @@
 
 #include "tessera/kernels/attention.h"
 #include "tessera/kernels/cpu/amx_tiles.h"
+#include "tessera/kernels/cpu/attention_amx.h"
 #include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/attention_ref.h"
 #include "tessera/tensor/dtype.h"
@@ -48,6 +49,13 @@ TEST(AmxTiles, ProductsEqualTheRoundedReference) {
       for (int64_t j = 0; j < N; ++j) bt[j * K + k] = b[k * N + j];
     cpu::amx_pack_vnni_transposed(bt.data(), K, N, K, pbt.data(), K, N);
     EXPECT_EQ(pb, pbt) << M << "x" << N << "x" << K;
+    // A from a's transpose (K x M) packed transposed: the same rows as a packed directly.
+    std::vector<float> at(K * M);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) at[k * M + i] = a[i * K + k];
+    std::vector<uint16_t> pat(M * K);
+    cpu::amx_pack_rows_transposed(at.data(), M, K, M, pat.data(), M, K);
+    EXPECT_EQ(pa, pat) << M << "x" << N << "x" << K;
     std::vector<float> c(M * N, 1.f);
     const cpu::AmxTileScope tiles;
     cpu::amx_gemm_bf16(M, N, K, pa.data(), K, pb.data(), 2 * N, c.data(), N, true);
@@ -83,8 +91,8 @@ void expect_close(const Tensor& got, const Tensor& want, float tol, const std::s
 TEST(AttentionAmx, Bf16ProductsMatchTheReferenceOnRoundedOperands) {
   SKIP_WITHOUT_AMX();
   const Config configs[] = {
-      {2, 70, 70, 4, 2, 64, true},         {1, 129, 129, 12, 4, 64, true},
-      {1, 200, 200, 2, 1, 32, true, 0, 50}, {2, 33, 33, 4, 2, 64, true, 0, 0, 5.f},
+      {2, 140, 140, 4, 2, 64, true},        {1, 129, 129, 12, 4, 64, true},
+      {1, 200, 200, 2, 1, 32, true, 0, 50}, {2, 133, 133, 4, 2, 64, true, 0, 0, 5.f},
       {1, 37, 150, 8, 1, 128, false},       {1, 40, 300, 4, 2, 64, true, 260},
       {2, 1, 257, 8, 4, 64, true, 256},     {1, 300, 300, 8, 8, 96, true},
   };
@@ -126,6 +134,23 @@ TEST(AttentionAmx, Bf16ProductsMatchTheReferenceOnRoundedOperands) {
     Tensor out32 = Tensor::empty(q.shape(), DType::kF32);
     attention_forward(q, k, v, out32, nullptr, p);
     EXPECT_NE(out.to_f32_vector(), out32.to_f32_vector());
+  }
+}
+
+// Below cpu::kAmxMinKeys keys, or at a head dim the tiles do not take, bf16_products runs
+// the f32 kernels: the same bits as without it.
+TEST(AttentionAmx, ShortSequencesAndOddHeadDimsStayOnTheF32Kernels) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(5);
+  for (auto [T, D] : {std::pair<int64_t, int64_t>{cpu::kAmxMinKeys - 1, 64}, {200, 48}}) {
+    const Tensor q = random({1, T, 4, D}, rng), k = random({1, T, 2, D}, rng), v = random({1, T, 2, D}, rng);
+    AttentionParams p;
+    p.scale = 0.125f;
+    Tensor a = Tensor::empty(q.shape(), DType::kF32), b = Tensor::empty(q.shape(), DType::kF32);
+    attention_forward(q, k, v, a, nullptr, p);
+    p.bf16_products = true;
+    attention_forward(q, k, v, b, nullptr, p);
+    EXPECT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "T " << T << " D " << D;
   }
 }
 

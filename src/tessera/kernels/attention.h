@@ -28,7 +28,8 @@ struct AttentionParams {
   const int32_t* doc_positions = nullptr;
   int64_t doc_positions_stride = 0;
   // Multiply in bf16, as autocast does (what native bf16 training asks for): where the CPU
-  // has AMX and the head dim is a multiple of 32 (up to 256), every product of a key tile
+  // has AMX, the head dim is a multiple of 32 (up to 256) and there are at least 128 keys
+  // (cpu/attention_amx.h: below that the f32 kernels are faster), every product of a key tile
   // runs on AMX-BF16 tiles with its operands rounded to bf16 (q scaled first), accumulated
   // in f32; the softmax stays f32. Elsewhere the f32 kernels run (on a CPU without AMX, bf16
   // products would be no faster).

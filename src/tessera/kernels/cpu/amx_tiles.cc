@@ -14,7 +14,7 @@
 namespace tessera::kernels::cpu {
 namespace {
 
-#define TESSERA_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+#define TESSERA_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 
 // Tiles 0-3: c (16 rows x 16 f32); 4-5: a (16 rows x 32 bf16); 6-7: b (16 pair rows x 16 pairs).
 struct alignas(64) TileConfig {
@@ -117,11 +117,24 @@ TESSERA_AMX void amx_pack_rows(const float* x, int64_t ldx, int64_t rows, int64_
   }
 }
 
-void amx_pack_rows_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
-                              int64_t cols_pad, int64_t rows_pad) {
+TESSERA_AMX void amx_pack_rows_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
+                                          int64_t cols_pad, int64_t rows_pad) {
   std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows_pad + r] = f32_to_bf16(x[r * ldx + c]);
+  // 16 x 16 blocks: rows in, transposed in registers, each column out as 16 bf16.
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t rn = std::min<int64_t>(16, rows - r0);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t cn = std::min<int64_t>(16, cols - c0);
+      const auto cmask = static_cast<__mmask16>((1u << cn) - 1);
+      __m512 v[16];
+      for (int64_t r = 0; r < 16; ++r)
+        v[r] = r < rn ? _mm512_maskz_loadu_ps(cmask, x + (r0 + r) * ldx + c0) : _mm512_setzero_ps();
+      transpose16(v);  // v[c]: column c0 + c of rows r0 .. r0 + 15
+      const auto rmask = static_cast<__mmask16>((1u << rn) - 1);
+      for (int64_t c = 0; c < cn; ++c)
+        _mm256_mask_storeu_epi16(dst + (c0 + c) * rows_pad + r0, rmask, bf16_pack(v[c]));
+    }
+  }
 }
 
 TESSERA_AMX void amx_pack_vnni(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,

@@ -69,7 +69,13 @@ const AttnTileOps& row_ops() { return avx512_tile_ops(); }  // AMX CPUs have AVX
 
 }  // namespace
 
-bool amx_attention_supports(const AttnDims& d) { return d.D % 32 == 0 && d.D <= 256; }
+namespace {
+int64_t amx_min_keys = kAmxMinKeys;
+}  // namespace
+
+void set_amx_attention_min_keys_for_testing(int64_t keys) { amx_min_keys = keys > 0 ? keys : kAmxMinKeys; }
+
+bool amx_attention_supports(const AttnDims& d) { return d.D % 32 == 0 && d.D <= 256 && d.Tk >= amx_min_keys; }
 
 void attention_forward_amx(const AttnDims& d, const AttnView& q, const AttnView& k, const AttnView& v,
                            const AttnView& out, const LseView& lse, const AttentionParams& p) {
