@@ -17,6 +17,8 @@
 #include "tessera/kernels/cpu/amx_tiles.h"
 #include "tessera/kernels/cpu/attention_blocks.h"
 #include "tessera/kernels/cpu/attention_tile_ops.h"
+#include "tessera/kernels/cpu/avx512_math.h"
+#include "tessera/tensor/bf16_avx512.h"
 
 namespace tessera::kernels::cpu {
 namespace {
@@ -66,6 +68,58 @@ void score_tile(const AttentionParams& p, const BlockKeys& bk, int64_t G, int64_
 }
 
 const AttnTileOps& row_ops() { return avx512_tile_ops(); }  // AMX CPUs have AVX-512
+
+// 16 lanes of a row pair as VNNI words: the first row's bf16 in the low half, the second's high.
+TESSERA_AVX512 inline __m512i pair_words(__m512 a, __m512 b) {
+  return _mm512_or_si512(_mm512_srli_epi32(bf16_round_bits(a), 16), bf16_round_bits(b));
+}
+
+// Backward, one key tile of 64: P = exp(S - lse) in place in s for rows [0, R), and P as
+// VNNI pairs over its rows (pv: B of dV^T += dO^T P; rows past R zero).
+TESSERA_AVX512 void probs_with_pairs(float* s, int64_t R, const float* lse, uint16_t* pv) {
+  for (int64_t p = 0; p < kRowsPad / 2; ++p) {
+    const int64_t r0 = 2 * p, r1 = r0 + 1;
+    for (int64_t j = 0; j < kKeyTile; j += 16) {
+      __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+      if (r0 < R) {
+        e0 = avx512::exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(s + r0 * kKeyTile + j), _mm512_set1_ps(lse[r0])));
+        _mm512_storeu_ps(s + r0 * kKeyTile + j, e0);
+      }
+      if (r1 < R) {
+        e1 = avx512::exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(s + r1 * kKeyTile + j), _mm512_set1_ps(lse[r1])));
+        _mm512_storeu_ps(s + r1 * kKeyTile + j, e1);
+      }
+      _mm512_storeu_si512(pv + p * 2 * kKeyTile + 2 * j, pair_words(e0, e1));
+    }
+  }
+}
+
+// dS = P (dP - delta) for rows [0, R) (times 1 - tanh^2 for keys [0, n) when soft-capped:
+// th), as bf16 rows (dsa: A of dQ += dS K) and as VNNI pairs over rows (dsv: B of
+// dK^T += Qs^T dS); rows past R zero.
+TESSERA_AVX512 void dscores_with_packs(const float* p_, const float* dp, int64_t R, int64_t n, const float* delta,
+                                       const float* th, uint16_t* dsa, uint16_t* dsv) {
+  for (int64_t p = 0; p < kRowsPad / 2; ++p) {
+    const int64_t r[2] = {2 * p, 2 * p + 1};
+    for (int64_t j = 0; j < kKeyTile; j += 16) {
+      __m512 ds[2];
+      for (int e = 0; e < 2; ++e) {
+        ds[e] = _mm512_setzero_ps();
+        if (r[e] >= R) continue;
+        const int64_t o = r[e] * kKeyTile + j;
+        ds[e] = _mm512_mul_ps(_mm512_loadu_ps(p_ + o), _mm512_sub_ps(_mm512_loadu_ps(dp + o), _mm512_set1_ps(delta[r[e]])));
+        if (th) {
+          const __mmask16 live = avx512::tail_mask(std::max<int64_t>(0, n - j));
+          const __m512 t = _mm512_maskz_loadu_ps(live, th + o);
+          ds[e] = _mm512_mask_mul_ps(ds[e], live, ds[e], _mm512_fnmadd_ps(t, t, _mm512_set1_ps(1.f)));
+        }
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsa + r[0] * kKeyTile + j), bf16_pack(ds[0]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsa + r[1] * kKeyTile + j), bf16_pack(ds[1]));
+      _mm512_storeu_si512(dsv + p * 2 * kKeyTile + 2 * j, pair_words(ds[0], ds[1]));
+    }
+  }
+}
 
 }  // namespace
 
@@ -175,17 +229,11 @@ void attention_backward_amx(const AttnDims& d, const AttnView& q, const AttnView
           const int64_t n = std::min(kKeyTile, bk.end() - kt0), t = kt0 / kKeyTile;
           const int64_t tile = t * D * kKeyTile;
           score_tile(p, bk, G, R, D, qa.p, kt.p + tile, kt0, n, s.p, th.p);
-          ops.probs_from_scores(s.p, kKeyTile, R, kKeyTile, lse_r.p);                             // P
+          probs_with_pairs(s.p, R, lse_r.p, pv.p);                                                // P
           amx_gemm_bf16(kRowsPad, kKeyTile, D, doa.p, D, vt.p + tile, 2 * kKeyTile, dp.p, kKeyTile, false);  // dP = dO V^T
-          ops.dscores_from_dprobs(s.p, dp.p, kKeyTile, R, kKeyTile, delta.p);                     // dS
-          if (p.softcap > 0.f)
-            for (int64_t r = 0; r < R; ++r)
-              for (int64_t j = 0; j < n; ++j) dp.p[r * kKeyTile + j] *= 1.f - th.p[r * kKeyTile + j] * th.p[r * kKeyTile + j];
-          amx_pack_vnni(s.p, kKeyTile, R, kKeyTile, pv.p, kRowsPad, kKeyTile);
+          dscores_with_packs(s.p, dp.p, R, n, delta.p, p.softcap > 0.f ? th.p : nullptr, dsa.p, dsv.p);  // dS
           amx_gemm_bf16(D, kKeyTile, kRowsPad, doat.p, kRowsPad, pv.p, 2 * kKeyTile, dvt.p + kt0, Tp, true);  // dV^T += dO^T P
-          amx_pack_rows(dp.p, kKeyTile, R, kKeyTile, dsa.p, kRowsPad, kKeyTile);
           amx_gemm_bf16(kRowsPad, D, kKeyTile, dsa.p, kKeyTile, kv.p + tile, 2 * D, dqa.p, D, true);  // dQ += dS K
-          amx_pack_vnni(dp.p, kKeyTile, R, kKeyTile, dsv.p, kRowsPad, kKeyTile);
           amx_gemm_bf16(D, kKeyTile, kRowsPad, qat.p, kRowsPad, dsv.p, 2 * kKeyTile, dkt.p + kt0, Tp, true);  // dK^T += Qs^T dS
         }
         for (int64_t r = 0; r < R; ++r) {

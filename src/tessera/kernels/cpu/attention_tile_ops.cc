@@ -193,12 +193,7 @@ TESSERA_ATTN_AVX512 void pack_transposed_avx512(const float* src, int64_t src_ld
   }
 }
 
-// exp(x) from the shared AVX-512 exp; x < -87.3 (including -inf for masked scores)
-// gives exactly 0 so no denormals reach the GEMMs.
-TESSERA_ATTN_AVX512 inline __m512 exp512(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  return _mm512_maskz_mov_ps(keep, avx512::exp(x));
-}
+TESSERA_ATTN_AVX512 inline __m512 exp512(__m512 x) { return avx512::exp_or_zero(x); }
 
 TESSERA_ATTN_AVX512 void softmax_update_avx512(float* s, int64_t lds, int64_t R, int64_t n,
                                                float* m, float* l, float* o, int64_t ldo,

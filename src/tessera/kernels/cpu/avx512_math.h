@@ -73,6 +73,13 @@ TESSERA_AVX512 inline __m512 exp(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// exp(x), with x < -87.3 (including -inf: a masked attention score) exactly 0, so no
+// denormals reach the products that follow.
+TESSERA_AVX512 inline __m512 exp_or_zero(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(keep, exp(x));
+}
+
 // 1 / (1 + e^-x), as torch computes sigmoid; saturates to 0 / 1 without NaN.
 TESSERA_AVX512 inline __m512 sigmoid(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
