@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "tessera/kernels/attention.h"
@@ -137,20 +138,22 @@ TEST(AttentionAmx, Bf16ProductsMatchTheReferenceOnRoundedOperands) {
   }
 }
 
-// Below cpu::kAmxMinKeys keys, or at a head dim the tiles do not take, bf16_products runs
+// Below cpu::kAmxMinKeys keys, at a head dim the tiles do not take, or with more query heads
+// per kv head than a block's 32 tile rows, bf16_products runs
 // the f32 kernels: the same bits as without it.
 TEST(AttentionAmx, ShortSequencesAndOddHeadDimsStayOnTheF32Kernels) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(5);
-  for (auto [T, D] : {std::pair<int64_t, int64_t>{cpu::kAmxMinKeys - 1, 64}, {200, 48}}) {
-    const Tensor q = random({1, T, 4, D}, rng), k = random({1, T, 2, D}, rng), v = random({1, T, 2, D}, rng);
+  // (T, D, query heads over 1 kv head): too few keys, an odd head dim, 64 query heads per kv head.
+  for (auto [T, D, Hq] : {std::tuple<int64_t, int64_t, int64_t>{cpu::kAmxMinKeys - 1, 64, 4}, {200, 48, 4}, {150, 32, 64}}) {
+    const Tensor q = random({1, T, Hq, D}, rng), k = random({1, T, 1, D}, rng), v = random({1, T, 1, D}, rng);
     AttentionParams p;
     p.scale = 0.125f;
     Tensor a = Tensor::empty(q.shape(), DType::kF32), b = Tensor::empty(q.shape(), DType::kF32);
     attention_forward(q, k, v, a, nullptr, p);
     p.bf16_products = true;
     attention_forward(q, k, v, b, nullptr, p);
-    EXPECT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "T " << T << " D " << D;
+    EXPECT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "T " << T << " D " << D << " Hq " << Hq;
   }
 }
 

@@ -10,7 +10,6 @@
 #include "tessera/kernels/cpu/attention_amx.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "tessera/base/aligned_alloc.h"
 #include "tessera/base/thread_pool.h"
@@ -35,12 +34,6 @@ struct Buf {
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   T* p;
-};
-
-// Per (b, kv head): every key tile's packed operands, tile t at t * tile_elems.
-struct KeyPacks {
-  int64_t ntiles = 0, D = 0;
-  int64_t tile_elems() const { return D * kKeyTile; }
 };
 
 // Packs keys [0, nkeys) of x (token stride ld) tile by tile: `transposed` as B = x^T (for
@@ -129,7 +122,10 @@ int64_t amx_min_keys = kAmxMinKeys;
 
 void set_amx_attention_min_keys_for_testing(int64_t keys) { amx_min_keys = keys > 0 ? keys : kAmxMinKeys; }
 
-bool amx_attention_supports(const AttnDims& d) { return d.D % 32 == 0 && d.D <= 256 && d.Tk >= amx_min_keys; }
+bool amx_attention_supports(const AttnDims& d) {
+  // A row block (one position's query heads at least) must fit the kRowsPad tile rows.
+  return d.D % 32 == 0 && d.D <= 256 && d.Tk >= amx_min_keys && d.Hkv > 0 && d.Hq / d.Hkv <= kRowsPad;
+}
 
 void attention_forward_amx(const AttnDims& d, const AttnView& q, const AttnView& k, const AttnView& v,
                            const AttnView& out, const LseView& lse, const AttentionParams& p) {

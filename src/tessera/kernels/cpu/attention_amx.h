@@ -10,7 +10,8 @@ namespace tessera::kernels::cpu {
 // head) outweighs the products (attention_bench, 4 x 64 x 12 heads of 64: backward 0.46 ms
 // in f32, 0.54 on AMX; at 128 keys 1.34 against 1.23).
 constexpr int64_t kAmxMinKeys = 128;
-// What the tiles take: head dims that are multiples of 32 up to 256, kAmxMinKeys keys or more.
+// What the tiles take: head dims that are multiples of 32 up to 256, kAmxMinKeys keys or
+// more, at most 32 query heads per kv head.
 bool amx_attention_supports(const AttnDims& d);
 // Tests: moves the key threshold (0: back to kAmxMinKeys), so a short sequence (a parity
 // model's) runs the tiles end to end.
