@@ -22,4 +22,10 @@ __attribute__((target("avx512f"))) inline __m256i bf16_pack(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_bits(v), 16));
 }
 
+// bf16 pairs (a, b) of 16 lanes as 32-bit words, a's bf16 in the low half (the lower
+// address) and b's in the high half: two rows interleaved as AMX's VNNI operands take them.
+__attribute__((target("avx512f"))) inline __m512i bf16_pair_words(__m512 a, __m512 b) {
+  return _mm512_or_si512(_mm512_srli_epi32(bf16_round_bits(a), 16), bf16_round_bits(b));
+}
+
 }  // namespace tessera

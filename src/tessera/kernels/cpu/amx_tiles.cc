@@ -139,18 +139,14 @@ TESSERA_AMX void amx_pack_rows_transposed(const float* x, int64_t ldx, int64_t r
 
 TESSERA_AMX void amx_pack_vnni(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
                                int64_t rows_pad, int64_t cols_pad) {
-  const __m512i lo16 = _mm512_set1_epi32(0xffff);
   for (int64_t p = 0; p < rows_pad / 2; ++p) {
     uint16_t* d = dst + p * 2 * cols_pad;
     const int64_t r0 = 2 * p, r1 = 2 * p + 1;
     if (r1 < rows) {  // both rows: 16 columns at a time, the pair's words as (row 2p, row 2p + 1)
       const float *s0 = x + r0 * ldx, *s1 = x + r1 * ldx;
       int64_t c = 0;
-      for (; c + 16 <= cols; c += 16) {
-        const __m512i w0 = _mm512_and_si512(_mm512_srli_epi32(bf16_round_bits(_mm512_loadu_ps(s0 + c)), 16), lo16);
-        const __m512i w1 = bf16_round_bits(_mm512_loadu_ps(s1 + c));
-        _mm512_storeu_si512(d + 2 * c, _mm512_or_si512(w0, w1));
-      }
+      for (; c + 16 <= cols; c += 16)
+        _mm512_storeu_si512(d + 2 * c, bf16_pair_words(_mm512_loadu_ps(s0 + c), _mm512_loadu_ps(s1 + c)));
       for (; c < cols; ++c) d[2 * c] = f32_to_bf16(s0[c]), d[2 * c + 1] = f32_to_bf16(s1[c]);
       std::memset(d + 2 * cols, 0, sizeof(uint16_t) * 2 * (cols_pad - cols));
       continue;
@@ -165,15 +161,11 @@ TESSERA_AMX void amx_pack_vnni_transposed(const float* x, int64_t ldx, int64_t r
                                           int64_t cols_pad, int64_t rows_pad) {
   // Row j's bf16 values are 32-bit words (pairs of columns); word p of row j goes to column j
   // of pair row p: a transpose of words, 16 x 16 at a time.
-  std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
-  uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
   const int64_t words = (cols + 1) / 2, wpad = (words + 15) / 16 * 16;
   alignas(64) uint16_t block[16 * 2 * 256];  // 16 rows of up to 256 words
-  if (wpad > 256) {  // wider than the tiles take: the plain loop
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t k = 0; k < cols; ++k) dst[(k / 2) * 2 * rows_pad + 2 * j + (k & 1)] = f32_to_bf16(x[j * ldx + k]);
-    return;
-  }
+  TESSERA_CHECK(wpad <= 256, "amx_pack_vnni_transposed: ", cols, " columns, at most 512");
+  std::memset(dst, 0, sizeof(uint16_t) * cols_pad * rows_pad);
+  uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
   for (int64_t j0 = 0; j0 < rows; j0 += 16) {
     const int64_t jn = std::min<int64_t>(16, rows - j0);
     for (int64_t r = 0; r < 16; ++r) {

@@ -36,7 +36,7 @@ void amx_pack_rows_transposed(const float* x, int64_t ldx, int64_t rows, int64_t
 // dst[p][2j + e] = bf16(x[2p + e][j]); rows past `rows` and columns past `cols` are 0.
 void amx_pack_vnni(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst, int64_t rows_pad,
                    int64_t cols_pad);
-// B operand of x^T (K = x's columns): dst (cols_pad / 2 x 2 rows_pad) with
+// B operand of x^T (K = x's columns, at most 512): dst (cols_pad / 2 x 2 rows_pad) with
 // dst[p][2j + e] = bf16(x[j][2p + e]); outside x, 0.
 void amx_pack_vnni_transposed(const float* x, int64_t ldx, int64_t rows, int64_t cols, uint16_t* dst,
                               int64_t cols_pad, int64_t rows_pad);

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 
-#include "tessera/base/aligned_alloc.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/cpu/amx_tiles.h"
 #include "tessera/kernels/cpu/attention_blocks.h"
@@ -25,16 +24,6 @@ namespace {
 using namespace attn;
 
 constexpr int64_t kRowsPad = 32;  // a block's rows (<= kTargetRows), padded: the K of dV^T and dK^T
-
-// Buffers of T elements, 64-byte aligned.
-template <typename T>
-struct Buf {
-  explicit Buf(int64_t n) : p(static_cast<T*>(base::aligned_malloc(sizeof(T) * std::max<int64_t>(n, 1)))) {}
-  ~Buf() { base::aligned_free(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  T* p;
-};
 
 // Packs keys [0, nkeys) of x (token stride ld) tile by tile: `transposed` as B = x^T (for
 // S = Q K^T, dP = dO V^T), else as B = x (for O += P V, dQ += dS K).
@@ -62,29 +51,21 @@ void score_tile(const AttentionParams& p, const BlockKeys& bk, int64_t G, int64_
 
 const AttnTileOps& row_ops() { return avx512_tile_ops(); }  // AMX CPUs have AVX-512
 
-// 16 lanes of a row pair as VNNI words: the first row's bf16 in the low half, the second's high.
-TESSERA_AVX512 inline __m512i pair_words(__m512 a, __m512 b) {
-  return _mm512_or_si512(_mm512_srli_epi32(bf16_round_bits(a), 16), bf16_round_bits(b));
-}
-
 // Backward, one key tile of 64: P = exp(S - lse) in place in s for rows [0, R), and P as
 // VNNI pairs over its rows (pv: B of dV^T += dO^T P; rows past R zero).
 TESSERA_AVX512 void probs_with_pairs(float* s, int64_t R, const float* lse, uint16_t* pv) {
-  for (int64_t p = 0; p < kRowsPad / 2; ++p) {
-    const int64_t r0 = 2 * p, r1 = r0 + 1;
+  for (int64_t p = 0; p < kRowsPad / 2; ++p)
     for (int64_t j = 0; j < kKeyTile; j += 16) {
-      __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
-      if (r0 < R) {
-        e0 = avx512::exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(s + r0 * kKeyTile + j), _mm512_set1_ps(lse[r0])));
-        _mm512_storeu_ps(s + r0 * kKeyTile + j, e0);
+      __m512 e[2];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = 2 * p + h;
+        e[h] = _mm512_setzero_ps();
+        if (r >= R) continue;
+        e[h] = avx512::exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(s + r * kKeyTile + j), _mm512_set1_ps(lse[r])));
+        _mm512_storeu_ps(s + r * kKeyTile + j, e[h]);
       }
-      if (r1 < R) {
-        e1 = avx512::exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(s + r1 * kKeyTile + j), _mm512_set1_ps(lse[r1])));
-        _mm512_storeu_ps(s + r1 * kKeyTile + j, e1);
-      }
-      _mm512_storeu_si512(pv + p * 2 * kKeyTile + 2 * j, pair_words(e0, e1));
+      _mm512_storeu_si512(pv + p * 2 * kKeyTile + 2 * j, bf16_pair_words(e[0], e[1]));
     }
-  }
 }
 
 // dS = P (dP - delta) for rows [0, R) (times 1 - tanh^2 for keys [0, n) when soft-capped:
@@ -109,7 +90,7 @@ TESSERA_AVX512 void dscores_with_packs(const float* p_, const float* dp, int64_t
       }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsa + r[0] * kKeyTile + j), bf16_pack(ds[0]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsa + r[1] * kKeyTile + j), bf16_pack(ds[1]));
-      _mm512_storeu_si512(dsv + p * 2 * kKeyTile + 2 * j, pair_words(ds[0], ds[1]));
+      _mm512_storeu_si512(dsv + p * 2 * kKeyTile + 2 * j, bf16_pair_words(ds[0], ds[1]));
     }
   }
 }
@@ -123,55 +104,49 @@ int64_t amx_min_keys = kAmxMinKeys;
 void set_amx_attention_min_keys_for_testing(int64_t keys) { amx_min_keys = keys > 0 ? keys : kAmxMinKeys; }
 
 bool amx_attention_supports(const AttnDims& d) {
-  // A row block (one position's query heads at least) must fit the kRowsPad tile rows.
-  return d.D % 32 == 0 && d.D <= 256 && d.Tk >= amx_min_keys && d.Hkv > 0 && d.Hq / d.Hkv <= kRowsPad;
+  // Queries to run (no queries: the f32 backward zeroes dk, dv), and a row block (one
+  // position's query heads at least) that fits the kRowsPad tile rows.
+  return d.Tq > 0 && d.D % 32 == 0 && d.D <= 256 && d.Tk >= amx_min_keys && d.Hkv > 0 && d.Hq / d.Hkv <= kRowsPad;
 }
 
 void attention_forward_amx(const AttnDims& d, const AttnView& q, const AttnView& k, const AttnView& v,
                            const AttnView& out, const LseView& lse, const AttentionParams& p) {
-  if (d.B == 0 || d.Tq == 0 || d.Hq == 0) return;
   const Blocking bl = make_blocking(d);
   const int64_t D = d.D, G = bl.G;
   const int64_t nkeys = visible_key_end(d, p, d.Tq - 1, 1);
   const int64_t ntiles = (nkeys + kKeyTile - 1) / kKeyTile, per_head = ntiles * D * kKeyTile;
-  Buf<uint16_t> kt(d.B * d.Hkv * per_head), vv(d.B * d.Hkv * per_head);
+  ScratchOf<uint16_t> kt(d.B * d.Hkv * per_head), vv(d.B * d.Hkv * per_head);
   base::parallel_for(d.B * d.Hkv, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t w = b0; w < b1; ++w) {
       const int64_t b = w / d.Hkv, h = w % d.Hkv;
-      pack_key_tiles(k.row(b, 0, h, D), k.token_stride, nkeys, D, true, kt.p + w * per_head);
-      pack_key_tiles(v.row(b, 0, h, D), v.token_stride, nkeys, D, false, vv.p + w * per_head);
+      pack_key_tiles(k.row(b, 0, h, D), k.token_stride, nkeys, D, true, kt.get() + w * per_head);
+      pack_key_tiles(v.row(b, 0, h, D), v.token_stride, nkeys, D, false, vv.get() + w * per_head);
     }
   });
   const AttnTileOps& ops = row_ops();
   base::parallel_for(d.B * d.Hkv * bl.nblocks, 1, [&](int64_t w0, int64_t w1) {
-    Buf<float> qs(kRowsPad * D), o(kRowsPad * D), s(kRowsPad * kKeyTile), m(kRowsPad), l(kRowsPad);
-    Buf<uint16_t> qa(kRowsPad * D), pa(kRowsPad * kKeyTile);
+    ScratchOf<float> qs(kRowsPad * D), o(kRowsPad * D), s(kRowsPad * kKeyTile), m(kRowsPad), l(kRowsPad);
+    ScratchOf<uint16_t> qa(kRowsPad * D), pa(kRowsPad * kKeyTile);
     const AmxTileScope tiles;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t blk = w % bl.nblocks, bh = w / bl.nblocks, b = bh / d.Hkv, kvh = bh % d.Hkv;
       const int64_t i0 = blk * bl.qb, qn = std::min(bl.qb, d.Tq - i0), R = qn * G;
       const BlockKeys bk = visible_keys(d, p, b, i0, qn);
-      gather_rows(q, b, kvh, i0, qn, G, D, p.scale, qs.p);
-      amx_pack_rows(qs.p, D, R, D, qa.p, kRowsPad, D);
-      std::fill_n(o.p, kRowsPad * D, 0.f);
-      std::fill_n(m.p, kRowsPad, kNegInf);
-      std::fill_n(l.p, kRowsPad, 0.f);
-      const uint16_t* ktb = kt.p + bh * per_head;
-      const uint16_t* vb = vv.p + bh * per_head;
+      gather_rows(q, b, kvh, i0, qn, G, D, p.scale, qs.get());
+      amx_pack_rows(qs.get(), D, R, D, qa.get(), kRowsPad, D);
+      std::fill_n(o.get(), kRowsPad * D, 0.f);
+      std::fill_n(m.get(), kRowsPad, kNegInf);
+      std::fill_n(l.get(), kRowsPad, 0.f);
+      const uint16_t* ktb = kt.get() + bh * per_head;
+      const uint16_t* vb = vv.get() + bh * per_head;
       for (int64_t kt0 = bk.begin(); kt0 < bk.end(); kt0 += kKeyTile) {
         const int64_t n = std::min(kKeyTile, bk.end() - kt0), t = kt0 / kKeyTile;
-        score_tile(p, bk, G, R, D, qa.p, ktb + t * D * kKeyTile, kt0, n, s.p, nullptr);
-        ops.softmax_update(s.p, kKeyTile, R, kKeyTile, m.p, l.p, o.p, D, D);
-        amx_pack_rows(s.p, kKeyTile, R, kKeyTile, pa.p, kRowsPad, kKeyTile);
-        amx_gemm_bf16(kRowsPad, D, kKeyTile, pa.p, kKeyTile, vb + t * D * kKeyTile, 2 * D, o.p, D, true);  // O += P V
+        score_tile(p, bk, G, R, D, qa.get(), ktb + t * D * kKeyTile, kt0, n, s.get(), nullptr);
+        ops.softmax_update(s.get(), kKeyTile, R, kKeyTile, m.get(), l.get(), o.get(), D, D);
+        amx_pack_rows(s.get(), kKeyTile, R, kKeyTile, pa.get(), kRowsPad, kKeyTile);
+        amx_gemm_bf16(kRowsPad, D, kKeyTile, pa.get(), kKeyTile, vb + t * D * kKeyTile, 2 * D, o.get(), D, true);  // O += P V
       }
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = i0 + r / G, h = kvh * G + r % G;
-        float* dst = out.row(b, i, h, D);
-        const float inv = l.p[r] > 0.f ? 1.f / l.p[r] : 0.f;
-        for (int64_t e = 0; e < D; ++e) dst[e] = o.p[r * D + e] * inv;
-        if (lse.data) lse.at(b, h, i) = l.p[r] > 0.f ? m.p[r] + std::log(l.p[r]) : kNegInf;
-      }
+      store_rows(out, lse, b, kvh, i0, qn, G, D, o.get(), m.get(), l.get());
     }
   });
 }
@@ -179,70 +154,62 @@ void attention_forward_amx(const AttnDims& d, const AttnView& q, const AttnView&
 void attention_backward_amx(const AttnDims& d, const AttnView& q, const AttnView& k, const AttnView& v,
                             const AttnView& out, const LseView& lse, const AttnView& dout, const AttnView& dq,
                             const AttnView& dk, const AttnView& dv, const AttentionParams& p) {
-  if (d.B == 0 || d.Hq == 0) return;
   const Blocking bl = make_blocking(d);
   const int64_t D = d.D, G = bl.G;
   const float scale = p.scale;
-  const int64_t nkeys = d.Tq == 0 ? 0 : visible_key_end(d, p, 0, d.Tq);
+  const int64_t nkeys = visible_key_end(d, p, 0, d.Tq);
   const int64_t ntiles = (nkeys + kKeyTile - 1) / kKeyTile, per_head = ntiles * D * kKeyTile;
   // dK^T and dV^T rows: the keys, and 16 floats more so their rows (a C tile's) do not
   // fall 4 KiB apart, on the same L1 sets.
-  const int64_t Tp = std::max<int64_t>(ntiles * kKeyTile, kKeyTile) + 16;
+  const int64_t Tp = ntiles * kKeyTile + 16;
   const AttnTileOps& ops = row_ops();
   base::parallel_for(d.B * d.Hkv, 1, [&](int64_t w0, int64_t w1) {
-    Buf<uint16_t> kt(per_head), vt(per_head), kv(per_head);
-    Buf<float> dkt(D * Tp), dvt(D * Tp);
-    Buf<float> qs(kRowsPad * D), dos(kRowsPad * D), dqa(kRowsPad * D), s(kRowsPad * kKeyTile),
+    ScratchOf<uint16_t> kt(per_head), vt(per_head), kv(per_head);
+    ScratchOf<float> dkt(D * Tp), dvt(D * Tp);
+    ScratchOf<float> qs(kRowsPad * D), dos(kRowsPad * D), dqa(kRowsPad * D), s(kRowsPad * kKeyTile),
         dp(kRowsPad * kKeyTile), th(kRowsPad * kKeyTile), lse_r(kRowsPad), delta(kRowsPad);
-    Buf<uint16_t> qa(kRowsPad * D), qat(D * kRowsPad), doa(kRowsPad * D), doat(D * kRowsPad),
+    ScratchOf<uint16_t> qa(kRowsPad * D), qat(D * kRowsPad), doa(kRowsPad * D), doat(D * kRowsPad),
         pv(kRowsPad * kKeyTile), dsa(kRowsPad * kKeyTile), dsv(kRowsPad * kKeyTile);
     const AmxTileScope tiles;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / d.Hkv, kvh = w % d.Hkv;
       const float* kbase = k.row(b, 0, kvh, D);
       const float* vbase = v.row(b, 0, kvh, D);
-      pack_key_tiles(kbase, k.token_stride, nkeys, D, true, kt.p);   // B = K^T (S)
-      pack_key_tiles(vbase, v.token_stride, nkeys, D, true, vt.p);   // B = V^T (dP)
-      pack_key_tiles(kbase, k.token_stride, nkeys, D, false, kv.p);  // B = K (dQ)
-      std::fill_n(dkt.p, D * Tp, 0.f);
-      std::fill_n(dvt.p, D * Tp, 0.f);
-      for (int64_t blk = 0; blk < bl.nblocks && d.Tq > 0; ++blk) {
+      pack_key_tiles(kbase, k.token_stride, nkeys, D, true, kt.get());   // B = K^T (S)
+      pack_key_tiles(vbase, v.token_stride, nkeys, D, true, vt.get());   // B = V^T (dP)
+      pack_key_tiles(kbase, k.token_stride, nkeys, D, false, kv.get());  // B = K (dQ)
+      std::fill_n(dkt.get(), D * Tp, 0.f);
+      std::fill_n(dvt.get(), D * Tp, 0.f);
+      for (int64_t blk = 0; blk < bl.nblocks; ++blk) {
         const int64_t i0 = blk * bl.qb, qn = std::min(bl.qb, d.Tq - i0), R = qn * G;
-        gather_rows(q, b, kvh, i0, qn, G, D, scale, qs.p);
-        gather_rows(dout, b, kvh, i0, qn, G, D, 1.f, dos.p);
-        amx_pack_rows(qs.p, D, R, D, qa.p, kRowsPad, D);
-        amx_pack_rows_transposed(qs.p, D, R, D, qat.p, D, kRowsPad);
-        amx_pack_rows(dos.p, D, R, D, doa.p, kRowsPad, D);
-        amx_pack_rows_transposed(dos.p, D, R, D, doat.p, D, kRowsPad);
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t i = i0 + r / G, h = kvh * G + r % G;
-          lse_r.p[r] = lse.at(b, h, i);
-          delta.p[r] = ops.dot(dout.row(b, i, h, D), out.row(b, i, h, D), D);
-        }
-        std::fill_n(dqa.p, kRowsPad * D, 0.f);
+        gather_rows(q, b, kvh, i0, qn, G, D, scale, qs.get());
+        gather_rows(dout, b, kvh, i0, qn, G, D, 1.f, dos.get());
+        amx_pack_rows(qs.get(), D, R, D, qa.get(), kRowsPad, D);
+        amx_pack_rows_transposed(qs.get(), D, R, D, qat.get(), D, kRowsPad);
+        amx_pack_rows(dos.get(), D, R, D, doa.get(), kRowsPad, D);
+        amx_pack_rows_transposed(dos.get(), D, R, D, doat.get(), D, kRowsPad);
+        block_lse_and_delta(lse, dout, out, b, kvh, i0, qn, G, D, ops.dot, lse_r.get(), delta.get());
+        std::fill_n(dqa.get(), kRowsPad * D, 0.f);
         const BlockKeys bk = visible_keys(d, p, b, i0, qn);
         for (int64_t kt0 = bk.begin(); kt0 < bk.end(); kt0 += kKeyTile) {
           const int64_t n = std::min(kKeyTile, bk.end() - kt0), t = kt0 / kKeyTile;
           const int64_t tile = t * D * kKeyTile;
-          score_tile(p, bk, G, R, D, qa.p, kt.p + tile, kt0, n, s.p, th.p);
-          probs_with_pairs(s.p, R, lse_r.p, pv.p);                                                // P
-          amx_gemm_bf16(kRowsPad, kKeyTile, D, doa.p, D, vt.p + tile, 2 * kKeyTile, dp.p, kKeyTile, false);  // dP = dO V^T
-          dscores_with_packs(s.p, dp.p, R, n, delta.p, p.softcap > 0.f ? th.p : nullptr, dsa.p, dsv.p);  // dS
-          amx_gemm_bf16(D, kKeyTile, kRowsPad, doat.p, kRowsPad, pv.p, 2 * kKeyTile, dvt.p + kt0, Tp, true);  // dV^T += dO^T P
-          amx_gemm_bf16(kRowsPad, D, kKeyTile, dsa.p, kKeyTile, kv.p + tile, 2 * D, dqa.p, D, true);  // dQ += dS K
-          amx_gemm_bf16(D, kKeyTile, kRowsPad, qat.p, kRowsPad, dsv.p, 2 * kKeyTile, dkt.p + kt0, Tp, true);  // dK^T += Qs^T dS
+          score_tile(p, bk, G, R, D, qa.get(), kt.get() + tile, kt0, n, s.get(), th.get());
+          probs_with_pairs(s.get(), R, lse_r.get(), pv.get());                                                // P
+          amx_gemm_bf16(kRowsPad, kKeyTile, D, doa.get(), D, vt.get() + tile, 2 * kKeyTile, dp.get(), kKeyTile, false);  // dP = dO V^T
+          dscores_with_packs(s.get(), dp.get(), R, n, delta.get(), p.softcap > 0.f ? th.get() : nullptr, dsa.get(), dsv.get());  // dS
+          amx_gemm_bf16(D, kKeyTile, kRowsPad, doat.get(), kRowsPad, pv.get(), 2 * kKeyTile, dvt.get() + kt0, Tp, true);  // dV^T += dO^T P
+          amx_gemm_bf16(kRowsPad, D, kKeyTile, dsa.get(), kKeyTile, kv.get() + tile, 2 * D, dqa.get(), D, true);  // dQ += dS K
+          amx_gemm_bf16(D, kKeyTile, kRowsPad, qat.get(), kRowsPad, dsv.get(), 2 * kKeyTile, dkt.get() + kt0, Tp, true);  // dK^T += Qs^T dS
         }
-        for (int64_t r = 0; r < R; ++r) {
-          float* dst = dq.row(b, i0 + r / G, kvh * G + r % G, D);
-          for (int64_t e = 0; e < D; ++e) dst[e] = dqa.p[r * D + e] * scale;
-        }
+        scatter_rows(dqa.get(), b, kvh, i0, qn, G, D, scale, dq);
       }
       for (int64_t t = 0; t < d.Tk; ++t) {
         float* dkr = dk.row(b, t, kvh, D);
         float* dvr = dv.row(b, t, kvh, D);
         for (int64_t e = 0; e < D; ++e) {
-          dkr[e] = t < Tp ? dkt.p[e * Tp + t] : 0.f;
-          dvr[e] = t < Tp ? dvt.p[e * Tp + t] : 0.f;
+          dkr[e] = t < Tp ? dkt.get()[e * Tp + t] : 0.f;
+          dvr[e] = t < Tp ? dvt.get()[e * Tp + t] : 0.f;
         }
       }
     }

@@ -1,6 +1,7 @@
 // The CPU attention kernels with AMX-BF16 products (attention_amx.cc): the contracts of
 // attention_forward_cpu / attention_backward_cpu, for AttentionParams::bf16_products on a
-// CPU with AMX (cpu_has(IsaLevel::kAmx)). Internal to kernels/.
+// CPU with AMX (cpu_has(IsaLevel::kAmx)) and dims amx_attention_supports takes. Internal
+// to kernels/.
 #pragma once
 #include "tessera/kernels/cpu/attention_cpu.h"
 

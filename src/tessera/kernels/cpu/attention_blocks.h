@@ -113,4 +113,36 @@ inline void gather_rows(const AttnView& x, int64_t b, int64_t kvh, int64_t i0, i
   }
 }
 
+// The inverse of gather_rows: x's rows of the block = mul * src (R = qn G rows of D).
+inline void scatter_rows(const float* src, int64_t b, int64_t kvh, int64_t i0, int64_t qn, int64_t G, int64_t D,
+                         float mul, const AttnView& x) {
+  for (int64_t r = 0; r < qn * G; ++r) {
+    float* dst = x.row(b, i0 + r / G, kvh * G + r % G, D);
+    for (int64_t e = 0; e < D; ++e) dst[e] = src[r * D + e] * mul;
+  }
+}
+
+// Writes out = o / l and lse = m + log l for the block's rows (lse.data null: no lse).
+inline void store_rows(const AttnView& out, const LseView& lse, int64_t b, int64_t kvh, int64_t i0, int64_t qn,
+                       int64_t G, int64_t D, const float* o, const float* m, const float* l) {
+  for (int64_t r = 0; r < qn * G; ++r) {
+    const int64_t i = i0 + r / G, h = kvh * G + r % G;
+    float* dst = out.row(b, i, h, D);
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int64_t e = 0; e < D; ++e) dst[e] = o[r * D + e] * inv;
+    if (lse.data) lse.at(b, h, i) = l[r] > 0.f ? m[r] + std::log(l[r]) : kNegInf;
+  }
+}
+
+// The backward's per-row inputs of a block: the saved log-sum-exp and delta = dout . out.
+template <typename Dot>
+void block_lse_and_delta(const LseView& lse, const AttnView& dout, const AttnView& out, int64_t b, int64_t kvh,
+                         int64_t i0, int64_t qn, int64_t G, int64_t D, Dot dot, float* lse_r, float* delta) {
+  for (int64_t r = 0; r < qn * G; ++r) {
+    const int64_t i = i0 + r / G, h = kvh * G + r % G;
+    lse_r[r] = lse.at(b, h, i);
+    delta[r] = dot(dout.row(b, i, h, D), out.row(b, i, h, D), D);
+  }
+}
+
 }  // namespace tessera::kernels::cpu::attn

@@ -89,18 +89,6 @@ void forward_range(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, in
   }
 }
 
-// Writes out = o / l and lse = m + log l for the block's rows.
-void store_rows(const ForwardJob& job, int64_t b, int64_t kvh, int64_t i0, int64_t qn,
-                const float* o, const float* m, const float* l) {
-  const int64_t G = job.bl.G, D = job.d.D;
-  for (int64_t r = 0; r < qn * G; ++r) {
-    const int64_t i = i0 + r / G, h = kvh * G + r % G;
-    float* dst = job.out.row(b, i, h, D);
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    for (int64_t e = 0; e < D; ++e) dst[e] = o[r * D + e] * inv;
-    if (job.lse.data) job.lse.at(b, h, i) = l[r] > 0.f ? m[r] + std::log(l[r]) : kNegInf;
-  }
-}
 
 // Work item w -> (b, kv head, block, split). Blocks are visited in the order 0, n-1, 1,
 // n-2, ... so the contiguous chunks parallel_for hands out mix cheap early (causal) blocks
@@ -141,7 +129,7 @@ void run_forward(const ForwardJob& job) {
       const int64_t kbeg = bk.begin(), kend = bk.end();
       if (job.nsplit == 1) {
         forward_range(job, it.b, it.kvh, i0, qn, bk, kbeg, kend, qs, kt, s, o, m, l);
-        store_rows(job, it.b, it.kvh, i0, qn, o, m, l);
+        store_rows(job.out, job.lse, it.b, it.kvh, i0, qn, job.bl.G, D, o, m, l);
         continue;
       }
       // Split-K: tile-aligned key ranges; an empty range leaves l = 0 (weight 0 in the merge).
@@ -178,7 +166,7 @@ void run_forward(const ForwardJob& job) {
           for (int64_t e = 0; e < D; ++e) o[r * D + e] += part[r * D + e] * wgt;
         }
       }
-      store_rows(job, it.b, it.kvh, i0, qn, o.data(), m.data(), l.data());
+      store_rows(job.out, job.lse, it.b, it.kvh, i0, qn, job.bl.G, D, o.data(), m.data(), l.data());
     }
   });
 }
@@ -220,11 +208,7 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
     const int64_t R = qn * G;
     gather_rows(job.q, b, kvh, i0, qn, G, D, scale, qs);
     gather_rows(job.dout, b, kvh, i0, qn, G, D, 1.f, dos);
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t i = i0 + r / G, h = kvh * G + r % G;
-      lse_r[r] = job.lse.at(b, h, i);
-      delta[r] = ops.dot(job.dout.row(b, i, h, D), job.out.row(b, i, h, D), D);
-    }
+    block_lse_and_delta(job.lse, job.dout, job.out, b, kvh, i0, qn, G, D, ops.dot, lse_r, delta);
     std::fill_n(dqa, R * D, 0.f);
     const BlockKeys bk = visible_keys(d, job.p, b, i0, qn);
     const int64_t kend = bk.end();
@@ -251,10 +235,7 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
       ops.gemm(n, D, R, dp, 1, kKeyTile, qs, D, dkbase + kt0 * job.dk.token_stride,
                job.dk.token_stride, true);
     }
-    for (int64_t r = 0; r < R; ++r) {
-      float* dst = job.dq.row(b, i0 + r / G, kvh * G + r % G, D);
-      for (int64_t e = 0; e < D; ++e) dst[e] = dqa[r * D + e] * scale;
-    }
+    scatter_rows(dqa, b, kvh, i0, qn, G, D, scale, job.dq);
   }
 }
 

@@ -9,20 +9,21 @@
 
 namespace tessera::kernels::cpu {
 
-// A 64-byte aligned float buffer for an attention kernel's per-thread tiles.
-class Scratch {
+// A 64-byte aligned buffer of T for an attention kernel's per-thread tiles.
+template <typename T>
+class ScratchOf {
  public:
-  explicit Scratch(int64_t floats)
-      : data_(static_cast<float*>(
-            base::aligned_malloc(sizeof(float) * std::max<int64_t>(floats, 1)))) {}
-  float* get() const { return data_.get(); }
+  explicit ScratchOf(int64_t n)
+      : data_(static_cast<T*>(base::aligned_malloc(sizeof(T) * std::max<int64_t>(n, 1)))) {}
+  T* get() const { return data_.get(); }
 
  private:
   struct Free {
-    void operator()(float* p) const { base::aligned_free(p); }
+    void operator()(T* p) const { base::aligned_free(p); }
   };
-  std::unique_ptr<float, Free> data_;
+  std::unique_ptr<T, Free> data_;
 };
+using Scratch = ScratchOf<float>;
 
 struct AttnTileOps {
   // C (M, N) = (accumulate ? C : 0) + sum_k A(i, k) * B(k, :), where A(i, k) = a[i*a_si + k*a_sk]
