@@ -202,7 +202,9 @@ TEST(GgufModel, QuantizedExportsRunQuantizedWithTheirDequantizedValues) {
     EXPECT_EQ(f->tensor("blk.1.ffn_down.weight")->type, model::parse_gguf_export_type(k.type));
     const model::Model q = model::Model::load(path);
     ASSERT_TRUE(q.quantized());
-    EXPECT_EQ(q.weights_description(), k.scheme);
+    // The head runs as stored too: export writes it at Q8_0 under every quantized type.
+    EXPECT_EQ(q.weights_description(), std::string(k.scheme) + ", lm_head int8 g32");
+    ASSERT_NE(q.quantized_lm_head(), nullptr);
     EXPECT_LT(q.matmul_weight_bytes(), m.matmul_weight_bytes());
     const Tensor got = logits_of(q), want = logits_of(dequantized_reference(m, path));
     EXPECT_LT(max_abs_diff(got, want), product_tolerance(want));

@@ -61,7 +61,7 @@ struct GenerateFlags {
   std::string draft_model;
   int tp = 1;
   int ep = 1;
-  std::string quantization;
+  model::LoadQuantization quantization;
   std::string json_schema, regex, grammar;  // structured outputs (one at most)
 };
 
@@ -245,9 +245,7 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--output", f->output, "With --input: JSON-lines results, one per request (- for standard output)");
   add_engine_flags(cmd, f->engine, f->no_prefix_caching);
   cmd->add_option("--draft-model", f->draft_model, "Draft model directory (same tokenizer)");
-  cmd->add_option("--quantization", f->quantization,
-                  "Quantize the block linears on load (round-to-nearest): int8, int4 (g128), fp8, "
-                  "w8a8; a quantized checkpoint (tessera quantize, AutoGPTQ) runs as stored");
+  add_quantization_flags(cmd, f->quantization);
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks: threads of this process, or mpirun's -np ranks "
                   "(docs/parallelism.md)")
@@ -266,7 +264,8 @@ void add_eval(CLI::App& app, Action& action) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("perplexity", "Mean negative log-likelihood and perplexity");
   struct Flags {
-    std::string model, ids, data, dtype = "f32", quantization;
+    std::string model, ids, data, dtype = "f32";
+    model::LoadQuantization quantization;
     int64_t ctx = 0;
   };
   auto f = std::make_shared<Flags>();
@@ -275,7 +274,7 @@ void add_eval(CLI::App& app, Action& action) {
   ppl->add_option("--ids", f->ids, "File of whitespace-separated token ids (instead of --data)");
   ppl->add_option("--ctx", f->ctx, "Window length (default: min(max positions, 1024))");
   ppl->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
-  ppl->add_option("--quantization", f->quantization, "Quantize on load: int8, int4, fp8, w8a8");
+  add_quantization_flags(ppl, f->quantization);
   ppl->callback([&action, f] {
     action = [f] {
       TESSERA_CHECK(f->data.empty() != f->ids.empty(), "give exactly one of --data FILE or --ids FILE");

@@ -22,6 +22,7 @@ struct QuantizeFlags {
   int64_t calib_samples = 32, calib_seq = 256;
   double damp = 0.01, alpha = 0.5;
   bool act_order = false;
+  bool lm_head = false;
 };
 
 // calib_samples sequences of calib_seq tokens from the text, through the model's tokenizer.
@@ -50,6 +51,7 @@ int run_quantize(const QuantizeFlags& f) {
   o.damp_percent = f.damp;
   o.act_order = f.act_order;
   o.alpha = f.alpha;
+  o.lm_head = f.lm_head;
   TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
                 "--out ", f.out, " is the input model directory; write the quantized model elsewhere");
   TESSERA_CHECK(f.method == "rtn" || !f.calib.empty(), "--method ", f.method,
@@ -99,6 +101,9 @@ void add_quantize(CLI::App& app, Action& action) {
   cmd->add_option("--damp", f->damp, "GPTQ damping (fraction of the mean Hessian diagonal)")->capture_default_str();
   cmd->add_flag("--act-order", f->act_order, "GPTQ: quantize columns in order of decreasing activation energy");
   cmd->add_option("--alpha", f->alpha, "SmoothQuant migration strength")->capture_default_str();
+  cmd->add_flag("--quantize-lm-head", f->lm_head,
+                "Quantize the head too, int8 per output channel (gptq / rtn; saved as GPTQModel's "
+                "\"lm_head\": true)");
   cmd->add_option("--dtype", f->dtype, "dtype of the tensors left in float (embeddings, norms, head)")
       ->capture_default_str();
   cmd->callback([&action, f] { action = [f] { return run_quantize(*f); }; });

@@ -27,7 +27,7 @@ struct ServeFlags {
   bool no_prefix_caching = false;
   int tp = 1;
   int ep = 1;
-  std::string quantization;
+  model::LoadQuantization quantization;
   std::vector<std::string> lora;  // --lora NAME=DIR
 };
 
@@ -125,6 +125,7 @@ int run_serve(ServeFlags f) {
   } else {
     // Random weights of a named shape: for benchmarks (token-id prompts only).
     model = model::Model::random(model::ModelConfig::named_shape(f.shape), parse_dtype(f.dtype), f.seed);
+    model::quantize_on_load(*model, f.quantization);
     if (f.server.model_name.empty()) f.server.model_name = f.shape;
   }
   if (!tmpl) tmpl = serve::ChatTemplate::chatml();
@@ -160,9 +161,7 @@ void add_serve(CLI::App& app, Action& action) {
   cmd->add_option("--model", f->model, "Hugging Face model directory or GGUF file");
   cmd->add_option("--shape", f->shape, "Serve random weights of a named shape (small, 1b, tiny) for benchmarks");
   cmd->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
-  cmd->add_option("--quantization", f->quantization,
-                  "Quantize the block linears on load: int8, int4, fp8, w8a8 (a quantized "
-                  "checkpoint runs as stored)");
+  add_quantization_flags(cmd, f->quantization);
   cmd->add_option("--seed", f->seed, "Seed of the random weights (--shape)")->capture_default_str();
   auto& s = f->server;
   cmd->add_option("--host", s.host, "Address to bind (0.0.0.0 to expose)")->capture_default_str();

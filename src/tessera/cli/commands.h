@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/infer/engine.h"
+#include "tessera/model/quantize.h"
 #include "tessera/train/chat_data.h"
 
 namespace tessera::cli {
@@ -31,6 +32,8 @@ void add_serve(CLI::App& app, Action& action);      // cmd_serve.cc
 void add_router(CLI::App& app, Action& action);     // cmd_router.cc
 // --kv-cache-memory, --block-size, --max-num-seqs, ... (engine_flags.cc).
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching);
+// --quantization SCHEME and --quantize-lm-head: quantizing a float model on load.
+void add_quantization_flags(CLI::App* cmd, model::LoadQuantization& q);
 
 // Chat data (chat_data.cc): a JSONL of {"messages": [...]} rendered with the chat template of
 // tokenizer_dir (ChatML when it has none) into a chat data directory (train/chat_data.h),

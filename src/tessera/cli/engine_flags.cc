@@ -48,4 +48,13 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
       ->type_name("W");
 }
 
+void add_quantization_flags(CLI::App* cmd, model::LoadQuantization& q) {
+  cmd->add_option("--quantization", q.scheme,
+                  "Quantize the block linears on load (round-to-nearest): int8, int4 (g128), fp8, w8a8; a "
+                  "quantized checkpoint (tessera quantize, AutoGPTQ, AutoAWQ, GGUF) runs as stored");
+  cmd->add_flag("--quantize-lm-head", q.lm_head,
+                "With --quantization int8 or int4: the head too, int8 per output channel (as llama.cpp "
+                "quantizes its output tensor; faster decode, see docs/quantization.md)");
+}
+
 }  // namespace tessera::cli

@@ -160,7 +160,7 @@ int64_t TpGroup::run_worker(const model::Model& shard) {
 
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                         const std::function<int(const model::Model&, TpGroup*)>& lead,
-                        const std::string& quantization, int ep) {
+                        const model::LoadQuantization& quantization, int ep) {
   TESSERA_CHECK(tp >= 1, "--tp ", tp, " must be >= 1");
   TESSERA_CHECK(ep >= 1, "--ep ", ep, " must be >= 1");
   const int ranks = tp * ep;
@@ -172,7 +172,7 @@ int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
     model::quantize_on_load(m, quantization);
     return lead(m, nullptr);
   }
-  TESSERA_CHECK(quantization.empty() || quantization == "none", "--quantization ", quantization,
+  TESSERA_CHECK(quantization.none() && !quantization.lm_head, "--quantization ", quantization.scheme,
                 " with ", flag, ": tensor- or expert-parallel quantized weights are not supported yet");
   int rc = 0;
   auto body = [&](comm::Communicator& comm) {

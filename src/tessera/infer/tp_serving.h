@@ -17,6 +17,7 @@
 #include "tessera/infer/kv_pool.h"
 #include "tessera/kernels/paged_attention.h"
 #include "tessera/model/model.h"
+#include "tessera/model/quantize.h"
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::infer {
@@ -76,13 +77,13 @@ class TpGroup {
 // `dtype`) and the group, while ranks 1..tp-1 serve as workers until it returns: ranks as
 // the processes of mpirun (its world must be tp ranks) or, outside mpirun, as tp threads
 // of this process. tp == 1 runs lead on the whole model with no group. Returns lead's value.
-// `quantization` (a scheme name, "" for none) quantizes the whole model on load (tp 1 only).
+// `quantization` (a scheme, "" for none) quantizes the whole model on load (tp 1 only).
 // ep > 1 (a mixture-of-experts model; tp must be 1): the experts are split over ep ranks
 // (each loads only its own), the rest replicated; every rank runs each step over its own
 // whole KV cache, the MoE layers exchanging tokens over the group (model::
 // moe_forward_replicated). The world is then ep ranks.
 int run_tensor_parallel(int tp, const std::string& dir, DType dtype,
                         const std::function<int(const model::Model&, TpGroup*)>& lead,
-                        const std::string& quantization = "", int ep = 1);
+                        const model::LoadQuantization& quantization = {}, int ep = 1);
 
 }  // namespace tessera::infer

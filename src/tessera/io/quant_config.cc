@@ -2,6 +2,7 @@
 #include "tessera/io/quant_config.h"
 
 #include <cctype>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -26,12 +27,32 @@ void check_quant_format(const QuantCheckpointFormat& f, const std::string& where
                   " is not supported (-1 or a positive number of input features)");
     TESSERA_CHECK(f.gptq_version == 1 || f.gptq_version == 2, where, ": gptq checkpoint format v",
                   f.gptq_version, " is not supported (gptq or gptq_v2)");
+    if (const auto& o = f.lm_head_override) {
+      TESSERA_CHECK(o->bits == 4 || o->bits == 8, where, ": lm_head bits = ", o->bits, " is not supported (4 or 8)");
+      TESSERA_CHECK(o->group_size == -1 || o->group_size > 0, where, ": lm_head group_size = ", o->group_size,
+                    " is not supported (-1 or a positive number of input features)");
+    }
   } else {
     TESSERA_CHECK(f.bits == 4, where, ": awq bits = ", f.bits, " is not supported (4)");
     TESSERA_CHECK(f.group_size > 0, where, ": awq group_size = ", f.group_size,
                   " is not supported (a positive number of input features)");
     TESSERA_CHECK(!f.desc_act, where, ": awq has no act-order (desc_act must be false)");
   }
+  TESSERA_CHECK(f.method == "gptq" || (!f.lm_head && !f.lm_head_override), where, ": a quantized lm_head is ",
+                "written in gptq's format only (", f.method, " keeps lm_head in float)");
+}
+
+QuantCheckpointFormat QuantCheckpointFormat::lm_head_format() const {
+  QuantCheckpointFormat h = *this;
+  if (lm_head_override) {
+    h.bits = lm_head_override->bits;
+    h.group_size = lm_head_override->group_size;
+    h.sym = lm_head_override->sym;
+    h.desc_act = lm_head_override->desc_act;
+  }
+  h.lm_head = false;
+  h.lm_head_override.reset();
+  return h;
 }
 
 // ---- quantization_config ---------------------------------------------------------------
@@ -152,6 +173,57 @@ QuantCheckpointFormat parse_compressed_tensors(const nlohmann::json& j, const st
   return f;
 }
 
+// GPTQModel's per-module rules, "dynamic": {"+:REGEX" (or "REGEX"): {overrides}, "-:REGEX":
+// {}} matched from the start of a module's name (Python's re.match), as GPTQModel and vLLM
+// apply them. Rules for lm_head alone are read (its bits, group_size, sym, desc_act, or
+// "-:" leaving it float); a rule that reaches the block's modules is a one-line error.
+void parse_dynamic(const nlohmann::json& j, QuantCheckpointFormat& f, const std::string& where) {
+  const auto it = j.find("dynamic");
+  if (it == j.end() || it->is_null()) return;
+  TESSERA_CHECK(it->is_object(), where, ".dynamic: expected an object of module rules, got ", json_brief(*it));
+  for (const auto& [key, rule] : it->items()) {
+    const std::string path = where + ".dynamic[\"" + key + "\"]";
+    const bool negative = key.rfind("-:", 0) == 0;
+    const std::string pattern = negative || key.rfind("+:", 0) == 0 ? key.substr(2) : key;
+    std::regex re;
+    try {
+      re = std::regex(pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error&) {
+      fail(path, ": '", pattern, "' is not a regular expression");
+    }
+    const auto matches = [&](const char* name) {
+      return std::regex_search(name, re, std::regex_constants::match_continuous);
+    };
+    TESSERA_CHECK(matches("lm_head"), path, ": per-module rules are read for lm_head only (this one does not "
+                  "match lm_head)");
+    for (const char* block : {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"})
+      TESSERA_CHECK(!matches(block), path, ": per-module rules are read for lm_head only (this one also matches ",
+                    block, ")");
+    if (negative) {  // lm_head is skipped: it stays float
+      f.lm_head = false;
+      continue;
+    }
+    TESSERA_CHECK(rule.is_object(), path, ": expected an object of overrides, got ", json_brief(rule));
+    QuantCheckpointFormat::ModuleOverride o{f.bits, f.group_size, f.sym, f.desc_act};
+    for (const auto& [k, v] : rule.items()) {
+      if (k == "bits") {
+        TESSERA_CHECK(v == 4 || v == 8, path, ".bits = ", json_brief(v), " is not supported (4 or 8)");
+        o.bits = v.get<int>();
+      } else if (k == "group_size") {
+        TESSERA_CHECK(json_int_in(v, -1, int64_t{1} << 30) && v != 0, path, ".group_size = ", json_brief(v),
+                      " is not supported (-1 or a positive number of input features)");
+        o.group_size = v.get<int64_t>();
+      } else if (k == "sym" || k == "desc_act") {
+        TESSERA_CHECK(v.is_boolean(), path, ".", k, ": expected true or false, got ", json_brief(v));
+        (k == "sym" ? o.sym : o.desc_act) = v.get<bool>();
+      } else {
+        fail(path, ".", k, " is not supported (bits, group_size, sym, desc_act)");
+      }
+    }
+    f.lm_head_override = o;
+  }
+}
+
 }  // namespace
 
 QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const std::string& source) {
@@ -209,6 +281,11 @@ QuantCheckpointFormat parse_quantization_config(const nlohmann::json& j, const s
       f.modules_to_not_convert.push_back(m.get<std::string>());
     }
   }
+  if (gptq) {
+    f.lm_head = json_bool(j, "lm_head", false, where);
+    parse_dynamic(j, f, where);
+    if (!f.lm_head) f.lm_head_override.reset();
+  }
   f.quantizer = quantizer_of(j, where);
   return f;
 }
@@ -258,6 +335,12 @@ nlohmann::json quantization_config_json(const QuantCheckpointFormat& f) {
          {"model_name_or_path", nullptr},
          {"model_file_base_name", "model"}};
     if (!not_convert.is_null()) j["modules_to_not_convert"] = not_convert;
+    if (f.lm_head) j["lm_head"] = true;
+    if (f.lm_head && f.lm_head_override) {
+      const auto& o = *f.lm_head_override;
+      j["dynamic"] = {{"+:lm_head",
+                       {{"bits", o.bits}, {"group_size", o.group_size}, {"sym", o.sym}, {"desc_act", o.desc_act}}}};
+    }
   }
   if (!f.quantizer.empty())
     j["meta"] = {{"quantizer", nlohmann::json::array({f.quantizer.find(':') == std::string::npos

@@ -4,6 +4,7 @@
 // token at run time, and for fp8 e4m3 weights per channel or group). Parsing only: the tensors themselves are io/quant_checkpoint.h's.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,19 @@ struct QuantCheckpointFormat {
   // fp8 with dynamic per-token fp8 activations (llm-compressor's FP8_DYNAMIC): run here
   // with float activations (weight-only, as vLLM's Marlin fallback does), written back as read.
   bool fp8_activations = false;
+  // gptq: lm_head is quantized too (GPTQModel's "lm_head": true, which vLLM reads), with
+  // the body's bits and group unless "dynamic" overrides them for it ({"+:lm_head":
+  // {"bits": 8, "group_size": -1}}, GPTQModel's per-module rules). Otherwise it stays float.
+  bool lm_head = false;
+  struct ModuleOverride {
+    int bits = 8;
+    int64_t group_size = -1;
+    bool sym = true;
+    bool desc_act = false;
+  };
+  std::optional<ModuleOverride> lm_head_override;
+  // The format lm_head's tensors are in (the body's with the override applied).
+  QuantCheckpointFormat lm_head_format() const;
 };
 
 // config.json's quantization_config: one-line errors naming the field at fault (an

@@ -11,6 +11,7 @@
 #include "tessera/kernels/elementwise.h"
 #include "tessera/kernels/embedding.h"
 #include "tessera/kernels/matmul.h"
+#include "tessera/kernels/quant.h"
 #include "tessera/kernels/rope.h"
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
@@ -378,6 +379,10 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     for (auto& [name, g] : grads.unit_tensors(c, head))
       if (name.rfind("layers.", 0) == 0 || name.rfind("mtp.", 0) == 0) g->zero();
   };
+  // The head's weight for its products. A quantized head (QLoRA over a GPTQModel checkpoint
+  // with lm_head quantized) runs through its dequantized weight, as the block linears do.
+  // (Set once the head's unit is prepared, below.)
+  Tensor head_w;
   auto mtp_backward = [&](MtpActivations& t, Tensor& d_hf, Tensor& d_emb) {
     const int64_t T = acts.T;
     Tensor targets_m = Tensor::empty({N}, DType::kI32);
@@ -392,13 +397,13 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     if (count_m == 0) return clear_mtp_grads();  // nothing to predict
     const MtpParams& P = weights_.mtp;
     Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
-    kernels::matmul(matmul_input(t.hm, pm), compute_lm_head(), logits, false, true);
+    kernels::matmul(matmul_input(t.hm, pm), head_w, logits, false, true);
     const float scale = static_cast<float>(mtp_loss_weight_) * grad_scale / static_cast<float>(count_m);
     const auto ce = head_cross_entropy(*this, logits, targets_m, scale);
     result.mtp_loss = ce.loss_sum / static_cast<double>(ce.count);
     round_matmul_input_in_place(logits, mode);
     Tensor dhm = Tensor::empty({N, H}, DType::kF32), dx = Tensor::empty({N, H}, DType::kF32), none;
-    kernels::matmul(matmul_input(logits, pm), compute_lm_head(), dhm, false, false);
+    kernels::matmul(matmul_input(logits, pm), head_w, dhm, false, false);
     tp_reduce(*this, dhm);  // vocab-parallel head: each rank's part from its rows
     matmul_weight_grad(logits, t.hm, grads.lm_head, pm, !assign);  // (the first writer; the head's adds)
     mtp_wrote_head = true;
@@ -418,6 +423,11 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
   if (last) {
     prepare(head);
     if (tied && first) prepare(0);
+    head_w = compute_lm_head();
+    if (quant_lm_head_) {
+      head_w = kernels::dequantize(*quant_lm_head_);
+      if (mode == Bf16Mode::kNative) head_w = head_w.to(DType::kBF16);
+    }
     Tensor d_hf_mtp;  // ... and w.r.t. the final hidden state, added to the head's below
     if (acts.mtp)
       mtp_backward(*acts.mtp, d_hf_mtp, d_mtp_emb);
@@ -433,7 +443,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
     } else {
       // Loss and d(loss)/d(logits), written over the logits.
       Tensor logits = Tensor::empty({N, dims_.vocab}, DType::kF32);
-      kernels::matmul(matmul_input(hf, pm), compute_lm_head(), logits, false, true);
+      kernels::matmul(matmul_input(hf, pm), head_w, logits, false, true);
       Tensor capped;  // gemma2: the soft-capped logits, for the cap's derivative below
       if (c.final_softcap > 0) {
         softcap_logits(c, logits);
@@ -451,7 +461,7 @@ Tensor Model::backward_chunk(ChunkPass& pass, const Tensor& targets, const Tenso
       // lm_head: logits = hf @ Wlm^T. The residual stream's rows here: all N, or this rank's
       // N / tp under sequence parallelism (dh_full then holds the tp region's partial sums
       // over every row).
-      kernels::matmul(matmul_input(dlogits, pm), compute_lm_head(), dh_full, false, false);
+      kernels::matmul(matmul_input(dlogits, pm), head_w, dh_full, false, false);
       if (grads.lm_head.defined())  // (undefined: a frozen base)
         matmul_weight_grad(dlogits, hf, grads.lm_head, pm, head_accumulates);
     }

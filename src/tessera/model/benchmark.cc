@@ -33,7 +33,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 Model bench_model(const BenchOptions& o) {
   Model m = !o.model_dir.empty() ? Model::load(o.model_dir, o.dtype)
                                  : Model::random(ModelConfig::named_shape(o.shape), o.dtype, 1234);
-  quantize_on_load(m, o.weights);
+  quantize_on_load(m, LoadQuantization(o.weights, o.quantize_lm_head));
   return m;
 }
 

@@ -12,6 +12,7 @@ struct BenchOptions {
   std::string shape = "small";
   DType dtype = DType::kBF16;
   std::string weights;          // quantize the block linears: int8 | int4 | fp8 | w8a8 ("" none)
+  bool quantize_lm_head = false;  // ... and the head (int8 per channel; with int8 / int4)
   int64_t prompt_tokens = 512;  // prefill length; decode starts after a prompt of 32
   int64_t decode_tokens = 64;
   int repeats = 3;              // median of this many runs

@@ -10,6 +10,7 @@
 #include "tessera/kernels/embedding.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/kernels/norm.h"
+#include "tessera/kernels/quant.h"
 #include "tessera/kernels/rope.h"
 #include "tessera/model/layer_ops.h"
 #include "tessera/model/lora_ops.h"
@@ -273,9 +274,14 @@ Tensor head_logits(const Model& m, const Tensor& h, bool rowwise) {
   const int64_t R = h.size(0);
   const LocalDims& d = m.dims();
   Tensor local = Tensor::empty({R, d.vocab}, DType::kF32);
-  by_rows(matmul_input(h, m.bf16_mode()), local, rowwise, [&](const Tensor& hi, Tensor& li) {
-    kernels::matmul(hi, m.compute_lm_head(), li, false, true);
-  });
+  if (const kernels::QuantWeight* q = m.quantized_lm_head()) {  // (whole models only: d.vocab is V)
+    by_rows(h.dtype() == DType::kF32 ? h : h.to(DType::kF32), local, rowwise,
+            [&](const Tensor& hi, Tensor& li) { kernels::quant_matmul(hi, *q, li); });
+  } else {
+    by_rows(matmul_input(h, m.bf16_mode()), local, rowwise, [&](const Tensor& hi, Tensor& li) {
+      kernels::matmul(hi, m.compute_lm_head(), li, false, true);
+    });
+  }
   TpComm* tp = m.tp_comm();
   if (!tp) {
     softcap_logits(m.config(), local);

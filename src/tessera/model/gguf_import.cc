@@ -177,6 +177,23 @@ Model Model::load_gguf(const std::string& path, DType dtype, TpShard shard, cons
         lin.quant = std::move(q);
         lin.weight = Tensor();  // pieces() below skips it
       }
+  // The head runs as stored too where its type has a quantized form in groups of 32 (Q8_0,
+  // Q4_0, Q4_K; a tied head is token_embd's rows), beside a float embedding table; an
+  // untied float head is then never allocated. Q6_K (llama.cpp's usual output type) is
+  // dequantized: its groups of 16 take the GEMV's scalar tail, slower than a float head.
+  if (quantized) {
+    const std::string head = gguf_tensor_name("lm_head.weight");
+    const std::string name = file->tensor(head) || !c.tie_word_embeddings ? head : gguf_tensor_name(embedding_name(c));
+    const io::GgufTensorInfo* t = file->tensor(name);
+    if (t && keeps_quantization(t->type) && t->type != io::GgmlType::kQ6_K) {
+      const io::GgufTensorInfo& info = rd.tensor(name, c.vocab_size, c.hidden_size);
+      std::string keep;
+      auto q = io::gguf_quant_weight(info.type, rd.bytes(info, rd.heads_of(name), keep), c.vocab_size, c.hidden_size);
+      q->validate(path + ": " + name);
+      m.quant_lm_head_ = std::make_shared<kernels::QuantWeight>(std::move(*q));
+      if (!c.tie_word_embeddings) m.weights_.lm_head = Tensor();
+    }
+  }
 
   // Every float tensor (or this shard's block of it), by its Hugging Face name. A tied head
   // on a pipeline stage without the embeddings reads them.

@@ -17,7 +17,8 @@ bool vocab_major_head(const Model& m) {
     return e && std::strcmp(e, "rows") == 0;
   }();
   return !rows && m.bf16_mode() == Bf16Mode::kNative && !m.tp_comm() && !m.sequence_parallel() &&
-         m.config().final_softcap <= 0 && m.compute_lm_head().dtype() == DType::kBF16;
+         m.config().final_softcap <= 0 && !m.quantized_lm_head() &&
+         m.compute_lm_head().dtype() == DType::kBF16;
 }
 
 kernels::CrossEntropyResult head_loss_vocab_major(const Model& m, const Tensor& h,

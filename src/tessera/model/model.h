@@ -198,11 +198,18 @@ class Model {
   // finish_quantization once. Layer l's compute copies follow at once.
   void quantize_layer(int64_t layer, const LinearQuantizer& quantize);
   void finish_quantization(std::optional<io::QuantCheckpointFormat> format);
+  // The head quantized too (llama.cpp quantizes its output tensor; GPTQModel's lm_head =
+  // True): logits come from quantize(W) of the (V, H) f32 head, and an untied float head is
+  // freed (a tied one stays: it is the embedding table). Before or after the linears, once.
+  void quantize_lm_head(const std::function<kernels::QuantWeight(const Tensor& weight)>& quantize);
+  // The quantized head, or nullptr when the head is float.
+  const kernels::QuantWeight* quantized_lm_head() const { return quant_lm_head_.get(); }
   bool quantized() const { return quantized_; }
-  // The scheme of the quantized linears ("int4 g128", "bf16" when not quantized).
+  // The scheme of the quantized linears ("int4 g128", "bf16" when not quantized), and the
+  // head's when it is quantized ("int4 g128 (gptq), lm_head int8").
   std::string weights_description() const;
-  // Bytes of matmul weights one decoded token reads: the block linears as stored
-  // (quantized or in the compute dtype) and the head.
+  // Bytes of matmul weights one decoded token reads: the block linears and the head as
+  // stored (quantized or in the compute dtype).
   int64_t matmul_weight_bytes() const;
 
   const ModelConfig& config() const { return config_; }
@@ -412,6 +419,7 @@ class Model {
   bool unit_holds_lm_head(int unit) const;  // whose weights the matmul lm_head is
   std::vector<int64_t> unit_layers(int unit) const;  // the blocks a TrainHooks unit holds
   bool quantized_ = false;
+  std::shared_ptr<const kernels::QuantWeight> quant_lm_head_;  // quantize_lm_head / a checkpoint's
   // MoE models: inference routing counts, made at the first count (copies made after it share it).
   mutable std::shared_ptr<ExpertLoad> expert_load_;
   std::shared_ptr<ExpertLoad> expert_counter() const;  // expert_load_, made at the first count

@@ -336,6 +336,8 @@ void save_hf_directory(const std::string& dir,
 }
 
 void Model::save(const std::string& dir, uint64_t max_shard_bytes) const {
+  TESSERA_CHECK(quantized_ || !quant_lm_head_, "saving: a quantized lm_head over float linears has no "
+                "checkpoint format (quantize the linears too)");
   auto tensors = weights_.named(config_);
   if (quantized_)
     for (auto& t : quantized_tensors()) tensors.push_back(std::move(t));
@@ -512,7 +514,12 @@ void Model::refresh_compute_unit(int unit) {
     dst.down.bias = src.down.bias;
     pack_layer(l);
   }
-  if (unit_holds_lm_head(unit)) convert(weights_.lm_head, compute_.lm_head);
+  if (unit_holds_lm_head(unit)) {
+    if (quant_lm_head_)
+      compute_.lm_head = Tensor();  // the quantized head is its own compute form (tied: embed stays as it is)
+    else
+      convert(weights_.lm_head, compute_.lm_head);
+  }
 }
 
 void Model::pack_layer(int64_t l) {

@@ -74,7 +74,23 @@ std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions
   f.sym = o.sym;
   f.desc_act = o.act_order;
   f.quantizer = o.method;
+  f.lm_head = o.lm_head;
+  if (o.lm_head && !(f.bits == 8 && f.group_size == -1 && f.sym && !f.desc_act))
+    f.lm_head_override = io::QuantCheckpointFormat::ModuleOverride{8, -1, true, false};
   return f;
+}
+
+// The head: int8 per output channel, symmetric, f16 scales (what the checkpoint stores).
+void quantize_head(Model& m, const QuantizeOptions& o) {
+  if (!o.lm_head) return;
+  TESSERA_CHECK(o.scheme == QuantScheme::kInt8 || o.scheme == QuantScheme::kInt4,
+                "quantizing lm_head goes with int8 or int4 weights (", kernels::quant_scheme_name(o.scheme),
+                " keeps it float, as compressed-tensors checkpoints do)");
+  TESSERA_CHECK(o.method != "awq", "awq keeps lm_head float (AutoAWQ's checkpoints have no quantized head); "
+                "quantize it with --method gptq or rtn");
+  m.quantize_lm_head([](const Tensor& w) {
+    return kernels::quantize_rtn(w, QuantScheme::kInt8, w.size(1), /*sym=*/true, /*f16_scales=*/true);
+  });
 }
 
 }  // namespace
@@ -92,6 +108,7 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
       TESSERA_CHECK(in % group == 0, "group size ", group, " does not divide the model's ", in,
                     "-feature linears (use --group-size 32, 64 or -1)");
   const int64_t L = c.num_layers;
+  quantize_head(m, o);  // (first: the calibrated quantizers run the layers only)
   if (o.method == "rtn") {
     m.quantize_linears(
         [&](int64_t layer, int which, const Tensor& w) {
@@ -136,11 +153,17 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
   m.finish_quantization(checkpoint_format(o, group));
 }
 
-void quantize_on_load(Model& m, const std::string& scheme) {
-  if (scheme.empty() || scheme == "none") return;
-  TESSERA_CHECK(!m.quantized(), "--quantization ", scheme, ": the model is already quantized (",
+void quantize_on_load(Model& m, const LoadQuantization& q) {
+  if (q.none()) {
+    TESSERA_CHECK(!q.lm_head || m.quantized_lm_head(), "--quantize-lm-head goes with --quantization int8 or int4 ",
+                  "(or a checkpoint whose lm_head is quantized)");
+    return;
+  }
+  TESSERA_CHECK(!m.quantized(), "--quantization ", q.scheme, ": the model is already quantized (",
                 m.weights_description(), ") by its checkpoint");
-  quantize_model(m, quantize_options_for_scheme(scheme));
+  QuantizeOptions o = quantize_options_for_scheme(q.scheme);
+  o.lm_head = q.lm_head;
+  quantize_model(m, o);
 }
 
 }  // namespace tessera::model

@@ -1,5 +1,5 @@
-// Post-training quantization of a model's block linears (embeddings, norms and the head
-// stay in their float dtype): round-to-nearest, GPTQ (Frantar et al.), AWQ (Lin et al.)
+// Post-training quantization of a model's block linears (embeddings, norms and, unless
+// asked, the head stay in their float dtype): round-to-nearest, GPTQ (Frantar et al.), AWQ (Lin et al.)
 // and SmoothQuant W8A8 (Xiao et al.), the last three calibrated on token ids run through
 // the model layer by layer. `tessera quantize` saves the result as an AutoGPTQ / AutoAWQ
 // checkpoint; `generate`, `serve` and `bench` can also quantize a float model on load.
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "tessera/kernels/quant.h"
 #include "tessera/model/model.h"
@@ -22,6 +23,10 @@ struct QuantizeOptions {
   bool act_order = false;      // gptq
   int64_t block_size = 128;    // gptq lazy batch
   double alpha = 0.5;          // smoothquant migration strength
+  // The head too, int8 per output channel by rounding (llama.cpp keeps its output tensor at
+  // 6-8 bits; GPTQModel's lm_head = True): int8 / int4 weights saved in AutoGPTQ's format
+  // only (AutoAWQ's and compressed-tensors' keep lm_head float).
+  bool lm_head = false;
 };
 
 // Options from the command line's spelling: `bits` 8 | 4 with `method`, or a scheme name
@@ -43,6 +48,16 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids 
 // `--quantization SCHEME` of generate / serve / eval / bench: round-to-nearest on load
 // (nothing for "" or "none"); a model already quantized by its checkpoint is a one-line
 // error (it runs as stored).
-void quantize_on_load(Model& m, const std::string& scheme);
+// `--quantization SCHEME [--quantize-lm-head]`: the scheme ("" or "none": none) and
+// whether the head is quantized too (QuantizeOptions::lm_head).
+struct LoadQuantization {
+  std::string scheme;
+  bool lm_head = false;
+  LoadQuantization() = default;
+  LoadQuantization(std::string s, bool head = false) : scheme(std::move(s)), lm_head(head) {}  // NOLINT: implicit
+  LoadQuantization(const char* s) : scheme(s) {}                                                 // NOLINT: implicit
+  bool none() const { return scheme.empty() || scheme == "none"; }
+};
+void quantize_on_load(Model& m, const LoadQuantization& q);
 
 }  // namespace tessera::model

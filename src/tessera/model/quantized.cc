@@ -62,13 +62,32 @@ void Model::finish_quantization(std::optional<io::QuantCheckpointFormat> format)
   refresh_compute_weights();  // the compute copies point at the quantized linears too
 }
 
+void Model::quantize_lm_head(const std::function<kernels::QuantWeight(const Tensor& weight)>& quantize) {
+  TESSERA_CHECK(!quant_lm_head_, "the model's lm_head is already quantized");
+  TESSERA_CHECK(shard_.size == 1 && stage_.whole(),
+                "quantization needs the whole model (not a tensor-parallel shard or pipeline stage)");
+  TESSERA_CHECK(hooks_ == nullptr, "quantized weights are for inference, not under a training wrapper");
+  TESSERA_CHECK(weights_.lm_head.defined(), "quantize: the model has no lm_head");
+  const Tensor w = weights_.lm_head.to(DType::kF32).contiguous();
+  auto q = std::make_shared<kernels::QuantWeight>(quantize(w));
+  q->validate("lm_head");
+  TESSERA_CHECK(q->out == w.size(0) && q->in == w.size(1), "quantize: lm_head came back (", q->out, ", ", q->in,
+                "), expected ", shape_str(w.shape()));
+  quant_lm_head_ = std::move(q);
+  if (!config_.tie_word_embeddings) weights_.lm_head = Tensor();  // (tied: it is the embedding table)
+  compute_.lm_head = Tensor();
+}
+
 std::string Model::weights_description() const {
-  if (!quantized_) return dtype_name(compute_dtype_);
-  const auto& q = *weights_.layers[0].qkv.quant;
-  std::string s = kernels::quant_scheme_name(q.scheme);
-  if (q.group != q.in) s += " g" + std::to_string(q.group);
-  if (config_.quantization && !config_.quantization->quantizer.empty())
+  const auto scheme = [](const kernels::QuantWeight& q) {
+    std::string s = kernels::quant_scheme_name(q.scheme);
+    if (q.group != q.in) s += " g" + std::to_string(q.group);
+    return s;
+  };
+  std::string s = quantized_ ? scheme(*weights_.layers[0].qkv.quant) : std::string(dtype_name(compute_dtype_));
+  if (quantized_ && config_.quantization && !config_.quantization->quantizer.empty())
     s += " (" + config_.quantization->quantizer + ")";
+  if (quant_lm_head_) s += ", lm_head " + scheme(*quant_lm_head_);
   return s;
 }
 
@@ -84,7 +103,10 @@ int64_t Model::matmul_weight_bytes() const {
         n += lin.weight.numel() * es;
     }
   const Tensor& head = compute_lm_head();
-  if (head.defined()) n += static_cast<int64_t>(head.nbytes());
+  if (quant_lm_head_)
+    n += quant_lm_head_->nbytes();
+  else if (head.defined())
+    n += static_cast<int64_t>(head.nbytes());
   return n;
 }
 
@@ -116,6 +138,21 @@ void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::
       lin.quant = std::move(q);
       lin.weight = Tensor();
     }
+  if (f.lm_head) {  // GPTQModel's quantized head: its tensors under "lm_head."
+    const io::QuantCheckpointFormat hf = f.lm_head_format();
+    auto get = [&](const std::string& suffix) {
+      const std::string name = "lm_head." + suffix;
+      TESSERA_CHECK(file.has(name), dir, ": tensor '", name, "' is missing from the ", f.method,
+                    " checkpoint (its quantization_config says lm_head is quantized)");
+      used.insert(name);
+      return file.get(name);
+    };
+    auto q = std::make_shared<kernels::QuantWeight>(
+        io::unpack_quant_linear(get, config_.vocab_size, config_.hidden_size, hf, dir + ": lm_head"));
+    q->validate(dir + ": lm_head");
+    quant_lm_head_ = std::move(q);
+    if (!config_.tie_word_embeddings) weights_.lm_head = Tensor();  // not read: the pieces skip it
+  }
   quantized_ = true;
 }
 
@@ -136,6 +173,11 @@ std::vector<std::pair<std::string, Tensor>> Model::quantized_tensors() const {
           out.emplace_back(mod.name + "." + suffix, std::move(t));
       }
     }
+  TESSERA_CHECK(!quant_lm_head_ || f.lm_head, "saving: the quantized lm_head (", weights_description(),
+                ") has no place in this ", f.method, " checkpoint");
+  if (quant_lm_head_)
+    for (auto& [suffix, t] : io::pack_quant_linear(*quant_lm_head_, f.lm_head_format()))
+      out.emplace_back("lm_head." + suffix, std::move(t));
   return out;
 }
 
