@@ -3,7 +3,10 @@
 // cycling through enough weights (~1.5 GB of codes) that none is cached: GB/s of weight
 // bytes streamed, beside the STREAM triad of the same run. Where decode is not at the
 // triad, this says whether the GEMV or the rest of the token is why.
-// Usage: quant_gemv [SECONDS_PER_CASE=1] [SCHEME=all]
+// With `hot`, two 512 x 2048 weights (1 MB of int8 codes) cycle instead, staying in L2:
+// the kernel's own ceiling, which says whether a CPU's GEMV is bound by memory or by its
+// instructions (AMD's Zen 4 runs 512-bit instructions in two halves).
+// Usage: quant_gemv [SECONDS_PER_CASE=1] [SCHEME=all] [hot]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -31,8 +34,10 @@ int main(int argc, char** argv) {
     isas.push_back(QuantIsa::kAvx512Vnni);
   const char* isa_names[] = {"scalar", "avx2", "avx512", "avx512_vnni"};
   const std::string only = argc > 2 ? argv[2] : "all";
-  const double triad = kernels::measure_stream_triad_gbps();
-  std::printf("STREAM triad: %.2f GB/s; cpu: %s\n", triad, base::describe_cpu_features().c_str());
+  const bool hot = argc > 3 && std::string(argv[3]) == "hot";
+  const double triad = kernels::measure_stream_triad_gbps(), read = kernels::measure_stream_read_gbps();
+  std::printf("STREAM triad: %.2f GB/s, read-only: %.2f GB/s; cpu: %s\n", triad, read,
+              base::describe_cpu_features().c_str());
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.f, 0.02f);
   for (QuantScheme s : {QuantScheme::kInt8, QuantScheme::kInt4, QuantScheme::kFp8, QuantScheme::kW8A8}) {
@@ -40,9 +45,9 @@ int main(int argc, char** argv) {
     // Weights totalling ~1.5 GB of codes for int8 (half for int4), alternating shapes.
     std::vector<kernels::QuantWeight> ws;
     int64_t bytes = 0;
-    while (bytes < (int64_t{3} << 29)) {
+    while (bytes < (int64_t{3} << 29) && !(hot && ws.size() == 2)) {
       const bool up = ws.size() % 2 == 0;
-      const int64_t out = up ? 5632 : 2048, in = up ? 2048 : 5632;
+      const int64_t out = hot ? 512 : up ? 5632 : 2048, in = up || hot ? 2048 : 5632;
       std::vector<float> v(out * in);
       for (float& f : v) f = nd(rng);
       ws.push_back(kernels::quantize_rtn(Tensor::from_vector(v, {out, in}), s,
@@ -53,7 +58,7 @@ int main(int argc, char** argv) {
     Tensor x1 = Tensor::empty({1, 5632}, DType::kF32), x2 = Tensor::empty({1, 2048}, DType::kF32);
     for (Tensor* x : {&x1, &x2})
       for (int64_t i = 0; i < x->numel(); ++i) x->data<float>()[i] = nd(rng) * 50;
-    Tensor y1 = Tensor::empty({1, 5632}, DType::kF32), y2 = Tensor::empty({1, 2048}, DType::kF32);
+    Tensor y1 = Tensor::empty({1, hot ? 512 : 5632}, DType::kF32), y2 = Tensor::empty({1, 2048}, DType::kF32);
     for (QuantIsa isa : isas) {
       if (isa == QuantIsa::kScalar) continue;  // minutes per case; the reference is for tests
       kernels::cpu::force_quant_isa_for_testing(isa);
@@ -64,7 +69,7 @@ int main(int argc, char** argv) {
         size_t i = 0;
         while (t.seconds() < min_s / 3) {
           const kernels::QuantWeight& w = ws[i++ % ws.size()];
-          const bool up = w.out == 5632;
+          const bool up = w.in == 2048;
           Tensor& y = up ? y1 : y2;
           kernels::quant_matmul_with(kernels::QuantPath::kGemv, up ? x2 : x1, w, y);
           streamed += w.nbytes();
@@ -72,8 +77,8 @@ int main(int argc, char** argv) {
         rates.push_back(static_cast<double>(streamed) / t.seconds() / 1e9);
       }
       const double gbps = base::median(rates);
-      std::printf("%-5s %-12s %7.2f GB/s  %.3f of the triad\n", kernels::quant_scheme_name(s),
-                  isa_names[static_cast<int>(isa)], gbps, gbps / triad);
+      std::printf("%-5s %-12s %7.2f GB/s  %.3f of the triad, %.3f of the read\n", kernels::quant_scheme_name(s),
+                  isa_names[static_cast<int>(isa)], gbps, gbps / triad, gbps / read);
     }
   }
   kernels::cpu::force_quant_isa_for_testing(std::nullopt);

@@ -54,6 +54,32 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
   ASSERT_EQ(bench.code, 0) << bench.out;
   EXPECT_NE(bench.out.find("weights int8"), std::string::npos) << bench.out;
 
+  EXPECT_NE(bench.out.find("stream read:"), std::string::npos) << bench.out;
+
+  // --quantize-lm-head: the saved directory (GPTQModel's lm_head) runs like quantizing on
+  // load with the flag, the bench reads fewer bytes, and what cannot hold it says so.
+  const std::string qh = (root / "q8_head").string();
+  auto rh = run_cli("quantize --model " + src + " --out " + qh + " --bits 8 --quantize-lm-head --dtype f32");
+  ASSERT_EQ(rh.code, 0) << rh.out;
+  EXPECT_NE(rh.out.find("int8 (rtn), lm_head int8"), std::string::npos) << rh.out;
+  auto saved_h = run_quiet("generate --model " + qh + " --prompt-ids 1,2,3 --max-tokens 6");
+  auto onload_h = run_quiet("generate --model " + src + " --prompt-ids 1,2,3 --max-tokens 6 --quantization int8 "
+                            "--quantize-lm-head");
+  ASSERT_EQ(saved_h.code, 0) << saved_h.out;
+  ASSERT_EQ(onload_h.code, 0) << onload_h.out;
+  EXPECT_EQ(tokens_of(saved_h.out), tokens_of(onload_h.out));
+  auto bench_h = run_cli("bench decode --model " + src + " --weights int8 --quantize-lm-head --tokens 4 --repeats 1");
+  ASSERT_EQ(bench_h.code, 0) << bench_h.out;
+  EXPECT_NE(bench_h.out.find(", lm_head int8"), std::string::npos) << bench_h.out;
+  for (const std::string& flags : {std::string("generate --model " + src + " --prompt-ids 1 --quantize-lm-head"),
+                                   std::string("generate --model " + src + " --prompt-ids 1 --quantization fp8 "
+                                               "--quantize-lm-head")}) {
+    auto r = run_cli(flags);
+    EXPECT_NE(r.code, 0) << flags;
+    EXPECT_NE(r.out.find("lm_head"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << flags << ": " << r.out;
+  }
+
   // fp8 weights save as compressed-tensors and run like fp8 quantized on load.
   const std::string f8 = (root / "fp8").string();
   auto r8 = run_cli("quantize --model " + src + " --out " + f8 + " --type fp8 --dtype f32");
@@ -70,7 +96,9 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
   for (const std::string& flags : {std::string(" --bits 3"), std::string(" --method awq --bits 8"),
                                    std::string(" --bits 4 --group-size 48"),
                                    std::string(" --method gptq --bits 4"), std::string(" --type fp4"),
-                                   std::string(" --type fp8 --bits 4"), std::string(" --type fp8 --method awq --bits 4")}) {
+                                   std::string(" --type fp8 --bits 4"), std::string(" --type fp8 --method awq --bits 4"),
+                                   std::string(" --method awq --bits 4 --group-size 32 --quantize-lm-head --calib /dev/null"),
+                                   std::string(" --type fp8 --quantize-lm-head")}) {
     auto r = run_cli("quantize --model " + src + " --out " + out + flags);
     EXPECT_NE(r.code, 0) << flags;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << flags << ": " << r.out;

@@ -17,6 +17,14 @@ TEST(Peak, StreamTriadReturnsPositiveBandwidth) {
   EXPECT_THROW(measure_stream_triad_gbps(1 << 20, 0), Error);
 }
 
+TEST(Peak, StreamReadReturnsPositiveBandwidthAndChecksItsSum) {
+  const double gbps = measure_stream_read_gbps((1 << 20) + 37, 2);  // (a tail past the 64-float steps)
+  EXPECT_GT(gbps, 0.1);
+  EXPECT_LT(gbps, 1e5);
+  EXPECT_THROW(measure_stream_read_gbps(-1, 1), Error);
+  EXPECT_THROW(measure_stream_read_gbps(1 << 20, 0), Error);
+}
+
 // STREAM's rule: each array at least 4x the last-level cache (unless that would take more
 // than 1/16 of the memory per array), never below 32 Mi floats.
 TEST(Peak, StreamArraysAreFourTimesTheLastLevelCache) {

@@ -70,6 +70,8 @@ int run_decode(const model::BenchOptions& o) {
               r.run_tokens_per_second);
   std::printf("stream triad: %.2f GB/s (best of 10 trials)\nratio achieved/stream: %.3f (whole runs: %.3f)\n",
               r.stream_triad_gbps, r.ratio, r.run_ratio);
+  std::printf("stream read: %.2f GB/s (read-only, best of 10 trials)\nratio achieved/read: %.3f\n",
+              r.stream_read_gbps, r.read_ratio);
   return 0;
 }
 

@@ -52,6 +52,7 @@ int run_quantize(const QuantizeFlags& f) {
   o.act_order = f.act_order;
   o.alpha = f.alpha;
   o.lm_head = f.lm_head;
+  model::check_lm_head_options(o);
   TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
                 "--out ", f.out, " is the input model directory; write the quantized model elsewhere");
   TESSERA_CHECK(f.method == "rtn" || !f.calib.empty(), "--method ", f.method,

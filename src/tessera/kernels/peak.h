@@ -15,6 +15,12 @@ namespace tessera::kernels {
 // the write-allocate read of a is not counted) and returns the best of `reps` runs in
 // GB/s (1e9 bytes), as STREAM does. n = 0: stream_array_elements().
 double measure_stream_triad_gbps(int64_t n_elements_per_array = 0, int reps = 10);
+// Read-only bandwidth: the sum of one f32 array of 3 n elements (the triad's footprint) on
+// all workers, each streaming its contiguous part; 4 bytes per element, best of `reps`
+// runs, in GB/s. Decode only reads its weights: where a core's outstanding reads, not the
+// memory, are the limit (AMD's Zen 4 in a 2-vCPU guest: 28-32 GB/s read against a 35-55
+// GB/s triad, whose stores do not wait), this is what a read stream can reach.
+double measure_stream_read_gbps(int64_t n_elements_per_array = 0, int reps = 10);
 // Elements per array for a triad that measures memory, not cache: STREAM's rule, each
 // array at least 4x the last-level cache (sysconf), and at least 32 Mi floats; at most
 // 1/16 of physical memory each. (A 300 MiB L3 served a triad of 3 x 128 MiB at 28-60

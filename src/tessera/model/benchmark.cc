@@ -74,6 +74,8 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   r.stream_triad_gbps = kernels::measure_stream_triad_gbps();
   r.ratio = r.achieved_gbps / r.stream_triad_gbps;
   r.run_ratio = r.weight_bytes * r.run_tokens_per_second / 1e9 / r.stream_triad_gbps;
+  r.stream_read_gbps = kernels::measure_stream_read_gbps();
+  r.read_ratio = r.achieved_gbps / r.stream_read_gbps;
   return r;
 }
 

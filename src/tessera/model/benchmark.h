@@ -30,6 +30,8 @@ struct DecodeBench {
   double stream_triad_gbps = 0;  // measured in the same run (STREAM: the best of 10 trials)
   double ratio = 0;              // achieved / stream
   double run_ratio = 0;          // weight_bytes * run_tokens_per_second / stream
+  double stream_read_gbps = 0;   // read-only bandwidth, same run (kernels::measure_stream_read_gbps)
+  double read_ratio = 0;         // achieved / read
 };
 DecodeBench bench_decode(const Model& model, const BenchOptions& o);
 

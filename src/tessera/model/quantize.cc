@@ -52,6 +52,15 @@ QuantizeOptions quantize_options_for_scheme(const std::string& scheme) {
   return o;
 }
 
+void check_lm_head_options(const QuantizeOptions& o) {
+  if (!o.lm_head) return;
+  TESSERA_CHECK(o.scheme == QuantScheme::kInt8 || o.scheme == QuantScheme::kInt4,
+                "quantizing lm_head goes with int8 or int4 weights (", kernels::quant_scheme_name(o.scheme),
+                " keeps it float, as compressed-tensors checkpoints do)");
+  TESSERA_CHECK(o.method != "awq", "awq keeps lm_head float (AutoAWQ's checkpoints have no quantized head); "
+                "quantize it with --method gptq or rtn");
+}
+
 namespace {
 
 // How save() stores the result: AutoGPTQ tensors for int8 / int4 (whatever chose the
@@ -83,11 +92,7 @@ std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions
 // The head: int8 per output channel, symmetric, f16 scales (what the checkpoint stores).
 void quantize_head(Model& m, const QuantizeOptions& o) {
   if (!o.lm_head) return;
-  TESSERA_CHECK(o.scheme == QuantScheme::kInt8 || o.scheme == QuantScheme::kInt4,
-                "quantizing lm_head goes with int8 or int4 weights (", kernels::quant_scheme_name(o.scheme),
-                " keeps it float, as compressed-tensors checkpoints do)");
-  TESSERA_CHECK(o.method != "awq", "awq keeps lm_head float (AutoAWQ's checkpoints have no quantized head); "
-                "quantize it with --method gptq or rtn");
+  check_lm_head_options(o);
   m.quantize_lm_head([](const Tensor& w) {
     return kernels::quantize_rtn(w, QuantScheme::kInt8, w.size(1), /*sym=*/true, /*f16_scales=*/true);
   });

@@ -37,6 +37,9 @@ QuantizeOptions quantize_options(const std::string& method, int bits, int64_t gr
                                  const std::string& type = "int");
 QuantizeOptions quantize_options_for_scheme(const std::string& scheme);
 
+// What a quantized head needs of the options (int8 / int4, not awq): a one-line error.
+void check_lm_head_options(const QuantizeOptions& o);
+
 // Progress: (layers done, layers in all).
 using QuantizeProgress = std::function<void(int64_t, int64_t)>;
 

@@ -1,8 +1,10 @@
 // STREAM triad and matmul timing (see peak.h).
+#include <immintrin.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <random>
 #include <vector>
@@ -26,6 +28,30 @@ __attribute__((target("avx512f"))) void triad_avx512(float* a, const float* b, c
 }
 void triad_portable(float* a, const float* b, const float* c, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+__attribute__((target("avx512f"))) double sum_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+  }
+  double s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+double sum_portable(const float* p, int64_t n) {
+  float a[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) a[k] += p[i + k];
+  double s = 0;
+  for (float v : a) s += v;
+  for (; i < n; ++i) s += p[i];
+  return s;
 }
 
 struct Buffer {
@@ -82,6 +108,33 @@ double measure_stream_triad_gbps(int64_t n, int reps) {
   }
   TESSERA_CHECK(a[n / 2] == 7.f, "measure_stream_triad_gbps: wrong triad result");
   return 3.0 * sizeof(float) * static_cast<double>(n) / best / 1e9;
+}
+
+double measure_stream_read_gbps(int64_t n, int reps) {
+  if (n == 0) n = stream_array_elements();
+  TESSERA_CHECK(n > 0 && reps > 0, "measure_stream_read_gbps: n (", n, ") and reps (", reps,
+                ") must be positive");
+  const int64_t total = 3 * n;
+  Buffer buf(total * sizeof(float));
+  float* p = static_cast<float*>(buf.p);
+  const int64_t grain = 1 << 16;  // (a multiple of 64: every chunk stays 64-byte aligned)
+  base::parallel_for(total, grain, [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, 1.f); });
+  const bool avx512 = base::cpu_features().avx512f;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    std::mutex mu;
+    double sum = 0;
+    base::Timer t;
+    base::parallel_for(total, grain, [&](int64_t i0, int64_t i1) {
+      const double s = avx512 ? sum_avx512(p + i0, i1 - i0) : sum_portable(p + i0, i1 - i0);
+      std::lock_guard<std::mutex> lock(mu);
+      sum += s;
+    });
+    best = std::min(best, t.seconds());
+    // (Every lane's partial sum of ones stays below 2^24: exact.)
+    TESSERA_CHECK(sum == static_cast<double>(total), "measure_stream_read_gbps: wrong sum ", sum);
+  }
+  return sizeof(float) * static_cast<double>(total) / best / 1e9;
 }
 
 GemmMeasurement measure_matmul_gflops(int64_t m, int64_t n, int64_t k, DType dtype,
