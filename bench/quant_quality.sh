@@ -79,6 +79,8 @@ quant w8a8_sq --method smoothquant --bits 8 "${CALIB[@]}"
 quant int4_rtn --method rtn --bits 4 --group-size 128
 quant int4_gptq --method gptq --bits 4 --group-size 128 "${CALIB[@]}"
 quant int4_awq --method awq --bits 4 --group-size 128 "${CALIB[@]}"
+quant int8_rtn_head --method rtn --bits 8 --quantize-lm-head
+quant int4_gptq_head --method gptq --bits 4 --group-size 128 --quantize-lm-head "${CALIB[@]}"
 
 echo "held-out perplexity ($(wc -c < "$OUT/heldout.txt") bytes of fortunes, windows of 256 tokens)"
 ppl "f32" "$M"
@@ -88,3 +90,5 @@ ppl "int8 W8A8 (smoothquant)" "$OUT/q_w8a8_sq"
 ppl "int4 g128 (rtn)" "$OUT/q_int4_rtn"
 ppl "int4 g128 (gptq)" "$OUT/q_int4_gptq"
 ppl "int4 g128 (awq)" "$OUT/q_int4_awq"
+ppl "int8 (rtn) + int8 head" "$OUT/q_int8_rtn_head"
+ppl "int4 g128 (gptq) + int8 head" "$OUT/q_int4_gptq_head"

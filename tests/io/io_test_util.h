@@ -8,6 +8,8 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/base/error.h"
 
@@ -54,6 +56,18 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "<no error>";
+}
+
+// Each case (input text, expected part of the message): parse(text) fails with one line
+// that names "DIR/config.json" (the source the caller passes) and holds the expected part.
+inline void expect_config_errors(const std::vector<std::pair<std::string, std::string>>& cases,
+                                 const std::function<void(const std::string& text)>& parse) {
+  for (const auto& [text, want] : cases) {
+    const std::string e = error_of([&] { parse(text); });
+    EXPECT_NE(e.find(want), std::string::npos) << text << "\n  got: " << e;
+    EXPECT_NE(e.find("DIR/config.json"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
 }
 
 }  // namespace tessera::io::testing
