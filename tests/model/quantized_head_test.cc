@@ -14,6 +14,7 @@
 #include "tessera/io/json_file.h"
 #include "tessera/io/safetensors.h"
 #include "tessera/kernels/bf16_speed.h"
+#include "tessera/model/gguf_model.h"
 #include "tessera/model/lora.h"
 #include "tessera/model/model.h"
 #include "tessera/model/quantize.h"
@@ -132,6 +133,26 @@ TEST(QuantizedHead, SavesAsGptqModelsLmHeadAndLoadsBackToIdenticalLogits) {
       fs::remove_all(dir);
     }
   }
+}
+
+// GGUF export writes the quantized head dequantized, as it does the block linears: an f32
+// export loads back (as a float model) to the logits of the quantized one.
+TEST(QuantizedHead, GgufExportWritesTheDequantizedHead) {
+  const auto c = model::ModelConfig::named_shape("tiny");
+  model::Model q = model::Model::random(c, DType::kF32, 6);
+  model::quantize_model(q, with_head("int8", 0));
+  const std::string path = temp_dir("export.gguf");
+  model::GgufExportOptions o;
+  o.type = io::GgmlType::kF32;
+  model::export_gguf(q, nullptr, path, o);
+  const model::Model back = model::Model::load(path);
+  EXPECT_FALSE(back.quantized());
+  EXPECT_EQ(back.quantized_lm_head(), nullptr);
+  EXPECT_EQ(max_abs_diff(back.weights().lm_head, kernels::dequantize(*q.quantized_lm_head())), 0.f);
+  const Tensor want = logits_of(q);
+  const float tol = (kernels::bf16_native_gemm_faster() ? 1e-2f : 2e-4f) * max_abs(want);
+  EXPECT_LT(max_abs_diff(logits_of(back), want), tol);
+  fs::remove(path);
 }
 
 TEST(QuantizedHead, WhatCannotHoldAQuantizedHeadIsAOneLineError) {

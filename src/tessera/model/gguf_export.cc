@@ -110,8 +110,12 @@ GgufExportReport export_gguf(const Model& m, const io::Tokenizer* tok, const std
     }
   }
   add_1d(hf_prefix(c) + "norm.weight", w.final_norm_w);
-  if (!c.tie_word_embeddings)
-    add_2d("lm_head.weight", c.vocab_size, c.hidden_size, [t = w.lm_head] { return f32_contiguous(t); }, true);
+  if (!c.tie_word_embeddings) {
+    if (const kernels::QuantWeight* q = m.quantized_lm_head())  // (dequantized, as the linears are)
+      add_2d("lm_head.weight", c.vocab_size, c.hidden_size, [q] { return kernels::dequantize(*q); }, true);
+    else
+      add_2d("lm_head.weight", c.vocab_size, c.hidden_size, [t = w.lm_head] { return f32_contiguous(t); }, true);
+  }
 
   const std::string a = arch_name(c.arch);
   io::GgufMetadata md;

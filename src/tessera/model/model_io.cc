@@ -184,7 +184,7 @@ void Model::set_sequence_parallel(bool on) {
 
 Model Model::stage(const PpStage& stage) const {
   TESSERA_CHECK(stage_.whole(), "Model::stage: this model is already a pipeline stage");
-  TESSERA_CHECK(!quantized_, "pipeline stages of quantized weights are not supported yet");
+  TESSERA_CHECK(!quantized_ && !quant_lm_head_, "pipeline stages of quantized weights are not supported yet");
   Model m;
   m.config_ = config_;
   m.shard_ = shard_;
@@ -214,7 +214,7 @@ Model Model::stage(const PpStage& stage) const {
 
 Model Model::shard(TpShard shard) const {
   TESSERA_CHECK(shard_.whole(), "Model::shard: this model is already a shard");
-  TESSERA_CHECK(!quantized_, "tensor-parallel shards of quantized weights are not supported yet");
+  TESSERA_CHECK(!quantized_ && !quant_lm_head_, "tensor-parallel shards of quantized weights are not supported yet");
   Model m;
   m.config_ = config_;
   m.shard_ = shard;
