@@ -188,10 +188,9 @@ Model Model::load_gguf(const std::string& path, DType dtype, TpShard shard, cons
     if (t && keeps_quantization(t->type) && t->type != io::GgmlType::kQ6_K) {
       const io::GgufTensorInfo& info = rd.tensor(name, c.vocab_size, c.hidden_size);
       std::string keep;
-      auto q = io::gguf_quant_weight(info.type, rd.bytes(info, rd.heads_of(name), keep), c.vocab_size, c.hidden_size);
-      q->validate(path + ": " + name);
-      m.quant_lm_head_ = std::make_shared<kernels::QuantWeight>(std::move(*q));
-      if (!c.tie_word_embeddings) m.weights_.lm_head = Tensor();
+      m.set_quantized_lm_head(
+          *io::gguf_quant_weight(info.type, rd.bytes(info, rd.heads_of(name), keep), c.vocab_size, c.hidden_size),
+          path + ": " + name);
     }
   }
 

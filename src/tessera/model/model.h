@@ -420,6 +420,8 @@ class Model {
   std::vector<int64_t> unit_layers(int unit) const;  // the blocks a TrainHooks unit holds
   bool quantized_ = false;
   std::shared_ptr<const kernels::QuantWeight> quant_lm_head_;  // quantize_lm_head / a checkpoint's
+  // Keeps q (validated, (V, H)) as the head and frees an untied float head.
+  void set_quantized_lm_head(kernels::QuantWeight q, const std::string& what);
   // MoE models: inference routing counts, made at the first count (copies made after it share it).
   mutable std::shared_ptr<ExpertLoad> expert_load_;
   std::shared_ptr<ExpertLoad> expert_counter() const;  // expert_load_, made at the first count

@@ -69,13 +69,16 @@ void Model::quantize_lm_head(const std::function<kernels::QuantWeight(const Tens
   TESSERA_CHECK(hooks_ == nullptr, "quantized weights are for inference, not under a training wrapper");
   TESSERA_CHECK(weights_.lm_head.defined(), "quantize: the model has no lm_head");
   const Tensor w = weights_.lm_head.to(DType::kF32).contiguous();
-  auto q = std::make_shared<kernels::QuantWeight>(quantize(w));
-  q->validate("lm_head");
-  TESSERA_CHECK(q->out == w.size(0) && q->in == w.size(1), "quantize: lm_head came back (", q->out, ", ", q->in,
-                "), expected ", shape_str(w.shape()));
-  quant_lm_head_ = std::move(q);
-  if (!config_.tie_word_embeddings) weights_.lm_head = Tensor();  // (tied: it is the embedding table)
+  set_quantized_lm_head(quantize(w), "lm_head");
   compute_.lm_head = Tensor();
+}
+
+void Model::set_quantized_lm_head(kernels::QuantWeight q, const std::string& what) {
+  q.validate(what);
+  TESSERA_CHECK(q.out == config_.vocab_size && q.in == config_.hidden_size, what, ": (", q.out, ", ", q.in,
+                "), expected (", config_.vocab_size, ", ", config_.hidden_size, ")");
+  quant_lm_head_ = std::make_shared<kernels::QuantWeight>(std::move(q));
+  if (!config_.tie_word_embeddings) weights_.lm_head = Tensor();  // (tied: it is the embedding table)
 }
 
 std::string Model::weights_description() const {
@@ -116,21 +119,22 @@ void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::
   if (f.fp8_activations)
     TESSERA_LOG(kInfo, dir, ": the checkpoint's dynamic fp8 activations run as float here (fp8 weights, "
                 "float products), as vLLM does on hardware without fp8 compute");
+  // A module's tensors by suffix ("qweight", ...), each a one-line error when missing.
+  const auto module_tensors = [&](const std::string& module) {
+    return [&, module](const std::string& suffix) {
+      const std::string name = module + "." + suffix;
+      TESSERA_CHECK(file.has(name), dir, ": tensor '", name, "' is missing from the ", f.method, " checkpoint");
+      used.insert(name);
+      return file.get(name);
+    };
+  };
   for (int64_t l = 0; l < config_.num_layers; ++l)
     for (int which = 0; which < 4; ++which) {
       Linear& lin = weights_.layers[l].linear(which);
       const int64_t in = in_features(lin);
       std::vector<kernels::QuantWeight> parts;
-      for (const auto& mod : linear_modules(config_, l, which)) {
-        auto get = [&](const std::string& suffix) {
-          const std::string name = mod.name + "." + suffix;
-          TESSERA_CHECK(file.has(name), dir, ": tensor '", name, "' is missing from the ",
-                        f.method, " checkpoint");
-          used.insert(name);
-          return file.get(name);
-        };
-        parts.push_back(io::unpack_quant_linear(get, mod.rows, in, f, dir + ": " + mod.name));
-      }
+      for (const auto& mod : linear_modules(config_, l, which))
+        parts.push_back(io::unpack_quant_linear(module_tensors(mod.name), mod.rows, in, f, dir + ": " + mod.name));
       auto q = std::make_shared<kernels::QuantWeight>(
           parts.size() == 1 ? std::move(parts[0])
                             : kernels::quant_stack_rows(parts, dir + ": layer " + std::to_string(l)));
@@ -138,21 +142,10 @@ void Model::load_quantized_linears(const io::SafetensorsModel& file, const std::
       lin.quant = std::move(q);
       lin.weight = Tensor();
     }
-  if (f.lm_head) {  // GPTQModel's quantized head: its tensors under "lm_head."
-    const io::QuantCheckpointFormat hf = f.lm_head_format();
-    auto get = [&](const std::string& suffix) {
-      const std::string name = "lm_head." + suffix;
-      TESSERA_CHECK(file.has(name), dir, ": tensor '", name, "' is missing from the ", f.method,
-                    " checkpoint (its quantization_config says lm_head is quantized)");
-      used.insert(name);
-      return file.get(name);
-    };
-    auto q = std::make_shared<kernels::QuantWeight>(
-        io::unpack_quant_linear(get, config_.vocab_size, config_.hidden_size, hf, dir + ": lm_head"));
-    q->validate(dir + ": lm_head");
-    quant_lm_head_ = std::move(q);
-    if (!config_.tie_word_embeddings) weights_.lm_head = Tensor();  // not read: the pieces skip it
-  }
+  if (f.lm_head)  // GPTQModel's quantized head: its tensors under "lm_head." (the float head is not read)
+    set_quantized_lm_head(io::unpack_quant_linear(module_tensors("lm_head"), config_.vocab_size, config_.hidden_size,
+                                                  f.lm_head_format(), dir + ": lm_head"),
+                          dir + ": lm_head");
   quantized_ = true;
 }
 
