@@ -322,5 +322,36 @@ TEST(QuantizedModel, OptionsRejectWhatTheFormatsCannotHold) {
   EXPECT_THROW(model::quantize_model(m, model::quantize_options("gptq", 4, 32)), std::exception);
 }
 
+// Calibration windows cover the whole text, evenly and without overlap: window i starts
+// at round-down(i (n - seq) / (windows - 1)), the last ends the text; a text shorter than
+// samples x seq gives as many whole windows as fit, and one shorter than a window is an
+// error naming the file.
+TEST(QuantizedModel, CalibrationWindowsSpreadEvenlyOverTheText) {
+  std::vector<int32_t> ids(1000);
+  for (int32_t i = 0; i < 1000; ++i) ids[i] = i;
+  const Tensor t = model::calibration_windows(ids, 4, 100, "--calib x.txt");
+  ASSERT_EQ(t.size(0), 4);
+  ASSERT_EQ(t.size(1), 100);
+  const int32_t starts[4] = {0, 300, 600, 900};
+  for (int64_t w = 0; w < 4; ++w)
+    for (int64_t j = 0; j < 100; ++j) ASSERT_EQ(t.data<int32_t>()[w * 100 + j], starts[w] + j) << w << " " << j;
+
+  const Tensor few = model::calibration_windows(ids, 64, 300, "--calib x.txt");  // 3 fit
+  ASSERT_EQ(few.size(0), 3);
+  EXPECT_EQ(few.data<int32_t>()[0], 0);
+  EXPECT_EQ(few.data<int32_t>()[300], 350);  // 1 x (1000 - 300) / 2
+  EXPECT_EQ(few.data<int32_t>()[600 + 299], 999);
+
+  const Tensor one = model::calibration_windows(ids, 1, 50, "--calib x.txt");
+  ASSERT_EQ(one.size(0), 1);
+  EXPECT_EQ(one.data<int32_t>()[49], 49);
+  try {
+    model::calibration_windows(std::vector<int32_t>(10, 1), 4, 256, "--calib short.txt");
+    FAIL() << "a text shorter than one window was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--calib short.txt: 10 tokens"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tessera

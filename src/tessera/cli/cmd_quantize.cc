@@ -25,23 +25,19 @@ struct QuantizeFlags {
   bool lm_head = false;
 };
 
-// calib_samples sequences of calib_seq tokens from the text, through the model's tokenizer.
+// calib_samples windows of calib_seq tokens spread over the text, through the model's
+// tokenizer (model::calibration_windows).
 Tensor calibration_ids(const QuantizeFlags& f) {
   const auto tok = io::load_model_tokenizer(f.model);
   TESSERA_CHECK(tok.has_value(), "--calib: ", f.model,
                 " has no tokenizer (tokenizer.json, or a GGUF file's tokenizer.ggml.*) to encode the "
                 "calibration text with");
   const auto ids = tok->encode(io::read_file_bytes(f.calib), false);
-  const int64_t need = f.calib_samples * f.calib_seq;
-  TESSERA_CHECK(static_cast<int64_t>(ids.size()) >= f.calib_seq, "--calib ", f.calib, ": ",
-                ids.size(), " tokens, fewer than one --calib-seq of ", f.calib_seq);
-  const int64_t B = std::min<int64_t>(f.calib_samples, static_cast<int64_t>(ids.size()) / f.calib_seq);
-  if (B * f.calib_seq < need)
+  Tensor t = model::calibration_windows(ids, f.calib_samples, f.calib_seq, "--calib " + f.calib);
+  if (t.size(0) < f.calib_samples)
     std::fprintf(stderr, "quantize: %s holds %zu tokens: calibrating on %lld sequences of %lld\n",
-                 f.calib.c_str(), ids.size(), static_cast<long long>(B),
+                 f.calib.c_str(), ids.size(), static_cast<long long>(t.size(0)),
                  static_cast<long long>(f.calib_seq));
-  Tensor t = Tensor::empty({B, f.calib_seq}, DType::kI32);
-  std::copy(ids.begin(), ids.begin() + B * f.calib_seq, t.data<int32_t>());
   return t;
 }
 
@@ -97,7 +93,7 @@ void add_quantize(CLI::App& app, Action& action) {
   cmd->add_option("--group-size", f->group_size,
                   "Columns per scale (4 bits: default 128; 8 bits: default per channel; -1 per channel)");
   cmd->add_option("--calib", f->calib, "Calibration text file (gptq, awq, smoothquant)");
-  cmd->add_option("--calib-samples", f->calib_samples, "Calibration sequences")->capture_default_str();
+  cmd->add_option("--calib-samples", f->calib_samples, "Calibration windows, spread evenly over the --calib text")->capture_default_str();
   cmd->add_option("--calib-seq", f->calib_seq, "Tokens per calibration sequence")->capture_default_str();
   cmd->add_option("--damp", f->damp, "GPTQ damping (fraction of the mean Hessian diagonal)")->capture_default_str();
   cmd->add_flag("--act-order", f->act_order, "GPTQ: quantize columns in order of decreasing activation energy");

@@ -1,6 +1,8 @@
 // Post-training quantizers over the model's block linears.
 #include "tessera/model/quantize.h"
 
+#include <algorithm>
+
 #include "tessera/base/error.h"
 #include "tessera/model/calibrated_quant.h"
 
@@ -99,6 +101,21 @@ void quantize_head(Model& m, const QuantizeOptions& o) {
 }
 
 }  // namespace
+
+Tensor calibration_windows(const std::vector<int32_t>& ids, int64_t samples, int64_t seq,
+                           const std::string& what) {
+  TESSERA_CHECK(samples > 0 && seq > 0, what, ": calibration needs positive sample and sequence counts, got ",
+                samples, " x ", seq);
+  const auto n_ids = static_cast<int64_t>(ids.size());
+  TESSERA_CHECK(n_ids >= seq, what, ": ", n_ids, " tokens, fewer than one calibration window (--calib-seq) of ", seq);
+  const int64_t n = std::min(samples, n_ids / seq);
+  Tensor t = Tensor::empty({n, seq}, DType::kI32);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = n == 1 ? 0 : i * (n_ids - seq) / (n - 1);
+    std::copy(ids.begin() + start, ids.begin() + start + seq, t.data<int32_t>() + i * seq);
+  }
+  return t;
+}
 
 void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
                     const QuantizeProgress& progress) {

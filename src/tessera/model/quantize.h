@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "tessera/kernels/quant.h"
@@ -39,6 +40,15 @@ QuantizeOptions quantize_options_for_scheme(const std::string& scheme);
 
 // What a quantized head needs of the options (int8 / int4, not awq): a one-line error.
 void check_lm_head_options(const QuantizeOptions& o);
+
+// The calibration windows of a tokenized text: min(samples, ids / seq) windows of seq
+// tokens, (windows, seq) i32, spread evenly over the text and never overlapping: the first
+// starts the text, the last ends it (window i starts at i (ids - seq) / (windows - 1)).
+// GPTQ's reference code draws its windows at random over the whole training text, and
+// AutoAWQ shuffles its dataset: a file's first tokens alone (one source, one topic) are
+// not what the model will see. Fewer than seq tokens is a one-line error naming `what`.
+Tensor calibration_windows(const std::vector<int32_t>& ids, int64_t samples, int64_t seq,
+                           const std::string& what);
 
 // Progress: (layers done, layers in all).
 using QuantizeProgress = std::function<void(int64_t, int64_t)>;
