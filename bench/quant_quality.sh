@@ -2,7 +2,10 @@
 # Quantization quality on a model trained here (docs/quantization.md, "Quality"): trains a
 # ~22M-parameter Llama-shaped model on the `fortunes` corpus (95% of it; the last 5% is
 # held out), then quantizes it with each method and prints the held-out perplexity of
-# every variant beside the float model's.
+# every variant beside the float model's, with each variant's KL divergence from the float
+# model on the same windows and its standard error (`eval perplexity --kl-reference`):
+# the perplexities of int4 variants differ by less than the text's noise, their
+# divergences do not.
 #
 #   bench/quant_quality.sh [BUILD=build] [OUT=runs/quant_quality]
 #   STEPS=400 bench/quant_quality.sh      # training steps (default 400)
@@ -62,10 +65,13 @@ EOF
 fi
 
 M="$OUT/run/model"
-ppl() {  # ppl LABEL MODEL [FLAGS...]: the held-out perplexity line
-  local label=$1 model=$2
+ppl() {  # ppl LABEL MODEL [FLAGS...]: held-out perplexity, and the divergence from the f32 model
+  local label=$1 model=$2 out
   shift 2
-  printf '%-28s %s\n' "$label" "$("$T" eval perplexity --model "$model" --data "$OUT/heldout.txt" --ctx 256 "$@" | grep -o 'perplexity [0-9.]*')"
+  out=$("$T" eval perplexity --model "$model" --data "$OUT/heldout.txt" --ctx 256 --kl-reference "$M" "$@" 2>/dev/null)
+  printf '%-30s %-22s ln(ppl/f32) %-22s kld %-22s same-top %s\n' "$label" \
+    "$(grep -o '^perplexity [0-9.]*' <<< "$out")" "$(sed -n 's/^ln_ppl_ratio //p' <<< "$out")" \
+    "$(sed -n 's/^kld_mean //p' <<< "$out")" "$(sed -n 's/^same_top //p' <<< "$out")"
 }
 quant() {  # quant NAME FLAGS...: tessera quantize into OUT/q_NAME
   local name=$1
@@ -82,7 +88,7 @@ quant int4_awq --method awq --bits 4 --group-size 128 "${CALIB[@]}"
 quant int8_rtn_head --method rtn --bits 8 --quantize-lm-head
 quant int4_gptq_head --method gptq --bits 4 --group-size 128 --quantize-lm-head "${CALIB[@]}"
 
-echo "held-out perplexity ($(wc -c < "$OUT/heldout.txt") bytes of fortunes, windows of 256 tokens)"
+echo "held-out perplexity and divergence from f32 ($(wc -c < "$OUT/heldout.txt") bytes of fortunes, windows of 256 tokens)"
 ppl "f32" "$M"
 ppl "bf16" "$M" --dtype bf16
 ppl "int8 W8A16 (rtn)" "$OUT/q_int8_rtn"

@@ -264,7 +264,7 @@ void add_eval(CLI::App& app, Action& action) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("perplexity", "Mean negative log-likelihood and perplexity");
   struct Flags {
-    std::string model, ids, data, dtype = "f32";
+    std::string model, ids, data, dtype = "f32", kl_reference;
     model::LoadQuantization quantization;
     int64_t ctx = 0;
   };
@@ -275,6 +275,10 @@ void add_eval(CLI::App& app, Action& action) {
   ppl->add_option("--ctx", f->ctx, "Window length (default: min(max positions, 1024))");
   ppl->add_option("--dtype", f->dtype, "Weight dtype: f32 or bf16")->capture_default_str();
   add_quantization_flags(ppl, f->quantization);
+  ppl->add_option("--kl-reference", f->kl_reference,
+                  "Also run this model (f32, as stored) on the same windows and report the KL divergence of "
+                  "--model's next-token distributions from it, ln(PPL ratio) and top-token agreement, each "
+                  "with its standard error (llama-perplexity --kl-divergence)");
   ppl->callback([&action, f] {
     action = [f] {
       TESSERA_CHECK(f->data.empty() != f->ids.empty(), "give exactly one of --data FILE or --ids FILE");
@@ -290,6 +294,20 @@ void add_eval(CLI::App& app, Action& action) {
       auto m = model::Model::load(f->model, parse_dtype(f->dtype));
       model::quantize_on_load(m, f->quantization);
       const int64_t ctx = f->ctx > 0 ? f->ctx : std::min<int64_t>(m.config().max_position_embeddings, 1024);
+      if (!f->kl_reference.empty()) {
+        const auto ref = model::Model::load(f->kl_reference, DType::kF32);
+        const auto r = model::evaluate_kl_divergence(m, ref, ids, ctx, true);
+        std::printf("tokens %lld windows %lld ctx %lld\nmean_nll %.6f\nperplexity %.6f\n"
+                    "ref_nll %.6f\nref_ppl %.6f\n"
+                    "ln_ppl_ratio %.6f +- %.6f\n"
+                    "kld_mean %.6f +- %.6f\nkld_median %.6f\nkld_p99 %.6f\nkld_max %.6f\n"
+                    "same_top %.4f%% +- %.4f%%\nrms_delta_p %.4f%%\n",
+                    static_cast<long long>(r.model.tokens), static_cast<long long>(r.model.windows),
+                    static_cast<long long>(ctx), r.model.mean_nll, r.model.perplexity, r.reference.mean_nll,
+                    r.reference.perplexity, r.log_ratio, r.log_ratio_se, r.kld, r.kld_se, r.kld_median,
+                    r.kld_p99, r.kld_max, 100 * r.same_top, 100 * r.same_top_se, 100 * r.rms_delta_p);
+        return 0;
+      }
       const auto r = model::evaluate_perplexity(m, ids, ctx, true);
       std::printf("tokens %lld windows %lld ctx %lld\nmean_nll %.6f\nperplexity %.6f\n",
                   static_cast<long long>(r.tokens), static_cast<long long>(r.windows),
