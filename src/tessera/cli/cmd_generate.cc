@@ -299,9 +299,9 @@ void add_eval(CLI::App& app, Action& action) {
         const auto r = model::evaluate_kl_divergence(m, ref, ids, ctx, true);
         std::printf("tokens %lld windows %lld ctx %lld\nmean_nll %.6f\nperplexity %.6f\n"
                     "ref_nll %.6f\nref_ppl %.6f\n"
-                    "ln_ppl_ratio %.6f +- %.6f\n"
-                    "kld_mean %.6f +- %.6f\nkld_median %.6f\nkld_p99 %.6f\nkld_max %.6f\n"
-                    "same_top %.4f%% +- %.4f%%\nrms_delta_p %.4f%%\n",
+                    "ln_ppl_ratio %.6f +- %.2g\n"
+                    "kld_mean %.6g +- %.2g\nkld_median %.6g\nkld_p99 %.6g\nkld_max %.6g\n"
+                    "same_top %.4f%% +- %.2g%%\nrms_delta_p %.4f%%\n",
                     static_cast<long long>(r.model.tokens), static_cast<long long>(r.model.windows),
                     static_cast<long long>(ctx), r.model.mean_nll, r.model.perplexity, r.reference.mean_nll,
                     r.reference.perplexity, r.log_ratio, r.log_ratio_se, r.kld, r.kld_se, r.kld_median,
