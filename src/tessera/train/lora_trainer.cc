@@ -345,7 +345,11 @@ LoraStep::LoraStep(model::Model& m, const TrainConfig& c) : model(m) {
   frozen = model::Params::allocate_frozen(mc);
   const auto named = weights->named(mc);
   const auto w = weights->tensors(), g = grads->tensors();
-  for (size_t i = 0; i < w.size(); ++i) refs.push_back({named[i].first, *w[i], *g[i], /*decay=*/true});
+  for (size_t i = 0; i < w.size(); ++i) {
+    ParamRef r;
+    r.name = named[i].first, r.param = *w[i], r.grad = *g[i], r.decay = true;
+    refs.push_back(std::move(r));
+  }
   opt = std::make_unique<Optimizer>(c.optimizer, refs);
 }
 
