@@ -98,3 +98,9 @@ ppl "int4 g128 (gptq)" "$OUT/q_int4_gptq"
 ppl "int4 g128 (awq)" "$OUT/q_int4_awq"
 ppl "int8 (rtn) + int8 head" "$OUT/q_int8_rtn_head"
 ppl "int4 g128 (gptq) + int8 head" "$OUT/q_int4_gptq_head"
+# The calibrated int4 methods against RTN, token by token: ln(ppl / rtn) with its standard
+# error says whether a perplexity gain stands out of the text's noise.
+for name in int4_gptq int4_awq; do
+  printf '%-30s ln(ppl/rtn) %s\n' "$name vs int4 rtn" "$("$T" eval perplexity --model "$OUT/q_$name" \
+    --data "$OUT/heldout.txt" --ctx 256 --kl-reference "$OUT/q_int4_rtn" 2>/dev/null | sed -n 's/^ln_ppl_ratio //p')"
+done

@@ -193,6 +193,30 @@ TEST(Cli, EvalPerplexityMatchesPyTorch) {
   EXPECT_NEAR(nll, want, 5e-5 * want);
 }
 
+// --kl-reference: the model against itself diverges by nothing, its perplexity is still
+// PyTorch's, and every figure is printed.
+TEST(Cli, EvalPerplexityAgainstAReferencePrintsTheDivergence) {
+  const std::string dir = testing::parity_dir("gpt2");
+  ASSERT_FALSE(dir.empty());
+  const auto ref = io::SafetensorsFile::open(dir + "/reference.safetensors");
+  const auto r = run("eval perplexity --model " + dir + " --ids " + dir + "/eval_ids.txt --ctx " +
+                     std::to_string(static_cast<int>(ref->get("eval_ctx").item_f32(0))) +
+                     " --kl-reference " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto value = [&](const std::string& key) {
+    const auto pos = r.out.find("\n" + key + " ");
+    EXPECT_NE(pos, std::string::npos) << key << "\n" << r.out;
+    return pos == std::string::npos ? -1.0 : std::stod(r.out.substr(pos + key.size() + 2));
+  };
+  const double want = ref->get("eval_nll").item_f32(0);
+  EXPECT_NEAR(value("mean_nll"), want, 5e-5 * want);
+  EXPECT_NEAR(value("ref_nll"), want, 5e-5 * want);
+  EXPECT_EQ(value("ln_ppl_ratio"), 0.0);
+  EXPECT_LT(value("kld_mean"), 1e-9);
+  for (const char* key : {"kld_median", "kld_p99", "kld_max", "rms_delta_p"}) EXPECT_LT(value(key), 1e-6) << key;
+  EXPECT_EQ(value("same_top"), 100.0);
+}
+
 TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   const std::string dir = testing::parity_dir("llama");
   const auto tmp = std::filesystem::temp_directory_path() / ("tessera_cli_" + std::to_string(getpid()));
@@ -220,6 +244,8 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"generate --model " + (tmp / "badcfg").string() + " --prompt-ids 1", "bert"},
       {"eval perplexity --model " + dir + " --ids " + (tmp / "bad_ids.txt").string(), "three"},
       {"eval perplexity --model " + dir + " --ids /nonexistent/ids.txt", "/nonexistent/ids.txt"},
+      {"eval perplexity --model " + dir + " --ids " + dir + "/eval_ids.txt --kl-reference /nonexistent/ref",
+       "/nonexistent/ref"},
       {"generate --model " + dir + " --prompt hello", "tokenizer.json"},
       {"train --config " + (tmp / "sgd.toml").string(), "optimizer.name"},
       {"train --config " + (tmp / "nodata.toml").string(), "/nonexistent/data"},
