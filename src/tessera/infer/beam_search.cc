@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "tessera/base/error.h"
+#include "tessera/kernels/cross_entropy.h"
 
 namespace tessera::infer {
 
@@ -110,11 +111,7 @@ std::vector<BeamHypothesis> BeamSearch::results() const {
 
 std::vector<TokenLogprob> top_logprobs(const float* logits, int64_t vocab, int64_t k) {
   k = std::min(k, vocab);
-  double m = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, static_cast<double>(logits[i]));
-  double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
-  const double lse = m + std::log(sum);
+  const double lse = kernels::log_sum_exp(logits, vocab);
   std::vector<int32_t> idx(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) idx[i] = static_cast<int32_t>(i);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {

@@ -1,6 +1,10 @@
 // Entry point of cross_entropy.h: shape checks, and every target validated before any
 // thread starts (an exception must not escape an OpenMP region).
 #include "tessera/kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
 #include "tessera/kernels/dispatch.h"
 
 #include "tessera/kernels/cpu/cross_entropy_cpu.h"
@@ -19,6 +23,14 @@ void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t V) 
 }
 
 }  // namespace
+
+double log_sum_exp(const float* x, int64_t n) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+  return m + std::log(sum);
+}
 
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* losses,
                                  Tensor* dlogits, float grad_scale) {

@@ -20,6 +20,10 @@ constexpr int32_t kIgnoreIndex = -100;
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* losses,
                                  Tensor* dlogits, float grad_scale);
 
+// log(sum_i exp(x_i)) of one row of n f32 logits, in double (max subtracted first): the
+// log-probabilities are x_i - log_sum_exp (log-probability reports, perplexity figures).
+double log_sum_exp(const float* x, int64_t n);
+
 }  // namespace tessera::kernels
 
 namespace tessera::kernels {

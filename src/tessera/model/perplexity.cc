@@ -50,11 +50,7 @@ int64_t for_each_window(const std::vector<const Model*>& models, const std::vect
 
 // log softmax of one row of logits, in double.
 void log_softmax_row(const float* z, int64_t V, std::vector<double>& out) {
-  double mx = -INFINITY;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
-  const double lse = mx + std::log(sum);
+  const double lse = kernels::log_sum_exp(z, V);
   out.resize(V);
   for (int64_t v = 0; v < V; ++v) out[v] = z[v] - lse;
 }
@@ -72,16 +68,15 @@ PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32
   check_stream(model, ids, ctx);
   PerplexityResult r;
   double nll = 0.0;
-  r.windows = for_each_window({&model}, ids, ctx, show_progress,
-                              [&](const std::vector<int32_t>& window, const std::vector<Tensor>& logits) {
-                                const auto len = static_cast<int64_t>(window.size());
-                                Tensor targets = Tensor::empty({len - 1}, DType::kI32);
-                                for (int64_t i = 0; i + 1 < len; ++i) targets.data<int32_t>()[i] = window[i + 1];
-                                const auto ce = kernels::cross_entropy(logits[0].slice(0, 0, len - 1), targets,
-                                                                       nullptr, nullptr, 1.f);
-                                nll += ce.loss_sum;
-                                r.tokens += ce.count;
-                              });
+  const auto score = [&](const std::vector<int32_t>& window, const std::vector<Tensor>& logits) {
+    const auto len = static_cast<int64_t>(window.size());
+    Tensor targets = Tensor::empty({len - 1}, DType::kI32);
+    for (int64_t i = 0; i + 1 < len; ++i) targets.data<int32_t>()[i] = window[i + 1];
+    const auto ce = kernels::cross_entropy(logits[0].slice(0, 0, len - 1), targets, nullptr, nullptr, 1.f);
+    nll += ce.loss_sum;
+    r.tokens += ce.count;
+  };
+  r.windows = for_each_window({&model}, ids, ctx, show_progress, score);
   r.mean_nll = nll / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.mean_nll);
   return r;
@@ -129,7 +124,7 @@ KlDivergenceResult evaluate_kl_divergence(const Model& model, const Model& refer
   r.model.perplexity = std::exp(r.model.mean_nll), r.reference.perplexity = std::exp(r.reference.mean_nll);
   mean_se(lr1, lr2, n, r.log_ratio, r.log_ratio_se);
   mean_se(k1, k2, n, r.kld, r.kld_se);
-  mean_se(top, top, n, r.same_top, r.same_top_se);
+  mean_se(top, top, n, r.same_top, r.same_top_se);  // 0 / 1 values: sum x^2 = sum x
   r.rms_delta_p = std::sqrt(dp2 / n);
   std::sort(klds.begin(), klds.end());
   r.kld_median = klds[n / 2];

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "tessera/kernels/quant.h"
 #include "tessera/model/model.h"
