@@ -13,6 +13,7 @@
 #include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generate.h"
+#include "tessera/kernels/dispatch.h"
 #include "test_util/deepseek_config.h"
 #include "test_util/gemma2_config.h"
 
@@ -303,6 +304,45 @@ TEST(Engine, BatchInvariantLogprobsAreBitIdenticalWhateverTheBatch) {
     ASSERT_EQ(batched.size(), alone.size());
     for (size_t i = 0; i < alone.size(); ++i)
       EXPECT_EQ(batched[i], alone[i]) << others << " others, value " << i;  // bit-identical
+  }
+}
+
+// Without batch_invariant too, a step made only of decode rows sends up to 8 rows to the
+// skinny kernel (kernels::DecodeRows), whose rows do not depend on each other: six 1-token
+// requests decoding side by side (every step 6 decode rows) get the same logprobs, bit for
+// bit, as each one alone. (oneDNN, which ran 5 rows and more before, differs in the last bits.)
+TEST(Engine, DecodeStepsOfUpToEightRowsGiveEachSequenceItsOwnBits) {
+  if (!kernels::cpu_has(kernels::IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512: no skinny kernel";
+  const model::Model m = make_model(model::Arch::kLlama, 11);
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.logprobs = 3;
+  p.ignore_eos = true;
+  auto logprobs_of = [&](const std::vector<int32_t>& firsts) {
+    EngineConfig ec;
+    ec.block_size = 8;
+    ec.max_model_len = 64;
+    ec.kv_cache_dtype = kernels::KvCacheDtype::kF32;
+    Engine e(m, ec);
+    std::vector<RequestId> ids;
+    for (int32_t t : firsts) ids.push_back(e.add_request({t}, p));
+    std::map<RequestId, std::vector<float>> lp;
+    while (e.has_unfinished())
+      for (const auto& o : e.step())
+        for (const auto& s : o.logprobs) {
+          lp[o.id].push_back(s.logprob);
+          for (const auto& t : s.top_logprobs) lp[o.id].push_back(t.logprob);
+        }
+    std::vector<std::vector<float>> out;
+    for (RequestId id : ids) out.push_back(lp[id]);
+    return out;
+  };
+  const std::vector<int32_t> firsts = {5, 17, 42, 99, 123, 200};
+  const auto batched = logprobs_of(firsts);
+  for (size_t i = 0; i < firsts.size(); ++i) {
+    const auto alone = logprobs_of({firsts[i]});
+    ASSERT_EQ(alone[0].size(), 8u * 4);
+    EXPECT_EQ(batched[i], alone[0]) << "request " << i;  // bit-identical
   }
 }
 

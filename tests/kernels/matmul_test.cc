@@ -8,6 +8,7 @@
 #include <random>
 
 #include "tessera/kernels/cpu/matmul_cpu.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/matmul_ref.h"
 
 namespace tessera::kernels {
@@ -265,6 +266,42 @@ TEST(Matmul, DecodeShapeThroughAuto) {
   reference::matmul(x, w, want, false, true, 1.f, 0.f);
   expect_close(y, want, magnitude(x, w, Tensor::zeros({1, 512}, DType::kF32), false, true, 1, 0),
                1e-4f, "decode");
+}
+
+// Inside a DecodeRows scope a product of up to 8 rows with an f32 weight takes the skinny
+// kernel: each row's result is then the same bits as that row alone (a decode row does not
+// depend on the rows batched with it), and equals the reference. Outside the scope the limit
+// stays kSkinnyMaxRows, so a prompt's rows keep oneDNN from 5 rows on.
+TEST(Matmul, DecodeRowsSendUpToEightRowsToTheSkinnyKernel) {
+  if (!cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512)) GTEST_SKIP() << "no AVX-512: oneDNN runs every product";
+  EXPECT_FALSE(DecodeRows::active());
+  EXPECT_EQ(skinny_max_rows(DType::kF32), kSkinnyMaxRows);
+  const Tensor w = random_tensor(300, 1029, DType::kF32, 31);  // (out, in), K with a tail
+  for (int64_t m : {5, 6, 8}) {
+    const Tensor x = random_tensor(m, 1029, DType::kF32, 40 + static_cast<uint32_t>(m));
+    Tensor batched = Tensor::empty({m, 300}, DType::kF32);
+    Tensor want = Tensor::zeros({m, 300}, DType::kF32);
+    reference::matmul(x, w, want, false, true, 1.f, 0.f);
+    {
+      DecodeRows decode;
+      ASSERT_TRUE(DecodeRows::active());
+      EXPECT_EQ(skinny_max_rows(DType::kF32), kSkinnyDecodeRows);
+      matmul(x, w, batched, false, true);
+    }
+    expect_close(batched, want, magnitude(x, w, Tensor::zeros({m, 300}, DType::kF32), false, true, 1, 0), 1e-5f,
+                 "decode rows M=" + std::to_string(m));
+    for (int64_t r = 0; r < m; ++r) {
+      Tensor alone = Tensor::empty({1, 300}, DType::kF32);
+      matmul(x.slice(0, r, r + 1), w, alone, false, true);
+      EXPECT_EQ(alone.to_f32_vector(), batched.slice(0, r, r + 1).to_f32_vector()) << "M=" << m << " row " << r;
+    }
+  }
+  EXPECT_FALSE(DecodeRows::active());
+  // bf16 weights: with AMX oneDNN keeps 5 rows and more; without it the skinny kernel does.
+  {
+    DecodeRows decode;
+    EXPECT_EQ(skinny_max_rows(DType::kBF16), cpu_has(IsaLevel::kAmx) ? kSkinnyMaxRows : kSkinnyDecodeRows);
+  }
 }
 
 TEST(Matmul, EmptyInnerDimScalesC) {

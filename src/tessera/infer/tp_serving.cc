@@ -1,12 +1,15 @@
 // Tensor-parallel serving: the step broadcast and the workers' loop (tp_serving.h).
 #include "tessera/infer/tp_serving.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "tessera/base/error.h"
 #include "tessera/base/trace.h"
 #include "tessera/kernels/kv_shift.h"
+#include "tessera/kernels/matmul.h"
 #include "tessera/model/attention_sinks.h"
 #include "tessera/model/quantize.h"
 #include "tessera/parallel/expert_parallel.h"
@@ -37,6 +40,12 @@ Tensor run_step(const model::Model& m, KvPool& pool, const StepPlan& plan, Tenso
   ap.batch_invariant = plan.batch_invariant;
   PagedKvAttention kv(pool, plan.seqs, ap, m.config());
   base::TraceScope fwd("forward_tokens");
+  // A step of decode rows only (one token per sequence) sends up to 8 rows to the skinny
+  // kernel (kernels::DecodeRows); a step with a prompt chunk keeps the prompt's kernels.
+  const bool decode_only = std::all_of(plan.seqs.begin(), plan.seqs.end(),
+                                       [](const kernels::PagedSequence& q) { return q.q_len == 1; });
+  std::optional<kernels::DecodeRows> decode_rows;
+  if (decode_only) decode_rows.emplace();
   return m.forward_tokens(plan.ids, plan.positions, kv, plan.rows, plan.batch_invariant, hidden,
                           plan.adapters.empty() ? nullptr : &plan.adapters);
 }

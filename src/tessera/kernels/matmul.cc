@@ -252,7 +252,8 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
 
   const bool auto_backend = backend == MatmulBackend::kAuto;
   if (auto_backend) {
-    const bool skinny = m <= kSkinnyMaxRows && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
+    const bool skinny =
+        m <= skinny_max_rows(b.dtype()) && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
     backend = skinny ? MatmulBackend::kSkinny : MatmulBackend::kOneDnn;
   }
   TESSERA_CHECK(backend != MatmulBackend::kSkinny || trans_b, "matmul: the ",
@@ -313,7 +314,7 @@ void matmul_packed(const Tensor& a, const PackedB& b, Tensor& c, const Tensor* b
   TESSERA_KERNEL("matmul", cpu::gemm_onednn(g), a, c);
 }
 
-bool takes_packed(const PackedB& p, int64_t rows) { return p.defined() && rows > kSkinnyMaxRows; }
+bool takes_packed(const PackedB& p, int64_t rows) { return p.defined() && rows > skinny_max_rows(DType::kBF16); }
 
 void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, int64_t block_rows) {
   TESSERA_CHECK(block_rows >= 1, "matmul_streamed_rows: block_rows must be >= 1, got ", block_rows);
@@ -337,10 +338,22 @@ void matmul_streamed_rows(const Tensor& a, const Tensor& b, Tensor& c, bool tran
 
 namespace {
 thread_local int varying_shapes_depth = 0;
+thread_local int decode_rows_depth = 0;
 }  // namespace
 
 VaryingShapes::VaryingShapes() { ++varying_shapes_depth; }
 VaryingShapes::~VaryingShapes() { --varying_shapes_depth; }
 bool VaryingShapes::active() { return varying_shapes_depth > 0; }
+
+DecodeRows::DecodeRows() { ++decode_rows_depth; }
+DecodeRows::~DecodeRows() { --decode_rows_depth; }
+bool DecodeRows::active() { return decode_rows_depth > 0; }
+
+int64_t skinny_max_rows(DType weight_dtype) {
+  if (decode_rows_depth == 0) return kSkinnyMaxRows;
+  if (weight_dtype == DType::kF32 || (weight_dtype == DType::kBF16 && !cpu_has(IsaLevel::kAmx)))
+    return kSkinnyDecodeRows;
+  return kSkinnyMaxRows;
+}
 
 }  // namespace tessera::kernels

@@ -1,16 +1,40 @@
 // Matrix multiply, the op that dominates every model. Backed by oneDNN (AMX /
 // AVX-512 BF16 / AVX-512 / AVX2 picked at run time) with a hand-written
-// bandwidth-bound kernel for skinny products (decode: M <= 4).
+// bandwidth-bound kernel for skinny products (decode: M <= 4, or <= 8 in decode steps).
 #pragma once
 #include "tessera/tensor/tensor.h"
 
 namespace tessera::kernels {
 
 // Products of at most this many rows with an (N, K) weight go to the skinny decode kernel.
-// (For f32 weights it is 1.05-1.5x faster than oneDNN's at 5-8 rows too, but a row's
-// result must not depend on the rows batched with it: a sequence's embedding or logits
-// are the same bits alone or in any batch, and the boundary moves with this limit.)
+// A row's result from the skinny kernel does not depend on the rows beside it; oneDNN's
+// differs from it in the last bits, so a prompt's rows (an embedding, a prompt's logits)
+// keep one kernel whether the prompt runs alone or batched past this limit: from 5 tokens,
+// always oneDNN.
 constexpr int64_t kSkinnyMaxRows = 4;
+
+// Inside a DecodeRows scope (a step made only of decode rows, one token per sequence), up to
+// this many rows go to the skinny kernel: for f32 weights, and for bf16 ones where the CPU
+// has no AMX (with AMX, oneDNN's bf16 kernels win from 8 rows). Measured on Zen 4, 2 cores
+// (`build/bin/skinny_rows`): f32 4096 x 768 at 5-8 rows 0.54-0.58 ms against oneDNN's
+// 0.69-0.85. A decode row then takes the same kernel alone and in steps of up to 8.
+constexpr int64_t kSkinnyDecodeRows = 8;
+
+// While one is alive on this thread, matmul's automatic choice (and takes_packed) use the
+// decode limit above. Deterministic: the same rows and weights always take the same kernel
+// inside a scope.
+class DecodeRows {
+ public:
+  DecodeRows();
+  ~DecodeRows();
+  DecodeRows(const DecodeRows&) = delete;
+  DecodeRows& operator=(const DecodeRows&) = delete;
+  static bool active();  // on this thread
+};
+
+// The most rows a product with a weight of this dtype sends to the skinny kernel on this
+// thread now: kSkinnyMaxRows, or kSkinnyDecodeRows inside a DecodeRows scope (see above).
+int64_t skinny_max_rows(DType weight_dtype);
 
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32.
 //   op(a): (M, K); a is (M, K), or (K, M) when trans_a.

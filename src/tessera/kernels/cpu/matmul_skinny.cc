@@ -73,6 +73,14 @@ TESSERA_TARGET_AVX512 void block_avx512(const Panel& p, const BT* b, float* c) {
   const int64_t k = p.k;
   int64_t kk = 0;
   for (; kk + 16 <= k; kk += 16) {
+    // The next NR rows into L2, one line per row per step, as block_avx512_bf16 does:
+    // without it the hardware streamer does not run far enough ahead, and from 4 rows
+    // of a the FMAs and the memory stalls add up instead of overlapping (Zen 4, 2 cores:
+    // a 4096 x 768 product of 4 rows 0.59-0.71 ms without, 0.42-0.44 with; 1 row
+    // 0.47-0.56 against 0.42).
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(b + (r + NR) * p.ldb + kk), _MM_HINT_T1);
     __m512 av[MB];
 #pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) av[m] = _mm512_loadu_ps(p.a + m * p.lda + kk);
