@@ -209,7 +209,8 @@ TEST(Matmul, SkinnyEveryIsaMatchesReference) {
   uint32_t seed = 1000;
   for (SkinnyIsa isa : {SkinnyIsa::kScalar, SkinnyIsa::kAvx2, SkinnyIsa::kAvx512}) {
     if (!cpu::skinny_isa_supported(isa)) continue;
-    for (const Dims& d : {Dims{1, 7, 129}, Dims{4, 33, 31}, Dims{6, 9, 64}, Dims{3, 130, 8}})
+    for (const Dims& d : {Dims{1, 7, 129}, Dims{4, 33, 31}, Dims{6, 9, 64}, Dims{3, 130, 8}, Dims{8, 37, 97},
+                           Dims{7, 5, 33}, Dims{5, 11, 1500}})
       for (DType dt : {DType::kF32, DType::kBF16})
         for (bool ta : {false, true}) {
           Tensor a = strided_view(random_tensor(ta ? d.k : d.m, ta ? d.m : d.k, dt, ++seed));
