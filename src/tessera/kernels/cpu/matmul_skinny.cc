@@ -76,8 +76,8 @@ TESSERA_TARGET_AVX512 void block_avx512(const Panel& p, const BT* b, float* c) {
     // The next NR rows into L2, one line per row per step, as block_avx512_bf16 does:
     // without it the hardware streamer does not run far enough ahead, and from 4 rows
     // of a the FMAs and the memory stalls add up instead of overlapping (Zen 4, 2 cores:
-    // a 4096 x 768 product of 4 rows 0.59-0.71 ms without, 0.42-0.44 with; 1 row
-    // 0.47-0.56 against 0.42).
+    // a 4096 x 768 product of 4 rows 0.59-0.71 ms without, 0.42-0.50 with; 1 row
+    // 0.47-0.56 against 0.42-0.48).
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r)
       _mm_prefetch(reinterpret_cast<const char*>(b + (r + NR) * p.ldb + kk), _MM_HINT_T1);
@@ -341,8 +341,8 @@ void gemm_skinny(const GemmArgs& g, SkinnyIsa isa) {
   const int64_t row_bytes = std::max<int64_t>(1, g.k * static_cast<int64_t>(dtype_size(g.b_dtype)));
   // At least ~32 KiB of weights per worker, so tiny products do not pay for a fork.
   const int64_t grain = std::max<int64_t>(4, (32 << 10) / row_bytes);
-  // More than 4 rows of a (explicit calls: matmul's own choice stops at kSkinnyMaxRows) pass
-  // over b in groups of 4, one block of weight rows at a time (256 KiB: it stays in L2
+  // More than 4 rows of a (matmul's own choice stops at skinny_max_rows: 8 in decode steps)
+  // pass over b in groups of 4, one block of weight rows at a time (256 KiB: it stays in L2
   // between the groups), so b is read from memory once. One group: the whole range at once.
   // 5-8 rows of f32 weights whose a fits L1 take one pass instead (wide_rows_avx512).
   const bool wide = isa == SkinnyIsa::kAvx512 && g.b_dtype == DType::kF32 && g.m > 4 && g.m <= 8 &&
