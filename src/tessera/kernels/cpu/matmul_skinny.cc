@@ -267,7 +267,7 @@ void run_rows(SkinnyIsa isa, const Panel& p, int64_t n0, int64_t n1) {
 template <typename BT>
 void run_rows(SkinnyIsa isa, int mb, const Panel& p, int64_t n0, int64_t n1) {
   if constexpr (std::is_same_v<BT, float>) {  // one pass of 5-8 rows: AVX-512, f32 weights
-    switch (mb) {
+    if (isa == SkinnyIsa::kAvx512) switch (mb) {
       case 5: return wide_rows_avx512<5>(p, n0, n1);
       case 6: return wide_rows_avx512<6>(p, n0, n1);
       case 7: return wide_rows_avx512<7>(p, n0, n1);
