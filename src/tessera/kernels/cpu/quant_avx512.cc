@@ -239,6 +239,9 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     float tail[NR][MB] = {};                                                                     \
     for (int r = 0; r < NR; ++r)                                                                 \
       for (int m = 0; m < MB; ++m) total[r][m] = _mm512_setzero_ps();                            \
+    /* The group of column j0 as a running quotient: j0 = g0 gs + grem (a division per row  \
+       and chunk was a quarter of the int4 GEMV's time). */                                  \
+    int64_t g0 = 0, grem = 0;                                                                    \
     for (int64_t c = 0; c < chunks; ++c) {                                                       \
       const int64_t j0 = c * kChunk;                                                             \
       __m512i x0[MB], x1[MB];                                                                    \
@@ -255,8 +258,8 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
         const __m512i wv = _mm512_loadu_si512(p);                                                \
         /* A chunk inside one group (per-channel int8, int4 g >= 128): its scale broadcast;  \
            else each lane's group scale. */                                                   \
-        const __m512 ws = one_group ? _mm512_set1_ps(sc[r * G + j0 / gs])                      \
-                                    : _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + j0 / gs)); \
+        const __m512 ws = one_group ? _mm512_set1_ps(sc[r * G + g0])                            \
+                                    : _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + g0)); \
         __m512i lo = wv, hi = wv;                                                                \
         if (kInt4) {                                                                             \
           lo = _mm512_and_si512(wv, nib);                                                        \
@@ -268,10 +271,12 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
           total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(xs[m], ws), total[r][m]); \
         }                                                                                        \
       }                                                                                          \
+      for (grem += kChunk; grem >= gs; grem -= gs) ++g0;                                         \
     }                                                                                            \
     for (int64_t t = chunks * kChunk / 32; t < runs; ++t) {                                      \
+      const int64_t gt = 32 * t / gs;                                                            \
       for (int r = 0; r < NR; ++r) {                                                             \
-        const float s = sc[r * G + 32 * t / gs];                                                 \
+        const float s = sc[r * G + gt];                                                          \
         __m128i w0, w1;                                                                          \
         if (kInt4) {                                                                             \
           const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 16 * t)); \

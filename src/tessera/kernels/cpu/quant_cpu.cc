@@ -247,15 +247,24 @@ TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activat
   float tail[NR][MB] = {};
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MB; ++m) total[r][m] = _mm256_setzero_ps();
+  // The groups of runs 4c + 2h and 4c + 2h + 1, a running quotient (column j = g gs + rem)
+  // rather than two divisions per row and half chunk.
+  int64_t g = 0, rem = 0;
+  const auto next_run = [&] {
+    const int64_t here = g;
+    for (rem += 32; rem >= gs; rem -= gs) ++g;
+    return here;
+  };
   for (int64_t c = 0; c < chunks; ++c)
     for (int h = 0; h < 2; ++h) {
       const int64_t j0 = 128 * c + 64 * h;  // first column of runs 4c + 2h and 4c + 2h + 1
+      const int64_t ga = next_run(), gb = next_run();
       for (int r = 0; r < NR; ++r) {
         const uint8_t* p = rows[r] + j0 / 2;
         _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T0);
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
         const __m256i lo = _mm256_and_si256(wv, nib), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
-        const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[r * G + (j0 + 32) / gs]), _mm_set1_ps(sc[r * G + j0 / gs]));
+        const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[r * G + gb]), _mm_set1_ps(sc[r * G + ga]));
         for (int m = 0; m < MB; ++m) {
           const int8_t* xr = a.xd.data() + (m0 + m) * in + 128 * c + 32 * h;
           const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
@@ -269,8 +278,8 @@ TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activat
     }
   const __m128i nib128 = _mm_set1_epi8(0x0F), ones128 = _mm_set1_epi16(1);
   for (int64_t t = chunks * 4; t < runs; ++t)
-    for (int r = 0; r < NR; ++r) {
-      const float s = sc[r * G + 32 * t / gs];
+    for (int r = 0, gt = static_cast<int>(32 * t / gs); r < NR; ++r) {
+      const float s = sc[r * G + gt];
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 16 * t));
       const __m128i w0 = _mm_and_si128(b, nib128), w1 = _mm_and_si128(_mm_srli_epi16(b, 4), nib128);
       for (int m = 0; m < MB; ++m) {
