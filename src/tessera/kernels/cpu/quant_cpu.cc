@@ -435,9 +435,10 @@ void dequantize_rows(const QuantWeight& w, int64_t o0, int64_t o1, Tensor& dst) 
         for (int64_t j = 0; j < w.in; ++j) tmp[j] = sc[0] * row[j];
       } else {
         const uint8_t* row = w.q.data<uint8_t>() + o * rb;
-        for (int64_t j = 0; j < w.in; ++j) {
-          const int64_t g = j / w.group;
-          tmp[j] = sc[g] * (unscaled(w.scheme, row, j) - (zp ? zp[g] : 0.f));
+        for (int64_t g = 0; g < G; ++g) {
+          const float s = sc[g], z = zp ? zp[g] : 0.f;
+          for (int64_t j = g * w.group, e = std::min(w.in, j + w.group); j < e; ++j)
+            tmp[j] = s * (unscaled(w.scheme, row, j) - z);
         }
       }
       if (bf)
