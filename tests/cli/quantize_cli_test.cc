@@ -55,6 +55,9 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
   EXPECT_NE(bench.out.find("weights int8"), std::string::npos) << bench.out;
 
   EXPECT_NE(bench.out.find("stream read:"), std::string::npos) << bench.out;
+  // 4 tokens: one window, paired with a triad trial before and after it.
+  EXPECT_NE(bench.out.find("paired ratio achieved/stream: "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("(median of 1 windows of 8 tokens"), std::string::npos) << bench.out;
 
   // --quantize-lm-head: the saved directory (GPTQModel's lm_head) runs like quantizing on
   // load with the flag, the bench reads fewer bytes, and what cannot hold it says so.

@@ -17,6 +17,18 @@ TEST(Peak, StreamTriadReturnsPositiveBandwidth) {
   EXPECT_THROW(measure_stream_triad_gbps(1 << 20, 0), Error);
 }
 
+TEST(Peak, StreamProbeTakesTrialsOnArraysItKeeps) {
+  StreamProbe probe(1 << 20);
+  EXPECT_EQ(probe.elements(), 1 << 20);
+  for (int i = 0; i < 3; ++i) {  // (each trial checks the triad's result itself)
+    const double gbps = probe.triad_gbps();
+    EXPECT_GT(gbps, 0.1);
+    EXPECT_LT(gbps, 1e5);
+  }
+  EXPECT_EQ(StreamProbe().elements(), stream_array_elements());
+  EXPECT_THROW(StreamProbe(-1), Error);
+}
+
 TEST(Peak, StreamReadReturnsPositiveBandwidthAndChecksItsSum) {
   const double gbps = measure_stream_read_gbps((1 << 20) + 37, 2);  // (a tail past the 64-float steps)
   EXPECT_GT(gbps, 0.1);
@@ -34,7 +46,9 @@ TEST(Peak, StreamArraysAreFourTimesTheLastLevelCache) {
   const int64_t n = stream_array_elements();
   EXPECT_GE(n, std::min<double>(int64_t{32} << 20, mem / 16 / 4));
   EXPECT_LE(static_cast<double>(n) * 4, mem / 16 + 4);
-  if (llc > 0 && 4.0 * static_cast<double>(llc) <= mem / 16) EXPECT_GE(n * 4, 4 * static_cast<int64_t>(llc));
+  if (llc > 0 && 4.0 * static_cast<double>(llc) <= mem / 16) {
+    EXPECT_GE(n * 4, 4 * static_cast<int64_t>(llc));
+  }
 }
 
 TEST(Peak, MatmulMeasurementDescribesTheProblem) {

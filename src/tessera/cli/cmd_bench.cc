@@ -72,6 +72,9 @@ int run_decode(const model::BenchOptions& o) {
               r.stream_triad_gbps, r.ratio, r.run_ratio);
   std::printf("stream read: %.2f GB/s (read-only, best of 10 trials)\nratio achieved/read: %.3f\n",
               r.stream_read_gbps, r.read_ratio);
+  std::printf("paired ratio achieved/stream: %.3f (median of %lld windows of 8 tokens, each against a triad "
+              "trial just before and after it; those trials' median %.2f GB/s)\n",
+              r.paired_ratio, static_cast<long long>(r.paired_windows), r.paired_triad_gbps);
   return 0;
 }
 

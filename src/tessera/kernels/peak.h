@@ -21,6 +21,23 @@ double measure_stream_triad_gbps(int64_t n_elements_per_array = 0, int reps = 10
 // memory, are the limit (AMD's Zen 4 in a 2-vCPU guest: 28-32 GB/s read against a 35-55
 // GB/s triad, whose stores do not wait), this is what a read stream can reach.
 double measure_stream_read_gbps(int64_t n_elements_per_array = 0, int reps = 10);
+// A triad's three arrays, allocated and first-touched once, for trials taken between other
+// work: `bench decode` pairs each window of tokens with a trial just before and after it,
+// since a shared host's bandwidth can change within a run (see docs/performance.md).
+class StreamProbe {
+ public:
+  explicit StreamProbe(int64_t n_elements_per_array = 0);  // 0: stream_array_elements()
+  ~StreamProbe();
+  StreamProbe(const StreamProbe&) = delete;
+  StreamProbe& operator=(const StreamProbe&) = delete;
+  double triad_gbps();  // one trial, 3 * 4 bytes per element, GB/s
+  int64_t elements() const { return n_; }
+
+ private:
+  int64_t n_;
+  float *a_, *b_, *c_;
+};
+
 // Elements per array for a triad that measures memory, not cache: STREAM's rule, each
 // array at least 4x the last-level cache (sysconf), and at least 32 Mi floats; at most
 // 1/16 of physical memory each. (A 300 MiB L3 served a triad of 3 x 128 MiB at 28-60

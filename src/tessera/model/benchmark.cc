@@ -49,28 +49,52 @@ double forward_flops(const ModelConfig& c, int64_t tokens, int64_t ctx_start) {
 DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   const auto& c = model.config();
   DecodeBench r;
+  r.weight_bytes = static_cast<double>(model.matmul_weight_bytes());
   const int64_t prompt = 32;
-  std::vector<double> rates, token_seconds;
+  // A triad trial before the first token and after every kPairWindow tokens: each window's
+  // bandwidth against the mean of the trials on its two sides, taken within ~0.2 s of it.
+  constexpr int64_t kPairWindow = 8;
+  kernels::StreamProbe probe;
+  const auto trial = [&] {
+    const base::TraceScope span("stream_triad_trial", "bench");
+    return probe.triad_gbps();
+  };
+  std::vector<double> rates, token_seconds, paired, trials;
   for (int rep = 0; rep < o.repeats; ++rep) {
     KVCache cache = KVCache::create(c, prompt + o.decode_tokens + 1);
     Tensor logits = model.forward(random_tokens(prompt, c.vocab_size, rep + 1), cache);
     if (rep == 0 && !o.trace.empty()) base::start_trace(o.trace);
-    base::Timer t;
+    double run_s = 0, window_s = 0, before = trial();
+    int64_t window_n = 0;
+    trials.push_back(before);
     int32_t tok = 1;
     for (int64_t i = 0; i < o.decode_tokens; ++i) {
-      const base::TraceScope span("decode_token", "bench");
-      base::Timer one;
-      logits = model.forward({tok}, cache);
-      token_seconds.push_back(one.seconds());
+      double s = 0;
+      {
+        const base::TraceScope span("decode_token", "bench");
+        base::Timer one;
+        logits = model.forward({tok}, cache);
+        s = one.seconds();
+      }
+      token_seconds.push_back(s);
+      run_s += s, window_s += s, ++window_n;
       tok = static_cast<int32_t>(i % c.vocab_size);
+      if (window_n == kPairWindow || i + 1 == o.decode_tokens) {
+        const double after = trial();
+        trials.push_back(after);
+        paired.push_back(r.weight_bytes * window_n / window_s / 1e9 / ((before + after) / 2));
+        before = after, window_s = 0, window_n = 0;
+      }
     }
-    rates.push_back(o.decode_tokens / t.seconds());
+    rates.push_back(o.decode_tokens / run_s);
     if (rep == 0 && !o.trace.empty()) base::stop_trace();
   }
   r.tokens_per_second = 1.0 / median(token_seconds);
   r.run_tokens_per_second = median(rates);
-  r.weight_bytes = static_cast<double>(model.matmul_weight_bytes());
   r.achieved_gbps = r.weight_bytes * r.tokens_per_second / 1e9;
+  r.paired_ratio = median(paired);
+  r.paired_windows = static_cast<int64_t>(paired.size());
+  r.paired_triad_gbps = median(trials);
   r.stream_triad_gbps = kernels::measure_stream_triad_gbps();
   r.ratio = r.achieved_gbps / r.stream_triad_gbps;
   r.run_ratio = r.weight_bytes * r.run_tokens_per_second / 1e9 / r.stream_triad_gbps;

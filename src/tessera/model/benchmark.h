@@ -30,6 +30,12 @@ struct DecodeBench {
   double stream_triad_gbps = 0;  // measured in the same run (STREAM: the best of 10 trials)
   double ratio = 0;              // achieved / stream
   double run_ratio = 0;          // weight_bytes * run_tokens_per_second / stream
+  // Paired: every window of 8 tokens' weight GB/s over the mean of one triad trial just
+  // before and one just after it, the median over all windows (a host whose bandwidth
+  // changes within a run moves both sides of each pair together).
+  double paired_ratio = 0;
+  int64_t paired_windows = 0;
+  double paired_triad_gbps = 0;  // the median of those trials
   double stream_read_gbps = 0;   // read-only bandwidth, same run (kernels::measure_stream_read_gbps)
   double read_ratio = 0;         // achieved / read
 };
