@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
 
   // Training shapes (MHA, D=64, causal forward and backward): GPT-2's 4 x 256 and 1 x 1024,
   // in f32 and with bf16 products (native bf16 training: AMX tiles where the CPU has them).
-  for (const auto [B, T, bf16] : {std::tuple<int64_t, int64_t, bool>{4, 64, false}, {4, 64, true}, {4, 128, false}, {4, 128, true}, {4, 256, false}, {4, 256, true},
+  for (const auto& [B, T, bf16] : {std::tuple<int64_t, int64_t, bool>{4, 64, false}, {4, 64, true}, {4, 128, false}, {4, 128, true}, {4, 256, false}, {4, 256, true},
                                   {1, 1024, false}, {1, 1024, true}}) {
     if (bf16 && !tk::cpu_has(tk::IsaLevel::kAmx)) continue;  // the f32 kernels run there
     const int64_t H = 12, D = 64;

@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
 
   // One flat tensor: the step splits it into the same 64K-element chunks it would
   // split 150 separate tensors into, so the shape of the model does not matter here.
-  std::vector<tt::ParamRef> ps = {{"w", random_f32(n, 0.02f, 1), random_f32(n, 1e-3f, 2), true, false}};
+  tt::ParamRef w;
+  w.name = "w", w.param = random_f32(n, 0.02f, 1), w.grad = random_f32(n, 1e-3f, 2), w.decay = true;
+  std::vector<tt::ParamRef> ps = {w};
   tt::Optimizer opt(tt::OptimizerConfig{}, ps);
   tt::LossScaler scaler(1.0);  // scale 1 keeps the grads unchanged across calls
   // The trainer's update under native bf16 (train::update_weights): the clip coefficient

@@ -10,17 +10,14 @@
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/infer/engine.h"
+#include "tessera/kernels/cross_entropy.h"
 
 namespace tessera::infer {
 
 PromptLogprob prompt_logprob(const float* x, int64_t vocab, int32_t token, int top) {
   TESSERA_CHECK(token >= 0 && token < vocab, "prompt_logprob: token ", token, " outside [0, ", vocab, ")");
-  float m = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x[i]);
-  TESSERA_CHECK(std::isfinite(m), "prompt_logprob: the logits are not finite");
-  double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(x[i] - m);  // float exp (<= 1), double sum
-  const double lse = m + std::log(sum);
+  const double lse = kernels::log_sum_exp(x, vocab);
+  TESSERA_CHECK(std::isfinite(lse), "prompt_logprob: the logits are not finite");
   // Higher logit first; equal logits by lower id (the order of the sampler's top_logprobs).
   auto before = [x](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
   PromptLogprob r;

@@ -9,6 +9,7 @@
 #include "tessera/infer/block_manager.h"
 #include "tessera/infer/scheduler.h"
 #include "tessera/infer/tp_serving.h"
+#include "tessera/kernels/cross_entropy.h"
 #include "tessera/model/attention_sinks.h"
 
 namespace tessera::infer {
@@ -70,10 +71,7 @@ StreamEvalResult evaluate_stream(const model::Model& m, const std::vector<int32_
       const int64_t t = sr.start + i;
       if (t + 1 >= n) break;
       const float* x = logits.data<float>() + i * V;
-      const float mx = *std::max_element(x, x + V);
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v] - mx));
-      res.nll[static_cast<size_t>(t)] = std::log(sum) + mx - x[tokens[static_cast<size_t>(t + 1)]];
+      res.nll[static_cast<size_t>(t)] = kernels::log_sum_exp(x, V) - x[tokens[static_cast<size_t>(t + 1)]];
     }
     res.max_blocks = std::max(res.max_blocks, blocks.num_blocks() - blocks.num_free_blocks());
     sched.update(so, {});
