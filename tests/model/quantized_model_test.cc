@@ -282,6 +282,22 @@ TEST(QuantizedModel, AwqAndSmoothQuantBeatRoundToNearestOnOutlierChannels) {
                 variant.c_str(), e_rtn, e_awq, e_awq / e_rtn, e_w8a8, e_sq, e_sq / e_w8a8);
     EXPECT_LT(e_awq, 0.8 * e_rtn);
     EXPECT_LT(e_sq, 0.8 * e_w8a8);
+    // AutoAWQ's block objective (--awq-inspect-tokens): q/k/v and gate/up scored on the
+    // layer's output over the first 4 windows; it beats RTN too, and each candidate it
+    // tried left the layer as it was (the float weights are back before the scales fold).
+    model::Model awq_block = outlier_model(c);
+    auto block_opts = model::quantize_options("awq", 4, 32);
+    block_opts.awq_inspect_tokens = 100;  // (rounded up to whole windows of 32: 4)
+    model::quantize_model(awq_block, block_opts, calib);
+    const double e_block = logit_mse(ref, awq_block, held_out);
+    std::printf("%s int4 g32 awq scored on the layer output: logit MSE %.3e (%.2fx rtn)\n", variant.c_str(),
+                e_block, e_block / e_rtn);
+    EXPECT_LT(e_block, 0.8 * e_rtn);
+    if (variant == "mha") {
+      block_opts.awq_inspect_tokens = -1;
+      model::Model bad = outlier_model(c);
+      EXPECT_THROW(model::quantize_model(bad, block_opts, calib), std::exception);
+    }
     // AWQ saves as an AutoAWQ checkpoint and loads back to the same logits.
     const std::string dir =
         (fs::temp_directory_path() / ("tessera_qawq_" + std::to_string(::getpid()) + variant)).string();

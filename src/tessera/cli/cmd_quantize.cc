@@ -19,7 +19,7 @@ struct QuantizeFlags {
   std::string model, out, method = "rtn", calib, dtype = "bf16", type = "int";
   int bits = 8;
   int64_t group_size = 0;
-  int64_t calib_samples = 32, calib_seq = 256;
+  int64_t calib_samples = 32, calib_seq = 256, awq_inspect_tokens = 0;
   double damp = 0.01, alpha = 0.5;
   bool act_order = false;
   bool lm_head = false;
@@ -47,6 +47,7 @@ int run_quantize(const QuantizeFlags& f) {
   o.damp_percent = f.damp;
   o.act_order = f.act_order;
   o.alpha = f.alpha;
+  o.awq_inspect_tokens = f.awq_inspect_tokens;
   o.lm_head = f.lm_head;
   model::check_lm_head_options(o);
   TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
@@ -98,6 +99,10 @@ void add_quantize(CLI::App& app, Action& action) {
   cmd->add_option("--damp", f->damp, "GPTQ damping (fraction of the mean Hessian diagonal)")->capture_default_str();
   cmd->add_flag("--act-order", f->act_order, "GPTQ: quantize columns in order of decreasing activation energy");
   cmd->add_option("--alpha", f->alpha, "SmoothQuant migration strength")->capture_default_str();
+  cmd->add_option("--awq-inspect-tokens", f->awq_inspect_tokens,
+                  "AWQ: score the q/k/v and gate/up scales on the whole layer's output over this many "
+                  "calibration tokens (AutoAWQ's block objective); 0: each linear on its own output")
+      ->capture_default_str();
   cmd->add_flag("--quantize-lm-head", f->lm_head,
                 "Quantize the head too, int8 per output channel (gptq / rtn; saved as GPTQModel's "
                 "\"lm_head\": true)");

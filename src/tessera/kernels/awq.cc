@@ -82,12 +82,12 @@ Tensor unscale_gram(const Tensor& gram, const std::vector<float>& s) {
   return g;
 }
 
-std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
-                                     const AwqOptions& o) {
+std::vector<std::vector<float>> awq_scale_candidates(const Tensor& w, const InputStats& x,
+                                                     const AwqOptions& o) {
   check_weight(w, "awq");
   const int64_t out = w.size(0), in = w.size(1), group = group_of(o, in);
-  TESSERA_CHECK(static_cast<int64_t>(x.mean_abs.size()) == in && x.gram.size(0) == in,
-                "awq: input statistics have ", x.mean_abs.size(), " channels, the weight ", in);
+  TESSERA_CHECK(static_cast<int64_t>(x.mean_abs.size()) == in, "awq: input statistics have ",
+                x.mean_abs.size(), " channels, the weight ", in);
   TESSERA_CHECK(o.grid >= 1, "awq: grid must be positive, got ", o.grid);
   // w_mean: each weight relative to its group's max |w|, averaged over the output rows.
   std::vector<double> wsum(in, 0.0);
@@ -100,20 +100,10 @@ std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, Quant
     }
   std::vector<float> w_mean(in);
   for (int64_t j = 0; j < in; ++j) w_mean[j] = static_cast<float>(wsum[j] / out);
-
-  // The error of quantizing W diag(s), measured back in W's frame.
-  auto error_of = [&](const std::vector<float>& s) {
-    Tensor d = dequantize(quantize_rtn(scale_columns(w, s), scheme, group, o.symmetric, o.f16_scales));
-    float* D = d.data<float>();
-    for (int64_t r = 0; r < out; ++r)
-      for (int64_t j = 0; j < in; ++j) D[r * in + j] = D[r * in + j] / s[j] - W[r * in + j];
-    return output_error(d, x.gram);
-  };
-  std::vector<float> best(in, 1.f);
-  double best_err = error_of(best);
-  std::vector<float> s(in);
+  std::vector<std::vector<float>> cands{std::vector<float>(in, 1.f)};
   for (int i = 0; i < o.grid; ++i) {
     const double ratio = static_cast<double>(i) / o.grid;
+    std::vector<float> s(in);
     float lo = INFINITY, hi = 0.f;
     for (int64_t j = 0; j < in; ++j) {
       double v = std::pow(static_cast<double>(x.mean_abs[j]), ratio) /
@@ -124,10 +114,43 @@ std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, Quant
     }
     const float norm = std::sqrt(lo * hi);
     for (auto& v : s) v /= norm;
-    const double err = error_of(s);
-    if (err < best_err) best_err = err, best = s;
+    cands.push_back(std::move(s));
   }
-  return best;
+  return cands;
+}
+
+Tensor awq_fake_quantize(const Tensor& w, const std::vector<float>& s, QuantScheme scheme,
+                         const AwqOptions& o) {
+  check_weight(w, "awq");
+  const int64_t out = w.size(0), in = w.size(1);
+  Tensor d = dequantize(quantize_rtn(scale_columns(w, s), scheme, group_of(o, in), o.symmetric, o.f16_scales));
+  float* D = d.data<float>();
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t j = 0; j < in; ++j) D[r * in + j] /= s[j];
+  return d;
+}
+
+std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
+                                     const AwqOptions& o) {
+  check_weight(w, "awq");
+  TESSERA_CHECK(x.gram.defined() && x.gram.size(0) == w.size(1), "awq: input statistics have no ",
+                w.size(1), "-channel Gram matrix");
+  // The error of quantizing W diag(s), measured back in W's frame.
+  const float* W = w.data<float>();
+  auto error_of = [&](const std::vector<float>& s) {
+    Tensor d = awq_fake_quantize(w, s, scheme, o);
+    float* D = d.data<float>();
+    for (int64_t i = 0; i < d.numel(); ++i) D[i] -= W[i];
+    return output_error(d, x.gram);
+  };
+  const auto cands = awq_scale_candidates(w, x, o);
+  size_t best = 0;
+  double best_err = INFINITY;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const double err = error_of(cands[i]);
+    if (err < best_err) best_err = err, best = i;
+  }
+  return cands[best];
 }
 
 void awq_clip(Tensor& w, const Tensor& gram, int64_t row0, int64_t row1, QuantScheme scheme,

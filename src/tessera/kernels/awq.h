@@ -23,6 +23,11 @@ struct AwqOptions {
   int grid = 20;           // candidates of the scale search (ratios 0, 1/grid, ...)
   double max_shrink = 0.5; // clip search: max |w| shrunk by up to this fraction
   bool f16_scales = true;  // scales rounded to f16 (what an AutoAWQ checkpoint stores)
+  // Model level (model/calibrated_quant.h): the scales of q/k/v and of gate/up are scored
+  // on the whole layer's output over the first calibration windows holding this many
+  // tokens (AutoAWQ scores the attention or MLP block), o's and down's on their own
+  // output. 0: every linear on its own output (the paper's objective).
+  int64_t inspect_tokens = 0;
 };
 
 // The input statistics of one linear (or of several sharing one input) on calibration
@@ -44,6 +49,13 @@ InputStats input_stats(const Tensor& x, bool with_gram = true);
 // w (out, in) f32: the rows of every linear that shares x.
 std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
                                      const AwqOptions& options);
+// The candidates that search scores, in order: s = 1 first, then ratio 0 .. (grid - 1) / grid.
+std::vector<std::vector<float>> awq_scale_candidates(const Tensor& w, const InputStats& x,
+                                                     const AwqOptions& options);
+// What the quantized W diag(s) computes in W's frame: dequantize(Q(W diag s)) diag(1 / s),
+// (out, in) f32.
+Tensor awq_fake_quantize(const Tensor& w, const std::vector<float>& s, QuantScheme scheme,
+                         const AwqOptions& options);
 
 // AWQ's clip search (AutoAWQ's _compute_best_clip) on rows [row0, row1) of w (out, in)
 // f32, in place: per row and group, max |w| shrunk to max * (1 - i / grid) for

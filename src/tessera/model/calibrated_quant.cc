@@ -3,6 +3,10 @@
 // method turns a layer's inputs into its quantized linears.
 #include "tessera/model/calibrated_quant.h"
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
 #include "tessera/base/error.h"
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
@@ -105,6 +109,7 @@ void quantize_layers_calibrated(Model& m, const Tensor& calib_ids, const LayerQu
   const int64_t B = calib_ids.size(0), T = calib_ids.size(1), N = B * T;
   Activations acts;
   acts.B = B, acts.T = T;
+  acts.train = false;  // (no dropout: AutoGPTQ and AutoAWQ run the model in eval mode)
   acts.ids = calib_ids.contiguous().view({N});
   acts.positions = make_positions(B, T, 0);
   BlockState s;
@@ -114,6 +119,7 @@ void quantize_layers_calibrated(Model& m, const Tensor& calib_ids, const LayerQu
     const Tensor x_in = s.x.clone();
     const Tensor delta_in = s.delta.defined() ? s.delta.clone() : Tensor();
     LayerInputs in;
+    in.layer_x = x_in, in.layer_delta = delta_in, in.acts = &acts;
     {
       LayerActivations A;
       layer_forward_train(m, l, acts, s, A, true);
@@ -145,6 +151,75 @@ void quantize_model_gptq(Model& m, const kernels::GptqOptions& o, kernels::Quant
       layer_done);
 }
 
+namespace {
+
+// The first calibration windows of a layer's input (at least one window, about `tokens`
+// tokens) and the float layer's output on them, for scoring candidate weights on the
+// layer's output.
+struct LayerProbe {
+  Activations acts;
+  Tensor x, delta, reference;
+};
+
+// Layer l's output (the residual stream plus its pending block output) on p's windows.
+Tensor layer_output(const Model& m, int64_t l, const LayerProbe& p) {
+  BlockState s;
+  s.x = p.x.clone();
+  if (p.delta.defined()) s.delta = p.delta.clone();
+  LayerActivations A;
+  layer_forward_train(m, l, p.acts, s, A, false);
+  Tensor out = s.x.to(DType::kF32).contiguous().clone();
+  if (s.delta.defined()) {
+    const Tensor d = s.delta.to(DType::kF32).contiguous();
+    float* o = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] += d.data<float>()[i];
+  }
+  return out;
+}
+
+LayerProbe make_probe(const Model& m, int64_t l, const LayerInputs& in, int64_t tokens) {
+  const Activations& all = *in.acts;
+  LayerProbe p;
+  const int64_t B = std::clamp<int64_t>((tokens + all.T - 1) / all.T, 1, all.B), N = B * all.T;
+  p.acts.B = B, p.acts.T = all.T, p.acts.train = false;
+  p.acts.ids = all.ids.slice(0, 0, N).contiguous();
+  p.acts.positions = all.positions.slice(0, 0, N).contiguous();
+  p.x = in.layer_x.slice(0, 0, N).contiguous();
+  if (in.layer_delta.defined()) p.delta = in.layer_delta.slice(0, 0, N).contiguous();
+  p.reference = layer_output(m, l, p);
+  return p;
+}
+
+// AWQ's scale candidates for layer l's linear `which` (float weight w (out, in)), each
+// fake-quantized into the layer in turn and scored on the layer's output; the layer gets
+// w back.
+std::vector<float> awq_scales_on_layer_output(Model& m, int64_t l, int which, const Tensor& w,
+                                              const kernels::InputStats& stats, kernels::QuantScheme scheme,
+                                              const kernels::AwqOptions& o, const LayerProbe& p) {
+  Linear& lin = m.weights().layers[l].linear(which);
+  const auto set_weight = [&](const Tensor& v) {
+    out_in_view(lin).copy_from(v);
+    m.refresh_compute_unit(static_cast<int>(l) + 1);
+  };
+  const auto cands = kernels::awq_scale_candidates(w, stats, o);
+  size_t best = 0;
+  double best_err = INFINITY;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    set_weight(kernels::awq_fake_quantize(w, cands[i], scheme, o));
+    const Tensor out = layer_output(m, l, p);
+    double err = 0;
+    for (int64_t k = 0; k < out.numel(); ++k) {
+      const double d = static_cast<double>(out.data<float>()[k]) - p.reference.data<float>()[k];
+      err += d * d;
+    }
+    if (err < best_err) best_err = err, best = i;
+  }
+  set_weight(w);
+  return cands[best];
+}
+
+}  // namespace
+
 void quantize_model_awq(Model& m, const kernels::AwqOptions& o, kernels::QuantScheme scheme,
                         const Tensor& calib_ids, const std::function<void(int64_t)>& layer_done) {
   const auto& c = m.config();
@@ -153,11 +228,17 @@ void quantize_model_awq(Model& m, const kernels::AwqOptions& o, kernels::QuantSc
       [&](int64_t l, const LayerInputs& in) {
         LayerScales sc;
         kernels::InputStats stats[4];
+        std::optional<LayerProbe> probe;
+        if (o.inspect_tokens > 0) probe = make_probe(m, l, in, o.inspect_tokens);
         for (int which = 0; which < 4; ++which) {
           stats[which] = kernels::input_stats(in.x[which]);
-          if (input_scale_foldable(c, which))
-            sc.s[which] = kernels::awq_search_scales(out_in(m.weights().layers[l].linear(which)),
-                                                     stats[which], scheme, o);
+          if (!input_scale_foldable(c, which)) continue;
+          const Tensor w = out_in(m.weights().layers[l].linear(which));
+          // AutoAWQ's inspected modules: the attention block for q/k/v, the MLP for
+          // gate/up; o and down on their own output.
+          sc.s[which] = probe && (which == 0 || which == 2)
+                            ? awq_scales_on_layer_output(m, l, which, w, stats[which], scheme, o, *probe)
+                            : kernels::awq_search_scales(w, stats[which], scheme, o);
         }
         scale_layer_inputs(m, l, sc);
         m.quantize_layer(l, [&](int64_t, int which, const Tensor& w_scaled) {

@@ -13,8 +13,13 @@ namespace tessera::model {
 // The inputs of one layer's block linears on the calibration tokens, (N, in) f32, by
 // BlockLinear::which: 0 qkv (norm1's output), 1 o (attention's), 2 up (norm2's), 3 down
 // (the activation's).
+struct Activations;
 struct LayerInputs {
   Tensor x[4];
+  // The layer's own input on the calibration tokens (the residual stream and the previous
+  // block's output not yet added to it), and the tokens, to run the layer again.
+  Tensor layer_x, layer_delta;
+  const Activations* acts = nullptr;
 };
 
 // Runs the calibration token windows calib_ids (sequences, tokens) i32 through m one
@@ -48,7 +53,10 @@ void quantize_model_gptq(Model& m, const kernels::GptqOptions& options, kernels:
                          const Tensor& calib_ids, const std::function<void(int64_t)>& layer_done = {});
 
 // AWQ (AutoAWQ's order within a layer): per-input-channel scales searched for each
-// linear group on the float weights (q/k/v, gate/up as one group each), folded into the
+// linear group on the float weights (q/k/v, gate/up as one group each; with
+// options.inspect_tokens, the q/k/v and gate/up candidates scored on the whole layer's
+// output over that many calibration tokens, as AutoAWQ scores them on the attention or
+// MLP block, the o and down candidates on their own output), folded into the
 // operation before it: norm1 for q/k/v, norm2 for gate/up, v's rows for o (only when
 // every query head has its own key-value head, as AutoAWQ requires), up's rows for down
 // (gated MLPs; GPT-2's GELU is not scale-invariant, so its fc_out is not scaled); then
