@@ -239,11 +239,9 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     float tail[NR][MB] = {};                                                                     \
     for (int r = 0; r < NR; ++r)                                                                 \
       for (int m = 0; m < MB; ++m) total[r][m] = _mm512_setzero_ps();                            \
-    /* The group of column j0 as a running quotient: j0 = g0 gs + grem (a division per row  \
-       and chunk was a quarter of the int4 GEMV's time). */                                  \
-    int64_t g0 = 0, grem = 0;                                                                    \
+    GroupCursor cursor(gs);                                                                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                       \
-      const int64_t j0 = c * kChunk;                                                             \
+      const int64_t j0 = c * kChunk, g0 = cursor.advance(kChunk);                                \
       __m512i x0[MB], x1[MB];                                                                    \
       __m512 xs[MB];                                                                             \
       for (int m = 0; m < MB; ++m) {                                                             \
@@ -271,7 +269,6 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
           total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(xs[m], ws), total[r][m]); \
         }                                                                                        \
       }                                                                                          \
-      for (grem += kChunk; grem >= gs; grem -= gs) ++g0;                                         \
     }                                                                                            \
     for (int64_t t = chunks * kChunk / 32; t < runs; ++t) {                                      \
       const int64_t gt = 32 * t / gs;                                                            \

@@ -247,18 +247,11 @@ TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activat
   float tail[NR][MB] = {};
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MB; ++m) total[r][m] = _mm256_setzero_ps();
-  // The groups of runs 4c + 2h and 4c + 2h + 1, a running quotient (column j = g gs + rem)
-  // rather than two divisions per row and half chunk.
-  int64_t g = 0, rem = 0;
-  const auto next_run = [&] {
-    const int64_t here = g;
-    for (rem += 32; rem >= gs; rem -= gs) ++g;
-    return here;
-  };
+  GroupCursor cursor(gs);
   for (int64_t c = 0; c < chunks; ++c)
     for (int h = 0; h < 2; ++h) {
       const int64_t j0 = 128 * c + 64 * h;  // first column of runs 4c + 2h and 4c + 2h + 1
-      const int64_t ga = next_run(), gb = next_run();
+      const int64_t ga = cursor.advance(32), gb = cursor.advance(32);  // runs 4c + 2h, 4c + 2h + 1
       for (int r = 0; r < NR; ++r) {
         const uint8_t* p = rows[r] + j0 / 2;
         _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T0);
@@ -278,8 +271,8 @@ TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activat
     }
   const __m128i nib128 = _mm_set1_epi8(0x0F), ones128 = _mm_set1_epi16(1);
   for (int64_t t = chunks * 4; t < runs; ++t)
-    for (int r = 0, gt = static_cast<int>(32 * t / gs); r < NR; ++r) {
-      const float s = sc[r * G + gt];
+    for (int r = 0; r < NR; ++r) {
+      const float s = sc[r * G + 32 * t / gs];
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + 16 * t));
       const __m128i w0 = _mm_and_si128(b, nib128), w1 = _mm_and_si128(_mm_srli_epi16(b, 4), nib128);
       for (int m = 0; m < MB; ++m) {

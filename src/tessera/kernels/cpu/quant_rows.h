@@ -31,6 +31,20 @@ struct Activations {
   std::vector<float> lane_scale;    // (rows, chunks, 16)
 };
 
+// The weight group of a column that walks a row left to right, kept as a running quotient
+// (column = g * group + rem): the int-dot kernels asked for it per row and chunk, and the
+// 64-bit division was a quarter of the int4 GEMV's time.
+struct GroupCursor {
+  int64_t group, g = 0, rem = 0;
+  explicit GroupCursor(int64_t group_size) : group(group_size) {}
+  // The group of the current column, then the column moves on by `cols`.
+  int64_t advance(int64_t cols) {
+    const int64_t here = g;
+    for (rem += cols; rem >= group; rem -= group) ++g;
+    return here;
+  }
+};
+
 // The code of stored weight j of a row (int4 unpacked) and its value before the scale.
 inline int code_at(QuantScheme s, const uint8_t* row, int64_t j) {
   if (s == QuantScheme::kInt4) {
