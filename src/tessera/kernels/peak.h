@@ -2,6 +2,7 @@
 // throughput our own matmul reaches. Used by `tessera bench` and bench/gemm_backends.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,15 +28,17 @@ double measure_stream_read_gbps(int64_t n_elements_per_array = 0, int reps = 10)
 class StreamProbe {
  public:
   explicit StreamProbe(int64_t n_elements_per_array = 0);  // 0: stream_array_elements()
-  ~StreamProbe();
-  StreamProbe(const StreamProbe&) = delete;
-  StreamProbe& operator=(const StreamProbe&) = delete;
   double triad_gbps();  // one trial, 3 * 4 bytes per element, GB/s
+  double best_triad_gbps(int reps);  // the best of `reps` trials (measure_stream_triad_gbps)
   int64_t elements() const { return n_; }
 
  private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  using Array = std::unique_ptr<float[], Free>;
   int64_t n_;
-  float *a_, *b_, *c_;
+  Array a_, b_, c_;
 };
 
 // Elements per array for a triad that measures memory, not cache: STREAM's rule, each

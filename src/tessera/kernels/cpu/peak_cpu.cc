@@ -82,45 +82,45 @@ int64_t stream_array_elements() {
   return n;
 }
 
+void StreamProbe::Free::operator()(float* p) const { base::aligned_free(p); }
+
 StreamProbe::StreamProbe(int64_t n) : n_(n == 0 ? stream_array_elements() : n) {
   TESSERA_CHECK(n_ > 0, "StreamProbe: the array length (", n_, ") must be positive");
-  a_ = static_cast<float*>(base::aligned_malloc(n_ * sizeof(float)));
-  b_ = static_cast<float*>(base::aligned_malloc(n_ * sizeof(float)));
-  c_ = static_cast<float*>(base::aligned_malloc(n_ * sizeof(float)));
+  for (Array* arr : {&a_, &b_, &c_}) arr->reset(static_cast<float*>(base::aligned_malloc(n_ * sizeof(float))));
   // First touch from the workers that will stream each chunk (parallel_for's split is
   // deterministic), so pages land on their NUMA node.
+  float *a = a_.get(), *b = b_.get(), *c = c_.get();
   base::parallel_for(n_, kStreamGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) a_[i] = 0.f, b_[i] = 1.f, c_[i] = 2.f;
+    for (int64_t i = i0; i < i1; ++i) a[i] = 0.f, b[i] = 1.f, c[i] = 2.f;
   });
-}
-
-StreamProbe::~StreamProbe() {
-  base::aligned_free(a_);
-  base::aligned_free(b_);
-  base::aligned_free(c_);
 }
 
 double StreamProbe::triad_gbps() {
   const bool avx512 = base::cpu_features().avx512f;
+  float *a = a_.get(), *b = b_.get(), *c = c_.get();
   base::Timer t;
   base::parallel_for(n_, kStreamGrain, [&](int64_t i0, int64_t i1) {
     if (avx512)
-      triad_avx512(a_ + i0, b_ + i0, c_ + i0, 3.f, i1 - i0);
+      triad_avx512(a + i0, b + i0, c + i0, 3.f, i1 - i0);
     else
-      triad_portable(a_ + i0, b_ + i0, c_ + i0, 3.f, i1 - i0);
+      triad_portable(a + i0, b + i0, c + i0, 3.f, i1 - i0);
   });
   const double s = t.seconds();
-  TESSERA_CHECK(a_[n_ / 2] == 7.f, "StreamProbe: wrong triad result");
+  TESSERA_CHECK(a[n_ / 2] == 7.f, "StreamProbe: wrong triad result");
   return 3.0 * sizeof(float) * static_cast<double>(n_) / s / 1e9;
+}
+
+double StreamProbe::best_triad_gbps(int reps) {
+  TESSERA_CHECK(reps > 0, "StreamProbe: reps (", reps, ") must be positive");
+  double best = 0;
+  for (int r = 0; r < reps; ++r) best = std::max(best, triad_gbps());
+  return best;
 }
 
 double measure_stream_triad_gbps(int64_t n, int reps) {
   TESSERA_CHECK(n >= 0 && reps > 0, "measure_stream_triad_gbps: n (", n, ") must not be negative and reps (",
                 reps, ") must be positive");
-  StreamProbe probe(n);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) best = std::max(best, probe.triad_gbps());
-  return best;
+  return StreamProbe(n).best_triad_gbps(reps);
 }
 
 double measure_stream_read_gbps(int64_t n, int reps) {
