@@ -85,7 +85,9 @@ TEST(QuantizeRtn, Int4GroupsFollowGptqsQuantizer) {
         for (int i = 0; i < 64; ++i) {
           const int qi = static_cast<int>(std::clamp(std::nearbyint(wg[i] / s) + z, 0.f, 15.f));
           EXPECT_FLOAT_EQ(d.data<float>()[o * 256 + g * 64 + i], s * (qi - z));
-          if (!sym) EXPECT_LE(std::fabs(d.data<float>()[o * 256 + g * 64 + i] - wg[i]), s / 2 + 1e-6f);
+          if (!sym) {
+            EXPECT_LE(std::fabs(d.data<float>()[o * 256 + g * 64 + i] - wg[i]), s / 2 + 1e-6f);
+          }
         }
       }
   }
