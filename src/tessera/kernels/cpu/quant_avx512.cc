@@ -221,7 +221,7 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
 // widened and multiplied by (x's run scale) x (the weight's group scale) per lane, into
 // f32 totals; runs past the last whole chunk go 32 columns at a time.
 #define TESSERA_INT_DOT_BLOCK(NAME, TARGET, UDOT, UDOT128)                                       \
-  template <QuantScheme S, int MB, int NR>                                                       \
+  template <QuantScheme S, int MB, int NR, bool kOneGroup>                                       \
   TARGET void NAME(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy, \
                    int64_t o, const int32_t* idx, __mmask16 smask) {                            \
     constexpr bool kInt4 = S == QuantScheme::kInt4;                                              \
@@ -233,7 +233,6 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
     const float* sc = w.scales.data<float>() + o * G;                                            \
     const float* zp = w.zeros.data<float>() + o * G;                                             \
     const __m512i vidx = _mm512_loadu_si512(idx);                                                \
-    const bool one_group = gs >= kChunk;                                                         \
     const __m512i nib = _mm512_set1_epi8(0x0F);                                                  \
     __m512 total[NR][MB];                                                                        \
     float tail[NR][MB] = {};                                                                     \
@@ -256,7 +255,7 @@ TESSERA_TARGET_AVX512 inline int32_t hsum128(__m128i v) {
         const __m512i wv = _mm512_loadu_si512(p);                                                \
         /* A chunk inside one group (per-channel int8, int4 g >= 128): its scale broadcast;  \
            else each lane's group scale. */                                                   \
-        const __m512 ws = one_group ? _mm512_set1_ps(sc[r * G + g0])                            \
+        const __m512 ws = kOneGroup ? _mm512_set1_ps(sc[r * G + g0])                            \
                                     : _mm512_permutexvar_ps(vidx, _mm512_maskz_loadu_ps(smask, sc + r * G + g0)); \
         __m512i lo = wv, hi = wv;                                                                \
         if (kInt4) {                                                                             \
@@ -315,11 +314,20 @@ void int_dot_rows(const QuantWeight& w, const Activations& a, int64_t m0, float*
   for (int l = 0; l < 16; ++l)
     idx[l] = gs >= kChunk ? 0 : static_cast<int32_t>((S == QuantScheme::kInt4 ? 32 * (l / 4) : 4 * l) / gs);
   const auto smask = static_cast<__mmask16>((1u << (gs >= kChunk ? 1 : kChunk / gs)) - 1);
+  const bool one_group = gs >= kChunk;
   const auto run = [&](auto nr, int64_t o) {
-    if constexpr (VNNI)
-      int_dot_vnni<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o, idx, smask);
-    else
-      int_dot_bw<S, MB, decltype(nr)::value>(w, a, m0, y, ldy, o, idx, smask);
+    constexpr int kNr = decltype(nr)::value;
+    if constexpr (VNNI) {
+      if (one_group)
+        int_dot_vnni<S, MB, kNr, true>(w, a, m0, y, ldy, o, idx, smask);
+      else
+        int_dot_vnni<S, MB, kNr, false>(w, a, m0, y, ldy, o, idx, smask);
+    } else {
+      if (one_group)
+        int_dot_bw<S, MB, kNr, true>(w, a, m0, y, ldy, o, idx, smask);
+      else
+        int_dot_bw<S, MB, kNr, false>(w, a, m0, y, ldy, o, idx, smask);
+    }
   };
   if (m0 == 0) {
     // The range's first kPrefetchAhead bytes, which the kernel's own prefetches never ask
