@@ -58,6 +58,9 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
   // 4 tokens: one window, paired with a triad trial before and after it.
   EXPECT_NE(bench.out.find("paired ratio achieved/stream: "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("(median of 1 windows of 8 tokens"), std::string::npos) << bench.out;
+  // The same windows against the triad on huge-page arrays, as the weights ask for.
+  EXPECT_NE(bench.out.find("stream triad on huge pages: "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("memory on transparent huge pages before the probes: "), std::string::npos) << bench.out;
 
   // --quantize-lm-head: the saved directory (GPTQModel's lm_head) runs like quantizing on
   // load with the flag, the bench reads fewer bytes, and what cannot hold it says so.

@@ -5,8 +5,18 @@
 namespace tessera::base {
 
 constexpr size_t kAlignment = 64;
-void* aligned_malloc(size_t bytes);  // throws tessera::Error when out of memory
+// Blocks of at least kHugePageBytes start on a 2 MiB boundary and their whole 2 MiB pages
+// are advised MADV_HUGEPAGE, so a kernel whose transparent huge pages run in "madvise" mode
+// (the common default) backs them with huge pages. Decode streams every weight once per
+// token, and on 4 KiB pages the TLB misses and the hardware prefetcher, which stops at
+// every 4 KiB page, cost a third of the bandwidth (docs/performance.md, "Huge pages").
+// TESSERA_HUGEPAGES=0 turns the advice off; `huge_pages = false` leaves one block out
+// (the STREAM probe, which measures memory as STREAM's own binary does).
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+void* aligned_malloc(size_t bytes, bool huge_pages = true);  // throws tessera::Error when out of memory
 void aligned_free(void* p);
+// Whether blocks of kHugePageBytes and more are advised (TESSERA_HUGEPAGES, read once).
+bool huge_pages_enabled();
 
 // Tensor storage: like aligned_malloc, but blocks of 1 MiB and more are recycled by
 // exact size instead of going back to the OS. A training or prefill step allocates

@@ -1,4 +1,4 @@
-// Reads VmHWM / VmRSS from /proc/self/status; resets VmHWM through /proc/self/clear_refs.
+// Reads VmHWM / VmRSS from /proc/self/status, AnonHugePages from /proc/self/smaps_rollup; resets VmHWM through /proc/self/clear_refs.
 #include "tessera/base/memory.h"
 
 #include <fcntl.h>
@@ -14,9 +14,9 @@ namespace tessera::base {
 
 namespace {
 
-// Value of a "Key:   123 kB" line of /proc/self/status in bytes, or -1 if absent.
-int64_t read_status_kb(const char* key) {
-  FILE* f = std::fopen("/proc/self/status", "re");
+// Value of a "Key:   123 kB" line of a /proc/self file in bytes, or -1 if absent.
+int64_t read_status_kb(const char* key, const char* file = "/proc/self/status") {
+  FILE* f = std::fopen(file, "re");
   if (!f) return -1;
   const size_t key_len = std::strlen(key);
   char line[256];
@@ -44,6 +44,11 @@ int64_t peak_rss_bytes() {
 int64_t current_rss_bytes() {
   const int64_t rss = read_status_kb("VmRSS");
   return rss >= 0 ? rss : 0;
+}
+
+int64_t anon_huge_page_bytes() {
+  const int64_t b = read_status_kb("AnonHugePages", "/proc/self/smaps_rollup");
+  return b >= 0 ? b : 0;
 }
 
 bool reset_peak_rss() {

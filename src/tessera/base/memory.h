@@ -13,6 +13,10 @@ int64_t peak_rss_bytes();
 // Resident memory now in bytes: VmRSS from /proc/self/status (0 where /proc is not readable).
 int64_t current_rss_bytes();
 
+// Resident bytes on transparent huge pages now: AnonHugePages from /proc/self/smaps_rollup
+// (Linux >= 4.14; 0 where it cannot be read). Large tensors ask for them (aligned_alloc.h).
+int64_t anon_huge_page_bytes();
+
 // Bytes the heap hands out now (glibc's mallinfo2 over all arenas, mmapped blocks included):
 // what a leak grows, unlike RSS, which also holds freed pages the allocator keeps.
 int64_t heap_bytes_in_use();

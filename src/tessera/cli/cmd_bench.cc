@@ -75,6 +75,11 @@ int run_decode(const model::BenchOptions& o) {
   std::printf("paired ratio achieved/stream: %.3f (median of %lld windows of 8 tokens, each against a triad "
               "trial just before and after it; those trials' median %.2f GB/s)\n",
               r.paired_ratio, static_cast<long long>(r.paired_windows), r.paired_triad_gbps);
+  std::printf("memory on transparent huge pages before the probes: %.0f MB (the model's large tensors ask for "
+              "them; TESSERA_HUGEPAGES=0 does not)\n", r.huge_page_bytes / 1e6);
+  std::printf("stream triad on huge pages: %.2f GB/s (best of 10 trials); paired ratio achieved/that: %.3f "
+              "(trials' median %.2f GB/s)\n",
+              r.stream_triad_huge_gbps, r.paired_huge_ratio, r.paired_huge_triad_gbps);
   return 0;
 }
 

@@ -15,19 +15,23 @@ namespace tessera::kernels {
 // base::num_threads() workers. Counts 3 * 4 bytes per element (STREAM's convention:
 // the write-allocate read of a is not counted) and returns the best of `reps` runs in
 // GB/s (1e9 bytes), as STREAM does. n = 0: stream_array_elements().
-double measure_stream_triad_gbps(int64_t n_elements_per_array = 0, int reps = 10);
+// `huge_pages`: the arrays advised as Tessera's own large tensors are (StreamProbe below).
+double measure_stream_triad_gbps(int64_t n_elements_per_array = 0, int reps = 10, bool huge_pages = false);
 // Read-only bandwidth: the sum of one f32 array of 3 n elements (the triad's footprint) on
 // all workers, each streaming its contiguous part; 4 bytes per element, best of `reps`
 // runs, in GB/s. Decode only reads its weights: where a core's outstanding reads, not the
 // memory, are the limit (AMD's Zen 4 in a 2-vCPU guest: 28-32 GB/s read against a 35-55
 // GB/s triad, whose stores do not wait), this is what a read stream can reach.
-double measure_stream_read_gbps(int64_t n_elements_per_array = 0, int reps = 10);
+double measure_stream_read_gbps(int64_t n_elements_per_array = 0, int reps = 10, bool huge_pages = false);
 // A triad's three arrays, allocated and first-touched once, for trials taken between other
 // work: `bench decode` pairs each window of tokens with a trial just before and after it,
 // since a shared host's bandwidth can change within a run (see docs/performance.md).
+// The arrays sit on the pages a plain allocation gets, as in STREAM's own binary; with
+// `huge_pages` they are advised as Tessera's large tensors are (base::aligned_malloc), the
+// pages decode's weights stream from.
 class StreamProbe {
  public:
-  explicit StreamProbe(int64_t n_elements_per_array = 0);  // 0: stream_array_elements()
+  explicit StreamProbe(int64_t n_elements_per_array = 0, bool huge_pages = false);  // 0: stream_array_elements()
   double triad_gbps();  // one trial, 3 * 4 bytes per element, GB/s
   double best_triad_gbps(int reps);  // the best of `reps` trials (measure_stream_triad_gbps)
   int64_t elements() const { return n_; }

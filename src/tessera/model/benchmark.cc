@@ -1,11 +1,13 @@
 // Benchmarks over the model forward/backward.
 #include "tessera/model/benchmark.h"
+
 #include "tessera/model/quantize.h"
 
 #include <algorithm>
 #include <random>
 #include <vector>
 
+#include "tessera/base/memory.h"
 #include "tessera/base/timer.h"
 #include "tessera/base/trace.h"
 #include "tessera/kernels/activation.h"
@@ -54,17 +56,23 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   // A triad trial before the first token and after every kPairWindow tokens: each window's
   // bandwidth against the mean of the trials on its two sides, taken within ~0.2 s of it.
   constexpr int64_t kPairWindow = 8;
-  kernels::StreamProbe probe;
+  r.huge_page_bytes = base::anon_huge_page_bytes();
+  kernels::StreamProbe probe, huge_probe(0, /*huge_pages=*/true);
+  std::vector<double> rates, token_seconds, paired, trials, paired_huge, huge_trials;
+  // One trial on each probe; returns the plain one's and keeps the advised one's.
+  double huge_before = 0;
   const auto trial = [&] {
     const base::TraceScope span("stream_triad_trial", "bench");
-    return probe.triad_gbps();
+    const double t = probe.triad_gbps();
+    huge_trials.push_back(huge_probe.triad_gbps());
+    return t;
   };
-  std::vector<double> rates, token_seconds, paired, trials;
   for (int rep = 0; rep < o.repeats; ++rep) {
     KVCache cache = KVCache::create(c, prompt + o.decode_tokens + 1);
     Tensor logits = model.forward(random_tokens(prompt, c.vocab_size, rep + 1), cache);
     if (rep == 0 && !o.trace.empty()) base::start_trace(o.trace);
     double run_s = 0, window_s = 0, before = trial();
+    huge_before = huge_trials.back();
     int64_t window_n = 0;
     trials.push_back(before);
     int32_t tok = 1;
@@ -82,8 +90,10 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
       if (window_n == kPairWindow || i + 1 == o.decode_tokens) {
         const double after = trial();
         trials.push_back(after);
-        paired.push_back(r.weight_bytes * window_n / window_s / 1e9 / ((before + after) / 2));
-        before = after, window_s = 0, window_n = 0;
+        const double gbps = r.weight_bytes * window_n / window_s / 1e9;
+        paired.push_back(gbps / ((before + after) / 2));
+        paired_huge.push_back(gbps / ((huge_before + huge_trials.back()) / 2));
+        before = after, huge_before = huge_trials.back(), window_s = 0, window_n = 0;
       }
     }
     rates.push_back(o.decode_tokens / run_s);
@@ -95,7 +105,10 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   r.paired_ratio = median(paired);
   r.paired_windows = static_cast<int64_t>(paired.size());
   r.paired_triad_gbps = median(trials);
+  r.paired_huge_ratio = median(paired_huge);
+  r.paired_huge_triad_gbps = median(huge_trials);
   r.stream_triad_gbps = probe.best_triad_gbps(10);  // (measure_stream_triad_gbps's, on the same arrays)
+  r.stream_triad_huge_gbps = huge_probe.best_triad_gbps(10);
   r.ratio = r.achieved_gbps / r.stream_triad_gbps;
   r.run_ratio = r.weight_bytes * r.run_tokens_per_second / 1e9 / r.stream_triad_gbps;
   r.stream_read_gbps = kernels::measure_stream_read_gbps();

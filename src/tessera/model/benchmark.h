@@ -38,6 +38,13 @@ struct DecodeBench {
   double paired_triad_gbps = 0;  // the median of those trials
   double stream_read_gbps = 0;   // read-only bandwidth, same run (kernels::measure_stream_read_gbps)
   double read_ratio = 0;         // achieved / read
+  // The weights sit on transparent huge pages where the kernel grants them (large tensors
+  // ask, base/aligned_alloc.h); STREAM's own binary, and the triad above, do not ask. The
+  // same triad on advised arrays, paired with the same windows, compares like with like.
+  int64_t huge_page_bytes = 0;   // the process's AnonHugePages before the probes (the model's)
+  double paired_huge_ratio = 0;
+  double paired_huge_triad_gbps = 0;
+  double stream_triad_huge_gbps = 0;  // best of 10 trials on advised arrays
 };
 DecodeBench bench_decode(const Model& model, const BenchOptions& o);
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/strings.h"
@@ -134,10 +135,13 @@ Hardware calibrate_cpu(const CalibrateOptions& o, std::string* log) {
   // Memory bandwidth per device: STREAM triad with one device's threads alone, and on
   // every device at once (each its own triad, best of 10 repetitions); the smaller. The
   // devices' arrays together are STREAM's size (4x the last-level cache each): beyond it.
+  // They sit on the pages Tessera's large tensors get (huge ones where the kernel grants
+  // them, base/aligned_alloc.h), since those are what the steps and decode stream.
   const int64_t n = std::max<int64_t>(int64_t{16} << 20, kernels::stream_array_elements() / devices);
-  const double alone = kernels::measure_stream_triad_gbps(n) * 1e9;
-  std::vector<double> each = on_all_devices(devices, [n](int) {
-    return kernels::measure_stream_triad_gbps(n) * 1e9;
+  const bool huge = base::huge_pages_enabled();
+  const double alone = kernels::measure_stream_triad_gbps(n, 10, huge) * 1e9;
+  std::vector<double> each = on_all_devices(devices, [n, huge](int) {
+    return kernels::measure_stream_triad_gbps(n, 10, huge) * 1e9;
   });
   std::sort(each.begin(), each.end());
   const double shared = each[each.size() / 2];

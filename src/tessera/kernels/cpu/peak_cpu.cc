@@ -55,7 +55,7 @@ double sum_portable(const float* p, int64_t n) {
 }
 
 struct Buffer {
-  explicit Buffer(size_t bytes) : p(base::aligned_malloc(bytes)) {}
+  Buffer(size_t bytes, bool huge_pages) : p(base::aligned_malloc(bytes, huge_pages)) {}
   ~Buffer() { base::aligned_free(p); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -84,9 +84,9 @@ int64_t stream_array_elements() {
 
 void StreamProbe::Free::operator()(float* p) const { base::aligned_free(p); }
 
-StreamProbe::StreamProbe(int64_t n) : n_(n == 0 ? stream_array_elements() : n) {
+StreamProbe::StreamProbe(int64_t n, bool huge_pages) : n_(n == 0 ? stream_array_elements() : n) {
   TESSERA_CHECK(n_ > 0, "StreamProbe: the array length (", n_, ") must be positive");
-  for (Array* arr : {&a_, &b_, &c_}) arr->reset(static_cast<float*>(base::aligned_malloc(n_ * sizeof(float))));
+  for (Array* arr : {&a_, &b_, &c_}) arr->reset(static_cast<float*>(base::aligned_malloc(n_ * sizeof(float), huge_pages)));
   // First touch from the workers that will stream each chunk (parallel_for's split is
   // deterministic), so pages land on their NUMA node.
   float *a = a_.get(), *b = b_.get(), *c = c_.get();
@@ -117,18 +117,18 @@ double StreamProbe::best_triad_gbps(int reps) {
   return best;
 }
 
-double measure_stream_triad_gbps(int64_t n, int reps) {
+double measure_stream_triad_gbps(int64_t n, int reps, bool huge_pages) {
   TESSERA_CHECK(n >= 0 && reps > 0, "measure_stream_triad_gbps: n (", n, ") must not be negative and reps (",
                 reps, ") must be positive");
-  return StreamProbe(n).best_triad_gbps(reps);
+  return StreamProbe(n, huge_pages).best_triad_gbps(reps);
 }
 
-double measure_stream_read_gbps(int64_t n, int reps) {
+double measure_stream_read_gbps(int64_t n, int reps, bool huge_pages) {
   if (n == 0) n = stream_array_elements();
   TESSERA_CHECK(n > 0 && reps > 0, "measure_stream_read_gbps: n (", n, ") and reps (", reps,
                 ") must be positive");
   const int64_t total = 3 * n;
-  Buffer buf(total * sizeof(float));
+  Buffer buf(total * sizeof(float), huge_pages);
   float* p = static_cast<float*>(buf.p);
   const int64_t grain = kStreamGrain;
   base::parallel_for(total, grain, [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, 1.f); });
