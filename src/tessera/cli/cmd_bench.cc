@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/cli/commands.h"
@@ -77,9 +78,10 @@ int run_decode(const model::BenchOptions& o) {
               r.paired_ratio, static_cast<long long>(r.paired_windows), r.paired_triad_gbps);
   std::printf("memory on transparent huge pages before the probes: %.0f MB (the model's large tensors ask for "
               "them; TESSERA_HUGEPAGES=0 does not)\n", r.huge_page_bytes / 1e6);
-  std::printf("stream triad on huge pages: %.2f GB/s (best of 10 trials); paired ratio achieved/that: %.3f "
+  std::printf("stream triad on huge pages%s: %.2f GB/s (best of 10 trials); paired ratio achieved/that: %.3f "
               "(trials' median %.2f GB/s)\n",
-              r.stream_triad_huge_gbps, r.paired_huge_ratio, r.paired_huge_triad_gbps);
+              base::huge_pages_enabled() ? "" : " (not asked for: TESSERA_HUGEPAGES=0)", r.stream_triad_huge_gbps,
+              r.paired_huge_ratio, r.paired_huge_triad_gbps);
   return 0;
 }
 

@@ -1,6 +1,5 @@
 // Benchmarks over the model forward/backward.
 #include "tessera/model/benchmark.h"
-
 #include "tessera/model/quantize.h"
 
 #include <algorithm>
