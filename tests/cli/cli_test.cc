@@ -48,7 +48,7 @@ TEST(Cli, GreedyFirstTokenIsPyTorchArgmax) {
   const int64_t T = ids.size(1), V = logits.size(2);
   std::string prompt;
   for (int64_t t = 0; t < T; ++t)
-    prompt += (t ? "," : "") + std::to_string(ids.data<int32_t>()[t]);
+    prompt += std::string(t ? "," : "") + std::to_string(ids.data<int32_t>()[t]);
   const float* last = logits.data<float>() + (T - 1) * V;
   const int64_t argmax = std::max_element(last, last + V) - last;
   const auto r = run("generate --model " + dir + " --prompt-ids " + prompt + " --max-tokens 3");
