@@ -82,6 +82,9 @@ Tensor unscale_gram(const Tensor& gram, const std::vector<float>& s) {
   return g;
 }
 
+namespace {
+
+// The candidates awq_search_scales scores, in order: s = 1 first, then ratio 0 .. (grid - 1) / grid.
 std::vector<std::vector<float>> awq_scale_candidates(const Tensor& w, const InputStats& x,
                                                      const AwqOptions& o) {
   check_weight(w, "awq");
@@ -119,9 +122,9 @@ std::vector<std::vector<float>> awq_scale_candidates(const Tensor& w, const Inpu
   return cands;
 }
 
+// What the quantized W diag(s) computes in W's frame: dequantize(Q(W diag s)) diag(1 / s).
 Tensor awq_fake_quantize(const Tensor& w, const std::vector<float>& s, QuantScheme scheme,
                          const AwqOptions& o) {
-  check_weight(w, "awq");
   const int64_t out = w.size(0), in = w.size(1);
   Tensor d = dequantize(quantize_rtn(scale_columns(w, s), scheme, group_of(o, in), o.symmetric, o.f16_scales));
   float* D = d.data<float>();
@@ -130,27 +133,33 @@ Tensor awq_fake_quantize(const Tensor& w, const std::vector<float>& s, QuantSche
   return d;
 }
 
+}  // namespace
+
+std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
+                                     const AwqOptions& o, const AwqError& error) {
+  check_weight(w, "awq");
+  const auto cands = awq_scale_candidates(w, x, o);
+  size_t best = 0;
+  double best_err = INFINITY;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const double err = error(awq_fake_quantize(w, cands[i], scheme, o));
+    if (err < best_err) best_err = err, best = i;
+  }
+  return cands[best];
+}
+
 std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
                                      const AwqOptions& o) {
   check_weight(w, "awq");
   TESSERA_CHECK(x.gram.defined() && x.gram.size(0) == w.size(1), "awq: input statistics have no ",
                 w.size(1), "-channel Gram matrix");
-  // The error of quantizing W diag(s), measured back in W's frame.
+  // The error of quantizing W diag(s), measured back in W's frame, on the linear's output.
   const float* W = w.data<float>();
-  auto error_of = [&](const std::vector<float>& s) {
-    Tensor d = awq_fake_quantize(w, s, scheme, o);
+  return awq_search_scales(w, x, scheme, o, [&](Tensor d) {
     float* D = d.data<float>();
     for (int64_t i = 0; i < d.numel(); ++i) D[i] -= W[i];
     return output_error(d, x.gram);
-  };
-  const auto cands = awq_scale_candidates(w, x, o);
-  size_t best = 0;
-  double best_err = INFINITY;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const double err = error_of(cands[i]);
-    if (err < best_err) best_err = err, best = i;
-  }
-  return cands[best];
+  });
 }
 
 void awq_clip(Tensor& w, const Tensor& gram, int64_t row0, int64_t row1, QuantScheme scheme,

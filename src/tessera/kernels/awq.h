@@ -11,6 +11,7 @@
 // to int8.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/kernels/quant.h"
@@ -49,13 +50,13 @@ InputStats input_stats(const Tensor& x, bool with_gram = true);
 // w (out, in) f32: the rows of every linear that shares x.
 std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
                                      const AwqOptions& options);
-// The candidates that search scores, in order: s = 1 first, then ratio 0 .. (grid - 1) / grid.
-std::vector<std::vector<float>> awq_scale_candidates(const Tensor& w, const InputStats& x,
-                                                     const AwqOptions& options);
-// What the quantized W diag(s) computes in W's frame: dequantize(Q(W diag s)) diag(1 / s),
-// (out, in) f32.
-Tensor awq_fake_quantize(const Tensor& w, const std::vector<float>& s, QuantScheme scheme,
-                         const AwqOptions& options);
+// The same candidates (s = 1 first, then ratio 0 .. (grid - 1) / grid) scored by another
+// objective: `error(q)` for q = dequantize(Q(W diag s)) diag(1 / s), what the quantized
+// weight computes in W's frame, (out, in) f32. The first least error wins. (The model
+// level scores q on a whole layer's output, AutoAWQ's block objective.)
+using AwqError = std::function<double(Tensor fake_quantized)>;
+std::vector<float> awq_search_scales(const Tensor& w, const InputStats& x, QuantScheme scheme,
+                                     const AwqOptions& options, const AwqError& error);
 
 // AWQ's clip search (AutoAWQ's _compute_best_clip) on rows [row0, row1) of w (out, in)
 // f32, in place: per row and group, max |w| shrunk to max * (1 - i / grid) for

@@ -4,10 +4,10 @@
 #include "tessera/model/calibrated_quant.h"
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 
 #include "tessera/base/error.h"
+#include "tessera/kernels/elementwise.h"
 #include "tessera/model/activations.h"
 #include "tessera/model/block.h"
 
@@ -169,11 +169,7 @@ Tensor layer_output(const Model& m, int64_t l, const LayerProbe& p) {
   LayerActivations A;
   layer_forward_train(m, l, p.acts, s, A, false);
   Tensor out = s.x.to(DType::kF32).contiguous().clone();
-  if (s.delta.defined()) {
-    const Tensor d = s.delta.to(DType::kF32).contiguous();
-    float* o = out.data<float>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] += d.data<float>()[i];
-  }
+  if (s.delta.defined()) kernels::add_inplace(out, s.delta.to(DType::kF32).contiguous());
   return out;
 }
 
@@ -190,9 +186,9 @@ LayerProbe make_probe(const Model& m, int64_t l, const LayerInputs& in, int64_t 
   return p;
 }
 
-// AWQ's scale candidates for layer l's linear `which` (float weight w (out, in)), each
-// fake-quantized into the layer in turn and scored on the layer's output; the layer gets
-// w back.
+// AWQ's scale search for layer l's linear `which` (float weight w (out, in)), each
+// candidate fake-quantized into the layer in turn and scored on the layer's output; the
+// layer gets w back.
 std::vector<float> awq_scales_on_layer_output(Model& m, int64_t l, int which, const Tensor& w,
                                               const kernels::InputStats& stats, kernels::QuantScheme scheme,
                                               const kernels::AwqOptions& o, const LayerProbe& p) {
@@ -201,21 +197,18 @@ std::vector<float> awq_scales_on_layer_output(Model& m, int64_t l, int which, co
     out_in_view(lin).copy_from(v);
     m.refresh_compute_unit(static_cast<int>(l) + 1);
   };
-  const auto cands = kernels::awq_scale_candidates(w, stats, o);
-  size_t best = 0;
-  double best_err = INFINITY;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    set_weight(kernels::awq_fake_quantize(w, cands[i], scheme, o));
+  const std::vector<float> s = kernels::awq_search_scales(w, stats, scheme, o, [&](Tensor q) {
+    set_weight(q);
     const Tensor out = layer_output(m, l, p);
     double err = 0;
     for (int64_t k = 0; k < out.numel(); ++k) {
       const double d = static_cast<double>(out.data<float>()[k]) - p.reference.data<float>()[k];
       err += d * d;
     }
-    if (err < best_err) best_err = err, best = i;
-  }
+    return err;
+  });
   set_weight(w);
-  return cands[best];
+  return s;
 }
 
 }  // namespace
