@@ -1,6 +1,8 @@
 // 64-byte aligned allocation for tensor storage (one cache line, one AVX-512 vector).
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 namespace tessera::base {
 
@@ -15,6 +17,17 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kHugePageBytes = size_t{2} << 20;
 void* aligned_malloc(size_t bytes, bool huge_pages = true);  // throws tessera::Error when out of memory
 void aligned_free(void* p);
+
+// An owned aligned_malloc array of n T (at least one), freed with aligned_free.
+struct AlignedFree {
+  void operator()(void* p) const { aligned_free(p); }
+};
+template <typename T>
+using AlignedArray = std::unique_ptr<T[], AlignedFree>;
+template <typename T>
+AlignedArray<T> aligned_array(int64_t n, bool huge_pages = true) {
+  return AlignedArray<T>(static_cast<T*>(aligned_malloc(sizeof(T) * static_cast<size_t>(n > 1 ? n : 1), huge_pages)));
+}
 // Whether blocks of kHugePageBytes and more are advised (TESSERA_HUGEPAGES, read once).
 bool huge_pages_enabled();
 

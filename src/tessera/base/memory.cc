@@ -1,4 +1,5 @@
-// Reads VmHWM / VmRSS from /proc/self/status, AnonHugePages from /proc/self/smaps_rollup; resets VmHWM through /proc/self/clear_refs.
+// Reads VmHWM / VmRSS from /proc/self/status and AnonHugePages from /proc/self/smaps_rollup;
+// resets VmHWM through /proc/self/clear_refs.
 #include "tessera/base/memory.h"
 
 #include <fcntl.h>
@@ -15,7 +16,7 @@ namespace tessera::base {
 namespace {
 
 // Value of a "Key:   123 kB" line of a /proc/self file in bytes, or -1 if absent.
-int64_t read_status_kb(const char* key, const char* file = "/proc/self/status") {
+int64_t read_proc_kb(const char* key, const char* file = "/proc/self/status") {
   FILE* f = std::fopen(file, "re");
   if (!f) return -1;
   const size_t key_len = std::strlen(key);
@@ -34,7 +35,7 @@ int64_t read_status_kb(const char* key, const char* file = "/proc/self/status") 
 }  // namespace
 
 int64_t peak_rss_bytes() {
-  const int64_t hwm = read_status_kb("VmHWM");
+  const int64_t hwm = read_proc_kb("VmHWM");
   if (hwm >= 0) return hwm;
   struct rusage ru;
   if (::getrusage(RUSAGE_SELF, &ru) == 0) return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux: kB
@@ -42,12 +43,12 @@ int64_t peak_rss_bytes() {
 }
 
 int64_t current_rss_bytes() {
-  const int64_t rss = read_status_kb("VmRSS");
+  const int64_t rss = read_proc_kb("VmRSS");
   return rss >= 0 ? rss : 0;
 }
 
 int64_t anon_huge_page_bytes() {
-  const int64_t b = read_status_kb("AnonHugePages", "/proc/self/smaps_rollup");
+  const int64_t b = read_proc_kb("AnonHugePages", "/proc/self/smaps_rollup");
   return b >= 0 ? b : 0;
 }
 

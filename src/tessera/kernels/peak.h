@@ -2,10 +2,10 @@
 // throughput our own matmul reaches. Used by `tessera bench` and bench/gemm_backends.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
+#include "tessera/base/aligned_alloc.h"
 #include "tessera/kernels/matmul.h"
 #include "tessera/tensor/dtype.h"
 
@@ -37,12 +37,8 @@ class StreamProbe {
   int64_t elements() const { return n_; }
 
  private:
-  struct Free {
-    void operator()(float* p) const;
-  };
-  using Array = std::unique_ptr<float[], Free>;
   int64_t n_;
-  Array a_, b_, c_;
+  base::AlignedArray<float> a_, b_, c_;
 };
 
 // Elements per array for a triad that measures memory, not cache: STREAM's rule, each

@@ -47,6 +47,23 @@ double forward_flops(const ModelConfig& c, int64_t tokens, int64_t ctx_start) {
   return f;
 }
 
+namespace {
+
+// A triad probe and its trials between windows of decode tokens: each window's GB/s over
+// the mean of the trials just before and just after it.
+struct PairedTriad {
+  explicit PairedTriad(bool huge_pages) : probe(0, huge_pages) {}
+  void trial() { trials.push_back(probe.triad_gbps()); }
+  // After the trial that closes the window.
+  void pair(double window_gbps) {
+    ratios.push_back(window_gbps / ((trials[trials.size() - 2] + trials.back()) / 2));
+  }
+  kernels::StreamProbe probe;
+  std::vector<double> trials, ratios;
+};
+
+}  // namespace
+
 DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   const auto& c = model.config();
   DecodeBench r;
@@ -56,24 +73,20 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   // bandwidth against the mean of the trials on its two sides, taken within ~0.2 s of it.
   constexpr int64_t kPairWindow = 8;
   r.huge_page_bytes = base::anon_huge_page_bytes();
-  kernels::StreamProbe probe, huge_probe(0, /*huge_pages=*/true);
-  std::vector<double> rates, token_seconds, paired, trials, paired_huge, huge_trials;
-  // One trial on each probe; returns the plain one's and keeps the advised one's.
-  double huge_before = 0;
-  const auto trial = [&] {
+  // Two triads: STREAM's (plain pages) and one on the huge pages the weights ask for.
+  PairedTriad plain(false), huge(true);
+  const auto trials = [&] {
     const base::TraceScope span("stream_triad_trial", "bench");
-    const double t = probe.triad_gbps();
-    huge_trials.push_back(huge_probe.triad_gbps());
-    return t;
+    plain.trial(), huge.trial();
   };
+  std::vector<double> rates, token_seconds;
   for (int rep = 0; rep < o.repeats; ++rep) {
     KVCache cache = KVCache::create(c, prompt + o.decode_tokens + 1);
     Tensor logits = model.forward(random_tokens(prompt, c.vocab_size, rep + 1), cache);
     if (rep == 0 && !o.trace.empty()) base::start_trace(o.trace);
-    double run_s = 0, window_s = 0, before = trial();
-    huge_before = huge_trials.back();
+    trials();
+    double run_s = 0, window_s = 0;
     int64_t window_n = 0;
-    trials.push_back(before);
     int32_t tok = 1;
     for (int64_t i = 0; i < o.decode_tokens; ++i) {
       double s = 0;
@@ -87,12 +100,10 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
       run_s += s, window_s += s, ++window_n;
       tok = static_cast<int32_t>(i % c.vocab_size);
       if (window_n == kPairWindow || i + 1 == o.decode_tokens) {
-        const double after = trial();
-        trials.push_back(after);
+        trials();
         const double gbps = r.weight_bytes * window_n / window_s / 1e9;
-        paired.push_back(gbps / ((before + after) / 2));
-        paired_huge.push_back(gbps / ((huge_before + huge_trials.back()) / 2));
-        before = after, huge_before = huge_trials.back(), window_s = 0, window_n = 0;
+        plain.pair(gbps), huge.pair(gbps);
+        window_s = 0, window_n = 0;
       }
     }
     rates.push_back(o.decode_tokens / run_s);
@@ -101,13 +112,13 @@ DecodeBench bench_decode(const Model& model, const BenchOptions& o) {
   r.tokens_per_second = 1.0 / median(token_seconds);
   r.run_tokens_per_second = median(rates);
   r.achieved_gbps = r.weight_bytes * r.tokens_per_second / 1e9;
-  r.paired_ratio = median(paired);
-  r.paired_windows = static_cast<int64_t>(paired.size());
-  r.paired_triad_gbps = median(trials);
-  r.paired_huge_ratio = median(paired_huge);
-  r.paired_huge_triad_gbps = median(huge_trials);
-  r.stream_triad_gbps = probe.best_triad_gbps(10);  // (measure_stream_triad_gbps's, on the same arrays)
-  r.stream_triad_huge_gbps = huge_probe.best_triad_gbps(10);
+  r.paired_ratio = median(plain.ratios);
+  r.paired_windows = static_cast<int64_t>(plain.ratios.size());
+  r.paired_triad_gbps = median(plain.trials);
+  r.paired_huge_ratio = median(huge.ratios);
+  r.paired_huge_triad_gbps = median(huge.trials);
+  r.stream_triad_gbps = plain.probe.best_triad_gbps(10);  // (measure_stream_triad_gbps's, on the same arrays)
+  r.stream_triad_huge_gbps = huge.probe.best_triad_gbps(10);
   r.ratio = r.achieved_gbps / r.stream_triad_gbps;
   r.run_ratio = r.weight_bytes * r.run_tokens_per_second / 1e9 / r.stream_triad_gbps;
   r.stream_read_gbps = kernels::measure_stream_read_gbps();

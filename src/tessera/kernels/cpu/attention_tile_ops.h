@@ -13,15 +13,11 @@ namespace tessera::kernels::cpu {
 template <typename T>
 class ScratchOf {
  public:
-  explicit ScratchOf(int64_t n)
-      : data_(static_cast<T*>(base::aligned_malloc(sizeof(T) * std::max<int64_t>(n, 1)))) {}
+  explicit ScratchOf(int64_t n) : data_(base::aligned_array<T>(n)) {}
   T* get() const { return data_.get(); }
 
  private:
-  struct Free {
-    void operator()(T* p) const { base::aligned_free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
+  base::AlignedArray<T> data_;
 };
 using Scratch = ScratchOf<float>;
 

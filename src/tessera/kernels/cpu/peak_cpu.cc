@@ -57,14 +57,6 @@ double sum_portable(const float* p, int64_t n) {
   return s;
 }
 
-struct Buffer {
-  Buffer(size_t bytes, bool huge_pages) : p(base::aligned_malloc(bytes, huge_pages)) {}
-  ~Buffer() { base::aligned_free(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void* p;
-};
-
 constexpr int64_t kStreamGrain = 1 << 16;  // (a multiple of 64: every chunk stays 64-byte aligned)
 
 }  // namespace
@@ -85,11 +77,9 @@ int64_t stream_array_elements() {
   return n;
 }
 
-void StreamProbe::Free::operator()(float* p) const { base::aligned_free(p); }
-
 StreamProbe::StreamProbe(int64_t n, bool huge_pages) : n_(n == 0 ? stream_array_elements() : n) {
   TESSERA_CHECK(n_ > 0, "StreamProbe: the array length (", n_, ") must be positive");
-  for (Array* arr : {&a_, &b_, &c_}) arr->reset(static_cast<float*>(base::aligned_malloc(n_ * sizeof(float), huge_pages)));
+  for (auto* arr : {&a_, &b_, &c_}) *arr = base::aligned_array<float>(n_, huge_pages);
   // First touch from the workers that will stream each chunk (parallel_for's split is
   // deterministic), so pages land on their NUMA node.
   float *a = a_.get(), *b = b_.get(), *c = c_.get();
@@ -131,8 +121,8 @@ double measure_stream_read_gbps(int64_t n, int reps, bool huge_pages) {
   TESSERA_CHECK(n > 0 && reps > 0, "measure_stream_read_gbps: n (", n, ") and reps (", reps,
                 ") must be positive");
   const int64_t total = 3 * n;
-  Buffer buf(total * sizeof(float), huge_pages);
-  float* p = static_cast<float*>(buf.p);
+  const auto buf = base::aligned_array<float>(total, huge_pages);
+  float* p = buf.get();
   const int64_t grain = kStreamGrain;
   base::parallel_for(total, grain, [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, 1.f); });
   const bool avx512 = base::cpu_features().avx512f;
