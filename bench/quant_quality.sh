@@ -11,6 +11,7 @@
 #   bench/quant_quality.sh [BUILD=build] [OUT=runs/quant_quality]
 #   STEPS=400 bench/quant_quality.sh      # training steps (default 400)
 #   HELDOUT=5 bench/quant_quality.sh      # percent held out (default 20; docs' first tables: 5)
+#   LR=0.003 bench/quant_quality.sh       # peak learning rate (default 0.002)
 #
 # Re-running reuses the trained model when OUT/run/model exists.
 set -euo pipefail
@@ -18,6 +19,7 @@ BUILD=${1:-build}
 OUT=${2:-runs/quant_quality}
 STEPS=${STEPS:-400}
 HELDOUT=${HELDOUT:-20}
+LR=${LR:-0.002}
 T=$BUILD/bin/tessera
 FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
 mkdir -p "$OUT"
@@ -49,7 +51,7 @@ seq_len = 256
 batch_size = 8
 [optimizer]
 name = "adamw"
-lr = 0.002
+lr = $LR
 weight_decay = 0.1
 [schedule]
 kind = "cosine"

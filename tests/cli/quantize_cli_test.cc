@@ -104,7 +104,9 @@ TEST(QuantizeCli, QuantizedDirectoryRunsLikeQuantizingOnLoad) {
                                    std::string(" --method gptq --bits 4"), std::string(" --type fp4"),
                                    std::string(" --type fp8 --bits 4"), std::string(" --type fp8 --method awq --bits 4"),
                                    std::string(" --method awq --bits 4 --group-size 32 --quantize-lm-head --calib /dev/null"),
-                                   std::string(" --type fp8 --quantize-lm-head")}) {
+                                   std::string(" --type fp8 --quantize-lm-head"),
+                                   std::string(" --bits 4 --awq-clip-qk"),
+                                   std::string(" --method gptq --bits 4 --calib /dev/null --awq-inspect-tokens 64")}) {
     auto r = run_cli("quantize --model " + src + " --out " + out + flags);
     EXPECT_NE(r.code, 0) << flags;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << flags << ": " << r.out;

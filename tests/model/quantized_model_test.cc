@@ -293,6 +293,17 @@ TEST(QuantizedModel, AwqAndSmoothQuantBeatRoundToNearestOnOutlierChannels) {
     std::printf("%s int4 g32 awq scored on the layer output: logit MSE %.3e (%.2fx rtn)\n", variant.c_str(),
                 e_block, e_block / e_rtn);
     EXPECT_LT(e_block, 0.8 * e_rtn);
+    // --awq-clip-qk: the clip search runs on q and k too. It changes the model (AutoAWQ's
+    // default leaves q and k unclipped) and still beats RTN.
+    auto clip_opts = model::quantize_options("awq", 4, 32);
+    clip_opts.awq_clip_qk = true;
+    model::Model awq_clip = outlier_model(c);
+    model::quantize_model(awq_clip, clip_opts, calib);
+    const double e_clip = logit_mse(ref, awq_clip, held_out);
+    std::printf("%s int4 g32 awq with q/k clipped: logit MSE %.3e (%.2fx rtn)\n", variant.c_str(), e_clip,
+                e_clip / e_rtn);
+    EXPECT_GT(max_abs_diff(logits_of(awq_clip), logits_of(awq)), 0.f);
+    EXPECT_LT(e_clip, 0.8 * e_rtn);
     if (variant == "mha") {
       block_opts.awq_inspect_tokens = -1;
       model::Model bad = outlier_model(c);

@@ -23,6 +23,7 @@ struct QuantizeFlags {
   double damp = 0.01, alpha = 0.5;
   bool act_order = false;
   bool lm_head = false;
+  bool awq_clip_qk = false;
 };
 
 // calib_samples windows of calib_seq tokens spread over the text, through the model's
@@ -48,6 +49,9 @@ int run_quantize(const QuantizeFlags& f) {
   o.act_order = f.act_order;
   o.alpha = f.alpha;
   o.awq_inspect_tokens = f.awq_inspect_tokens;
+  o.awq_clip_qk = f.awq_clip_qk;
+  TESSERA_CHECK(f.method == "awq" || (!f.awq_clip_qk && f.awq_inspect_tokens == 0),
+                "--awq-clip-qk and --awq-inspect-tokens go with --method awq, not ", f.method);
   o.lm_head = f.lm_head;
   model::check_lm_head_options(o);
   TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
@@ -103,6 +107,8 @@ void add_quantize(CLI::App& app, Action& action) {
                   "AWQ: score the q/k/v and gate/up scales on the whole layer's output over this many "
                   "calibration tokens (AutoAWQ's block objective); 0: each linear on its own output")
       ->capture_default_str();
+  cmd->add_flag("--awq-clip-qk", f->awq_clip_qk,
+                "AWQ: run the clip search on q_proj and k_proj too (AutoAWQ leaves them unclipped)");
   cmd->add_flag("--quantize-lm-head", f->lm_head,
                 "Quantize the head too, int8 per output channel (gptq / rtn; saved as GPTQModel's "
                 "\"lm_head\": true)");

@@ -29,6 +29,9 @@ struct AwqOptions {
   // tokens (AutoAWQ scores the attention or MLP block), o's and down's on their own
   // output. 0: every linear on its own output (the paper's objective).
   int64_t inspect_tokens = 0;
+  // Model level: run the clip search on q and k too. AutoAWQ skips them (attention scores
+  // pass through softmax, which the rows' own output error does not see).
+  bool clip_qk = false;
 };
 
 // The input statistics of one linear (or of several sharing one input) on calibration

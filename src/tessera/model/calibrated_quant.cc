@@ -237,9 +237,9 @@ void quantize_model_awq(Model& m, const kernels::AwqOptions& o, kernels::QuantSc
         m.quantize_layer(l, [&](int64_t, int which, const Tensor& w_scaled) {
           const auto& s = sc.s[which];
           Tensor w = w_scaled.contiguous().clone();
-          // q and k keep their full range (AutoAWQ skips them: attention scores are the
-          // most sensitive to clipping); every other row is clipped.
-          const int64_t row0 = which == 0 ? c.q_dim() + c.kv_dim() : 0;
+          // q and k keep their full range unless o.clip_qk (AutoAWQ skips them: attention
+          // scores are the most sensitive to clipping); every other row is clipped.
+          const int64_t row0 = which == 0 && !o.clip_qk ? c.q_dim() + c.kv_dim() : 0;
           kernels::awq_clip(w, s.empty() ? stats[which].gram : kernels::unscale_gram(stats[which].gram, s),
                             row0, w.size(0), scheme, o);
           return kernels::quantize_rtn(w, scheme, o.group <= 0 ? w.size(1) : o.group, o.symmetric,

@@ -164,6 +164,7 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
     a.symmetric = o.sym;
     TESSERA_CHECK(o.awq_inspect_tokens >= 0, "--awq-inspect-tokens must be 0 or more, got ", o.awq_inspect_tokens);
     a.inspect_tokens = o.awq_inspect_tokens;
+    a.clip_qk = o.awq_clip_qk;
     quantize_model_awq(m, a, o.scheme, calib_ids, [&](int64_t done) {
       if (progress) progress(done, L);
     });

@@ -27,6 +27,7 @@ struct QuantizeOptions {
   // awq: q/k/v and gate/up scales scored on the layer's output over this many calibration
   // tokens (kernels::AwqOptions::inspect_tokens; 0: each linear on its own output)
   int64_t awq_inspect_tokens = 0;
+  bool awq_clip_qk = false;  // awq: clip search on q and k too (kernels::AwqOptions::clip_qk)
   // The head too, int8 per output channel by rounding (llama.cpp keeps its output tensor at
   // 6-8 bits; GPTQModel's lm_head = True): int8 / int4 weights saved in AutoGPTQ's format
   // only (AutoAWQ's and compressed-tensors' keep lm_head float).
