@@ -3,7 +3,6 @@
 // Usage: gemm_backends [min_seconds_per_measurement=0.5] [rounds=3]
 // Every figure is the median over `rounds` interleaved runs of each run's median call.
 #include <dlfcn.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -86,36 +85,6 @@ double time_openblas(const Problem& p, DType dt, double min_seconds) {
 }
 #endif
 
-// Read-only bandwidth (sum of a 384 MiB f32 array on all threads, best of 10): the
-// ceiling for a kernel that only streams weights, shown next to STREAM triad.
-__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()};
-  for (int64_t i = 0; i + 64 <= n; i += 64)
-    for (int j = 0; j < 4; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]),
-                                            _mm512_add_ps(acc[2], acc[3])));
-}
-
-double measure_read_gbps() {
-  const int64_t n = int64_t{96} << 20;
-  Tensor t = Tensor::empty({n}, DType::kF32);
-  float* p = t.data<float>();
-  tessera::base::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) p[i] = 1.f;
-  });
-  double best = 1e30;
-  std::vector<float> sink(tessera::base::num_threads());
-  for (int r = 0; r < 10; ++r) {
-    tessera::base::Timer timer;
-    tessera::base::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
-      sink[tessera::base::thread_index()] += sum_avx512(p + i0, (i1 - i0) & ~int64_t{63});
-    });
-    best = std::min(best, timer.seconds());
-  }
-  return n * 4.0 / best / 1e9;
-}
-
 std::string fmt(double v, const char* f = "%.1f") {
   if (v < 0) return "n/a";
   char buf[32];
@@ -137,12 +106,9 @@ int main(int argc, char** argv) {
   const double triad = median(triads);
   std::printf("STREAM triad (3 x 128 MiB, best of 10, median of %d): %.1f GB/s\n", rounds,
               triad);
-  if (tessera::base::cpu_features().avx512f) {
-    std::vector<double> reads;
-    for (int r = 0; r < rounds; ++r) reads.push_back(measure_read_gbps());
-    std::printf("read-only sum (384 MiB, best of 10, median of %d): %.1f GB/s\n", rounds,
-                median(reads));
-  }
+  std::vector<double> reads;
+  for (int r = 0; r < rounds; ++r) reads.push_back(tk::measure_stream_read_gbps());
+  std::printf("read-only sum (384 MiB, best of 10, median of %d): %.1f GB/s\n", rounds, median(reads));
   std::printf("\n");
 
   const std::vector<Problem> problems = {

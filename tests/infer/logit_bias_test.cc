@@ -100,7 +100,7 @@ TEST(LogitBias, MinusHundredBansATokenUnderSampling) {
       EXPECT_EQ(counts[7], 0) << "top_p " << top_p << " top_k " << top_k;
       if (top_k == 0 && top_p == 1.f)  // the rest is uniform over 63 tokens: each about 317
         for (int64_t t = 0; t < V; ++t)
-          if (t != 7) EXPECT_GT(counts[t], 200) << t;
+          if (t != 7) { EXPECT_GT(counts[t], 200) << t; }
     }
   }
 }

@@ -118,7 +118,9 @@ TEST(SchedulerStream, RandomisedStreamsReadTheRightRows) {
         const auto& table = bm.block_table(q.id);
         const int64_t rows = q.start - q.shift;  // cached rows before this step's tokens
         ASSERT_LE(rows + q.num_tokens, kCap);
-        if (q.start >= kCap) ASSERT_GE(rows - kSinks + 1, kWindow - kBs + 1) << "the first token sees too little";
+        if (q.start >= kCap) {
+          ASSERT_GE(rows - kSinks + 1, kWindow - kBs + 1) << "the first token sees too little";
+        }
         for (int64_t p = 0; p < rows; ++p)
           ASSERT_EQ(kv[table[p / kBs] * kBs + p % kBs], p < kSinks ? p : p + q.shift)
               << "request " << q.id << " row " << p << " (step " << step << ")";

@@ -643,7 +643,9 @@ TEST(Scheduler, RandomisedRunWithKvTiersAndSwapReadsBackTheRightKv) {
           EXPECT_GT(r.swapped, 10);
           EXPECT_GT(r.stats.swap_in_blocks, 10);
         }
-        if (swap && tier_blocks == 6) EXPECT_LT(r.swapped, r.preemptions) << "a 6-block tier must refuse some";
+        if (swap && tier_blocks == 6) {
+          EXPECT_LT(r.swapped, r.preemptions) << "a 6-block tier must refuse some";
+        }
       }
     }
   }

@@ -149,7 +149,7 @@ TEST(TokenizerSentencePiece, StreamingKeepsSpacesAndHoldsPartialCharacters) {
   for (int32_t id : ids) {
     pending += tok.decode_token(id);
     const size_t n = complete_utf8_prefix(pending);
-    if (id == kByte0 + 0xC3) EXPECT_EQ(n, pending.size() - 1);  // the lead byte waits
+    if (id == kByte0 + 0xC3) { EXPECT_EQ(n, pending.size() - 1); }  // the lead byte waits
     streamed += pending.substr(0, n);
     pending.erase(0, n);
   }

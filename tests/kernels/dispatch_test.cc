@@ -19,8 +19,8 @@ TEST(KernelDispatch, OneIsaLevelFromTheCpuFeaturesDrivesEveryFamily) {
   EXPECT_EQ(l >= IsaLevel::kAvx2, f.avx2 && f.fma) << isa_level_name(l);
   EXPECT_EQ(l >= IsaLevel::kAvx512, f.avx2 && f.fma && f.avx512f && f.avx512bw && f.avx512vl)
       << isa_level_name(l);
-  if (l >= IsaLevel::kAvx512Bf16) EXPECT_TRUE(f.avx512_bf16);
-  if (l == IsaLevel::kAmx) EXPECT_TRUE(f.amx_bf16 && f.amx_os_enabled);
+  if (l >= IsaLevel::kAvx512Bf16) { EXPECT_TRUE(f.avx512_bf16); }
+  if (l == IsaLevel::kAmx) { EXPECT_TRUE(f.amx_bf16 && f.amx_os_enabled); }
   EXPECT_EQ(cpu::use_avx512(), cpu_has(IsaLevel::kAvx512));
   EXPECT_EQ(cpu::best_attention_isa() == cpu::AttnIsa::kAvx512, cpu_has(IsaLevel::kAvx512));
   EXPECT_EQ(cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512), cpu_has(IsaLevel::kAvx512));

@@ -40,9 +40,10 @@ TEST(Precision, AutoFollowsTheCpuAndNon16BitDtypesHaveFixedModes) {
   // Native where bf16 products beat f32 (always with AMX-BF16, which TESSERA_ISA=avx512
   // caps away; never without AVX512-BF16).
   const Bf16Mode expected = kernels::bf16_native_gemm_faster() ? Bf16Mode::kNative : Bf16Mode::kEmulated;
-  if (base::cpu_features().amx_bf16) EXPECT_EQ(expected, Bf16Mode::kNative);
-  if (!base::cpu_features().avx512_bf16 && !base::cpu_features().amx_bf16)
+  if (base::cpu_features().amx_bf16) { EXPECT_EQ(expected, Bf16Mode::kNative); }
+  if (!base::cpu_features().avx512_bf16 && !base::cpu_features().amx_bf16) {
     EXPECT_EQ(expected, Bf16Mode::kEmulated);
+  }
   EXPECT_EQ(choose_bf16_mode(DType::kBF16), expected);
   EXPECT_EQ(choose_bf16_mode(DType::kF32, Bf16Request::kNative), Bf16Mode::kOff);
   EXPECT_EQ(choose_bf16_mode(DType::kF16, Bf16Request::kNative), Bf16Mode::kEmulatedF16);

@@ -149,7 +149,7 @@ void expect_identical(const std::string& transport) {
     ASSERT_EQ(a.status, 200) << a.body.dump();
     ASSERT_EQ(b.status, 200) << b.body.dump() << cl.router->stderr_text();
     EXPECT_TRUE(b.error.empty()) << b.error;
-    if (body.value("stream", false)) EXPECT_FALSE(b.tokens.empty());  // (the text may be special tokens)
+    if (body.value("stream", false)) { EXPECT_FALSE(b.tokens.empty()); }  // (the text may be special tokens)
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_EQ(a.text, b.text);
     EXPECT_EQ(a.finish, b.finish);
@@ -158,8 +158,9 @@ void expect_identical(const std::string& transport) {
     ASSERT_TRUE(b.usage.is_object());
     EXPECT_EQ(a.usage["prompt_tokens"], b.usage["prompt_tokens"]);
     EXPECT_EQ(a.usage["completion_tokens"], b.usage["completion_tokens"]);
-    if (body.value("stream", false) && body.value("ignore_eos", false))
+    if (body.value("stream", false) && body.value("ignore_eos", false)) {
       EXPECT_EQ(static_cast<int64_t>(b.tokens.size()), body["max_tokens"].get<int64_t>());
+    }
   }
 }
 
@@ -252,7 +253,7 @@ TEST(Disagg, KilledDecodeWorkerFailsOnlyItsOwnRequests) {
   }
   auto w = json::parse(cl.router->client(10).Get("/workers")->body);
   for (const auto& x : w["workers"])
-    if (x["url"] == victim) EXPECT_FALSE(x["up"].get<bool>());
+    if (x["url"] == victim) { EXPECT_FALSE(x["up"].get<bool>()); }
 }
 
 TEST(Disagg, StoppedWorkerIsMarkedDownAndComesBack) {

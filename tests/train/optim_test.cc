@@ -319,7 +319,7 @@ TEST_P(ScaledAdamW, StepsMatchGradScaler) {
     if (folded) {
       const GradClip clip = grad_clip(ps, amp["max_norm"]);
       norm = clip.norm, so.grad_scale = clip.coef;
-      if (finite) EXPECT_LT(clip.coef, 1.f) << "step " << step;  // the clip is in play
+      if (finite) { EXPECT_LT(clip.coef, 1.f) << "step " << step; }  // the clip is in play
     } else {
       norm = clip_grad_norm(ps, amp["max_norm"]);
     }
@@ -396,7 +396,7 @@ TEST(AdamW, FusedClipAndWeightCopiesAreTheSeparatePasses) {
         } else {
           ASSERT_EQ(rounded[i], want) << at;
         }
-        if (!f16) ASSERT_EQ(b16[i], f32_to_bf16(pw[i])) << at;
+        if (!f16) { ASSERT_EQ(b16[i], f32_to_bf16(pw[i])) << at; }
       }
       // write_copies (Muon, the router bias) gives the same copies of given values.
       std::vector<float> r2(n, -1.f);
@@ -405,7 +405,7 @@ TEST(AdamW, FusedClipAndWeightCopiesAreTheSeparatePasses) {
       x.bf16 = f16 ? nullptr : b2.data();
       kernels::write_copies(p.data(), n, x);
       EXPECT_EQ(std::memcmp(r2.data(), rounded.data(), n * 4), 0);
-      if (!f16) EXPECT_EQ(b2, b16);
+      if (!f16) { EXPECT_EQ(b2, b16); }
     }
   }
 }

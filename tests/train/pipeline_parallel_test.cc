@@ -48,8 +48,8 @@ TEST(PipelineSchedule, EveryPassRunsOnceWithoutDeadlockAndTheBubbleIsTheFormulas
           // Interleaving shrinks the bubble by about v (Narayanan et al. 2021).
           EXPECT_NEAR(t.bubble, parallel::ideal_bubble(shape), 0.02) << what;
         }
-        if (s == PipeSchedule::kGpipe) EXPECT_EQ(t.max_in_flight, m) << what;
-        if (s == PipeSchedule::k1F1B) EXPECT_LE(t.max_in_flight, std::min(pp, m)) << what;
+        if (s == PipeSchedule::kGpipe) { EXPECT_EQ(t.max_in_flight, m) << what; }
+        if (s == PipeSchedule::k1F1B) { EXPECT_LE(t.max_in_flight, std::min(pp, m)) << what; }
       }
 }
 
@@ -153,7 +153,7 @@ std::vector<parallel::MicroBatch> micro_batches(int M, int64_t V) {
     Tensor ids = random_ids(2, 12, V, 100 + i);
     for (int64_t k = 0; k < ids.numel(); ++k)
       if (ids.data<int32_t>()[k] < 0) ids.data<int32_t>()[k] = 1;
-    mbs.push_back({ids, random_ids(2, 12, V, 200 + i)});
+    mbs.push_back({ids, random_ids(2, 12, V, 200 + i), Tensor()});
   }
   return mbs;
 }

@@ -37,8 +37,8 @@ struct ParamRef {
   // update (gathered from the group's blocks) and keeps this block of it, as one process
   // would. nullptr: param is the whole matrix.
   comm::Communicator* tp_group = nullptr;
-  std::vector<int64_t> block_offset;
-  Shape full_shape;
+  std::vector<int64_t> block_offset{};
+  Shape full_shape{};
 };
 
 // Field names are the TOML keys of the trainer's [optimizer] table.

@@ -17,9 +17,9 @@ using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
 struct Node {
   enum Kind { kAlt, kCat, kRepeat, kClass } kind;
-  std::vector<std::unique_ptr<Node>> kids;
+  std::vector<std::unique_ptr<Node>> kids{};
   int64_t lo = 0, hi = -1;  // kRepeat; hi < 0: unbounded
-  Ranges ranges;            // kClass: sorted, merged code point ranges
+  Ranges ranges{};          // kClass: sorted, merged code point ranges
 };
 using NodeP = std::unique_ptr<Node>;
 

@@ -1,4 +1,7 @@
 // AMX-BF16 tile products and their packings (amx_tiles.h).
+// GCC 12 warns about its own _mm512_undefined_* placeholders (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "tessera/kernels/cpu/amx_tiles.h"
 #include "tessera/kernels/cpu/transpose16.h"
 

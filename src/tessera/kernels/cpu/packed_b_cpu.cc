@@ -1,5 +1,8 @@
 // The packer of kernels/packed_b.h: weights stored row-major in bf16 into oneDNN's
 // BA16a64b2a blocked layout of the matmul's b operand, by stored rows.
+// GCC 12 warns about its own _mm512_undefined_* placeholders (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
