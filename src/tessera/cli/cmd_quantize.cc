@@ -50,10 +50,8 @@ int run_quantize(const QuantizeFlags& f) {
   o.alpha = f.alpha;
   o.awq_inspect_tokens = f.awq_inspect_tokens;
   o.awq_clip_qk = f.awq_clip_qk;
-  TESSERA_CHECK(f.method == "awq" || (!f.awq_clip_qk && f.awq_inspect_tokens == 0),
-                "--awq-clip-qk and --awq-inspect-tokens go with --method awq, not ", f.method);
   o.lm_head = f.lm_head;
-  model::check_lm_head_options(o);
+  model::check_quantize_options(o);
   TESSERA_CHECK(fs::absolute(f.out).lexically_normal() != fs::absolute(f.model).lexically_normal(),
                 "--out ", f.out, " is the input model directory; write the quantized model elsewhere");
   TESSERA_CHECK(f.method == "rtn" || !f.calib.empty(), "--method ", f.method,

@@ -54,7 +54,10 @@ QuantizeOptions quantize_options_for_scheme(const std::string& scheme) {
   return o;
 }
 
-void check_lm_head_options(const QuantizeOptions& o) {
+void check_quantize_options(const QuantizeOptions& o) {
+  TESSERA_CHECK(o.method == "awq" || (!o.awq_clip_qk && o.awq_inspect_tokens == 0),
+                "--awq-clip-qk and --awq-inspect-tokens go with --method awq, not ", o.method);
+  TESSERA_CHECK(o.awq_inspect_tokens >= 0, "--awq-inspect-tokens must be 0 or more, got ", o.awq_inspect_tokens);
   if (!o.lm_head) return;
   TESSERA_CHECK(o.scheme == QuantScheme::kInt8 || o.scheme == QuantScheme::kInt4,
                 "quantizing lm_head goes with int8 or int4 weights (", kernels::quant_scheme_name(o.scheme),
@@ -94,7 +97,6 @@ std::optional<io::QuantCheckpointFormat> checkpoint_format(const QuantizeOptions
 // The head: int8 per output channel, symmetric, f16 scales (what the checkpoint stores).
 void quantize_head(Model& m, const QuantizeOptions& o) {
   if (!o.lm_head) return;
-  check_lm_head_options(o);
   m.quantize_lm_head([](const Tensor& w) {
     return kernels::quantize_rtn(w, QuantScheme::kInt8, w.size(1), /*sym=*/true, /*f16_scales=*/true);
   });
@@ -119,6 +121,7 @@ Tensor calibration_windows(const std::vector<int32_t>& ids, int64_t samples, int
 
 void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
                     const QuantizeProgress& progress) {
+  check_quantize_options(o);
   const auto& c = m.config();
   // One group size for the whole model, as the checkpoint formats record one: every
   // linear's input features must be a multiple of it (per channel: each linear's own).
@@ -162,7 +165,6 @@ void quantize_model(Model& m, const QuantizeOptions& o, const Tensor& calib_ids,
     kernels::AwqOptions a;
     a.group = group;
     a.symmetric = o.sym;
-    TESSERA_CHECK(o.awq_inspect_tokens >= 0, "--awq-inspect-tokens must be 0 or more, got ", o.awq_inspect_tokens);
     a.inspect_tokens = o.awq_inspect_tokens;
     a.clip_qk = o.awq_clip_qk;
     quantize_model_awq(m, a, o.scheme, calib_ids, [&](int64_t done) {

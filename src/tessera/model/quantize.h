@@ -42,8 +42,10 @@ QuantizeOptions quantize_options(const std::string& method, int bits, int64_t gr
                                  const std::string& type = "int");
 QuantizeOptions quantize_options_for_scheme(const std::string& scheme);
 
-// What a quantized head needs of the options (int8 / int4, not awq): a one-line error.
-void check_lm_head_options(const QuantizeOptions& o);
+// Options that do not go together, a one-line error each: AWQ's flags with another method,
+// a quantized head with what cannot hold it (int8 / int4, not awq). quantize_model checks
+// them first; a CLI calls this before it loads anything.
+void check_quantize_options(const QuantizeOptions& o);
 
 // The calibration windows of a tokenized text: min(samples, ids / seq) windows of seq
 // tokens, (windows, seq) i32, spread evenly over the text and never overlapping: the first
