@@ -278,6 +278,10 @@ TEST(Cli, ParseErrorsAreOneLineWithExit2AndASuggestion) {
       {"serve --model " + dir + " --kv-cache-memroy 2G", "did you mean '--kv-cache-memory'?"},
       {"generate --model " + dir + " --prompt-ids 1 --kv-cache-memory 2X", "--kv-cache-memory"},
       {"generate --model " + dir + " --prompt-ids 1 --max-tokens many", "--max-tokens"},
+      // Flags whose callbacks parse the value (an uncaught exception aborted with 134).
+      {"generate --model " + dir + " --prompt-ids 1 --kv-cache-dtype int4", "--kv-cache-dtype 'int4'"},
+      {"serve --model " + dir + " --kv-cache-dtype e5m2", "--kv-cache-dtype 'e5m2'"},
+      {"bench serve --model " + dir + " --compare-kv-cache-dtype q4", "--compare-kv-cache-dtype 'q4'"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);

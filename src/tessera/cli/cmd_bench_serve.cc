@@ -156,7 +156,9 @@ void add_bench_serve(CLI::App* bench, Action& action) {
       ->type_name("DTYPE");
   c->add_option_function<std::string>(
        "--compare-kv-cache-dtype",
-       [&o](const std::string& s) { o.compare_kv_cache_dtype = kernels::parse_kv_cache_dtype(s); },
+       [&o](const std::string& s) {
+         o.compare_kv_cache_dtype = kernels::parse_kv_cache_dtype(s, "--compare-kv-cache-dtype");
+       },
        "Run the measured phase again with the KV cache in this dtype (same --kv-cache-memory); print the "
        "throughput ratio")
       ->type_name("DTYPE");

@@ -29,6 +29,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return tessera::cli::report_parse_error(app, e, argc, argv);
+  } catch (const std::exception& e) {
+    // A flag whose callback parses its value (--kv-cache-dtype, ...) rejected it: a parse
+    // error like any other, not an uncaught exception.
+    return tessera::cli::report_parse_error(app, CLI::ValidationError(e.what()), argc, argv);
   }
   // Tests of the documentation's commands (tests/docs): the flags parse, nothing runs.
   if (const char* p = std::getenv("TESSERA_PARSE_ONLY"); p && *p == '1') return 0;

@@ -102,11 +102,11 @@ const char* kv_cache_dtype_name(KvCacheDtype d) {
   return "?";
 }
 
-KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
+KvCacheDtype parse_kv_cache_dtype(const std::string& name, const char* flag) {
   for (auto d : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
     if (name == kv_cache_dtype_name(d)) return d;
   if (name == "fp8_e4m3") return KvCacheDtype::kFp8;
-  fail("--kv-cache-dtype '", name, "' is not one of bf16, int8, fp8, f32");
+  fail(flag, " '", name, "' is not one of bf16, int8, fp8, f32");
 }
 
 int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t D) {

@@ -24,7 +24,8 @@ namespace tessera::kernels {
 // widens each key and value tile to f32 as it goes.
 enum class KvCacheDtype : uint8_t { kF32, kBF16, kInt8, kFp8 };
 const char* kv_cache_dtype_name(KvCacheDtype d);  // "f32" | "bf16" | "int8" | "fp8"
-KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // one-line error otherwise
+// One-line error naming `flag` otherwise.
+KvCacheDtype parse_kv_cache_dtype(const std::string& name, const char* flag = "--kv-cache-dtype");
 // Bytes one (token, head) row of head dim D takes.
 int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t D);
 // An uninitialised cache of one layer's K or V (pages are touched as blocks are written).
