@@ -282,6 +282,9 @@ TEST(Cli, ParseErrorsAreOneLineWithExit2AndASuggestion) {
       {"generate --model " + dir + " --prompt-ids 1 --kv-cache-dtype int4", "--kv-cache-dtype 'int4'"},
       {"serve --model " + dir + " --kv-cache-dtype e5m2", "--kv-cache-dtype 'e5m2'"},
       {"bench serve --model " + dir + " --compare-kv-cache-dtype q4", "--compare-kv-cache-dtype 'q4'"},
+      // Quantization schemes are checked while parsing, before a model loads or a header prints.
+      {"generate --model " + dir + " --prompt-ids 1 --quantization int3", "'int3'"},
+      {"bench decode --shape 1b --weights int3", "'int3'"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);

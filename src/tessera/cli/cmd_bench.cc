@@ -233,7 +233,8 @@ void add_bench(CLI::App& app, Action& action) {
   };
   auto weights_flag = [&](CLI::App* c) {
     c->add_option("--weights", o->weights,
-                  "Quantize the block linears (round-to-nearest): int8, int4 (g128), fp8, w8a8");
+                  "Quantize the block linears (round-to-nearest): int8, int4 (g128), fp8, w8a8")
+        ->check(quant_scheme_validator());
     c->add_flag("--quantize-lm-head", o->quantize_lm_head,
                 "With --weights int8 or int4: the head too, int8 per output channel");
   };

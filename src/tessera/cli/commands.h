@@ -34,6 +34,9 @@ void add_router(CLI::App& app, Action& action);     // cmd_router.cc
 void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_caching);
 // --quantization SCHEME and --quantize-lm-head: quantizing a float model on load.
 void add_quantization_flags(CLI::App* cmd, model::LoadQuantization& q);
+// Checks a quantize-on-load scheme (int8, int4, fp8, w8a8; empty or none: no quantization)
+// while the flags are parsed, so a bad one is a parse error before anything loads.
+CLI::Validator quant_scheme_validator();
 
 // Chat data (chat_data.cc): a JSONL of {"messages": [...]} rendered with the chat template of
 // tokenizer_dir (ChatML when it has none) into a chat data directory (train/chat_data.h),

@@ -1,5 +1,6 @@
 // Inference-engine flags shared by `tessera generate` and `tessera serve`.
 #include "tessera/cli/commands.h"
+#include "tessera/kernels/quant.h"
 
 namespace tessera::cli {
 
@@ -48,10 +49,25 @@ void add_engine_flags(CLI::App* cmd, infer::EngineConfig& e, bool& no_prefix_cac
       ->type_name("W");
 }
 
+CLI::Validator quant_scheme_validator() {
+  return CLI::Validator(
+      [](const std::string& s) {
+        if (model::LoadQuantization(s).none()) return std::string();
+        try {
+          kernels::parse_quant_scheme(s);
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      },
+      "SCHEME");
+}
+
 void add_quantization_flags(CLI::App* cmd, model::LoadQuantization& q) {
   cmd->add_option("--quantization", q.scheme,
                   "Quantize the block linears on load (round-to-nearest): int8, int4 (g128), fp8, w8a8; a "
-                  "quantized checkpoint (tessera quantize, AutoGPTQ, AutoAWQ, GGUF) runs as stored");
+                  "quantized checkpoint (tessera quantize, AutoGPTQ, AutoAWQ, GGUF) runs as stored")
+      ->check(quant_scheme_validator());
   cmd->add_flag("--quantize-lm-head", q.lm_head,
                 "With --quantization int8 or int4: the head too, int8 per output channel (as llama.cpp "
                 "quantizes its output tensor; faster decode, see docs/quantization.md)");
