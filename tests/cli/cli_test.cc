@@ -262,6 +262,21 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   std::filesystem::remove_all(tmp);
 }
 
+// A mistyped ISA cap would run the uncapped kernels while the user believes a fallback was
+// tested: it is a one-line error before anything runs; the documented caps run.
+TEST(Cli, UnknownIsaCapIsAnError) {
+  const std::string dir = testing::parity_dir("llama");
+  const std::string cmd = std::string(TESSERA_CLI_PATH) + " generate --model " + dir + " --prompt-ids 1,2 --max-tokens 2";
+  const auto bad = testing::run_command("TESSERA_ISA=avx-512 " + cmd);
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_EQ(count_lines(bad.out), 1) << bad.out;
+  EXPECT_NE(bad.out.find("TESSERA_ISA='avx-512'"), std::string::npos) << bad.out;
+  for (const char* ok : {"scalar", "avx2", "avx512", "amx", "native"}) {
+    const auto r = testing::run_command(std::string("TESSERA_ISA=") + ok + " " + cmd);
+    EXPECT_EQ(r.code, 0) << ok << "\n" << r.out;
+  }
+}
+
 // Parse errors keep the one-line contract: exit 2, "tessera: error: ...", and a suggestion
 // for a mistyped command or flag (issue 22: a mistyped flag exited 109, an unknown command
 // said "A subcommand is required" with exit 106).

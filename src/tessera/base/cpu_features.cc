@@ -7,6 +7,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "tessera/base/error.h"
+
 namespace tessera::base {
 namespace {
 
@@ -66,6 +68,14 @@ CpuFeatures detect() {
 }
 
 }  // namespace
+
+void check_isa_cap() {
+  const char* cap = std::getenv("TESSERA_ISA");
+  if (cap == nullptr) return;
+  for (const char* ok : {"scalar", "avx2", "avx512", "amx", "native", ""})
+    if (std::strcmp(cap, ok) == 0) return;
+  fail("TESSERA_ISA='", cap, "' is not one of scalar, avx2, avx512, amx, native");
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();

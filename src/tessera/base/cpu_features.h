@@ -20,8 +20,13 @@ struct CpuFeatures {
 };
 
 // Detected once (cpuid + xgetbv + Linux arch_prctl for AMX), then cached.
-// TESSERA_ISA=avx2|avx512 caps what kernels may use (for testing the fallbacks).
+// TESSERA_ISA=scalar|avx2|avx512 caps what kernels may use (for testing the fallbacks);
+// amx or native (or unset) caps nothing.
 const CpuFeatures& cpu_features();
 std::string describe_cpu_features();
+// A one-line error when TESSERA_ISA is set to anything else: a mistyped cap would run
+// the uncapped kernels while the user believes the fallback was tested. The CLI calls
+// it before any command runs.
+void check_isa_cap();
 
 }  // namespace tessera::base

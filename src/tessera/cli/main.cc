@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/cli/commands.h"
 
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   // Tests of the documentation's commands (tests/docs): the flags parse, nothing runs.
   if (const char* p = std::getenv("TESSERA_PARSE_ONLY"); p && *p == '1') return 0;
   try {
+    tessera::base::check_isa_cap();
     return action ? action() : 0;
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
