@@ -236,6 +236,8 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   };
   const Case cases[] = {
       {"generate --model /nonexistent --prompt-ids 1", "/nonexistent"},
+      {"generate --model " + (tmp / "bad_ids.txt").string() + " --prompt-ids 1", "not a GGUF file"},
+      {"info --model " + (tmp / "bad_ids.txt").string(), "not a GGUF file"},
       {"generate --model " + dir + " --prompt-ids 1,x,3", "'x'"},
       {"generate --model " + dir + " --prompt-ids 1,99999", "99999"},
       {"generate --model " + dir + " --prompt-ids 1 --temperature -1", "temperature"},

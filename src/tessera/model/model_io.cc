@@ -89,6 +89,7 @@ Model Model::load(const std::string& dir, DType dtype, TpShard shard) {
 
 Model Model::load(const std::string& dir, DType dtype, TpShard shard, const PpStage& stage) {
   if (io::is_gguf_path(dir)) return load_gguf(dir, dtype, shard, stage);
+  ModelConfig::check_model_path(dir);
   TESSERA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "model weights must load as f32 or bf16, not ", dtype_name(dtype));
   TESSERA_CHECK(std::filesystem::is_directory(dir), "model directory '", dir,
