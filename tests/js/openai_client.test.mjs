@@ -165,8 +165,6 @@ test('bad requests are 400 BadRequestErrors naming the field', async () => {
       return true;
     });
   }
-  await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
-                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'model');
 });
 
 test('models.retrieve returns the served model; an unknown id is a NotFoundError', async () => {
@@ -183,6 +181,15 @@ test('models.retrieve returns the served model; an unknown id is a NotFoundError
     assert.equal(e.code, 'model_not_found');
     return true;
   });
+  // A completion for an unknown model is the same NotFoundError, as on OpenAI's API.
+  await assert.rejects(
+    client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }),
+    (e) => {
+      assert.ok(e instanceof OpenAI.NotFoundError, `${e.constructor.name}: ${e.message}`);
+      assert.equal(e.code, 'model_not_found');
+      assert.equal(e.param, 'model');
+      return true;
+    });
 });
 
 // Little-endian f32 values of a base64 string, decoded here (not by the client).

@@ -174,7 +174,7 @@ TEST_F(MultiLoraServe, UnknownModelIsModelNotFound) {
   auto r = c.Post("/v1/completions", json({{"model", "gamma"}, {"prompt", "hello"}, {"max_tokens", 2}}).dump(),
                   "application/json");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 400);  // as for any unknown model on this server
+  EXPECT_EQ(r->status, 404);  // as for any unknown model on this server (and on OpenAI's)
   const json e = json::parse(r->body)["error"];
   EXPECT_EQ(e["code"], "model_not_found");
   EXPECT_EQ(e["param"], "model");

@@ -338,7 +338,8 @@ TEST_F(Serve, BadRequestsGetOpenAIErrorsNamingTheField) {
   const std::vector<Case> cases = {
       {C, "{not json", ""},
       {C, "[1, 2]", ""},
-      {C, R"({"prompt": "hi", "model": "gpt-4"})", "model"},
+      {C, R"({"prompt": "hi", "model": "gpt-4"})", "model", 404},  // model_not_found, as on OpenAI
+      {H, R"({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"})", "model", 404},
       {C, R"({"prompt": "hi", "model": 3})", "model"},
       {C, R"({})", "prompt"},
       {C, R"({"prompt": ""})", "prompt"},

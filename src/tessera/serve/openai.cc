@@ -229,8 +229,9 @@ std::string resolve_model(const json& b, const ModelInfo& m, int32_t* adapter) {
   } else if (model != m.name) {
     std::string served = "'" + m.name + "'";
     for (const auto& name : m.adapters) served += ", '" + name + "'";
-    bad_request("model", "the model '" + model + "' does not exist; this server serves " + served,
-                "model_not_found");
+    // 404, as OpenAI and vLLM answer (the openai clients raise NotFoundError).
+    throw ApiError(404, "invalid_request_error", "model", "model_not_found",
+                   "the model '" + model + "' does not exist; this server serves " + served);
   }
   return model;
 }

@@ -71,7 +71,7 @@ struct ApiRequest {
 };
 
 // The request's "model" (absent or null: the base model's id), checked against the served
-// ids; *adapter = its LoRA adapter's index (-1: the base model). Unknown: 400 model_not_found.
+// ids; *adapter = its LoRA adapter's index (-1: the base model). Unknown: 404 model_not_found.
 std::string resolve_model(const nlohmann::json& body, const ModelInfo& model, int32_t* adapter);
 
 // Parses and validates a request body: types, ranges, model name, messages, prompt length
