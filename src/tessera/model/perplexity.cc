@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "tessera/base/logging.h"
 #include "tessera/base/timer.h"
 #include "tessera/kernels/cross_entropy.h"
 
@@ -12,11 +13,16 @@ namespace tessera::model {
 
 namespace {
 
-void check_stream(const Model& model, const std::vector<int32_t>& ids, int64_t ctx) {
+void check_stream(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, bool warn = true) {
   const auto& c = model.config();
   TESSERA_CHECK(ctx >= 2, "perplexity: context length must be at least 2, got ", ctx);
   TESSERA_CHECK(c.uses_rope() || ctx <= c.max_position_embeddings, "perplexity: context ", ctx,
                 " exceeds max_position_embeddings ", c.max_position_embeddings);
+  // Rotary positions run past the trained context, as llama.cpp's perplexity allows, but
+  // the model has never seen them: say so.
+  if (warn && ctx > c.max_position_embeddings)
+    TESSERA_LOG(kWarn, "perplexity: context ", ctx, " is beyond the ", c.max_position_embeddings,
+                " positions the model was trained on; expect a higher perplexity");
   TESSERA_CHECK(ids.size() >= 2, "perplexity: need at least 2 tokens, got ", ids.size());
   for (size_t i = 0; i < ids.size(); ++i)
     TESSERA_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "perplexity: token ", i, " has id ",
@@ -86,7 +92,7 @@ KlDivergenceResult evaluate_kl_divergence(const Model& model, const Model& refer
                                           const std::vector<int32_t>& ids, int64_t ctx,
                                           bool show_progress) {
   check_stream(model, ids, ctx);
-  check_stream(reference, ids, ctx);
+  check_stream(reference, ids, ctx, /*warn=*/false);
   const int64_t V = model.config().vocab_size;
   TESSERA_CHECK(reference.config().vocab_size == V, "kl divergence: the model's vocabulary (", V,
                 ") and the reference's (", reference.config().vocab_size, ") differ");
