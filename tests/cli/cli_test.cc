@@ -243,6 +243,7 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"generate --model " + dir + " --prompt-ids 1 --temperature -1", "temperature"},
       {"generate --model " + dir + " --prompt-ids 1 --top-p 0", "top_p"},
       {"generate --model " + dir + " --prompt-ids 1 --dtype f64", "f64"},
+      {"generate --model " + dir + " --prompt-ids 1 --speculative draft", "draft model"},
       {"generate --model " + (tmp / "badcfg").string() + " --prompt-ids 1", "bert"},
       {"eval perplexity --model " + dir + " --ids " + (tmp / "bad_ids.txt").string(), "three"},
       {"eval perplexity --model " + dir + " --ids /nonexistent/ids.txt", "/nonexistent/ids.txt"},

@@ -166,9 +166,16 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
   }
   // Text when the model has a tokenizer and the prompt was text; token ids otherwise.
   const bool text = tok && !f.prompt.empty();
-  bool first = true;
+  bool first = true, echoed = false;
   std::string pending;
+  // The prompt is echoed with the first token, not before: a configuration the engine
+  // rejects leaves only its one-line error.
+  auto echo = [&] {
+    if (text && !echoed) std::printf("%s", f.prompt.c_str());
+    echoed = true;
+  };
   auto print = [&](int32_t t) {
+    echo();
     if (text) {
       if (tok->is_special(t)) return;
       pending += tok->decode_token(t);
@@ -181,10 +188,10 @@ int run_generate_one(const GenerateFlags& f, const model::Model& model, infer::T
     first = false;
     std::fflush(stdout);
   };
-  if (text) std::printf("%s", f.prompt.c_str());
   auto r = infer::generate(model, prompt, o, f.stream ? print : std::function<void(int32_t)>{});
   if (!f.stream)
     for (int32_t t : r.tokens) print(t);
+  echo();  // (no tokens: the prompt alone)
   if (!pending.empty()) std::fwrite(pending.data(), 1, pending.size(), stdout);
   std::printf("\n");
   std::fflush(stdout);  // the text's last line ends before the statistics on stderr
