@@ -493,15 +493,15 @@ int64_t ModelConfig::num_parameters() const {
 
 void ModelConfig::check_model_path(const std::string& path) {
   std::error_code ec;
-  TESSERA_CHECK(io::is_gguf_path(path) || !std::filesystem::is_regular_file(path, ec), path,
+  TESSERA_CHECK(!std::filesystem::is_regular_file(path, ec), path,
                 " is a file but not a GGUF file (it does not start with 'GGUF'): a model is a "
                 "Hugging Face model directory or a .gguf file");
 }
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
-  check_model_path(model_dir);
   if (io::is_gguf_path(model_dir))
     return gguf_model_config(io::GgufFile::open(model_dir)->header(), model_dir);
+  check_model_path(model_dir);
   const std::string path = model_dir + "/config.json";
   return from_json(io::read_json_file(path), path);
 }

@@ -149,8 +149,8 @@ struct ModelConfig {
   // Throws with a message naming `source` and the key at fault.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
   static ModelConfig load(const std::string& model_dir);  // DIR/config.json, or a GGUF file's metadata
-  // A one-line error when `path` is a plain file that is not GGUF (a model is a directory
-  // or a .gguf file).
+  // For a path io::is_gguf_path has turned down: a one-line error when it is a plain file
+  // (a model is a directory or a .gguf file).
   static void check_model_path(const std::string& path);
   nlohmann::json to_json() const;                           // Hugging Face layout
   // Named Llama shapes for benchmarks: "small", "1b"; "tiny" for tests.
