@@ -3,7 +3,7 @@
 
 #include <cpuid.h>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,27 +55,33 @@ CpuFeatures detect() {
   if (f.amx_tile) f.amx_os_enabled = request_amx_permission();
   if (!f.amx_os_enabled) f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
 
-  if (const char* cap = std::getenv("TESSERA_ISA")) {
-    if (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "scalar") == 0) {
-      f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = false;
-      f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
-      if (std::strcmp(cap, "scalar") == 0) f.avx2 = f.fma = false;
-    } else if (std::strcmp(cap, "avx512") == 0) {
-      f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
-    }
-  }
+  const IsaCap cap = isa_cap();
+  if (cap != IsaCap::kNone) f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
+  if (cap == IsaCap::kAvx2 || cap == IsaCap::kScalar)
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = false;
+  if (cap == IsaCap::kScalar) f.avx2 = f.fma = false;
   return f;
+}
+
+IsaCap parse_isa_cap() {
+  const char* cap = std::getenv("TESSERA_ISA");
+  if (cap == nullptr) return IsaCap::kNone;
+  const std::string c = cap;
+  if (c == "scalar") return IsaCap::kScalar;
+  if (c == "avx2") return IsaCap::kAvx2;
+  if (c == "avx512") return IsaCap::kAvx512;
+  if (c == "amx" || c == "native" || c.empty()) return IsaCap::kNone;
+  fail("TESSERA_ISA='", c, "' is not one of scalar, avx2, avx512, amx, native");
 }
 
 }  // namespace
 
-void check_isa_cap() {
-  const char* cap = std::getenv("TESSERA_ISA");
-  if (cap == nullptr) return;
-  for (const char* ok : {"scalar", "avx2", "avx512", "amx", "native", ""})
-    if (std::strcmp(cap, ok) == 0) return;
-  fail("TESSERA_ISA='", cap, "' is not one of scalar, avx2, avx512, amx, native");
+IsaCap isa_cap() {
+  static const IsaCap cap = parse_isa_cap();
+  return cap;
 }
+
+void check_isa_cap() { (void)isa_cap(); }
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();

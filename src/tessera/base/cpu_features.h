@@ -19,14 +19,18 @@ struct CpuFeatures {
   bool amx_os_enabled = false;  // the OS granted AMX tile state to this process
 };
 
-// Detected once (cpuid + xgetbv + Linux arch_prctl for AMX), then cached.
-// TESSERA_ISA=scalar|avx2|avx512 caps what kernels may use (for testing the fallbacks);
-// amx or native (or unset) caps nothing.
+// The most a run may use, from TESSERA_ISA=scalar|avx2|avx512|amx|native (for testing the
+// fallbacks on a CPU that has more); amx, native, empty or unset cap nothing.
+enum class IsaCap { kScalar, kAvx2, kAvx512, kNone };
+// Parsed once and cached. Any other value is a one-line error: a mistyped cap would run
+// the uncapped kernels while the user believes the fallback was tested.
+IsaCap isa_cap();
+
+// Detected once (cpuid + xgetbv + Linux arch_prctl for AMX), then cached, with isa_cap()
+// applied.
 const CpuFeatures& cpu_features();
 std::string describe_cpu_features();
-// A one-line error when TESSERA_ISA is set to anything else: a mistyped cap would run
-// the uncapped kernels while the user believes the fallback was tested. The CLI calls
-// it before any command runs.
+// isa_cap()'s error, raised early: the CLI calls it before any command runs.
 void check_isa_cap();
 
 }  // namespace tessera::base

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/tensor/tensor.h"
@@ -53,15 +54,13 @@ dnnl::engine& global_engine() {
       dnnl::set_primitive_cache_capacity(0);
     // TESSERA_ISA caps oneDNN too (unless its own DNNL/ONEDNN_MAX_CPU_ISA says otherwise),
     // so a capped run on an AMX machine takes the path a CPU without AMX would.
-    const char* cap = std::getenv("TESSERA_ISA");
-    if (cap && !std::getenv("DNNL_MAX_CPU_ISA") && !std::getenv("ONEDNN_MAX_CPU_ISA")) {
-      const std::string c = cap;
-      if (c == "avx512")
-        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
-      else if (c == "avx2")
-        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2);
-      else if (c == "scalar")
-        dnnl::set_max_cpu_isa(dnnl::cpu_isa::sse41);
+    if (!std::getenv("DNNL_MAX_CPU_ISA") && !std::getenv("ONEDNN_MAX_CPU_ISA")) {
+      switch (base::isa_cap()) {
+        case base::IsaCap::kAvx512: dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16); break;
+        case base::IsaCap::kAvx2: dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2); break;
+        case base::IsaCap::kScalar: dnnl::set_max_cpu_isa(dnnl::cpu_isa::sse41); break;
+        case base::IsaCap::kNone: break;
+      }
     }
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }();
