@@ -174,7 +174,9 @@ TEST_F(ApiExtras, EmbeddingsEqualThePyTorchMeanOfFinalNormHiddenStates) {
   // A list of strings, token ids, a list of id lists (the whole context among them).
   r = post_ok(c, "/v1/embeddings", {{"input", {text, "Hello world!"}}, {"user", "u-1"}});
   ASSERT_EQ(r["data"].size(), 2u);
-  EXPECT_EQ(r["data"][0]["embedding"], text_embedding) << "the same input, the same embedding";
+  // Batched with another input, its GEMMs have other row counts, whose last bits may differ
+  // (oneDNN's AVX2 kernels do; docs/inference.md: only --batch-invariant promises bits).
+  expect_close(r["data"][0]["embedding"], text_embedding, "the same input in a batch of two");
   expect_close(r["data"][1]["embedding"], ref[1]["embedding"], "list of strings [1]");
   EXPECT_EQ(r["data"][1]["index"], 1);
   EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size() + hello.size());
