@@ -1,4 +1,4 @@
-// Weight products of 4-16 rows (batched decode): the skinny kernel against oneDNN, f32 and
+// Weight products of 1-16 rows (decode): the skinny kernel against oneDNN, f32 and
 // bf16 weights, 16 weights cycled so most come from memory. Usage: build/bin/skinny_rows
 #include <cstdio>
 #include <random>
@@ -11,7 +11,7 @@ int main() {
     const int nw = 16;  // cycled: mostly beyond the cache
     std::vector<Tensor> ws;
     for (int i = 0; i < nw; ++i) { Tensor w = Tensor::empty({N, K}, DType::kF32); float* p = w.data<float>(); for (int64_t j = 0; j < N * K; ++j) p[j] = 0.01f * (j % 7); ws.push_back(w.to(dt)); }
-    for (int64_t M : {4, 5, 8, 12, 16}) {
+    for (int64_t M : {1, 2, 4, 5, 8, 12, 16}) {
       Tensor a = Tensor::empty({M, K}, DType::kF32), c = Tensor::empty({M, N}, DType::kF32);
       for (int64_t j = 0; j < M * K; ++j) a.data<float>()[j] = 0.5f;
       double ts = 0, to = 0; int reps = 32;

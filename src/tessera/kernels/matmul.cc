@@ -253,7 +253,7 @@ void run_matmul(MatmulBackend backend, const Tensor& a, const Tensor& b, const T
   const bool auto_backend = backend == MatmulBackend::kAuto;
   if (auto_backend) {
     const bool skinny =
-        m <= skinny_max_rows(b.dtype()) && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512);
+        m <= skinny_max_rows(b.dtype()) && trans_b && cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx2);
     backend = skinny ? MatmulBackend::kSkinny : MatmulBackend::kOneDnn;
   }
   TESSERA_CHECK(backend != MatmulBackend::kSkinny || trans_b, "matmul: the ",
