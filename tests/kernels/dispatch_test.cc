@@ -23,6 +23,8 @@ TEST(KernelDispatch, OneIsaLevelFromTheCpuFeaturesDrivesEveryFamily) {
   if (l == IsaLevel::kAmx) { EXPECT_TRUE(f.amx_bf16 && f.amx_os_enabled); }
   EXPECT_EQ(cpu::use_avx512(), cpu_has(IsaLevel::kAvx512));
   EXPECT_EQ(cpu::best_attention_isa() == cpu::AttnIsa::kAvx512, cpu_has(IsaLevel::kAvx512));
+  EXPECT_EQ(cpu::best_attention_isa() == cpu::AttnIsa::kAvx2, l == IsaLevel::kAvx2);
+  EXPECT_EQ(cpu::best_attention_isa() == cpu::AttnIsa::kScalar, l == IsaLevel::kScalar);
   EXPECT_EQ(cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx512), cpu_has(IsaLevel::kAvx512));
   EXPECT_EQ(cpu::skinny_isa_supported(cpu::SkinnyIsa::kAvx2), cpu_has(IsaLevel::kAvx2));
   std::printf("kernels ISA level: %s (%s)\n", isa_level_name(l), base::describe_cpu_features().c_str());

@@ -22,13 +22,18 @@
 #include "tessera/kernels/cpu/attention_tile_ops.h"
 
 namespace tessera::kernels::cpu {
+
+const AttnTileOps& tile_ops(AttnIsa isa) {
+  switch (isa) {
+    case AttnIsa::kAvx512: return avx512_tile_ops();
+    case AttnIsa::kAvx2: return avx2_tile_ops();
+    default: return scalar_tile_ops();
+  }
+}
+
 namespace {
 
 using namespace attn;
-
-const AttnTileOps& tile_ops(AttnIsa isa) {
-  return isa == AttnIsa::kAvx512 ? avx512_tile_ops() : scalar_tile_ops();
-}
 
 // Packs keys [0, n) of one (b, kv head) as consecutive (D, kKeyTile) tiles of K^T. Tiles
 // are kept apart (not one (D, n) matrix) so a tile's rows do not collide in L1 sets.
@@ -242,7 +247,8 @@ void backward_item(const BackwardJob& job, int64_t b, int64_t kvh, float* kt, fl
 }  // namespace
 
 AttnIsa best_attention_isa() {
-  return cpu_has(IsaLevel::kAvx512) ? AttnIsa::kAvx512 : AttnIsa::kScalar;  // dispatch.h
+  if (cpu_has(IsaLevel::kAvx512)) return AttnIsa::kAvx512;  // dispatch.h
+  return cpu_has(IsaLevel::kAvx2) ? AttnIsa::kAvx2 : AttnIsa::kScalar;
 }
 
 void attention_forward_cpu(const AttnDims& dims, const AttnView& q, const AttnView& k,

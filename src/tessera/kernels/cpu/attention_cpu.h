@@ -33,8 +33,10 @@ struct AttnDims {
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, D = 0;
 };
 
-enum class AttnIsa { kScalar, kAvx512 };
+enum class AttnIsa { kScalar, kAvx2, kAvx512 };
 AttnIsa best_attention_isa();  // from base::cpu_features()
+struct AttnTileOps;
+const AttnTileOps& tile_ops(AttnIsa isa);  // attention_tile_ops.h's table for `isa`
 
 // out (B, Tq, Hq, D); lse optional (data == nullptr to skip).
 void attention_forward_cpu(const AttnDims& dims, const AttnView& q, const AttnView& k,

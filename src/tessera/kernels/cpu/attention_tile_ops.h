@@ -50,6 +50,7 @@ struct AttnTileOps {
 };
 
 const AttnTileOps& scalar_tile_ops();
+const AttnTileOps& avx2_tile_ops();    // only call when the CPU has AVX2 and FMA
 const AttnTileOps& avx512_tile_ops();  // only call when the CPU has AVX-512F
 
 }  // namespace tessera::kernels::cpu

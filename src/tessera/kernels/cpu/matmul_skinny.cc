@@ -21,7 +21,6 @@
 #include "tessera/kernels/cpu/matmul_cpu.h"
 
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
 namespace tessera::kernels::cpu {
 namespace {
@@ -191,8 +190,8 @@ TESSERA_TARGET_AVX512 void rows_avx512(const Panel& p, int64_t n0, int64_t n1) {
 
 // ---- AVX2 ----------------------------------------------------------------------------
 
-TESSERA_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-TESSERA_TARGET_AVX2 inline __m256 load8(const uint16_t* p) {
+TESSERA_AVX2_FMA inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TESSERA_AVX2_FMA inline __m256 load8(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
@@ -200,7 +199,7 @@ using avx2::hsum8;
 
 // Eight columns of K from kk: acc[r][m] += a[m][kk..kk+8) * b[r][kk..kk+8).
 template <int MB, int NR, typename BT>
-TESSERA_TARGET_AVX2 inline void step8(const Panel& p, const BT* b, int64_t kk, __m256 (&acc)[NR][MB]) {
+TESSERA_AVX2_FMA inline void step8(const Panel& p, const BT* b, int64_t kk, __m256 (&acc)[NR][MB]) {
   __m256 av[MB];
 #pragma GCC unroll 4
   for (int m = 0; m < MB; ++m) av[m] = _mm256_loadu_ps(p.a + m * p.lda + kk);
@@ -214,7 +213,7 @@ TESSERA_TARGET_AVX2 inline void step8(const Panel& p, const BT* b, int64_t kk, _
 
 // 16 ymm registers: 2 weight rows x 4 a rows of accumulators + 4 a vectors + 1 b.
 template <int MB, int NR, typename BT>
-TESSERA_TARGET_AVX2 void block_avx2(const Panel& p, const BT* b, float* c) {
+TESSERA_AVX2_FMA void block_avx2(const Panel& p, const BT* b, float* c) {
   __m256 acc[NR][MB];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
@@ -244,7 +243,7 @@ TESSERA_TARGET_AVX2 void block_avx2(const Panel& p, const BT* b, float* c) {
 }
 
 template <int MB, typename BT>
-TESSERA_TARGET_AVX2 void rows_avx2(const Panel& p, int64_t n0, int64_t n1) {
+TESSERA_AVX2_FMA void rows_avx2(const Panel& p, int64_t n0, int64_t n1) {
   const BT* b = static_cast<const BT*>(p.b);
   int64_t n = n0;
   for (; n + 2 <= n1; n += 2) block_avx2<MB, 2>(p, b + n * p.ldb, p.c + n);

@@ -11,6 +11,7 @@
 
 #include "tessera/base/cpu_features.h"
 #include "tessera/base/error.h"
+#include "tessera/kernels/cpu/avx2_math.h"
 #include "tessera/kernels/cpu/avx512_math.h"
 #include "tessera/kernels/cpu/pointwise_common.h"
 #include "tessera/tensor/bf16_avx512.h"
@@ -164,7 +165,6 @@ TESSERA_AVX512 void adamw_avx512(float* p, const float* g, float* m, float* v, i
 
 // The same loop for CPUs with AVX2 + FMA but not AVX-512. AVX2 has no explicitly
 // rounded multiply, so an empty asm makes each product opaque to GCC's contraction.
-#define TESSERA_AVX2_FMA __attribute__((target("avx2,fma")))
 TESSERA_AVX2_FMA inline __m256 rounded(__m256 x) {
   __asm__("" : "+x"(x));
   return x;

@@ -27,6 +27,7 @@
 #include "tessera/base/aligned_alloc.h"
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/cpu/attention_tile_ops.h"
+#include "tessera/kernels/cpu/avx2_math.h"
 #include "tessera/kernels/cpu/avx512_math.h"
 
 namespace tessera::kernels::cpu {
@@ -152,6 +153,60 @@ TESSERA_AVX512 void accumulate_pv_avx512(int64_t R, int64_t n, const float* p, i
     const int64_t nn = std::min<int64_t>(16 * kPvMaxVecs, D - col);
     const int nv = static_cast<int>((nn + 15) / 16);
     const __mmask16 last = avx512::tail_mask(nn - (nv - 1) * 16);
+    for (int64_t r0 = 0; r0 < R; r0 += mr) {
+      const int rows = static_cast<int>(std::min(mr, R - r0));
+      table[rows - 1][nv - 1](n, p + r0 * lds, lds, v_rows, col, o + r0 * D, D, last);
+    }
+  }
+}
+
+// The same two for AVX2 + FMA CPUs: 8-lane vectors, the last one through vmaskmovps.
+TESSERA_AVX2_FMA void scale_add_avx2(float* dst, const float* src, float a, float b, int64_t D) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  for (int64_t e = 0; e < D; e += 8) {
+    const __m256i mk = avx2::tail_mask(D - e);
+    const __m256 d = _mm256_mul_ps(_mm256_maskload_ps(dst + e, mk), va);
+    _mm256_maskstore_ps(dst + e, mk, _mm256_fmadd_ps(_mm256_maskload_ps(src + e, mk), vb, d));
+  }
+}
+
+template <int MR, int NV>
+TESSERA_AVX2_FMA void pv_micro_avx2(int64_t n, const float* p, int64_t lds, const float* const* v_rows,
+                                    int64_t col, float* o, int64_t D, __m256i last) {
+  const __m256i all = _mm256_set1_epi32(-1);
+  __m256 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_maskload_ps(o + m * D + col + v * 8, v == NV - 1 ? last : all);
+  for (int64_t k = 0; k < n; ++k) {
+    const float* vk = v_rows[k] + col;
+    __m256 bv[NV];
+    for (int v = 0; v < NV - 1; ++v) bv[v] = _mm256_loadu_ps(vk + v * 8);
+    bv[NV - 1] = _mm256_maskload_ps(vk + (NV - 1) * 8, last);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 a = _mm256_broadcast_ss(p + m * lds + k);
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(a, bv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int v = 0; v < NV - 1; ++v) _mm256_storeu_ps(o + m * D + col + v * 8, acc[m][v]);
+    _mm256_maskstore_ps(o + m * D + col + (NV - 1) * 8, last, acc[m][NV - 1]);
+  }
+}
+
+TESSERA_AVX2_FMA void accumulate_pv_avx2(int64_t R, int64_t n, const float* p, int64_t lds,
+                                         const float* const* v_rows, int64_t D, float* o) {
+  using Fn = void (*)(int64_t, const float*, int64_t, const float* const*, int64_t, float*, int64_t, __m256i);
+  static const Fn table[kPvMaxRows][2] = {
+      {pv_micro_avx2<1, 1>, pv_micro_avx2<1, 2>}, {pv_micro_avx2<2, 1>, pv_micro_avx2<2, 2>},
+      {pv_micro_avx2<3, 1>, pv_micro_avx2<3, 2>}, {pv_micro_avx2<4, 1>, pv_micro_avx2<4, 2>},
+      {pv_micro_avx2<5, 1>, pv_micro_avx2<5, 2>}, {pv_micro_avx2<6, 1>, pv_micro_avx2<6, 2>},
+  };
+  const int64_t chunks = (R + kPvMaxRows - 1) / kPvMaxRows;
+  const int64_t mr = (R + chunks - 1) / chunks;
+  for (int64_t col = 0; col < D; col += 16) {
+    const int64_t nn = std::min<int64_t>(16, D - col);
+    const int nv = static_cast<int>((nn + 7) / 8);
+    const __m256i last = avx2::tail_mask(nn - (nv - 1) * 8);
     for (int64_t r0 = 0; r0 < R; r0 += mr) {
       const int rows = static_cast<int>(std::min(mr, R - r0));
       table[rows - 1][nv - 1](n, p + r0 * lds, lds, v_rows, col, o + r0 * D, D, last);
@@ -480,9 +535,11 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
   job.scale = p.scale;
   job.window = p.window;
   job.softcap = p.softcap;
-  job.ops = isa == AttnIsa::kAvx512 ? &avx512_tile_ops() : &scalar_tile_ops();
-  job.scale_add = isa == AttnIsa::kAvx512 ? scale_add_avx512 : scale_add_scalar;
-  job.accumulate_pv = isa == AttnIsa::kAvx512 ? accumulate_pv_avx512 : accumulate_pv_scalar;
+  job.ops = &tile_ops(isa);
+  job.scale_add = isa == AttnIsa::kAvx512 ? scale_add_avx512 : isa == AttnIsa::kAvx2 ? scale_add_avx2 : scale_add_scalar;
+  job.accumulate_pv = isa == AttnIsa::kAvx512 ? accumulate_pv_avx512
+                      : isa == AttnIsa::kAvx2 ? accumulate_pv_avx2
+                                              : accumulate_pv_scalar;
   const int64_t G = job.G, D = dims.D;
   const int64_t qb_max = std::max<int64_t>(kTargetRows / G, 1);
 
