@@ -226,6 +226,64 @@ TEST(QuantMatmul, EveryPathMatchesTheReferenceOnOddShapes) {
   EXPECT_EQ(cpu::best_quant_isa(), runnable_isas().back());
 }
 
+// The codes at the ends of their range, where the integer kernels' tricks could wrap: int8
+// codes 0 and 255 with zero points off 128 (asymmetric, as GPTQ checkpoints store them:
+// code - 128 = -128 must not be negated) and W8A8 codes -128 and 127, on every row kernel.
+// The per-row s8 quantizer of W8A8 activations, the integer-dot GEMV's x runs and int8 KV
+// rows: every vector version gives the reference's bits, ties (x / s exactly k + 1/2, to
+// even) and the tails past the last whole vector included.
+TEST(QuantizeRowS8, EveryPathGivesTheReferencesBits) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t n : {1, 7, 8, 9, 16, 31, 32, 33, 64, 100, 2048, 2051}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<float> x(n);
+      for (float& v : x) v = nd(rng);
+      if (variant == 1) {  // amax 127: x / s = x exactly, so halves are ties
+        for (float& v : x) v = std::round(v * 40.f) / 2.f;
+        x[0] = 127.f;
+      }
+      if (variant == 2) std::fill(x.begin(), x.end(), 0.f);
+      std::vector<int8_t> want(n), got(n);
+      const float s = reference::quantize_row_s8(x.data(), n, want.data());
+      std::vector<std::pair<const char*, float (*)(const float*, int64_t, int8_t*)>> paths = {
+          {"fast", cpu::quantize_row_s8_fast}};
+      if (cpu_has(IsaLevel::kAvx2)) paths.push_back({"avx2", cpu::quantize_row_s8_avx2});
+      if (cpu_has(IsaLevel::kAvx512)) paths.push_back({"avx512", cpu::quantize_row_s8_avx512});
+      for (const auto& [name, fn] : paths) {
+        std::fill(got.begin(), got.end(), int8_t{99});
+        EXPECT_EQ(fn(x.data(), n, got.data()), s) << name << " n=" << n;
+        EXPECT_EQ(got, want) << name << " n=" << n << " variant " << variant;
+      }
+    }
+  }
+}
+
+TEST(QuantMatmul, CodesAtTheEndsOfTheirRangeAreExact) {
+  std::mt19937 rng(21);
+  for (cpu::QuantIsa isa : runnable_isas()) {
+    SCOPED_TRACE("row kernels " + std::to_string(static_cast<int>(isa)));
+    cpu::force_quant_isa_for_testing(isa);
+    for (QuantScheme s : {QuantScheme::kInt8, QuantScheme::kW8A8})
+      for (int64_t group : {int64_t{32}, int64_t{256}}) {
+        QuantWeight q = quantize_rtn(random_tensor(13, 256, 6), s, s == QuantScheme::kW8A8 ? 0 : group);
+        const int64_t n = q.q.numel();
+        for (int64_t i = 0; i < n; ++i) {
+          const int pick = static_cast<int>(rng() % 3);  // the low end, the high end, random
+          if (s == QuantScheme::kW8A8)
+            q.q.data<int8_t>()[i] = static_cast<int8_t>(pick == 0 ? -128 : pick == 1 ? 127 : int(rng() % 256) - 128);
+          else
+            q.q.data<uint8_t>()[i] = static_cast<uint8_t>(pick == 0 ? 0 : pick == 1 ? 255 : rng() % 256);
+        }
+        if (q.zeros.defined())
+          for (int64_t i = 0; i < q.zeros.numel(); ++i) q.zeros.data<float>()[i] = static_cast<float>(rng() % 256);
+        q.validate("test");
+        for (int64_t M : {1, 3, 4, 6}) check_paths(q, M, 70 + static_cast<uint32_t>(M));
+      }
+  }
+  cpu::force_quant_isa_for_testing(std::nullopt);
+}
+
 TEST(QuantMatmul, ActOrderPermutationAndSmoothingAreApplied) {
   std::mt19937 rng(5);
   for (QuantScheme s : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kW8A8}) {

@@ -120,7 +120,7 @@ void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, 
     }
     case KvCacheDtype::kInt8: {  // W8A8's per-row activation quantizer: absmax / 127
       auto* q = reinterpret_cast<int8_t*>(dst);
-      const float s = avx512 ? quantize_row_s8_avx512(src, D, q) : reference::quantize_row_s8(src, D, q);
+      const float s = quantize_row_s8_fast(src, D, q);  // (the same bits as the reference on every path)
       std::memcpy(dst + D, &s, sizeof(float));
       return;
     }

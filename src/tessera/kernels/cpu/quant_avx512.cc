@@ -2,8 +2,8 @@
 // f32 sixteen codes per register and FMA'd against f32 activations, four output rows at
 // a time for one row of x so the activations are loaded once for the four; the group's
 // scale multiplies its partial sums and the zero point comes off as s z sum(x_group)
-// (quant_cpu.cc's prepare). W8A8: |x| as u8 times the weight with x's sign, into exact
-// int32 sums (vpdpbusd with VNNI, vpmaddubsw + vpmaddwd without).
+// (quant_cpu.cc's prepare). W8A8: |w| as u8 times x with w's sign, into exact int32 sums
+// (vpdpbusd with VNNI, vpmaddubsw + vpmaddwd without).
 // GCC 12 warns about its own _mm512_undefined_* placeholders (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -126,18 +126,19 @@ void rows_scheme(const QuantWeight& w, const Activations& a, int64_t m0, int mb,
 
 // ---- W8A8 ----------------------------------------------------------------------------
 
-// 64 products of s8 x by s8 w summed into 16 int32 lanes: |x| (u8) times w with x's sign,
-// exact (|x| <= 128, |w| <= 127: a pair of products stays inside int16 for vpmaddubsw).
+// 64 products of s8 x by s8 w summed into 16 int32 lanes: |w| (u8; a stored -128 is 128)
+// times x with w's sign, exact (x in [-127, 127] negates safely; |w| <= 128, |x| <= 127: a
+// pair of products stays inside int16 for vpmaddubsw). Negating w instead would wrap -128.
 TESSERA_TARGET_AVX512 inline __m512i dot64(__m512i acc, __m512i xv, __m512i wv) {
-  const __m512i ax = _mm512_abs_epi8(xv);
-  const __m512i sw = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xv), _mm512_setzero_si512(), wv);
-  const __m512i p16 = _mm512_maddubs_epi16(ax, sw);
+  const __m512i aw = _mm512_abs_epi8(wv);
+  const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+  const __m512i p16 = _mm512_maddubs_epi16(aw, sx);
   return _mm512_add_epi32(acc, _mm512_madd_epi16(p16, _mm512_set1_epi16(1)));
 }
 TESSERA_TARGET_AVX512_VNNI inline __m512i dot64_vnni(__m512i acc, __m512i xv, __m512i wv) {
-  const __m512i ax = _mm512_abs_epi8(xv);
-  const __m512i sw = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xv), _mm512_setzero_si512(), wv);
-  return _mm512_dpbusd_epi32(acc, ax, sw);
+  const __m512i aw = _mm512_abs_epi8(wv);
+  const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+  return _mm512_dpbusd_epi32(acc, aw, sx);
 }
 
 // One output row at a time against MB rows of x; DOT is dot64 or dot64_vnni, and the
@@ -365,7 +366,7 @@ bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa) {
   if (w.in % 32 != 0 || w.group % 32 != 0 || !w.zeros.defined()) return false;
   if (w.group % chunk != 0 && chunk % w.group != 0) return false;
   if (w.scheme == QuantScheme::kInt4) return isa >= QuantIsa::kAvx2;
-  return w.scheme == QuantScheme::kInt8 && isa >= QuantIsa::kAvx512Vnni;
+  return w.scheme == QuantScheme::kInt8 && (isa == QuantIsa::kAvx2 || isa >= QuantIsa::kAvx512Vnni);
 }
 
 TESSERA_TARGET_AVX512 float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q) {
@@ -391,14 +392,13 @@ void prepare_int_dot(const QuantWeight& w, Activations& a) {
   a.xd.resize(a.rows * in);
   a.run_scale.resize(a.rows * runs);
   a.lane_scale.resize(a.rows * chunks * 16);
-  const bool avx512 = cpu_has(IsaLevel::kAvx512);
   int8_t q[32];
   for (int64_t m = 0; m < a.rows; ++m) {
     const float* x = a.x + m * a.ld;
     int8_t* xd = a.xd.data() + m * in;
     float* rs = a.run_scale.data() + m * runs;
     for (int64_t t = 0; t < runs; ++t) {
-      rs[t] = avx512 ? quantize_row_s8_avx512(x + 32 * t, 32, q) : reference::quantize_row_s8(x + 32 * t, 32, q);
+      rs[t] = quantize_row_s8_fast(x + 32 * t, 32, q);
       const int64_t c = (32 * t) / chunk, i = t % 4;
       if (int4 && c < chunks) {  // run i of a 128-column chunk: first half, then second half
         std::copy(q, q + 16, xd + c * 128 + 16 * i);
@@ -411,6 +411,15 @@ void prepare_int_dot(const QuantWeight& w, Activations& a) {
       for (int l = 0; l < 16; ++l)
         a.lane_scale[(m * chunks + c) * 16 + l] = rs[int4 ? 4 * c + l / 4 : 2 * c + l / 8];
   }
+  if (int4) return;
+  const int64_t G = w.groups();
+  a.qsum.assign(a.rows * G, 0.f);
+  for (int64_t m = 0; m < a.rows; ++m)
+    for (int64_t t = 0; t < runs; ++t) {
+      int32_t codes = 0;
+      for (int64_t j = 32 * t; j < 32 * t + 32; ++j) codes += a.xd[m * in + j];
+      a.qsum[m * G + 32 * t / w.group] += a.run_scale[m * runs + t] * static_cast<float>(codes);
+    }
 }
 
 void rows_int_dot_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,

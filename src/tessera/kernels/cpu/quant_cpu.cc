@@ -2,10 +2,10 @@
 // GEMV widens each 32-weight run to f32 in registers and FMAs it against f32 activations
 // (W8A16 / W4A16 keep the activations in float); the per-group scale multiplies the
 // group's partial sums and the zero point comes off as s z sum(x_group), precomputed per
-// row of x; int4 (from AVX2) and int8 (VNNI) instead multiply their codes by x quantized
-// to s8 per 32-column run, in integers. Prefill dequantizes blocks of W into a float GEMM. W8A8 multiplies s8 by s8
-// into exact int32 sums (AVX2: |x| u8 times sign-adjusted w, vpmaddubsw, which cannot
-// saturate at 127 x 127 x 2).
+// row of x; int4 and int8 (from AVX2; AVX-512 int8 with VNNI) instead multiply their codes by x quantized
+// to s8 per 32-column run, in integers. Prefill dequantizes blocks of W into a float GEMM.
+// W8A8 multiplies s8 by s8 into exact int32 sums (AVX2: |w| u8 times x with w's sign,
+// vpmaddubsw, which cannot saturate at 128 x 127 x 2).
 // GCC 12 warns about its own _mm256_undefined_* placeholders (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -69,18 +69,51 @@ void prepare(const Tensor& x, const QuantWeight& w, Activations& a) {
     a.xq.resize(a.rows * w.in);
     a.xscale.resize(a.rows);
     // (a is thread_local: the workers get its buffers, not its name.)
-    const bool avx512 = cpu_has(IsaLevel::kAvx512);
     const float* xs = a.x;
     const int64_t ld = a.ld, in = w.in;
     int8_t* xq = a.xq.data();
     float* xscale = a.xscale.data();
     base::parallel_for(a.rows, 16, [=](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m)
-        xscale[m] = avx512 ? quantize_row_s8_avx512(xs + m * ld, in, xq + m * in)
-                           : reference::quantize_row_s8(xs + m * ld, in, xq + m * in);
+        xscale[m] = quantize_row_s8_fast(xs + m * ld, in, xq + m * in);
     });
   }
 }
+
+}  // namespace
+
+TESSERA_TARGET_AVX2 float quantize_row_s8_avx2(const float* x, int64_t n, int8_t* q) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
+  float amax = avx2::hmax8(vmax);
+  for (int64_t t = k; t < n; ++t) amax = std::max(amax, std::fabs(x[t]));
+  const float s = amax > 0 ? amax / 127.f : 1.f;
+  const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  // x / s rounded to nearest even (vcvtps2dq under the default rounding mode, as nearbyint),
+  // 32 at a time: two packs interleave the 128-bit halves, one permute restores the order.
+#define TESSERA_QUANT8(at) \
+  _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + (at)), vs), lo), hi))
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (k = 0; k + 32 <= n; k += 32) {
+    const __m256i w01 = _mm256_packs_epi32(TESSERA_QUANT8(k), TESSERA_QUANT8(k + 8));
+    const __m256i w23 = _mm256_packs_epi32(TESSERA_QUANT8(k + 16), TESSERA_QUANT8(k + 24));
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), b);
+  }
+#undef TESSERA_QUANT8
+  for (; k < n; ++k) q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] / s), -127.f, 127.f));
+  return s;
+}
+
+float quantize_row_s8_fast(const float* x, int64_t n, int8_t* q) {
+  if (cpu_has(IsaLevel::kAvx512)) return quantize_row_s8_avx512(x, n, q);
+  if (cpu_has(IsaLevel::kAvx2)) return quantize_row_s8_avx2(x, n, q);
+  return reference::quantize_row_s8(x, n, q);
+}
+
+namespace {
 
 // ---- float schemes (int8, int4, fp8), scalar -----------------------------------------
 
@@ -302,8 +335,81 @@ void int4_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, 
   for (; o < o1; ++o) int4_dot_block_avx2<MB, 1>(w, a, m0, y, ldy, o);
 }
 
+// ---- integer-dot GEMV, AVX2 (int8 codes x s8 runs of x) ------------------------------
+
+// Per 32-column run: the codes less 128 (c ^ 0x80 read as s8, in [-128, 127]) as |.| u8
+// times x with their sign (vpsignb on x, which never negates -128), vpmaddubsw: pair sums
+// of at most 128 x 127 x 2, exact in int16. The run's 8 int32 lanes are widened and FMA'd
+// with x's run scale into the group's sum, which takes the group scale at the group's end.
+// The 128 taken off each code comes back as 128 x the group's qsum (prepare_int_dot).
+template <int MB, int NR>
+TESSERA_TARGET_AVX2 void int8_dot_block_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y,
+                                             int64_t ldy, int64_t o) {
+  const int64_t in = w.in, G = w.groups(), runs = in / 32, per_group = w.group / 32;
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = w.q.data<uint8_t>() + (o + r) * in;
+  const float* sc = w.scales.data<float>() + o * G;
+  const float* zp = w.zeros.data<float>() + o * G;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  __m256 total[NR][MB];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) total[r][m] = _mm256_setzero_ps();
+  for (int64_t g = 0, t = 0; g < G; ++g) {
+    __m256 acc[NR][MB];
+    for (int r = 0; r < NR; ++r)
+      for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
+    for (const int64_t t1 = t + per_group; t < t1; ++t) {
+      __m256i xv[MB];
+      __m256 xs[MB];
+      for (int m = 0; m < MB; ++m) {
+        xv[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xd.data() + (m0 + m) * in + 32 * t));
+        xs[m] = _mm256_broadcast_ss(a.run_scale.data() + (m0 + m) * runs + t);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = rows[r] + 32 * t;
+        _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T0);
+        const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
+        const __m256i wa = _mm256_abs_epi8(wv);
+        for (int m = 0; m < MB; ++m) {
+          const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[m], wv));
+          acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones)), xs[m], acc[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m256 ws = _mm256_set1_ps(sc[r * G + g]);
+      for (int m = 0; m < MB; ++m) total[r][m] = _mm256_fmadd_ps(acc[r][m], ws, total[r][m]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) {
+      float corr = 0.f;
+      const float* xsum = a.xsum.data() + (m0 + m) * G;
+      const float* qsum = a.qsum.data() + (m0 + m) * G;
+      for (int64_t g = 0; g < G; ++g) corr += sc[r * G + g] * (zp[r * G + g] * xsum[g] - 128.f * qsum[g]);
+      y[(m0 + m) * ldy + o + r] = hsum8(total[r][m]) - corr;
+    }
+}
+
+template <int MB>
+void int8_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
+                        int64_t o0, int64_t o1) {
+  constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  int64_t o = o0;
+  for (; o + NR <= o1; o += NR) int8_dot_block_avx2<MB, NR>(w, a, m0, y, ldy, o);
+  for (; o < o1; ++o) int8_dot_block_avx2<MB, 1>(w, a, m0, y, ldy, o);
+}
+
 void rows_int_dot_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y, int64_t ldy,
                        int64_t o0, int64_t o1) {
+  if (w.scheme == QuantScheme::kInt8) {
+    switch (mb) {
+      case 1: return int8_dot_rows_avx2<1>(w, a, m0, y, ldy, o0, o1);
+      case 2: return int8_dot_rows_avx2<2>(w, a, m0, y, ldy, o0, o1);
+      case 3: return int8_dot_rows_avx2<3>(w, a, m0, y, ldy, o0, o1);
+      default: return int8_dot_rows_avx2<4>(w, a, m0, y, ldy, o0, o1);
+    }
+  }
   switch (mb) {
     case 1: int4_dot_rows_avx2<1>(w, a, m0, y, ldy, o0, o1); break;
     case 2: int4_dot_rows_avx2<2>(w, a, m0, y, ldy, o0, o1); break;
@@ -338,10 +444,11 @@ TESSERA_TARGET_AVX2 void rows_s8_avx2(const QuantWeight& w, const Activations& a
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K32; k += 32) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k));
+      const __m256i wa = _mm256_abs_epi8(wv);  // -128 -> 128 as u8: exact (x's sign moves instead)
       for (int m = 0; m < MB; ++m) {
         const __m256i xv =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq.data() + (m0 + m) * K + k));
-        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
         acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(p16, ones));
       }
     }

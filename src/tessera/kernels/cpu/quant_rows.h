@@ -29,6 +29,9 @@ struct Activations {
   std::vector<int8_t> xd;           // (rows, in)
   std::vector<float> run_scale;     // (rows, in / 32)
   std::vector<float> lane_scale;    // (rows, chunks, 16)
+  // int8 only: (rows, groups), each group's sum of x as quantized (run scale x code). The
+  // AVX2 kernel multiplies code - 128 and adds 128 x this back.
+  std::vector<float> qsum;
 };
 
 // The weight group of a column that walks a row left to right, kept as a running quotient
@@ -72,15 +75,19 @@ void rows_s8_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int 
 // run of 32 columns (llama.cpp's Q8_0 x Q4_0 route: 64 products per instruction, so
 // decode is bound by the bytes of the weights, not by widening them to f32): int4 from
 // AVX2 (vpmaddubsw; its int16 pair sums cannot saturate at 15 x 127 x 2), int8 with
-// VNNI (vpdpbusd; 255 x 127 x 2 would saturate vpmaddubsw). The result is
-// reference::quant_matmul_a8_runs's.
+// VNNI (vpdpbusd) or AVX2 (code - 128 as |.| times x with its sign, vpmaddubsw: 128 x 127
+// x 2 cannot saturate; 255 x 127 x 2 would). AVX-512 without VNNI keeps int8's float
+// kernel (AVX-512 has no vpsignb). The result is reference::quant_matmul_a8_runs's.
 bool gemv_quantizes_activations(const QuantWeight& w, QuantIsa isa);
 // Fills a.xd, run_scale and lane_scale from a.x (AVX-512 or the reference rounding: the
 // same bits).
 void prepare_int_dot(const QuantWeight& w, Activations& a);
 void rows_int_dot_avx512(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y,
                          int64_t ldy, int64_t o0, int64_t o1, bool vnni);
-// reference::quantize_row_s8 sixteen values at a time, to the same bits.
+// reference::quantize_row_s8 sixteen (AVX-512) or eight (AVX2) values at a time, to the
+// same bits; _fast is the best this CPU has.
 float quantize_row_s8_avx512(const float* x, int64_t n, int8_t* q);
+float quantize_row_s8_avx2(const float* x, int64_t n, int8_t* q);
+float quantize_row_s8_fast(const float* x, int64_t n, int8_t* q);
 
 }  // namespace tessera::kernels::cpu
