@@ -113,9 +113,9 @@ Batch make_batch(const std::vector<SeqSpec>& specs, const Dims& d, uint32_t layo
       for (int64_t h = 0; h < d.Hkv; ++h) {
         for (int64_t e = 0; e < d.D; ++e)
           kr[e] = key_val(s, t, h * d.D + e), vr[e] = value_val(s, t, h * d.D + e);
-        const bool avx512 = cpu::best_attention_isa() == cpu::AttnIsa::kAvx512;
-        cpu::kv_row_from_f32(kv, kr.data(), d.D, kview.row(table[t / d.bs], t % d.bs, h), avx512);
-        cpu::kv_row_from_f32(kv, vr.data(), d.D, vview.row(table[t / d.bs], t % d.bs, h), avx512);
+        const cpu::AttnIsa isa = cpu::best_attention_isa();
+        cpu::kv_row_from_f32(kv, kr.data(), d.D, kview.row(table[t / d.bs], t % d.bs, h), isa);
+        cpu::kv_row_from_f32(kv, vr.data(), d.D, vview.row(table[t / d.bs], t % d.bs, h), isa);
       }
     float* base = b.qkv.data<float>();
     for (int64_t i2 = 0; i2 < s.q_len; ++i2) {
@@ -592,33 +592,38 @@ TEST(PagedAttention, PartitionSizeDependsOnlyOnOwnLength) {
 namespace tessera::kernels {
 namespace {
 
-// A stored row widened by the AVX-512 path equals the portable one bit for bit (NaN where
-// NaN): every fp8 code and int8 code, bf16 patterns, under several scales.
+// A stored row widened by the AVX-512 and AVX2 paths equals the portable one bit for bit
+// (NaN where NaN): every fp8 code and int8 code, bf16 patterns, under several scales.
 TEST(PagedAttention, KvRowWideningIsTheSameOnEveryPath) {
-  if (!cpu_has(IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  std::vector<cpu::AttnIsa> isas;
+  if (cpu_has(IsaLevel::kAvx2)) isas.push_back(cpu::AttnIsa::kAvx2);
+  if (cpu_has(IsaLevel::kAvx512)) isas.push_back(cpu::AttnIsa::kAvx512);
+  if (isas.empty()) GTEST_SKIP() << "no vector path on this CPU";
   const int64_t D = 256 + 5;  // every byte value, and a tail
-  for (auto kv : {KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
-    for (float scale : {1.f, 0.0123f, 3.5e-3f, 771.25f}) {
-      std::vector<uint8_t> row(kv_cache_row_bytes(kv, D));
-      const int64_t codes = kv == KvCacheDtype::kBF16 ? 2 * D : D;
-      for (int64_t i = 0; i < codes; ++i) row[i] = static_cast<uint8_t>(i * 37 + 11);
-      for (int64_t i = 0; i < 256 && kv != KvCacheDtype::kBF16; ++i) row[i] = static_cast<uint8_t>(i);
-      if (kv != KvCacheDtype::kBF16) std::memcpy(row.data() + D, &scale, sizeof scale);
-      std::vector<float> fast(D), slow(D);
-      cpu::kv_row_to_f32(kv, row.data(), D, fast.data(), true);
-      cpu::kv_row_to_f32(kv, row.data(), D, slow.data(), false);
-      for (int64_t e = 0; e < D; ++e) {
-        if (std::isnan(slow[e])) {
-          EXPECT_TRUE(std::isnan(fast[e])) << kv_cache_dtype_name(kv) << " element " << e;
-          continue;
+  for (cpu::AttnIsa isa : isas)
+    for (auto kv : {KvCacheDtype::kBF16, KvCacheDtype::kInt8, KvCacheDtype::kFp8})
+      for (float scale : {1.f, 0.0123f, 3.5e-3f, 771.25f}) {
+        std::vector<uint8_t> row(kv_cache_row_bytes(kv, D));
+        const int64_t codes = kv == KvCacheDtype::kBF16 ? 2 * D : D;
+        for (int64_t i = 0; i < codes; ++i) row[i] = static_cast<uint8_t>(i * 37 + 11);
+        for (int64_t i = 0; i < 256 && kv != KvCacheDtype::kBF16; ++i) row[i] = static_cast<uint8_t>(i);
+        if (kv != KvCacheDtype::kBF16) std::memcpy(row.data() + D, &scale, sizeof scale);
+        std::vector<float> fast(D), slow(D);
+        cpu::kv_row_to_f32(kv, row.data(), D, fast.data(), isa);
+        cpu::kv_row_to_f32(kv, row.data(), D, slow.data(), cpu::AttnIsa::kScalar);
+        for (int64_t e = 0; e < D; ++e) {
+          if (std::isnan(slow[e])) {
+            EXPECT_TRUE(std::isnan(fast[e])) << kv_cache_dtype_name(kv) << " element " << e;
+            continue;
+          }
+          uint32_t a, b;
+          std::memcpy(&a, &fast[e], 4);
+          std::memcpy(&b, &slow[e], 4);
+          EXPECT_EQ(a, b) << kv_cache_dtype_name(kv) << " isa " << static_cast<int>(isa) << " element " << e
+                          << " scale " << scale << ": " << fast[e]
+                          << " against " << slow[e];
         }
-        uint32_t a, b;
-        std::memcpy(&a, &fast[e], 4);
-        std::memcpy(&b, &slow[e], 4);
-        EXPECT_EQ(a, b) << kv_cache_dtype_name(kv) << " element " << e << " scale " << scale << ": " << fast[e]
-                        << " against " << slow[e];
       }
-    }
 }
 
 }  // namespace

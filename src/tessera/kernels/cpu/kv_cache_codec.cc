@@ -1,6 +1,7 @@
 // A KV cache row's stored form <-> f32 (paged_attention.h lists the forms). Writes happen
 // once per token, reads once per key tile per query row block, so the widening loops are
-// the ones that matter: AVX-512 for every form (a 256-entry table for fp8 elsewhere).
+// the ones that matter: AVX-512 and AVX2 for every form (a 256-entry table for fp8 on
+// scalar CPUs). Writes round in scalar code, but for int8 (quantize_row_s8_fast).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -67,6 +68,46 @@ TESSERA_AVX512 void fp8_to_f32_avx512(const uint8_t* src, int64_t D, float scale
   for (; e < D; ++e) dst[e] = scale * t[src[e]];
 }
 
+// The same three at eight values a time for AVX2 CPUs (fp8 through F16C's vcvtph2ps).
+#define TESSERA_KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+TESSERA_KV_AVX2 void bf16_to_f32_avx2(const uint16_t* src, int64_t D, float* dst) {
+  int64_t e = 0;
+  for (; e + 8 <= D; e += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + e)));
+    _mm256_storeu_ps(dst + e, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; e < D; ++e) dst[e] = bf16_to_f32(src[e]);
+}
+
+TESSERA_KV_AVX2 void int8_to_f32_avx2(const int8_t* src, int64_t D, float scale, float* dst) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  int64_t e = 0;
+  for (; e + 8 <= D; e += 8) {
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + e)));
+    _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vs));
+  }
+  for (; e < D; ++e) dst[e] = scale * src[e];
+}
+
+// e4m3 s.eeee.mmm placed in an f16 as s.0eeee.mmm0000000 (value / 256, exact), times scale
+// x 256: the table's single rounding. Codes 0x7F and 0xFF are NaN.
+TESSERA_KV_AVX2 void fp8_to_f32_avx2(const uint8_t* src, int64_t D, float scale, float* dst) {
+  const __m256 vs = _mm256_set1_ps(scale * 256.f);
+  const __m128i m7f = _mm_set1_epi16(0x7F), m80 = _mm_set1_epi16(0x80);
+  const __m256 nan = _mm256_set1_ps(std::nanf(""));
+  int64_t e = 0;
+  for (; e + 8 <= D; e += 8) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + e)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, m7f), 7), _mm_slli_epi16(_mm_and_si128(b, m80), 8));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), vs);
+    const __m256i is_nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(b, m7f), m7f));
+    _mm256_storeu_ps(dst + e, _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(is_nan)));
+  }
+  const float* t = fp8_table().v;
+  for (; e < D; ++e) dst[e] = scale * t[src[e]];
+}
+
 }  // namespace
 
 KvCacheView kv_cache_view(const Tensor& cache) {
@@ -80,7 +121,8 @@ KvCacheView kv_cache_view(const Tensor& cache) {
   return v;
 }
 
-void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bool avx512) {
+void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, AttnIsa isa) {
+  const bool avx512 = isa == AttnIsa::kAvx512, avx2 = isa == AttnIsa::kAvx2;
   switch (d) {
     case KvCacheDtype::kF32:
       std::memcpy(dst, src, sizeof(float) * D);
@@ -88,6 +130,7 @@ void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bo
     case KvCacheDtype::kBF16: {
       const auto* b = reinterpret_cast<const uint16_t*>(src);
       if (avx512) return bf16_to_f32_avx512(b, D, dst);
+      if (avx2) return bf16_to_f32_avx2(b, D, dst);
       for (int64_t e = 0; e < D; ++e) dst[e] = bf16_to_f32(b[e]);
       return;
     }
@@ -95,12 +138,14 @@ void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bo
       const float s = row_scale(src, D);
       const auto* q = reinterpret_cast<const int8_t*>(src);
       if (avx512) return int8_to_f32_avx512(q, D, s, dst);
+      if (avx2) return int8_to_f32_avx2(q, D, s, dst);
       for (int64_t e = 0; e < D; ++e) dst[e] = s * q[e];
       return;
     }
     case KvCacheDtype::kFp8: {
       const float s = row_scale(src, D);
       if (avx512) return fp8_to_f32_avx512(src, D, s, dst);
+      if (avx2) return fp8_to_f32_avx2(src, D, s, dst);
       const float* t = fp8_table().v;
       for (int64_t e = 0; e < D; ++e) dst[e] = s * t[src[e]];
       return;
@@ -108,7 +153,7 @@ void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bo
   }
 }
 
-void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, bool avx512) {
+void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, AttnIsa /*isa*/) {
   switch (d) {
     case KvCacheDtype::kF32:
       std::memcpy(dst, src, sizeof(float) * D);

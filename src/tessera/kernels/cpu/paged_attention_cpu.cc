@@ -219,7 +219,7 @@ struct Job {
   int64_t G = 1;
   AttnView q, out;
   KvCacheView k, v;
-  bool avx512 = false;
+  AttnIsa isa = AttnIsa::kScalar;
   const std::vector<PagedSequence>* seqs = nullptr;
   float scale = 1.f;
   int64_t window = 0;  // sliding window (0: none)
@@ -255,7 +255,7 @@ void gather_key_rows(const Job& job, const PagedSequence& s, int64_t kvh, int64_
       if (f32)
         std::memcpy(gather + (col + j) * D, src, sizeof(float) * D);
       else
-        kv_row_to_f32(job.k.dtype, src, D, gather + (col + j) * D, job.avx512);
+        kv_row_to_f32(job.k.dtype, src, D, gather + (col + j) * D, job.isa);
     }
   });
 }
@@ -367,7 +367,7 @@ void run_partition(const Job& job, const RowBlock& rb, int64_t part, Buffers& bu
                        v_rows[col + j] = reinterpret_cast<const float*>(src);
                      } else {
                        float* row = buf.vt + (col + j) * D;
-                       kv_row_to_f32(job.v.dtype, src, D, row, job.avx512);
+                       kv_row_to_f32(job.v.dtype, src, D, row, job.isa);
                        v_rows[col + j] = row;
                      }
                    }
@@ -530,7 +530,7 @@ void paged_attention_cpu(const PagedDims& dims, const AttnView& q, const KvCache
   job.d = dims;
   job.G = dims.Hq / dims.Hkv;
   job.q = q, job.k = k_cache, job.v = v_cache, job.out = out;
-  job.avx512 = isa == AttnIsa::kAvx512;
+  job.isa = isa;
   job.seqs = &seqs;
   job.scale = p.scale;
   job.window = p.window;
@@ -618,7 +618,6 @@ void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView
                         const std::vector<KvSlotWrite>& writes, const KvCacheView& k_cache,
                         const KvCacheView& v_cache, AttnIsa isa) {
   const int64_t D = dims.D;
-  const bool avx512 = isa == AttnIsa::kAvx512;
   base::parallel_for(static_cast<int64_t>(writes.size()), 64, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const KvSlotWrite& x = writes[w];
@@ -630,9 +629,9 @@ void write_kv_cache_cpu(const PagedDims& dims, const AttnView& k, const AttnView
         continue;
       }
       for (int64_t h = 0; h < dims.Hkv; ++h) {
-        kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h), avx512);
+        kv_row_from_f32(k_cache.dtype, k.row(0, x.token, h, D), D, k_cache.row(x.block, x.slot, h), isa);
         if (has_v)
-          kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h), avx512);
+          kv_row_from_f32(v_cache.dtype, v.row(0, x.token, h, D), D, v_cache.row(x.block, x.slot, h), isa);
       }
     }
   });
@@ -651,12 +650,11 @@ void copy_kv_blocks_cpu(const KvCacheView& k_cache, const KvCacheView& v_cache,
 void read_kv_rows_cpu(const PagedDims& dims, const KvCacheView& cache, const PagedSequence& s, float* out,
                       AttnIsa isa) {
   const int64_t D = dims.D, bs = dims.block_size;
-  const bool avx512 = isa == AttnIsa::kAvx512;
   base::parallel_for(s.context_len, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < dims.Hkv; ++h)
         kv_row_to_f32(cache.dtype, cache.row(s.block_table[t / bs], t % bs, h), D, out + (t * dims.Hkv + h) * D,
-                      avx512);
+                      isa);
   });
 }
 

@@ -26,10 +26,10 @@ struct KvCacheView {
 };
 KvCacheView kv_cache_view(const Tensor& cache);  // a contiguous cache tensor
 
-// One cached row of D values to f32 and back (the row's scale included for int8 / fp8).
-// avx512: the CPU has AVX-512 (16 values at a time).
-void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, bool avx512);
-void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, bool avx512);
+// One cached row of D values to f32 and back (the row's scale included for int8 / fp8), with
+// the vectors of `isa` (one this CPU has); every level gives the same bits.
+void kv_row_to_f32(KvCacheDtype d, const uint8_t* src, int64_t D, float* dst, AttnIsa isa);
+void kv_row_from_f32(KvCacheDtype d, const float* src, int64_t D, uint8_t* dst, AttnIsa isa);
 
 // Keys per partition for a sequence with `context_len` keys (see PagedAttentionParams).
 int64_t paged_partition_keys(int64_t context_len, const PagedAttentionParams& p);
