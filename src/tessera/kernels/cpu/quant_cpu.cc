@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/base/cpu_features.h"
@@ -326,14 +327,6 @@ TESSERA_TARGET_AVX2 void int4_dot_block_avx2(const QuantWeight& w, const Activat
     }
 }
 
-template <int MB>
-void int4_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
-                        int64_t o0, int64_t o1) {
-  constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
-  int64_t o = o0;
-  for (; o + NR <= o1; o += NR) int4_dot_block_avx2<MB, NR>(w, a, m0, y, ldy, o);
-  for (; o < o1; ++o) int4_dot_block_avx2<MB, 1>(w, a, m0, y, ldy, o);
-}
 
 // ---- integer-dot GEMV, AVX2 (int8 codes x s8 runs of x) ------------------------------
 
@@ -391,31 +384,39 @@ TESSERA_TARGET_AVX2 void int8_dot_block_avx2(const QuantWeight& w, const Activat
     }
 }
 
-template <int MB>
-void int8_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
-                        int64_t o0, int64_t o1) {
+// Rows [o0, o1) of either scheme: NR output rows per block (fewer as x has more rows).
+template <QuantScheme S, int MB>
+void int_dot_rows_avx2(const QuantWeight& w, const Activations& a, int64_t m0, float* y, int64_t ldy,
+                       int64_t o0, int64_t o1) {
   constexpr int NR = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  const auto block = [&](auto nr, int64_t o) {
+    if constexpr (S == QuantScheme::kInt8)
+      int8_dot_block_avx2<MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+    else
+      int4_dot_block_avx2<MB, decltype(nr)::value>(w, a, m0, y, ldy, o);
+  };
   int64_t o = o0;
-  for (; o + NR <= o1; o += NR) int8_dot_block_avx2<MB, NR>(w, a, m0, y, ldy, o);
-  for (; o < o1; ++o) int8_dot_block_avx2<MB, 1>(w, a, m0, y, ldy, o);
+  for (; o + NR <= o1; o += NR) block(std::integral_constant<int, NR>{}, o);
+  for (; o < o1; ++o) block(std::integral_constant<int, 1>{}, o);
+}
+
+template <QuantScheme S>
+void int_dot_scheme_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y, int64_t ldy,
+                         int64_t o0, int64_t o1) {
+  switch (mb) {
+    case 1: int_dot_rows_avx2<S, 1>(w, a, m0, y, ldy, o0, o1); break;
+    case 2: int_dot_rows_avx2<S, 2>(w, a, m0, y, ldy, o0, o1); break;
+    case 3: int_dot_rows_avx2<S, 3>(w, a, m0, y, ldy, o0, o1); break;
+    default: int_dot_rows_avx2<S, 4>(w, a, m0, y, ldy, o0, o1); break;
+  }
 }
 
 void rows_int_dot_avx2(const QuantWeight& w, const Activations& a, int64_t m0, int mb, float* y, int64_t ldy,
                        int64_t o0, int64_t o1) {
-  if (w.scheme == QuantScheme::kInt8) {
-    switch (mb) {
-      case 1: return int8_dot_rows_avx2<1>(w, a, m0, y, ldy, o0, o1);
-      case 2: return int8_dot_rows_avx2<2>(w, a, m0, y, ldy, o0, o1);
-      case 3: return int8_dot_rows_avx2<3>(w, a, m0, y, ldy, o0, o1);
-      default: return int8_dot_rows_avx2<4>(w, a, m0, y, ldy, o0, o1);
-    }
-  }
-  switch (mb) {
-    case 1: int4_dot_rows_avx2<1>(w, a, m0, y, ldy, o0, o1); break;
-    case 2: int4_dot_rows_avx2<2>(w, a, m0, y, ldy, o0, o1); break;
-    case 3: int4_dot_rows_avx2<3>(w, a, m0, y, ldy, o0, o1); break;
-    default: int4_dot_rows_avx2<4>(w, a, m0, y, ldy, o0, o1); break;
-  }
+  if (w.scheme == QuantScheme::kInt8)
+    int_dot_scheme_avx2<QuantScheme::kInt8>(w, a, m0, mb, y, ldy, o0, o1);
+  else
+    int_dot_scheme_avx2<QuantScheme::kInt4>(w, a, m0, mb, y, ldy, o0, o1);
 }
 
 // ---- W8A8 ----------------------------------------------------------------------------
