@@ -252,7 +252,21 @@ TEST(ExpertParallel, PipelineStagesOfAMixtureOfExpertsModel) {
   };
   const tt::RunOut ref_b = tt::train(with_bias(ep_config(root, "single_b", data, mixtral_json(root, false), 4, 2, "zero_stage = 0")), 0);
   const tt::RunOut pp_b = tt::train(with_bias(ep_config(root, "pp2_ep2_b", data, mixtral_json(root, false), 4, 2, "pp = 2\nep = 2")), 4);
-  tt::expect_close(pp_b.losses, ref_b.losses, 1e-5, "pp2 x ep2 with bias updates loss");
+  // The biased top-k puts some tokens' scores within a rounding of a tie (the balancing
+  // pulls the experts' scores together), and where a CPU's GEMM bits depend on the row
+  // count (oneDNN on AVX2) the two layouts' last bits differ: such a token may take the
+  // other expert in one run (seen on an AVX2-only Zen 3: one token of 1024 assignments at
+  // steps 10, 12, 13, each loss then 1.3-2.1e-5 apart). So the loads may differ by a token
+  // or two per step and the losses by 1e-4; the biases, moved by the loads' signs, agree.
+  ASSERT_EQ(pp_b.records.size(), ref_b.records.size());
+  for (size_t i = 0; i < ref_b.records.size(); ++i) {
+    const auto& got_load = pp_b.records[i].at("moe_expert_load");
+    const auto& want_load = ref_b.records[i].at("moe_expert_load");
+    ASSERT_EQ(got_load.size(), want_load.size());
+    for (size_t e = 0; e < want_load.size(); ++e)
+      EXPECT_NEAR(got_load[e].get<double>(), want_load[e].get<double>(), 2.5 / 1024) << "step " << i + 1;
+  }
+  tt::expect_close(pp_b.losses, ref_b.losses, 1e-4, "pp2 x ep2 with bias updates loss");
   {
     const auto a = model::Model::load(root + "/pp2_ep2_b/model", DType::kF32);
     const auto b = model::Model::load(root + "/single_b/model", DType::kF32);
