@@ -204,7 +204,8 @@ TEST(QuantMatmul, EveryPathMatchesTheReferenceOnOddShapes) {
       {QuantScheme::kInt4, 129, 384, 128}, {QuantScheme::kInt4, 33, 128, 32},
       // The integer-dot GEMV's chunks (128 int4 / 64 int8 columns) and runs past them.
       {QuantScheme::kInt4, 9, 160, 32},  {QuantScheme::kInt4, 6, 512, 256},
-      {QuantScheme::kInt4, 5, 224, 32},  {QuantScheme::kInt8, 11, 192, 64},
+      {QuantScheme::kInt4, 5, 224, 32},  {QuantScheme::kInt4, 5, 320, 64},
+      {QuantScheme::kInt4, 3, 640, 128}, {QuantScheme::kInt8, 11, 192, 64},
       {QuantScheme::kInt8, 5, 2080, 2080}, {QuantScheme::kInt8, 7, 96, 32},
       {QuantScheme::kInt8, 1, 1, 1},     {QuantScheme::kInt8, 7, 100, 100},
       {QuantScheme::kInt8, 129, 96, 32}, {QuantScheme::kInt8, 65, 1029, 1029},
