@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -13,8 +12,6 @@
 
 #include "tessera/base/thread_pool.h"
 #include "tessera/kernels/cpu/attention_cpu.h"
-#include "tessera/kernels/cpu/avx2_math.h"
-#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/attention_ref.h"
 
 namespace tessera::kernels {
@@ -684,35 +681,6 @@ TEST(Attention, RejectsBadInputs) {
   EXPECT_THROW(attention_backward(in.q, in.k, in.v, out, bad_lse, dout, dq, dk, dv, p), Error);
   Tensor dout_bad = Tensor::zeros({1, 3, 4, 8}, DType::kF32);
   EXPECT_THROW(attention_backward(in.q, in.k, in.v, out, lse, dout_bad, dq, dk, dv, p), Error);
-}
-
-TESSERA_AVX2_FMA void exp8(const float* x, float* y) {
-  _mm256_storeu_ps(y, cpu::avx2::exp_or_zero(_mm256_loadu_ps(x)));
-}
-
-// The AVX2 tiles' exp (the AVX-512 one's polynomial, 2^n built in the exponent bits).
-TEST(Attention, Avx2ExpMatchesStdExp) {
-  if (!cpu_has(IsaLevel::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA on this CPU";
-  double worst = 0;
-  float x[8], y[8];
-  for (double v = -87.0; v < 88.5; v += 8 * 1.37e-4) {
-    for (int j = 0; j < 8; ++j) x[j] = static_cast<float>(v + j * 1.37e-4);
-    exp8(x, y);
-    for (int j = 0; j < 8; ++j) {
-      const double want = std::exp(static_cast<double>(x[j]));
-      worst = std::max(worst, std::fabs(y[j] - want) / want);
-    }
-  }
-  EXPECT_LT(worst, 1.5e-7);
-  // Below -87.3 (a masked score's -inf included) and NaN: exactly 0; above 88.7: capped.
-  const float inf = std::numeric_limits<float>::infinity();
-  const float special[8] = {-87.31f, -200.f, -inf, NAN, 89.f, inf, 0.f, -87.29f};
-  exp8(special, y);
-  for (int j = 0; j < 4; ++j) EXPECT_EQ(y[j], 0.f) << special[j];
-  EXPECT_NEAR(y[4] / std::exp(static_cast<double>(88.7f)), 1.0, 3e-7);
-  EXPECT_NEAR(y[5] / std::exp(static_cast<double>(88.7f)), 1.0, 3e-7);
-  EXPECT_EQ(y[6], 1.f);
-  EXPECT_NEAR(y[7] / std::exp(static_cast<double>(special[7])), 1.0, 3e-7);
 }
 
 }  // namespace

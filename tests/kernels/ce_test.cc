@@ -9,7 +9,9 @@
 #include <limits>
 
 #include "pointwise_test_util.h"
+#include "tessera/kernels/cpu/avx2_math.h"
 #include "tessera/kernels/cpu/avx512_math.h"
+#include "tessera/kernels/dispatch.h"
 #include "tessera/kernels/reference/cross_entropy_ref.h"
 
 namespace tessera::kernels {
@@ -178,6 +180,35 @@ TEST(CrossEntropyTest, Avx512ExpMatchesStdExp) {
   EXPECT_NEAR(y[13], std::exp(-1.0), 3e-7 * std::exp(-1.0));
   EXPECT_FLOAT_EQ(y[14], 1.f);
   EXPECT_TRUE(std::isnan(y[15]));
+}
+
+TESSERA_AVX2_FMA void exp8(const float* x, float* y) {
+  _mm256_storeu_ps(y, cpu::avx2::exp_or_zero(_mm256_loadu_ps(x)));
+}
+
+// The AVX2 tiles' exp (the AVX-512 one's polynomial, 2^n built in the exponent bits).
+TEST(Attention, Avx2ExpMatchesStdExp) {
+  if (!cpu_has(IsaLevel::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA on this CPU";
+  double worst = 0;
+  float x[8], y[8];
+  for (double v = -87.0; v < 88.5; v += 8 * 1.37e-4) {
+    for (int j = 0; j < 8; ++j) x[j] = static_cast<float>(v + j * 1.37e-4);
+    exp8(x, y);
+    for (int j = 0; j < 8; ++j) {
+      const double want = std::exp(static_cast<double>(x[j]));
+      worst = std::max(worst, std::fabs(y[j] - want) / want);
+    }
+  }
+  EXPECT_LT(worst, 1.5e-7);
+  // Below -87.3 (a masked score's -inf included) and NaN: exactly 0; above 88.7: capped.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float special[8] = {-87.31f, -200.f, -inf, NAN, 89.f, inf, 0.f, -87.29f};
+  exp8(special, y);
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(y[j], 0.f) << special[j];
+  EXPECT_NEAR(y[4] / std::exp(static_cast<double>(88.7f)), 1.0, 3e-7);
+  EXPECT_NEAR(y[5] / std::exp(static_cast<double>(88.7f)), 1.0, 3e-7);
+  EXPECT_EQ(y[6], 1.f);
+  EXPECT_NEAR(y[7] / std::exp(static_cast<double>(special[7])), 1.0, 3e-7);
 }
 
 TEST(CrossEntropyTest, BadTargetsThrow) {
